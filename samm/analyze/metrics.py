@@ -1,0 +1,109 @@
+"""The derived metrics of the main paper, one implementation for the simulator and the daemon.
+
+Definitions (each value is in [0, 1]; VMs are the non-empty slots of a `RawSnapshot`):
+
+1. ``allocated_cores_ratio`` = Σ cores of booting + running VMs / Σ max_count × cores over
+   types (the real maximum of the fleet; the prior implementation divided by 3000 hosts × 14
+   cores).
+2. ``cpu_mean`` = mean of the busy-core fraction of *measured* VMs, where measured = running
+   and past the warm-up (``running_for_s >= warmup_s``). 0 when none is measured.
+3. ``cpu_p90`` = 90th percentile of the same values, linear interpolation between closest
+   ranks (``numpy.percentile``'s default). 0 when none.
+4. ``ram_mean`` = mean of RAM used / RAM of the VM's type, over measured VMs.
+5. ``ram_p90`` = 90th percentile of the same, linear interpolation.
+6. ``waiting_ratio_total`` = jobs waiting now / jobs submitted so far (0 when none submitted).
+   Jobs re-queued after their VM was removed count as waiting.
+7. ``waiting_ratio_interval`` = of the jobs that arrived during the last interval, the share
+   still waiting at its end (0 when none arrived). Numerator and denominator are the same
+   cohort, so the ratio cannot leave [0, 1].
+
+Everything is vectorised over VMs and any leading batch shape.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .snapshot import VM_RUNNING, FleetSpec, RawSnapshot
+
+OBSERVATION_NAMES: tuple[str, ...] = (
+    "allocated_cores_ratio",
+    "cpu_mean",
+    "cpu_p90",
+    "ram_mean",
+    "ram_p90",
+    "waiting_ratio_total",
+    "waiting_ratio_interval",
+)
+N_METRICS = len(OBSERVATION_NAMES)
+
+
+def masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Mean over the last axis of the entries where `mask` holds; 0 where none does."""
+    count = mask.sum(axis=-1)
+    total = np.where(mask, values, 0.0).sum(axis=-1)
+    return np.divide(total, count, out=np.zeros(total.shape, dtype=np.float64), where=count > 0)
+
+
+def masked_percentile(values: np.ndarray, mask: np.ndarray, q: float) -> np.ndarray:
+    """q-th percentile (0..100) over the last axis of the masked entries, linear interpolation
+    between closest ranks (the same as ``np.percentile(v[mask], q)`` row by row); 0 where the
+    mask is empty."""
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile q must be within [0, 100], got {q}")
+    values = np.asarray(values, dtype=np.float64)
+    ordered = np.sort(np.where(mask, values, np.inf), axis=-1)
+    count = mask.sum(axis=-1)
+    pos = (q / 100.0) * np.maximum(count - 1, 0)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, np.maximum(count - 1, 0))
+    lo_v = np.take_along_axis(ordered, lo[..., None], axis=-1)[..., 0]
+    hi_v = np.take_along_axis(ordered, hi[..., None], axis=-1)[..., 0]
+    # empty rows read the +inf padding: replace it before interpolating
+    lo_v = np.where(count > 0, lo_v, 0.0)
+    hi_v = np.where(count > 0, hi_v, 0.0)
+    return lo_v + (hi_v - lo_v) * (pos - lo)
+
+
+def safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    num = np.asarray(num, dtype=np.float64)
+    den = np.asarray(den, dtype=np.float64)
+    return np.divide(num, den, out=np.zeros(np.broadcast(num, den).shape), where=den > 0)
+
+
+def compute_metrics(snap: RawSnapshot, fleet: FleetSpec, warmup_s: float = 0.0) -> np.ndarray:
+    """The seven metrics as a float32 array of shape ``batch_shape + (7,)``, in the order of
+    `OBSERVATION_NAMES`, clipped to [0, 1]."""
+    vm_type = np.asarray(snap.vm_type)
+    present = vm_type >= 0
+    type_idx = np.where(present, vm_type, 0).astype(np.int64)
+    cores = np.where(present, fleet.cores[type_idx], 0)
+    allocated = safe_ratio(cores.sum(axis=-1), fleet.max_fleet_cores)
+
+    measured = present & (np.asarray(snap.vm_state) == VM_RUNNING)
+    measured &= np.asarray(snap.vm_running_for_s) >= warmup_s
+    cpu = np.clip(np.asarray(snap.vm_cpu_busy, dtype=np.float64), 0.0, 1.0)
+    ram = np.clip(safe_ratio(snap.vm_ram_used_gb, fleet.ram_gb[type_idx]), 0.0, 1.0)
+
+    out = np.stack(
+        [
+            allocated,
+            masked_mean(cpu, measured),
+            masked_percentile(cpu, measured, 90.0),
+            masked_mean(ram, measured),
+            masked_percentile(ram, measured, 90.0),
+            safe_ratio(snap.jobs_waiting_now, snap.jobs_submitted_total),
+            safe_ratio(snap.jobs_waiting_interval, snap.jobs_submitted_interval),
+        ],
+        axis=-1,
+    )
+    # NaN or inf in a measurement must never reach a policy: treat it as 0 and let the caller
+    # (the daemon's snapshot validation) decide whether the snapshot is usable at all.
+    out = np.nan_to_num(out, nan=0.0, posinf=1.0, neginf=0.0)
+    return np.clip(out, 0.0, 1.0).astype(np.float32)
+
+
+def allocated_cores(snap: RawSnapshot, fleet: FleetSpec) -> np.ndarray:
+    """Absolute booting + running cores (for reports)."""
+    vm_type = np.asarray(snap.vm_type)
+    present = vm_type >= 0
+    return np.where(present, fleet.cores[np.where(present, vm_type, 0)], 0).sum(axis=-1)

@@ -1,0 +1,182 @@
+"""A batch of simulations stepped together in one Py4J round trip per call.
+
+Replies are packed little-endian float64 records (docs/bridge-protocol.md) decoded with
+`np.frombuffer` into `SimStep`, whose `raw` field is the `RawSnapshot` the analyzer consumes.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from samm.analyze import FleetSpec, RawSnapshot
+
+from .config import SimConfig
+from .errors import SimulatorError
+from .gateway import Gateway, shared_gateway
+from .workloads import Workload
+
+HEADER = 16
+TYPE_FIELDS = 4
+VM_FIELDS = 5
+(H_CLOCK, H_STEP, H_TERMINATED, H_APPLIED, H_COOLDOWN, H_SUBMITTED, H_SUBMITTED_INT, H_WAITING,
+ H_WAITING_INT, H_FINISHED, H_RUNNING_JOBS, H_VM_COST, H_WAIT_JOB_S, H_REQUEUED, H_BUSY_CORE_S,
+ H_LOST_CORE_S) = range(HEADER)
+
+
+@dataclass(frozen=True)
+class SimStep:
+    """Decoded snapshots of several envs (leading axis = env)."""
+
+    header: np.ndarray  # (E, 16)
+    types: np.ndarray  # (E, T, 4): running, booting, can_add, can_remove
+    raw: RawSnapshot
+
+    @property
+    def clock_s(self) -> np.ndarray:
+        return self.header[:, H_CLOCK]
+
+    @property
+    def terminated(self) -> np.ndarray:
+        return self.header[:, H_TERMINATED] > 0.5
+
+    @property
+    def applied(self) -> np.ndarray:
+        return self.header[:, H_APPLIED] > 0.5
+
+    @property
+    def in_cooldown(self) -> np.ndarray:
+        return self.header[:, H_COOLDOWN] > 0.5
+
+    @property
+    def vm_cost(self) -> np.ndarray:
+        return self.header[:, H_VM_COST]
+
+    @property
+    def wait_job_seconds(self) -> np.ndarray:
+        return self.header[:, H_WAIT_JOB_S]
+
+    @property
+    def running(self) -> np.ndarray:
+        return self.types[:, :, 0].astype(np.int64)
+
+    @property
+    def booting(self) -> np.ndarray:
+        return self.types[:, :, 1].astype(np.int64)
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.running + self.booting
+
+    @property
+    def can_add(self) -> np.ndarray:
+        return self.types[:, :, 2] > 0.5
+
+    @property
+    def can_remove(self) -> np.ndarray:
+        return self.types[:, :, 3] > 0.5
+
+    def row(self, i: int) -> "SimStep":
+        sl = slice(i, i + 1)
+        r = self.raw
+        return SimStep(self.header[sl], self.types[sl], RawSnapshot(
+            r.vm_type[sl], r.vm_state[sl], r.vm_cpu_busy[sl], r.vm_ram_used_gb[sl], r.vm_running_for_s[sl],
+            r.jobs_submitted_total[sl], r.jobs_submitted_interval[sl], r.jobs_waiting_now[sl],
+            r.jobs_waiting_interval[sl]))
+
+
+def decode_records(buf: bytes, n_types: int, n_slots: int) -> SimStep:
+    width = HEADER + TYPE_FIELDS * n_types + VM_FIELDS * n_slots
+    flat = np.frombuffer(buf, dtype="<f8")
+    if flat.size % width:
+        raise SimulatorError(f"reply of {len(buf)} bytes is not a whole number of {width}-double records")
+    rec = flat.reshape(-1, width)
+    header = rec[:, :HEADER]
+    types = rec[:, HEADER:HEADER + TYPE_FIELDS * n_types].reshape(-1, n_types, TYPE_FIELDS)
+    vms = rec[:, HEADER + TYPE_FIELDS * n_types:].reshape(-1, n_slots, VM_FIELDS)
+    raw = RawSnapshot(
+        vm_type=vms[:, :, 0].astype(np.int64),
+        vm_state=vms[:, :, 1].astype(np.int64),
+        vm_cpu_busy=vms[:, :, 2],
+        vm_ram_used_gb=vms[:, :, 3],
+        vm_running_for_s=vms[:, :, 4],
+        jobs_submitted_total=header[:, H_SUBMITTED],
+        jobs_submitted_interval=header[:, H_SUBMITTED_INT],
+        jobs_waiting_now=header[:, H_WAITING],
+        jobs_waiting_interval=header[:, H_WAITING_INT],
+    )
+    return SimStep(header, types, raw)
+
+
+class SimBatch:
+    """`n_envs` simulations of one workload under one config, hosted by one JVM."""
+
+    def __init__(self, config: SimConfig, workload: Workload, n_envs: int, gateway: Gateway | None = None):
+        if n_envs < 1:
+            raise ValueError("n_envs must be at least 1")
+        too_big = int(workload.cores.max())
+        if too_big > config.job_core_cap:
+            raise ValueError(
+                f"workload {workload.name!r} has a {too_big}-core job but jobs may use at most "
+                f"{config.job_core_cap} cores (cap it when loading: `core_cap`)"
+            )
+        self.config = config
+        self.workload = workload
+        self.n_envs = n_envs
+        self.fleet = FleetSpec.from_vm_types(config.vm_types)
+        self.gateway = gateway or shared_gateway()
+        self._workload_id = self.gateway.call("loadWorkload", bytearray(workload.pack()))
+        self._id = self.gateway.call("createBatch", config.java_json(), self._workload_id, n_envs)
+        self._closed = False
+
+    @property
+    def n_types(self) -> int:
+        return self.config.n_types
+
+    @property
+    def n_slots(self) -> int:
+        return self.config.vm_slots
+
+    def reset(self, envs, seeds) -> SimStep:
+        envs = np.asarray(envs, dtype=np.int64).reshape(-1)
+        seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
+        if envs.shape != seeds.shape:
+            raise ValueError("envs and seeds must have the same length")
+        if np.any((envs < 0) | (envs >= self.n_envs)):
+            raise ValueError(f"env indices must be within [0, {self.n_envs})")
+        req = np.zeros(len(envs), dtype=[("env", "<i4"), ("seed", "<i8")])
+        req["env"], req["seed"] = envs, seeds
+        payload = struct.pack("<i", len(envs)) + req.tobytes()
+        reply = self.gateway.call("reset", self._id, bytearray(payload))
+        return decode_records(reply, self.n_types, self.n_slots)
+
+    def step(self, deltas: np.ndarray) -> SimStep:
+        deltas = np.asarray(deltas)
+        if deltas.shape != (self.n_envs, self.n_types):
+            raise ValueError(f"deltas must have shape {(self.n_envs, self.n_types)}, got {deltas.shape}")
+        payload = np.clip(deltas, -127, 127).astype(np.int8).tobytes()
+        reply = self.gateway.call("step", self._id, bytearray(payload))
+        return decode_records(reply, self.n_types, self.n_slots)
+
+    def job_stats(self, env: int) -> np.ndarray:
+        """(n_jobs, 5): arrival_s, start_s, finish_s, wait_s, restarts (-1 = not yet)."""
+        reply = self.gateway.call("jobStats", self._id, int(env))
+        return np.frombuffer(reply, dtype="<f8").reshape(-1, 5)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.gateway.alive():
+            try:
+                self.gateway.call("closeBatch", self._id)
+                self.gateway.call("closeWorkload", self._workload_id)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+
+    def __del__(self) -> None:  # pragma: no cover - GC timing
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass

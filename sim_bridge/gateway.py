@@ -1,0 +1,185 @@
+"""Starts, health-checks and stops the Java gateway (one JVM hosting many simulations).
+
+The JVM binds a free loopback port that it picks itself (`--port 0`) and reports on stdout.
+It exits on its own when our stdin pipe closes, which happens however this process ends, `kill
+-9` included, so no JVM outlives its Python parent.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from py4j.java_gateway import GatewayParameters, JavaGateway
+from py4j.protocol import Py4JError, Py4JJavaError
+
+from .errors import GatewayError, SimulatorError
+
+READY_PREFIX = "SAMM_GATEWAY_PORT="
+LOOPBACK = "127.0.0.1"
+
+
+def find_jar() -> Path:
+    """`$SAMM_GATEWAY_JAR`, else the Maven build in this checkout (`java/target/`)."""
+    env = os.environ.get("SAMM_GATEWAY_JAR")
+    candidates = [Path(env)] if env else []
+    candidates.append(Path(__file__).resolve().parent.parent / "java" / "target" / "samm-gateway.jar")
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise GatewayError(
+        "the Java gateway jar was not found (looked at: "
+        + ", ".join(str(c) for c in candidates)
+        + "); build it with `make setup` or `cd java && mvn package`, or set SAMM_GATEWAY_JAR"
+    )
+
+
+def find_java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    java = shutil.which("java")
+    if not java:
+        raise GatewayError("no `java` executable found (install OpenJDK 17: `make setup` does)")
+    return java
+
+
+class Gateway:
+    """One JVM process and the Py4J connection to it."""
+
+    def __init__(self, jar: str | Path | None = None, heap: str = "1g", start_timeout_s: float = 60.0,
+                 quiet: bool = True):
+        self.jar = Path(jar) if jar else find_jar()
+        cmd = [find_java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-jar", str(self.jar),
+               "--address", LOOPBACK, "--port", "0", "--parent-pid", str(os.getpid())]
+        if quiet:
+            cmd.append("--quiet")
+        self._stderr_tail: deque[str] = deque(maxlen=50)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, bufsize=1,
+        )
+        self._closed = False
+        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self.port = self._await_port(start_timeout_s)
+        self._py4j = JavaGateway(
+            gateway_parameters=GatewayParameters(address=LOOPBACK, port=self.port, auto_convert=False,
+                                                 auto_field=False, eager_load=True),
+        )
+        self.entry = self._py4j.entry_point
+        self.version = self.call("ping")
+        atexit.register(self.close)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _drain_stderr(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            self._stderr_tail.append(line.rstrip())
+
+    def _await_port(self, timeout_s: float) -> int:
+        result: list[str] = []
+
+        def read() -> None:
+            for line in self.proc.stdout:  # type: ignore[union-attr]
+                if line.startswith(READY_PREFIX):
+                    result.append(line[len(READY_PREFIX):].strip())
+                    break
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if not result:
+            self._kill()
+            raise GatewayError(
+                f"the Java gateway did not report its port within {timeout_s:.0f} s "
+                f"(exit code {self.proc.poll()}); its stderr ends with:\n" + "\n".join(self._stderr_tail)
+            )
+        return int(result[0])
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return not self._closed and self.proc.poll() is None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._py4j.close()
+        except Exception:  # noqa: BLE001 - closing a dead connection is fine
+            pass
+        self._kill()
+        try:
+            atexit.unregister(self.close)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _kill(self) -> None:
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()  # the JVM exits on EOF
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def __enter__(self) -> "Gateway":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- calls -------------------------------------------------------------------------------
+    def call(self, method: str, *args):
+        """Call an entry-point method; Java exceptions become `SimulatorError`."""
+        if not self.alive():
+            raise GatewayError("the Java gateway is not running" + self._stderr_hint())
+        try:
+            return getattr(self.entry, method)(*args)
+        except Py4JJavaError as exc:
+            raise SimulatorError(_java_message(exc)) from None
+        except Py4JError as exc:
+            raise GatewayError(f"Py4J call {method} failed: {exc}" + self._stderr_hint()) from exc
+
+    def _stderr_hint(self) -> str:
+        return ("; JVM stderr: " + " | ".join(list(self._stderr_tail)[-5:])) if self._stderr_tail else ""
+
+
+def _java_message(exc: Py4JJavaError) -> str:
+    try:
+        return str(exc.java_exception.getMessage()) or str(exc.java_exception.toString())
+    except Exception:  # noqa: BLE001
+        return str(exc)
+
+
+_shared: Gateway | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_gateway() -> Gateway:
+    """The process-wide gateway, started on first use and stopped at interpreter exit."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or not _shared.alive():
+            started = time.perf_counter()
+            _shared = Gateway()
+            _shared.start_seconds = time.perf_counter() - started  # type: ignore[attr-defined]
+        return _shared
+
+
+def close_shared_gateway() -> None:
+    global _shared
+    with _shared_lock:
+        if _shared is not None:
+            _shared.close()
+            _shared = None

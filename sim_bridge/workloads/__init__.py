@@ -1,0 +1,26 @@
+"""Workloads the simulator replays: the paper's `seed-1551` and SWF traces."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .model import Workload
+from .paper import seed_1551
+from .swf import SwfTransform, load_swf, read_swf_table
+
+BUILTIN = {"seed-1551": seed_1551}
+
+
+def load_workload(spec: str | Path, transform: SwfTransform | None = None, core_cap: int | None = None) -> Workload:
+    """`seed-1551` (built in) or a path to an SWF file (plain or .gz)."""
+    if str(spec) in BUILTIN:
+        if transform is not None:
+            raise ValueError(f"SWF transforms do not apply to the built-in workload {spec!r}")
+        workload = BUILTIN[str(spec)]()
+        return workload.cap_cores(core_cap) if core_cap else workload
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"workload {spec!r}: neither a built-in name ({', '.join(BUILTIN)}) nor an existing file")
+    return load_swf(path, transform, default_core_cap=core_cap)
+
+
+__all__ = ["BUILTIN", "SwfTransform", "Workload", "load_swf", "load_workload", "read_swf_table", "seed_1551"]

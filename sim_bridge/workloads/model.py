@@ -1,0 +1,73 @@
+"""A workload: the jobs to replay, as columns (sorted by arrival)."""
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    arrival_s: np.ndarray  # float64, seconds from the start of the episode, non-decreasing
+    length_mi: np.ndarray  # float64, MI executed on EACH of the job's cores (CloudSim semantics)
+    cores: np.ndarray  # int32, >= 1
+    ram_gb: np.ndarray  # float64, RAM the job holds while it runs
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        for col in ("length_mi", "cores", "ram_gb"):
+            if len(getattr(self, col)) != n:
+                raise ValueError(f"workload {self.name!r}: column {col} has a different length")
+        if n == 0:
+            raise ValueError(f"workload {self.name!r} has no jobs")
+        if np.any(np.diff(self.arrival_s) < 0):
+            raise ValueError(f"workload {self.name!r}: arrivals must be sorted")
+        if np.any(~np.isfinite(self.arrival_s)) or np.any(self.arrival_s < 0):
+            raise ValueError(f"workload {self.name!r}: arrivals must be finite and >= 0")
+        if np.any(~(self.length_mi > 0)):
+            raise ValueError(f"workload {self.name!r}: every job needs a positive length")
+        if np.any(self.cores < 1):
+            raise ValueError(f"workload {self.name!r}: every job needs at least one core")
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.arrival_s)
+
+    def runtime_s(self, host_mips: float) -> np.ndarray:
+        return self.length_mi / host_mips
+
+    def core_seconds(self, host_mips: float) -> float:
+        return float(np.sum(self.runtime_s(host_mips) * self.cores))
+
+    def pack(self) -> bytes:
+        """Struct-of-arrays bytes for the Java gateway's `loadWorkload` (little-endian)."""
+        return b"".join(
+            [
+                struct.pack("<i", self.n_jobs),
+                self.arrival_s.astype("<f8").tobytes(),
+                self.length_mi.astype("<f8").tobytes(),
+                self.cores.astype("<i4").tobytes(),
+                self.ram_gb.astype("<f8").tobytes(),
+            ]
+        )
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.pack()).hexdigest()[:16]
+
+    def cap_cores(self, cap: int, keep: str = "work") -> "Workload":
+        """Cap every job's cores at `cap` (multi-core jobs run on one VM). `keep="work"` keeps
+        the job's core-seconds (it runs longer on fewer cores), `"runtime"` keeps its duration."""
+        if keep not in ("work", "runtime"):
+            raise ValueError(f"keep must be 'work' or 'runtime', got {keep!r}")
+        over = self.cores > cap
+        if not np.any(over):
+            return self
+        length = self.length_mi.copy()
+        if keep == "work":
+            length[over] = length[over] * self.cores[over] / cap
+        cores = np.minimum(self.cores, cap).astype(np.int32)
+        ram = self.ram_gb * cores / self.cores  # keep RAM per core: the job must still fit a VM
+        return Workload(self.name, self.arrival_s, length, cores, ram)
