@@ -1,81 +1,100 @@
-"""Built-in reference policies: `noop`, `random` and `static:S,M,L` (hold a fixed fleet).
-
-They act on (observation, info) in either action mode of the simulator and are pure functions
-of their inputs and their own seeded state.
-"""
+"""Built-in reference agents: `noop`, `random` and `static:S,M,L` (hold a fixed fleet)."""
 from __future__ import annotations
 
 import numpy as np
-from gymnasium import spaces
+
+from .base import Agent, Decisions, register
 
 
-class NoopPolicy:
-    name = "noop"
-
-    def __init__(self, action_space: spaces.Space):
-        self.space = action_space
-
-    def reset(self) -> None:
-        pass
-
-    def act(self, obs: np.ndarray, info: dict):
-        if isinstance(self.space, spaces.Discrete):
-            return 0
-        return np.ones(len(self.space.nvec), dtype=np.int64)  # keep every type
+def vm_count_features(type_names) -> tuple[str, ...]:
+    return tuple(f"vm_count:{t}" for t in type_names)
 
 
-class RandomPolicy:
-    name = "random"
-
-    def __init__(self, action_space: spaces.Space, seed: int = 0):
-        self.space = action_space
-        self.seed = seed
-        self.reset()
-
-    def reset(self) -> None:
-        self.space.seed(self.seed)
-
-    def act(self, obs: np.ndarray, info: dict):
-        return self.space.sample()
+def keep_actions(mode: str, batch: int, n_types: int) -> np.ndarray:
+    if mode == "paper":
+        return np.zeros(batch, dtype=np.int64)
+    return np.ones((batch, n_types), dtype=np.int64)
 
 
-class StaticPolicy:
-    """Moves the fleet towards fixed per-type counts and holds it there. In `paper` mode (one
-    change per step) it fixes the type with the largest gap first."""
+def deltas_to_actions(mode: str, deltas: np.ndarray) -> np.ndarray:
+    """Per-type wishes (B, n) in {-1, 0, +1} -> env actions. `paper` mode can change one type
+    per step: the first type that wants to grow, else the first that wants to shrink (growing
+    first protects the queue)."""
+    deltas = np.sign(np.asarray(deltas)).astype(np.int64)
+    if mode == "per-type":
+        return deltas + 1
+    out = np.zeros(len(deltas), dtype=np.int64)
+    for b, row in enumerate(deltas):
+        grow = np.nonzero(row > 0)[0]
+        shrink = np.nonzero(row < 0)[0]
+        if len(grow):
+            out[b] = 1 + 2 * grow[0]
+        elif len(shrink):
+            out[b] = 2 + 2 * shrink[0]
+    return out
 
-    def __init__(self, action_space: spaces.Space, targets: list[int]):
-        self.space = action_space
-        self.targets = np.asarray(targets, dtype=np.int64)
-        self.name = "static:" + ",".join(str(t) for t in targets)
 
-    def reset(self) -> None:
-        pass
+@register
+class NoopAgent(Agent):
+    kind = "noop"
 
-    def act(self, obs: np.ndarray, info: dict):
-        counts = np.asarray(info["vm_running"]) + np.asarray(info["vm_booting"])
-        gap = self.targets - counts
-        if isinstance(self.space, spaces.Discrete):
-            if not np.any(gap):
-                return 0
-            i = int(np.argmax(np.abs(gap)))
-            return 1 + 2 * i + (0 if gap[i] > 0 else 1)
-        return (np.sign(gap) + 1).astype(np.int64)
+    def __init__(self, feature_names=(), action_mode="paper", type_names=("S", "M", "L"), **kw):
+        super().__init__((), action_mode, type_names, **kw)
+
+    def act(self, features, state, deterministic=True):
+        return Decisions(keep_actions(self.action_mode, len(features), self.n_types)), state
+
+
+@register
+class RandomAgent(Agent):
+    kind = "random"
+    stateful = True
+
+    def __init__(self, feature_names=(), action_mode="paper", type_names=("S", "M", "L"), params=None, **kw):
+        super().__init__((), action_mode, type_names, params={"seed": 0, **(params or {})}, **kw)
+
+    def initial_state(self, batch=1):
+        return np.random.default_rng(self.params["seed"])
+
+    def act(self, features, state, deterministic=True):
+        b = len(features)
+        if self.action_mode == "paper":
+            a = state.integers(0, 1 + 2 * self.n_types, size=b)
+        else:
+            a = state.integers(0, 3, size=(b, self.n_types))
+        return Decisions(a), state
+
+
+@register
+class StaticAgent(Agent):
+    """Moves the fleet towards fixed per-type counts and holds it there."""
+
+    kind = "static"
+
+    def __init__(self, feature_names=(), action_mode="per-type", type_names=("S", "M", "L"), params=None, **kw):
+        params = dict(params or {})
+        targets = [int(x) for x in params.get("targets", [])]
+        if len(targets) != len(type_names) or min(targets, default=0) < 0:
+            raise ValueError(f"static agent needs {len(type_names)} non-negative counts, got {targets}")
+        super().__init__(vm_count_features(type_names), action_mode, type_names, params={"targets": targets}, **kw)
+
+    def act(self, features, state, deterministic=True):
+        gap = np.asarray(self.params["targets"])[None, :] - np.asarray(features)
+        return Decisions(deltas_to_actions(self.action_mode, gap)), state
 
 
 BUILTIN_POLICIES = ("noop", "random", "static:S,M,L")
 
 
-def make_builtin_policy(spec: str, action_space: spaces.Space, n_types: int, seed: int = 0):
+def make_builtin_policy(spec: str, action_mode: str, type_names: tuple[str, ...], seed: int = 0) -> Agent:
     if spec == "noop":
-        return NoopPolicy(action_space)
+        return NoopAgent(action_mode=action_mode, type_names=type_names)
     if spec == "random":
-        return RandomPolicy(action_space, seed=seed)
+        return RandomAgent(action_mode=action_mode, type_names=type_names, params={"seed": seed})
     if spec.startswith("static:"):
         try:
             targets = [int(x) for x in spec.split(":", 1)[1].split(",")]
         except ValueError:
             raise ValueError(f"static policy needs integer counts, e.g. static:2,1,1; got {spec!r}") from None
-        if len(targets) != n_types or min(targets) < 0:
-            raise ValueError(f"static policy needs {n_types} non-negative counts, got {spec!r}")
-        return StaticPolicy(action_space, targets)
+        return StaticAgent(action_mode=action_mode, type_names=type_names, params={"targets": targets})
     raise ValueError(f"unknown policy {spec!r}; built-in policies: {', '.join(BUILTIN_POLICIES)}")

@@ -83,7 +83,7 @@ class SimStep:
         return SimStep(self.header[sl], self.types[sl], RawSnapshot(
             r.vm_type[sl], r.vm_state[sl], r.vm_cpu_busy[sl], r.vm_ram_used_gb[sl], r.vm_running_for_s[sl],
             r.jobs_submitted_total[sl], r.jobs_submitted_interval[sl], r.jobs_waiting_now[sl],
-            r.jobs_waiting_interval[sl]))
+            r.jobs_waiting_interval[sl], r.jobs_running[sl]))
 
 
 def decode_records(buf: bytes, n_types: int, n_slots: int) -> SimStep:
@@ -105,6 +105,7 @@ def decode_records(buf: bytes, n_types: int, n_slots: int) -> SimStep:
         jobs_submitted_interval=header[:, H_SUBMITTED_INT],
         jobs_waiting_now=header[:, H_WAITING],
         jobs_waiting_interval=header[:, H_WAITING_INT],
+        jobs_running=header[:, H_RUNNING_JOBS],
     )
     return SimStep(header, types, raw)
 

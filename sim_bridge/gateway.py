@@ -55,7 +55,7 @@ class Gateway:
     def __init__(self, jar: str | Path | None = None, heap: str = "1g", start_timeout_s: float = 60.0,
                  quiet: bool = True):
         self.jar = Path(jar) if jar else find_jar()
-        cmd = [find_java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-jar", str(self.jar),
+        cmd = [find_java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-Djava.net.preferIPv4Stack=true", "-jar", str(self.jar),
                "--address", LOOPBACK, "--port", "0", "--parent-pid", str(os.getpid())]
         if quiet:
             cmd.append("--quiet")

@@ -1,4 +1,10 @@
-"""Run one simulated episode with a policy and summarise it in the units of the paper."""
+"""Run whole simulated episodes of an agent (one per seed, all stepped in one batch) and
+summarise them in the paper's units. Used by `samm sim run`, the evaluator and the tuners.
+
+`agent` is anything with the `agents.base.Agent` interface (`feature_names`, `action_mode`,
+`initial_state`, `act`); episodes that end early are frozen (no-op actions, outputs ignored)
+until the last one ends, so their job records stay intact.
+"""
 from __future__ import annotations
 
 import time
@@ -6,12 +12,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .envs import CloudSimEnv
+from samm.analyze import compute_metrics
+from samm.analyze.features import compute_features
+from samm.analyze.metrics import allocated_cores
+
+from .actions import to_deltas
+from .batch import H_REQUEUED, H_STEP, SimBatch
+from .config import SimConfig
+from .gateway import Gateway
+from .workloads import Workload
 
 
 @dataclass
 class EpisodeTrace:
-    """Per-step series, for reports and plots."""
+    """Per-step series of one episode, for reports and plots."""
 
     clock_s: list[float] = field(default_factory=list)
     vm_running: list[list[int]] = field(default_factory=list)
@@ -23,53 +37,87 @@ class EpisodeTrace:
     reward: list[float] = field(default_factory=list)
 
 
-def run_episode(env: CloudSimEnv, policy, seed: int, trace: EpisodeTrace | None = None) -> dict:
+def run_episodes(config: SimConfig, workload: Workload, agent, seeds, deterministic: bool = True,
+                 traces: bool = False, gateway: Gateway | None = None, max_steps: int | None = None) -> list[dict]:
+    seeds = [int(s) for s in seeds]
+    n = len(seeds)
+    cap = max_steps or config.max_steps
     started = time.perf_counter()
-    obs, info = env.reset(seed=seed)
-    policy.reset()
-    total_reward = vm_cost = wait_penalty = 0.0
-    cores, cpu = [], []
-    steps = 0
-    terminated = truncated = False
-    while not (terminated or truncated):
-        action = policy.act(obs, info)
-        obs, reward, terminated, truncated, info = env.step(action)
-        steps += 1
-        total_reward += reward
-        vm_cost += info["vm_cost"]
-        wait_penalty += info["wait_penalty"]
-        cores.append(info["allocated_cores"])
-        cpu.append(float(obs[1]))
+    batch = SimBatch(config, workload, n, gateway=gateway)
+    try:
+        s = batch.reset(np.arange(n), seeds)
+        state = agent.initial_state(n)
+        alive = np.ones(n, dtype=bool)
+        steps = np.zeros(n, dtype=np.int64)
+        terminated = np.zeros(n, dtype=bool)
+        vm_cost, wait_pen, cores_sum, cpu_sum = (np.zeros(n) for _ in range(4))
+        trace = [EpisodeTrace() for _ in range(n)] if traces else None
+        jobs: list[np.ndarray | None] = [None] * n
+        requeued = np.zeros(n, dtype=np.int64)
+        names = tuple(agent.feature_names)
+        while alive.any():
+            feats = (compute_features(s.raw, batch.fleet, names, config.warmup_s) if names
+                     else np.zeros((n, 0), dtype=np.float32))
+            decisions, state = agent.act(feats, state, deterministic)
+            deltas = to_deltas(agent.action_mode, decisions.actions, config.n_types)
+            deltas[~alive] = 0
+            s = batch.step(deltas)
+            obs = compute_metrics(s.raw, batch.fleet, config.warmup_s)
+            cores = allocated_cores(s.raw, batch.fleet)
+            live = np.nonzero(alive)[0]
+            steps[live] += 1
+            vm_cost[live] += s.vm_cost[live]
+            wait_pen[live] += config.penalty_per_job_second * s.wait_job_seconds[live]
+            cores_sum[live] += cores[live]
+            cpu_sum[live] += obs[live, 1]
+            if trace is not None:
+                for i in live:
+                    t = trace[i]
+                    t.clock_s.append(float(s.clock_s[i]))
+                    t.vm_running.append(s.running[i].tolist())
+                    t.vm_booting.append(s.booting[i].tolist())
+                    t.queue_length.append(int(s.raw.jobs_waiting_now[i]))
+                    t.allocated_cores.append(int(cores[i]))
+                    t.observation.append([round(float(x), 6) for x in obs[i]])
+                    t.action.append(np.asarray(decisions.actions[i]).tolist())
+                    t.reward.append(-float(s.vm_cost[i] + config.penalty_per_job_second * s.wait_job_seconds[i]))
+            ended = alive & (s.terminated | (s.header[:, H_STEP] >= cap))
+            for i in np.nonzero(ended)[0]:
+                terminated[i] = bool(s.terminated[i])
+                jobs[i] = batch.job_stats(int(i))
+                requeued[i] = int(s.header[i, H_REQUEUED])
+            alive &= ~ended
+    finally:
+        batch.close()
+    wall = time.perf_counter() - started
+    results = []
+    for i in range(n):
+        j = jobs[i]
+        finished = j[:, 2] >= 0
+        arrived = j[:, 0] <= steps[i] * config.step_seconds
+        waits = j[arrived, 3]
+        r = {
+            "workload": workload.name,
+            "seed": seeds[i],
+            "steps": int(steps[i]),
+            "terminated": bool(terminated[i]),
+            "truncated": not bool(terminated[i]),
+            "total_reward": round(-(vm_cost[i] + wait_pen[i]), 6),
+            "total_cost": round(vm_cost[i] + wait_pen[i], 6),
+            "vm_cost": round(vm_cost[i], 6),
+            "wait_penalty": round(wait_pen[i], 6),
+            "jobs_total": int(len(j)),
+            "jobs_finished": int(finished.sum()),
+            "jobs_requeued": int(requeued[i]),
+            "mean_wait_s": round(float(waits.mean()), 3) if len(waits) else 0.0,
+            "p95_wait_s": round(float(np.percentile(waits, 95)), 3) if len(waits) else 0.0,
+            "makespan_s": round(float(j[finished, 2].max()), 3) if finished.any() else None,
+            "mean_allocated_cores": round(cores_sum[i] / max(steps[i], 1), 3),
+            "mean_allocated_ratio": round(cores_sum[i] / max(steps[i], 1) / batch.fleet.max_fleet_cores, 4),
+            "mean_cpu_util": round(cpu_sum[i] / max(steps[i], 1), 4),
+            "wall_seconds": round(wall, 3),
+        }
         if trace is not None:
-            trace.clock_s.append(info["clock_s"])
-            trace.vm_running.append(info["vm_running"].tolist())
-            trace.vm_booting.append(info["vm_booting"].tolist())
-            trace.queue_length.append(info["queue_length"])
-            trace.allocated_cores.append(info["allocated_cores"])
-            trace.observation.append([float(x) for x in obs])
-            trace.action.append(np.asarray(action).tolist())
-            trace.reward.append(float(reward))
-    jobs = env.job_stats()
-    finished = jobs[:, 2] >= 0
-    arrived = jobs[:, 0] <= info["clock_s"]
-    waits = jobs[arrived, 3]
-    return {
-        "workload": env.workload.name,
-        "seed": seed,
-        "steps": steps,
-        "terminated": bool(terminated),
-        "truncated": bool(truncated),
-        "total_reward": round(total_reward, 6),
-        "total_cost": round(vm_cost + wait_penalty, 6),
-        "vm_cost": round(vm_cost, 6),
-        "wait_penalty": round(wait_penalty, 6),
-        "jobs_total": int(len(jobs)),
-        "jobs_finished": int(finished.sum()),
-        "jobs_requeued": int(info["jobs_requeued"]),
-        "mean_wait_s": round(float(waits.mean()) if len(waits) else 0.0, 3),
-        "p95_wait_s": round(float(np.percentile(waits, 95)) if len(waits) else 0.0, 3),
-        "makespan_s": round(float(jobs[finished, 2].max()), 3) if finished.any() else None,
-        "mean_allocated_cores": round(float(np.mean(cores)) if cores else 0.0, 3),
-        "mean_cpu_util": round(float(np.mean(cpu)) if cpu else 0.0, 4),
-        "wall_seconds": round(time.perf_counter() - started, 3),
-    }
+            r["trace"] = trace[i].__dict__
+        results.append(r)
+    return results

@@ -17,6 +17,7 @@ def snap(types, states, cpu, ram, running_for=None, submitted=0, submitted_int=0
         vm_ram_used_gb=np.array(ram, dtype=float), vm_running_for_s=np.array(running_for, dtype=float),
         jobs_submitted_total=np.array(float(submitted)), jobs_submitted_interval=np.array(float(submitted_int)),
         jobs_waiting_now=np.array(float(waiting)), jobs_waiting_interval=np.array(float(waiting_int)),
+        jobs_running=np.array(0.0),
     ) if n else None
 
 
@@ -97,7 +98,8 @@ def test_vectorised_over_a_batch_equals_one_by_one():
     states = rng.integers(0, 2, size=(e, v))
     batch = RawSnapshot(types, states, rng.random((e, v)), rng.random((e, v)) * 8, rng.random((e, v)) * 600,
                         rng.integers(1, 100, e).astype(float), rng.integers(0, 10, e).astype(float),
-                        rng.integers(0, 50, e).astype(float), rng.integers(0, 5, e).astype(float))
+                        rng.integers(0, 50, e).astype(float), rng.integers(0, 5, e).astype(float),
+                        rng.integers(0, 50, e).astype(float))
     together = compute_metrics(batch, FLEET)
     for i in range(e):
         one = RawSnapshot(*(getattr(batch, f)[i] for f in batch.__dataclass_fields__))

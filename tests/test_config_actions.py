@@ -83,3 +83,13 @@ def test_masks_follow_bounds_and_cooldown():
     np.testing.assert_array_equal(m, [[True, False, False, False, False, False, False]])
     m = action_masks("per-type", can_add, can_remove, np.array([False]))
     np.testing.assert_array_equal(m[0], [[False, True, True], [True, True, True], [True, True, False]])
+
+
+def test_shipped_example_configs_validate():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "deploy" / "configs"
+    files = sorted(root.glob("sim-*.yaml"))
+    assert files
+    for f in files:
+        load_sim_config(f)

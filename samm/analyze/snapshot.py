@@ -59,6 +59,7 @@ class RawSnapshot:
     jobs_submitted_interval: np.ndarray  # (B...) arrivals during the interval
     jobs_waiting_now: np.ndarray  # (B...) queued at the end of the interval
     jobs_waiting_interval: np.ndarray  # (B...) of the interval's arrivals, still queued at its end
+    jobs_running: np.ndarray  # (B...) running at the end of the interval
 
     @property
     def batch_shape(self) -> tuple[int, ...]:

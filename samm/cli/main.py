@@ -107,24 +107,20 @@ def sim_run(workload, window, time_compression, mips_per_core, max_jobs, config_
             max_steps, policy, seed, as_json) -> None:
     """Run one episode with a built-in policy and print its cost report."""
     from agents.builtin import make_builtin_policy
-    from sim_bridge.envs import CloudSimEnv
     from sim_bridge.errors import BridgeError
-    from sim_bridge.runner import run_episode
+    from sim_bridge.runner import run_episodes
 
     cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
     wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
-    env = CloudSimEnv(cfg, wl)
     try:
-        pol = make_builtin_policy(policy, env.action_space, cfg.n_types, seed=seed)
+        agent = make_builtin_policy(policy, cfg.action_mode, tuple(t.name for t in cfg.vm_types), seed=seed)
     except ValueError as exc:
         _fail(str(exc))
     try:
-        result = run_episode(env, pol, seed)
+        result = run_episodes(cfg, wl, agent, [seed])[0]
     except BridgeError as exc:
         _fail(str(exc))
-    finally:
-        env.close()
-    result["policy"] = pol.name
+    result["policy"] = policy
     if as_json:
         click.echo(json.dumps(result))
     else:
@@ -184,21 +180,17 @@ def demo(sim_only, seed, out) -> None:
 
     from agents.builtin import make_builtin_policy
     from sim_bridge.config import SimConfig
-    from sim_bridge.envs import CloudSimEnv
-    from sim_bridge.runner import run_episode
+    from sim_bridge.runner import run_episodes
+    from sim_bridge.workloads import seed_1551
 
-    runs = [("noop (fleet 1/1/1)", SimConfig(), "noop"),
-            ("static 5/5/5", SimConfig(action_mode="per-type"), "static:5,5,5"),
-            ("static 10/10/10", SimConfig(action_mode="per-type"), "static:10,10,10")]
+    runs = [("noop (fleet 1/1/1)", "noop"), ("static 5/5/5", "static:5,5,5"), ("static 10/10/10", "static:10,10,10")]
     click.echo("SAMM demo: seed-1551 (1551 jobs, 155 core-hours) in CloudSim Plus, one-minute steps, "
                "S/M/L = 2/4/8 cores at $0.2/0.4/0.8 per hour, penalty $0.036 per waiting job-hour.")
+    cfg = SimConfig(action_mode="per-type")
+    names = tuple(t.name for t in cfg.vm_types)
     results = []
-    for label, cfg, spec in tqdm(runs, desc="simulating", unit="run"):
-        env = CloudSimEnv(cfg, "seed-1551")
-        try:
-            r = run_episode(env, make_builtin_policy(spec, env.action_space, cfg.n_types, seed=seed), seed)
-        finally:
-            env.close()
+    for label, spec in tqdm(runs, desc="simulating", unit="run"):
+        r = run_episodes(cfg, seed_1551(), make_builtin_policy(spec, "per-type", names, seed=seed), [seed])[0]
         r["policy"] = label
         results.append(r)
     click.echo(format_report(results))

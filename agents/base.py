@@ -1,0 +1,161 @@
+"""The one Agent interface used by the simulator runner, the evaluator, the trainer's outputs
+and the Policy Evaluation Service.
+
+An agent is a decision function over named features (`feature_names`, computed by
+`samm.analyze.features`) with explicit per-caller state: callers create it with
+`initial_state(batch)`, pass it to `act` and keep what `act` returns. Nothing is shared between
+callers (the prior service kept ONE global LSTM state for everyone). Everything is batched:
+a single caller is a batch of one.
+"""
+from __future__ import annotations
+
+import json
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from samm import __version__
+from sim_bridge.actions import action_names as _action_names
+from sim_bridge.config import ActionMode
+
+METADATA_FILE = "metadata.json"
+
+
+@dataclass
+class Decisions:
+    """Decisions for a batch. `actions`: (B,) for `paper` mode, (B, n_types) for `per-type`.
+    `probabilities`: (B, n_actions) or (B, n_types, 3) where the agent has them. `values`: (B,)."""
+
+    actions: np.ndarray
+    probabilities: np.ndarray | None = None
+    values: np.ndarray | None = None
+
+
+class Agent(ABC):
+    kind: ClassVar[str]
+    #: whether `act` depends on the state (recurrent or time-based agents)
+    stateful: ClassVar[bool] = False
+
+    def __init__(self, feature_names: tuple[str, ...], action_mode: ActionMode, type_names: tuple[str, ...],
+                 params: dict | None = None, env_config_hash: str | None = None, training: dict | None = None,
+                 version: str | None = None):
+        self.feature_names = tuple(feature_names)
+        self.action_mode: ActionMode = action_mode
+        self.type_names = tuple(type_names)
+        self.params = dict(params or {})
+        self.env_config_hash = env_config_hash
+        self.training = training or {}
+        self.version = version or f"{self.kind}-{time.strftime('%Y%m%d%H%M%S')}"
+
+    # -- deciding ----------------------------------------------------------------------------
+    def initial_state(self, batch: int = 1) -> Any:
+        return None
+
+    def reset_state(self, state: Any, mask: np.ndarray) -> Any:
+        """Fresh state where `mask` (B,) is true (new episodes or new sessions)."""
+        return state
+
+    @abstractmethod
+    def act(self, features: np.ndarray, state: Any, deterministic: bool = True) -> tuple[Decisions, Any]:
+        """features: (B, len(feature_names)) float32."""
+
+    @property
+    def n_types(self) -> int:
+        return len(self.type_names)
+
+    @property
+    def action_names(self) -> list[str]:
+        return _action_names(self.action_mode, self.type_names)
+
+    def describe_action(self, action) -> str:
+        if self.action_mode == "paper":
+            return self.action_names[int(action)]
+        words = ("remove", "keep", "add")
+        return ", ".join(f"{words[int(a)]} {t}" for a, t in zip(np.asarray(action).reshape(-1), self.type_names))
+
+    # -- persistence -------------------------------------------------------------------------
+    def metadata(self) -> dict:
+        return {
+            "kind": self.kind,
+            "version": self.version,
+            "samm_version": __version__,
+            "feature_names": list(self.feature_names),
+            "action_mode": self.action_mode,
+            "action_names": self.action_names,
+            "type_names": list(self.type_names),
+            "env_config_hash": self.env_config_hash,
+            "params": self.params,
+            "training": self.training,
+        }
+
+    def save(self, directory: str | Path) -> Path:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self._save_weights(d)
+        (d / METADATA_FILE).write_text(json.dumps(self.metadata(), indent=2, default=_json_default))
+        return d
+
+    def _save_weights(self, directory: Path) -> None:
+        """Agents with learned weights write them here."""
+
+    @classmethod
+    def _from_metadata(cls, meta: dict, directory: Path) -> "Agent":
+        return cls(tuple(meta["feature_names"]), meta["action_mode"], tuple(meta["type_names"]),
+                   params=meta.get("params"), env_config_hash=meta.get("env_config_hash"),
+                   training=meta.get("training"), version=meta.get("version"))
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"cannot serialise {type(o).__name__}")
+
+
+_REGISTRY: dict[str, type[Agent]] = {}
+
+
+def register(cls: type[Agent]) -> type[Agent]:
+    _REGISTRY[cls.kind] = cls
+    return cls
+
+
+def agent_kinds() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def agent_class(kind: str) -> type[Agent]:
+    _load_all()
+    if kind not in _REGISTRY:
+        raise ValueError(f"unknown agent {kind!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[kind]
+
+
+def load_agent(directory: str | Path) -> Agent:
+    d = Path(directory)
+    meta_path = d / METADATA_FILE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{d}: no {METADATA_FILE}; not a saved SAMM policy")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{meta_path}: invalid JSON ({exc})") from None
+    for key in ("kind", "feature_names", "action_mode", "type_names"):
+        if key not in meta:
+            raise ValueError(f"{meta_path}: missing {key!r}")
+    return agent_class(meta["kind"])._from_metadata(meta, d)
+
+
+def _load_all() -> None:
+    # importing the modules registers their classes
+    from . import builtin  # noqa: F401
+    from .baselines import queue, target_tracking, threshold  # noqa: F401
+    from .ppo import agent  # noqa: F401

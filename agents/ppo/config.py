@@ -1,0 +1,72 @@
+"""PPO hyperparameters in one place, with the paper-era values cited beside the defaults.
+
+The paper trained with OpenAI Baselines' ppo2 (`lstm` policy). Two configurations of theirs are
+known (see ../shared/notes/prior-art.md): (A) lr 3e-4, gamma 0.99, lambda 0.97, clip 0.2,
+vf_coef 0.0005, ent_coef 0, 250 steps per update, 1 minibatch, 4 epochs, 1 env; (B) lr 3e-5,
+gamma 0.95, lambda 0.99, clip 0.05, vf_coef 1, ent_coef 0.001, 100 steps, 10 epochs, 2M steps.
+Our defaults differ where batched environments and truncated BPTT allow faster, stabler
+training; each difference is noted.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class PPOConfig:
+    # --- data collection -------------------------------------------------------------------
+    num_envs: int = 8  # paper: 1 env; batched envs cost one Py4J round trip per step
+    num_steps: int = 128  # rollout length per env (paper: 250 (A) / 100 (B))
+    total_timesteps: int = 400_000  # paper (B): 2M
+    max_episode_steps: int = 400  # truncate training episodes (bootstrapped); seed-1551 ends at ~230
+    # --- objective -------------------------------------------------------------------------
+    gamma: float = 0.99  # paper (A): 0.99
+    gae_lambda: float = 0.95  # paper (A): 0.97
+    clip_coef: float = 0.2  # paper (A): 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.01  # paper (A): 0; a small bonus keeps 7-way exploration alive early
+    vf_coef: float = 0.5  # paper (A): 0.0005 (with a shared trunk that nearly disables the critic)
+    max_grad_norm: float = 0.5  # Baselines ppo2 default
+    target_kl: float | None = None
+    # --- optimisation ----------------------------------------------------------------------
+    learning_rate: float = 3e-4  # paper (A): 3e-4
+    anneal_lr: bool = True
+    update_epochs: int = 4  # paper (A): 4
+    num_minibatches: int = 4  # paper (A): 1
+    bptt_chunk: int = 16  # truncated BPTT: chunks of this many steps start from stored states
+    norm_adv: bool = True
+    # --- network (paper: one LSTM layer of 128 cells on the 7 inputs, linear heads) --------
+    lstm_hidden: int = 128
+    # --- normalisation ---------------------------------------------------------------------
+    norm_obs: bool = False  # the seven metrics are already in [0, 1]
+    norm_reward: bool = True  # scale rewards by the running std of discounted returns
+    reward_clip: float = 10.0
+    # --- bookkeeping -----------------------------------------------------------------------
+    seed: int = 1
+    device: str = "auto"  # "auto": CUDA when present, else CPU
+    torch_threads: int = 1  # the JVM uses the other core while the policy runs
+    checkpoint_every: int = 50  # updates
+    eval_every: int = 0  # updates; 0 = off
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return max(1, self.total_timesteps // self.batch_size)
+
+    def validate(self) -> "PPOConfig":
+        if self.num_steps % self.bptt_chunk:
+            raise ValueError(f"num_steps ({self.num_steps}) must be a multiple of bptt_chunk ({self.bptt_chunk})")
+        chunks = self.num_envs * self.num_steps // self.bptt_chunk
+        if chunks % self.num_minibatches:
+            raise ValueError(f"{chunks} BPTT chunks do not split into {self.num_minibatches} minibatches")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1]")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)

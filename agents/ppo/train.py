@@ -1,0 +1,301 @@
+"""Recurrent PPO in plain PyTorch, readable top to bottom (in the spirit of CleanRL's
+ppo_atari_lstm.py, with sb3-contrib's chunked truncated BPTT).
+
+Works with any Gymnasium VectorEnv that autoresets in the SAME step and reports the final
+observation of ended episodes in `info["final_obs"]` (as `CloudSimVectorEnv` does), so no
+transition is wasted and truncated episodes are bootstrapped from their real last state.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn, optim
+
+from .buffer import RolloutBuffer
+from .config import PPOConfig
+from .network import LstmActorCritic
+from .normalize import RunningMeanStd
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def action_nvec(space: spaces.Space) -> tuple[int, ...]:
+    if isinstance(space, spaces.Discrete):
+        return (int(space.n),)
+    if isinstance(space, spaces.MultiDiscrete):
+        return tuple(int(n) for n in space.nvec)
+    raise TypeError(f"unsupported action space {space}")
+
+
+class TrainLogger:
+    """CSV (always) and TensorBoard (when installed) scalars, one row per update."""
+
+    def __init__(self, out_dir: Path | None):
+        self.rows: list[dict] = []
+        self.csv_path = out_dir / "progress.csv" if out_dir else None
+        self.episodes_path = out_dir / "episodes.csv" if out_dir else None
+        self.tb = None
+        if out_dir:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+            except ImportError:  # pragma: no cover - tensorboard is an install requirement
+                self.tb = None
+
+    def log(self, step: int, row: dict) -> None:
+        row = {"global_step": step, **row}
+        self.rows.append(row)
+        if self.csv_path:
+            new = not self.csv_path.exists()
+            with self.csv_path.open("a", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(row))
+                if new:
+                    w.writeheader()
+                w.writerow(row)
+        if self.tb:
+            for k, v in row.items():
+                if k != "global_step" and isinstance(v, (int, float)) and np.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+
+    def episode(self, row: dict) -> None:
+        if self.episodes_path:
+            new = not self.episodes_path.exists()
+            with self.episodes_path.open("a", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(row))
+                if new:
+                    w.writeheader()
+                w.writerow(row)
+
+    def close(self) -> None:
+        if self.tb:
+            self.tb.close()
+
+
+@dataclass
+class TrainResult:
+    net: LstmActorCritic
+    obs_rms: RunningMeanStd | None
+    global_step: int
+    episodes: list[dict] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+
+def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str | Path | None = None,
+          resume: bool = False, progress: bool = True,
+          on_update: Callable[[int, LstmActorCritic, RunningMeanStd | None], bool | None] | None = None) -> TrainResult:
+    """Train an LSTM actor-critic. `make_envs(num_envs, seed)` builds the vector env.
+    `on_update(update, net, obs_rms)` may return True to stop early."""
+    cfg.validate()
+    out = Path(out_dir) if out_dir else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+
+    # ---- seeding and devices -------------------------------------------------------------
+    torch.manual_seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.set_num_threads(max(1, cfg.torch_threads))
+    device = pick_device(cfg.device)
+    sample_gen = torch.Generator().manual_seed(cfg.seed + 1)  # minibatch order
+
+    envs = make_envs(cfg.num_envs, cfg.seed)
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    nvec = action_nvec(envs.single_action_space)
+    discrete = isinstance(envs.single_action_space, spaces.Discrete)
+
+    net = LstmActorCritic(obs_dim, nvec, cfg.lstm_hidden).to(device)
+    opt = optim.Adam(net.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    obs_rms = RunningMeanStd((obs_dim,)) if cfg.norm_obs else None
+    ret_rms = RunningMeanStd(()) if cfg.norm_reward else None
+    start_update, global_step = 0, 0
+
+    ckpt_path = out / "checkpoint.pt" if out else None
+    if resume and ckpt_path and ckpt_path.exists():
+        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
+        net.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        start_update, global_step = ck["update"], ck["global_step"]
+        obs_rms = RunningMeanStd.from_dict(ck["obs_rms"]) if ck.get("obs_rms") else obs_rms
+        ret_rms = RunningMeanStd.from_dict(ck["ret_rms"]) if ck.get("ret_rms") else ret_rms
+        torch.set_rng_state(ck["torch_rng"])
+        sample_gen.set_state(ck["sample_rng"])
+
+    logger = TrainLogger(out)
+    buf = RolloutBuffer(cfg.num_steps, cfg.num_envs, obs_dim, len(nvec), cfg.lstm_hidden, device)
+
+    def norm_obs(o: np.ndarray) -> torch.Tensor:
+        o = np.asarray(o, dtype=np.float32)
+        if obs_rms is not None:
+            o = np.clip((o - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10).astype(np.float32)
+        return torch.as_tensor(o, device=device)
+
+    # ---- the loop ------------------------------------------------------------------------
+    raw_obs, _ = envs.reset(seed=cfg.seed + 1000 * start_update)
+    state = net.initial_state(cfg.num_envs, device)
+    episode_start = torch.ones(cfg.num_envs, device=device)
+    disc_return = np.zeros(cfg.num_envs)  # for reward scaling
+    ep_return = np.zeros(cfg.num_envs)
+    ep_len = np.zeros(cfg.num_envs, dtype=np.int64)
+    ep_vm_cost = np.zeros(cfg.num_envs)
+    ep_wait = np.zeros(cfg.num_envs)
+    episodes: list[dict] = []
+    started = time.perf_counter()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.num_updates * cfg.batch_size, initial=start_update * cfg.batch_size,
+                   unit="step", desc="training", dynamic_ncols=True)
+
+    for update in range(start_update, cfg.num_updates):
+        t_update = time.perf_counter()
+        if cfg.anneal_lr:
+            opt.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / cfg.num_updates)
+
+        # -- collect a rollout --------------------------------------------------------------
+        net.eval()
+        for t in range(cfg.num_steps):
+            if obs_rms is not None:
+                obs_rms.update(np.asarray(raw_obs, dtype=np.float64))
+            obs = norm_obs(raw_obs)
+            with torch.no_grad():
+                logits, value, new_state = net.step(obs, state, episode_start)
+                dist = net.dist(logits)
+                action = dist.sample()
+                logprob = dist.log_prob(action)
+            env_action = action[:, 0].cpu().numpy() if discrete else action.cpu().numpy()
+            raw_obs, reward, term, trunc, info = envs.step(env_action)
+            global_step += cfg.num_envs
+            reward = np.asarray(reward, dtype=np.float64)
+            done = np.logical_or(term, trunc)
+
+            # episode statistics in the environment's own units (before any scaling)
+            ep_return += reward
+            ep_len += 1
+            ep_vm_cost += np.asarray(info.get("vm_cost", 0.0))
+            ep_wait += np.asarray(info.get("wait_penalty", 0.0))
+            for i in np.nonzero(done)[0]:
+                row = {"global_step": global_step, "return": ep_return[i], "length": int(ep_len[i]),
+                       "vm_cost": ep_vm_cost[i], "wait_penalty": ep_wait[i], "terminated": bool(term[i])}
+                episodes.append(row)
+                logger.episode(row)
+                ep_return[i] = ep_len[i] = ep_vm_cost[i] = ep_wait[i] = 0
+
+            # reward scaling by the running std of the discounted return (as VecNormalize)
+            if ret_rms is not None:
+                disc_return = disc_return * cfg.gamma + reward
+                ret_rms.update(disc_return)
+                reward = np.clip(reward / np.sqrt(ret_rms.var + 1e-8), -cfg.reward_clip, cfg.reward_clip)
+                disc_return[done] = 0.0
+            reward_t = torch.as_tensor(reward, dtype=torch.float32, device=device)
+
+            # truncation is not termination: bootstrap from the real final observation
+            if np.any(trunc):
+                idx = np.nonzero(trunc)[0]
+                idx_t = torch.as_tensor(idx, device=device)
+                final = norm_obs(np.asarray(info["final_obs"])[idx])
+                with torch.no_grad():
+                    sub = (new_state[0][:, idx_t], new_state[1][:, idx_t])
+                    _, v_final, _ = net.step(final, sub, torch.zeros(len(idx), device=device))
+                reward_t[idx_t] += cfg.gamma * v_final
+
+            buf.add(t, obs, action, logprob, reward_t, value, episode_start, state)
+            state = new_state
+            episode_start = torch.as_tensor(done, dtype=torch.float32, device=device)
+
+        with torch.no_grad():
+            _, next_value, _ = net.step(norm_obs(raw_obs), state, episode_start)
+        buf.finish(next_value, episode_start, cfg.gamma, cfg.gae_lambda)
+
+        # -- learn from it: epochs over minibatches of BPTT chunks ---------------------------
+        net.train()
+        stats = {"pg_loss": [], "v_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
+        stop = False
+        for _ in range(cfg.update_epochs):
+            for mb in buf.chunks(cfg.bptt_chunk, cfg.num_minibatches, sample_gen):
+                logits, values, _ = net.unroll(mb.obs, mb.state, mb.episode_starts)
+                dist = net.dist(logits)
+                newlogprob = dist.log_prob(mb.actions)
+                entropy = dist.entropy().mean()
+                logratio = newlogprob - mb.logprobs
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+
+                adv = mb.advantages
+                if cfg.norm_adv:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+                pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+
+                if cfg.clip_vloss:
+                    v_clipped = mb.values + (values - mb.values).clamp(-cfg.clip_coef, cfg.clip_coef)
+                    v_loss = 0.5 * torch.max((values - mb.returns) ** 2, (v_clipped - mb.returns) ** 2).mean()
+                else:
+                    v_loss = 0.5 * ((values - mb.returns) ** 2).mean()
+
+                loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+                opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(net.parameters(), cfg.max_grad_norm)
+                opt.step()
+                for k, v in (("pg_loss", pg_loss), ("v_loss", v_loss), ("entropy", entropy),
+                             ("approx_kl", approx_kl), ("clipfrac", clipfrac)):
+                    stats[k].append(float(v.detach()))
+                if cfg.target_kl is not None and approx_kl > cfg.target_kl:
+                    stop = True
+                    break
+            if stop:
+                break
+
+        # -- log, checkpoint, callbacks ------------------------------------------------------
+        y_pred, y_true = buf.values.flatten().cpu().numpy(), buf.returns.flatten().cpu().numpy()
+        var_y = np.var(y_true)
+        recent = episodes[-20:]
+        elapsed = time.perf_counter() - started
+        row = {
+            "update": update + 1,
+            "episodes": len(episodes),
+            "episode_return": float(np.mean([e["return"] for e in recent])) if recent else float("nan"),
+            "episode_length": float(np.mean([e["length"] for e in recent])) if recent else float("nan"),
+            "episode_vm_cost": float(np.mean([e["vm_cost"] for e in recent])) if recent else float("nan"),
+            "episode_wait_penalty": float(np.mean([e["wait_penalty"] for e in recent])) if recent else float("nan"),
+            **{k: float(np.mean(v)) for k, v in stats.items()},
+            "explained_variance": float(1 - np.var(y_true - y_pred) / var_y) if var_y > 0 else float("nan"),
+            "learning_rate": opt.param_groups[0]["lr"],
+            "steps_per_second": cfg.batch_size / (time.perf_counter() - t_update),
+            "wall_seconds": elapsed,
+        }
+        logger.log(global_step, row)
+        if bar:
+            bar.update(cfg.batch_size)
+            bar.set_postfix(ret=f"{row['episode_return']:.2f}", len=f"{row['episode_length']:.0f}")
+        if ckpt_path and ((update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.num_updates):
+            torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "update": update + 1,
+                        "global_step": global_step, "obs_rms": obs_rms.to_dict() if obs_rms else None,
+                        "ret_rms": ret_rms.to_dict() if ret_rms else None, "torch_rng": torch.get_rng_state(),
+                        "sample_rng": sample_gen.get_state(), "config": cfg.to_dict()}, ckpt_path)
+        if on_update is not None and on_update(update + 1, net, obs_rms):
+            break
+
+    if bar:
+        bar.close()
+    logger.close()
+    if hasattr(envs, "close"):
+        envs.close()
+    return TrainResult(net=net, obs_rms=obs_rms, global_step=global_step, episodes=episodes,
+                       history=logger.rows, wall_seconds=time.perf_counter() - started)

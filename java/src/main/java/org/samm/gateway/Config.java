@@ -1,0 +1,203 @@
+package org.samm.gateway;
+
+import com.google.gson.JsonArray;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
+import com.google.gson.JsonPrimitive;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+/**
+ * Immutable simulation configuration parsed from the JSON of {@code createBatch}
+ * (see docs/bridge-protocol.md). Unknown keys are rejected with the key's name.
+ */
+public final class Config {
+
+    /** One VM type. */
+    public static final class VmType {
+        public final String name;
+        public final int cores;
+        public final double ramGb;
+        public final double pricePerHour;
+        public final int min;
+        public final int max;
+        public final int initial;
+
+        VmType(String name, int cores, double ramGb, double pricePerHour, int min, int max, int initial) {
+            this.name = name;
+            this.cores = cores;
+            this.ramGb = ramGb;
+            this.pricePerHour = pricePerHour;
+            this.min = min;
+            this.max = max;
+            this.initial = initial;
+        }
+    }
+
+    private static final Set<String> TOP_KEYS = Set.of(
+        "vm_types", "host_mips", "step_seconds", "boot_delay_min_s", "boot_delay_max_s", "cooldown_s", "threads");
+    private static final Set<String> TYPE_KEYS = Set.of(
+        "name", "cores", "ram_gb", "price_per_hour", "min", "max", "initial");
+
+    public final List<VmType> vmTypes;
+    public final double hostMips;
+    public final double stepSeconds;
+    public final double bootDelayMinS;
+    public final double bootDelayMaxS;
+    public final double cooldownS;
+    public final int threads;
+
+    /** Number of VM types (T). */
+    public final int nTypes;
+    /** Number of VM slots (V = sum of max). */
+    public final int nSlots;
+    /** Largest number of cores of any type. */
+    public final int maxCores;
+    /** Largest RAM (GB) of any type. */
+    public final double maxRamGb;
+    /** Snapshot record length in doubles: 16 + 4T + 5V. */
+    public final int recordDoubles;
+
+    private Config(List<VmType> vmTypes, double hostMips, double stepSeconds, double bootMin, double bootMax,
+                   double cooldownS, int threads) {
+        this.vmTypes = List.copyOf(vmTypes);
+        this.hostMips = hostMips;
+        this.stepSeconds = stepSeconds;
+        this.bootDelayMinS = bootMin;
+        this.bootDelayMaxS = bootMax;
+        this.cooldownS = cooldownS;
+        this.threads = threads;
+        this.nTypes = vmTypes.size();
+        int slots = 0, mc = 0;
+        double mr = 0;
+        for (VmType t : vmTypes) {
+            slots += t.max;
+            mc = Math.max(mc, t.cores);
+            mr = Math.max(mr, t.ramGb);
+        }
+        this.nSlots = slots;
+        this.maxCores = mc;
+        this.maxRamGb = mr;
+        this.recordDoubles = 16 + 4 * nTypes + 5 * nSlots;
+    }
+
+    /** Parses and validates a configuration; throws IllegalArgumentException with a clear message. */
+    public static Config parse(String json) {
+        if (json == null) {
+            throw new IllegalArgumentException("config JSON is null");
+        }
+        final JsonElement root;
+        try {
+            root = JsonParser.parseString(json);
+        } catch (RuntimeException e) {
+            throw new IllegalArgumentException("config is not valid JSON: " + e.getMessage(), e);
+        }
+        if (!root.isJsonObject()) {
+            throw new IllegalArgumentException("config must be a JSON object");
+        }
+        final JsonObject o = root.getAsJsonObject();
+        for (Map.Entry<String, JsonElement> e : o.entrySet()) {
+            if (!TOP_KEYS.contains(e.getKey())) {
+                throw new IllegalArgumentException("unknown config key: '" + e.getKey() + "'");
+            }
+        }
+        if (!o.has("vm_types")) {
+            throw new IllegalArgumentException("config key 'vm_types' is required");
+        }
+        if (!o.get("vm_types").isJsonArray()) {
+            throw new IllegalArgumentException("config key 'vm_types' must be an array");
+        }
+        final JsonArray arr = o.getAsJsonArray("vm_types");
+        if (arr.isEmpty()) {
+            throw new IllegalArgumentException("config 'vm_types' needs at least one VM type");
+        }
+        final List<VmType> types = new ArrayList<>();
+        for (int i = 0; i < arr.size(); i++) {
+            final JsonElement te = arr.get(i);
+            if (!te.isJsonObject()) {
+                throw new IllegalArgumentException("vm_types[" + i + "] must be an object");
+            }
+            final JsonObject t = te.getAsJsonObject();
+            for (Map.Entry<String, JsonElement> e : t.entrySet()) {
+                if (!TYPE_KEYS.contains(e.getKey())) {
+                    throw new IllegalArgumentException("unknown config key: 'vm_types[" + i + "]." + e.getKey() + "'");
+                }
+            }
+            final String where = "vm_types[" + i + "]";
+            final String name = t.has("name") ? str(t.get("name"), where + ".name") : "T" + i;
+            final int cores = integer(req(t, "cores", where), where + ".cores");
+            final double ram = num(req(t, "ram_gb", where), where + ".ram_gb");
+            final double price = num(req(t, "price_per_hour", where), where + ".price_per_hour");
+            final int min = integer(req(t, "min", where), where + ".min");
+            final int max = integer(req(t, "max", where), where + ".max");
+            final int initial = integer(req(t, "initial", where), where + ".initial");
+            if (cores < 1) throw new IllegalArgumentException(where + ".cores must be >= 1, got " + cores);
+            if (!(ram >= 0)) throw new IllegalArgumentException(where + ".ram_gb must be >= 0, got " + ram);
+            if (!(price >= 0)) throw new IllegalArgumentException(where + ".price_per_hour must be >= 0, got " + price);
+            if (!(0 <= min && min <= initial && initial <= max)) {
+                throw new IllegalArgumentException(where + ": need 0 <= min <= initial <= max, got min=" + min
+                    + " initial=" + initial + " max=" + max);
+            }
+            types.add(new VmType(name, cores, ram, price, min, max, initial));
+        }
+        final double mips = o.has("host_mips") ? num(o.get("host_mips"), "host_mips") : 4400.0;
+        final double step = o.has("step_seconds") ? num(o.get("step_seconds"), "step_seconds") : 60.0;
+        final double bmin = o.has("boot_delay_min_s") ? num(o.get("boot_delay_min_s"), "boot_delay_min_s") : 45.0;
+        final double bmax = o.has("boot_delay_max_s") ? num(o.get("boot_delay_max_s"), "boot_delay_max_s") : 97.0;
+        final double cool = o.has("cooldown_s") ? num(o.get("cooldown_s"), "cooldown_s") : 0.0;
+        final int threads = o.has("threads") ? integer(o.get("threads"), "threads") : 0;
+        if (!(mips > 0) || Double.isInfinite(mips)) throw new IllegalArgumentException("host_mips must be > 0, got " + mips);
+        if (!(step > 0) || Double.isInfinite(step)) throw new IllegalArgumentException("step_seconds must be > 0, got " + step);
+        if (!(0 <= bmin && bmin <= bmax) || Double.isInfinite(bmax)) {
+            throw new IllegalArgumentException("need 0 <= boot_delay_min_s <= boot_delay_max_s, got " + bmin + ", " + bmax);
+        }
+        if (!(cool >= 0) || Double.isInfinite(cool)) throw new IllegalArgumentException("cooldown_s must be >= 0, got " + cool);
+        if (threads < 0) throw new IllegalArgumentException("threads must be >= 0, got " + threads);
+        return new Config(types, mips, step, bmin, bmax, cool, threads);
+    }
+
+    /** Checks that every job fits the largest VM type. */
+    public void checkWorkload(Workload w) {
+        for (int j = 0; j < w.n; j++) {
+            if (w.cores[j] > maxCores) {
+                throw new IllegalArgumentException("job " + j + " needs " + w.cores[j]
+                    + " cores but the largest VM type has " + maxCores);
+            }
+        }
+    }
+
+    private static JsonElement req(JsonObject o, String key, String where) {
+        if (!o.has(key)) {
+            throw new IllegalArgumentException("config key '" + where + "." + key + "' is required");
+        }
+        return o.get(key);
+    }
+
+    private static double num(JsonElement e, String key) {
+        if (e != null && e.isJsonPrimitive() && ((JsonPrimitive) e).isNumber()) {
+            final double v = e.getAsDouble();
+            if (Double.isNaN(v)) throw new IllegalArgumentException("config key '" + key + "' is NaN");
+            return v;
+        }
+        throw new IllegalArgumentException("config key '" + key + "' must be a number, got " + e);
+    }
+
+    private static int integer(JsonElement e, String key) {
+        final double v = num(e, key);
+        if (v != Math.rint(v) || Math.abs(v) > Integer.MAX_VALUE) {
+            throw new IllegalArgumentException("config key '" + key + "' must be an integer, got " + e);
+        }
+        return (int) v;
+    }
+
+    private static String str(JsonElement e, String key) {
+        if (e != null && e.isJsonPrimitive() && ((JsonPrimitive) e).isString()) {
+            return e.getAsString();
+        }
+        throw new IllegalArgumentException("config key '" + key + "' must be a string, got " + e);
+    }
+}

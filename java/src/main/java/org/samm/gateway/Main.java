@@ -1,0 +1,155 @@
+package org.samm.gateway;
+
+import py4j.GatewayServer;
+
+import javax.net.ServerSocketFactory;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.PrintStream;
+import java.net.InetAddress;
+import java.net.InetSocketAddress;
+import java.net.ServerSocket;
+import java.net.Socket;
+import java.util.Optional;
+
+/**
+ * {@code java -jar samm-gateway.jar --address 127.0.0.1 --port 0 --parent-pid <pid> [--quiet]}
+ *
+ * <p>Starts a Py4J GatewayServer (entry point {@link Gateway}) bound to the given address, with TCP_NODELAY on
+ * every accepted socket, prints {@code SAMM_GATEWAY_PORT=<port>} and exits (status 0) when stdin reaches EOF
+ * or the parent process exits.</p>
+ */
+public final class Main {
+    private Main() {
+    }
+
+    /** A ServerSocket whose accepted sockets have TCP_NODELAY (py4j otherwise stalls ~44 ms on replies > ~8 KB). */
+    static final class NoDelayServerSocket extends ServerSocket {
+        NoDelayServerSocket() throws IOException {
+            super();
+        }
+
+        @Override
+        public Socket accept() throws IOException {
+            final Socket s = super.accept();
+            s.setTcpNoDelay(true);
+            return s;
+        }
+    }
+
+    static final class NoDelayServerSocketFactory extends ServerSocketFactory {
+        @Override
+        public ServerSocket createServerSocket() throws IOException {
+            return new NoDelayServerSocket();
+        }
+
+        @Override
+        public ServerSocket createServerSocket(int port) throws IOException {
+            final ServerSocket s = new NoDelayServerSocket();
+            s.bind(new InetSocketAddress(port));
+            return s;
+        }
+
+        @Override
+        public ServerSocket createServerSocket(int port, int backlog) throws IOException {
+            final ServerSocket s = new NoDelayServerSocket();
+            s.bind(new InetSocketAddress(port), backlog);
+            return s;
+        }
+
+        @Override
+        public ServerSocket createServerSocket(int port, int backlog, InetAddress addr) throws IOException {
+            final ServerSocket s = new NoDelayServerSocket();
+            s.bind(new InetSocketAddress(addr, port), backlog);
+            return s;
+        }
+    }
+
+    public static void main(String[] args) {
+        String address = "127.0.0.1";
+        int port = 0;
+        long parentPid = -1;
+        boolean quiet = false;
+        for (int i = 0; i < args.length; i++) {
+            final String a = args[i];
+            switch (a) {
+                case "--address" -> address = value(args, ++i, a);
+                case "--port" -> port = Integer.parseInt(value(args, ++i, a));
+                case "--parent-pid" -> parentPid = Long.parseLong(value(args, ++i, a));
+                case "--quiet" -> quiet = true;
+                case "--help", "-h" -> {
+                    System.out.println("usage: java -jar samm-gateway.jar [--address 127.0.0.1] [--port 0] "
+                        + "[--parent-pid PID] [--quiet]");
+                    return;
+                }
+                default -> fail("unknown argument: " + a);
+            }
+        }
+        if (port < 0 || port > 65535) {
+            fail("--port must be in [0, 65535], got " + port);
+        }
+        Logging.configure(quiet);
+
+        final InetAddress addr;
+        try {
+            addr = InetAddress.getByName(address);
+        } catch (IOException e) {
+            fail("cannot resolve --address " + address + ": " + e.getMessage());
+            return;
+        }
+        if (addr.isAnyLocalAddress()) {
+            fail("refusing to bind to the wildcard address " + address + "; use a loopback address");
+        }
+
+        final GatewayServer server = new GatewayServer.GatewayServerBuilder(new Gateway())
+            .javaAddress(addr)
+            .javaPort(port)
+            .serverSocketFactory(new NoDelayServerSocketFactory())
+            .build();
+        server.start(true);
+        final int actual = server.getListeningPort();
+        if (actual <= 0) {
+            fail("the gateway server did not start (port " + actual + ")");
+        }
+
+        if (parentPid > 0) {
+            final Optional<ProcessHandle> parent = ProcessHandle.of(parentPid);
+            if (parent.isEmpty() || !parent.get().isAlive()) {
+                System.err.println("samm-gateway: parent process " + parentPid + " is gone; exiting");
+                System.exit(0);
+            }
+            parent.get().onExit().thenRun(() -> {
+                System.err.println("samm-gateway: parent process exited; exiting");
+                System.exit(0);
+            });
+        }
+
+        final PrintStream out = System.out;
+        out.println("SAMM_GATEWAY_PORT=" + actual);
+        out.flush();
+
+        // exit when stdin reaches EOF (the parent holds the pipe)
+        final InputStream in = System.in;
+        final byte[] buf = new byte[256];
+        try {
+            while (in.read(buf) != -1) {
+                // ignore input
+            }
+        } catch (IOException e) {
+            // treat as EOF
+        }
+        System.exit(0);
+    }
+
+    private static String value(String[] args, int i, String flag) {
+        if (i >= args.length) {
+            fail("missing value for " + flag);
+        }
+        return args[i];
+    }
+
+    private static void fail(String msg) {
+        System.err.println("samm-gateway: " + msg);
+        System.exit(2);
+    }
+}

@@ -1,0 +1,71 @@
+"""The `samm` command line."""
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from samm.cli.main import cli
+
+
+def all_commands(group, prefix=()):
+    import click
+
+    for name, cmd in group.commands.items():
+        yield prefix + (name,)
+        if isinstance(cmd, click.Group):
+            yield from all_commands(cmd, prefix + (name,))
+
+
+def test_every_verb_has_help():
+    runner = CliRunner()
+    verbs = list(all_commands(cli))
+    assert ("sim", "run") in verbs and ("sim", "bench") in verbs and ("demo",) in verbs
+    for verb in [()] + verbs:
+        res = runner.invoke(cli, [*verb, "--help"])
+        assert res.exit_code == 0, (verb, res.output)
+        assert "Usage:" in res.output
+
+
+def test_console_script_is_installed():
+    out = subprocess.run([sys.executable, "-m", "samm.cli.main", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and "samm" in out.stdout
+
+
+def test_bad_config_is_a_clear_error_not_a_traceback(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("penalty: 3\n")
+    res = CliRunner().invoke(cli, ["sim", "run", "--config", str(p), "--json"])
+    assert res.exit_code == 2 and "penalty" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(cli, ["sim", "run", "--policy", "static:1,2", "--json"])
+    assert res.exit_code == 2 and "static" in res.output
+    res = CliRunner().invoke(cli, ["sim", "run", "--workload", "nope.swf", "--json"])
+    assert res.exit_code == 2 and "nope.swf" in res.output
+
+
+@pytest.mark.jvm
+def test_sim_run_json_report():
+    res = CliRunner().invoke(cli, ["sim", "run", "--workload", "seed-1551", "--policy", "static:10,10,10",
+                                   "--action-mode", "per-type", "--seed", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output)
+    for key in ("steps", "terminated", "total_reward", "vm_cost", "wait_penalty", "jobs_finished", "mean_wait_s",
+                "p95_wait_s", "makespan_s", "mean_allocated_cores", "mean_cpu_util", "wall_seconds"):
+        assert key in r
+    assert r["terminated"] and r["jobs_finished"] == 1551
+    assert r["total_reward"] == pytest.approx(-(r["vm_cost"] + r["wait_penalty"]), abs=1e-4)
+
+
+@pytest.mark.jvm
+def test_sim_run_on_a_real_swf_window():
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parents[2] / "shared/data/pwa-swf/KTH-SP2-1996-2.1-cln.swf.gz"
+    if not trace.exists():
+        pytest.skip(f"{trace} not found")
+    res = CliRunner().invoke(cli, ["sim", "run", "--workload", str(trace), "--window", "0:21600",
+                                   "--policy", "static:4,4,4", "--action-mode", "per-type", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output)
+    assert r["terminated"] and r["jobs_finished"] == r["jobs_total"] > 10

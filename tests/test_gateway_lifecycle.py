@@ -1,0 +1,74 @@
+"""The JVM is started by Python on a loopback port and never outlives it."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from sim_bridge.gateway import Gateway
+
+pytestmark = pytest.mark.jvm
+
+
+def wait_gone(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_binds_loopback_on_a_free_port_and_stops_on_close():
+    with Gateway() as gw:
+        assert gw.version.startswith("samm-gateway") and "cloudsimplus 8.5.7" in gw.version
+        conns = [c for c in psutil.Process(gw.pid).net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+        assert conns and all(c.laddr.ip == "127.0.0.1" for c in conns)
+        assert gw.port in {c.laddr.port for c in conns} and gw.port != 25333
+        pid = gw.pid
+    assert wait_gone(pid)
+
+
+def test_two_gateways_get_different_ports():
+    with Gateway() as a, Gateway() as b:
+        assert a.port != b.port
+
+
+def test_jvm_dies_when_python_is_killed_hard():
+    code = textwrap.dedent("""
+        import sys, time
+        from sim_bridge.gateway import Gateway
+        gw = Gateway()
+        print(gw.pid, flush=True)
+        time.sleep(600)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        jvm_pid = int(child.stdout.readline())
+        assert psutil.pid_exists(jvm_pid)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=10)
+        assert wait_gone(jvm_pid), "the JVM outlived its killed Python parent"
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_jvm_stops_at_interpreter_exit():
+    code = "from sim_bridge.gateway import shared_gateway; print(shared_gateway().pid, flush=True)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    jvm_pid = int(out.stdout.strip())
+    assert wait_gone(jvm_pid)
+
+
+def test_java_errors_surface_as_simulator_errors():
+    from sim_bridge.errors import SimulatorError
+
+    with Gateway() as gw:
+        with pytest.raises(SimulatorError):
+            gw.call("step", 12345, bytearray(b"\\x00"))
+        assert gw.call("ping")  # still healthy after an error
