@@ -5,6 +5,7 @@ Replies are packed little-endian float64 records (docs/bridge-protocol.md) decod
 """
 from __future__ import annotations
 
+import base64
 import struct
 from dataclasses import dataclass
 
@@ -150,7 +151,7 @@ class SimBatch:
         req["env"], req["seed"] = envs, seeds
         payload = struct.pack("<i", len(envs)) + req.tobytes()
         reply = self.gateway.call("reset", self._id, bytearray(payload))
-        return decode_records(reply, self.n_types, self.n_slots)
+        return decode_records(base64.b64decode(reply), self.n_types, self.n_slots)
 
     def step(self, deltas: np.ndarray) -> SimStep:
         deltas = np.asarray(deltas)
@@ -158,12 +159,12 @@ class SimBatch:
             raise ValueError(f"deltas must have shape {(self.n_envs, self.n_types)}, got {deltas.shape}")
         payload = np.clip(deltas, -127, 127).astype(np.int8).tobytes()
         reply = self.gateway.call("step", self._id, bytearray(payload))
-        return decode_records(reply, self.n_types, self.n_slots)
+        return decode_records(base64.b64decode(reply), self.n_types, self.n_slots)
 
     def job_stats(self, env: int) -> np.ndarray:
         """(n_jobs, 5): arrival_s, start_s, finish_s, wait_s, restarts (-1 = not yet)."""
         reply = self.gateway.call("jobStats", self._id, int(env))
-        return np.frombuffer(reply, dtype="<f8").reshape(-1, 5)
+        return np.frombuffer(base64.b64decode(reply), dtype="<f8").reshape(-1, 5)
 
     def close(self) -> None:
         if self._closed:

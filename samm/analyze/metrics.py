@@ -81,16 +81,21 @@ def compute_metrics(snap: RawSnapshot, fleet: FleetSpec, warmup_s: float = 0.0) 
 
     measured = present & (np.asarray(snap.vm_state) == VM_RUNNING)
     measured &= np.asarray(snap.vm_running_for_s) >= warmup_s
-    cpu = np.clip(np.asarray(snap.vm_cpu_busy, dtype=np.float64), 0.0, 1.0)
-    ram = np.clip(safe_ratio(snap.vm_ram_used_gb, fleet.ram_gb[type_idx]), 0.0, 1.0)
+    cpu = np.asarray(snap.vm_cpu_busy, dtype=np.float64)
+    ram = safe_ratio(snap.vm_ram_used_gb, fleet.ram_gb[type_idx])
+    # CPU and RAM side by side on one axis: one mean and one sort for both
+    util = np.clip(np.nan_to_num(np.stack([cpu, ram], axis=-2), nan=0.0), 0.0, 1.0)
+    mask = np.broadcast_to(measured[..., None, :], util.shape)
+    means = masked_mean(util, mask)
+    p90 = masked_percentile(util, mask, 90.0)
 
     out = np.stack(
         [
             allocated,
-            masked_mean(cpu, measured),
-            masked_percentile(cpu, measured, 90.0),
-            masked_mean(ram, measured),
-            masked_percentile(ram, measured, 90.0),
+            means[..., 0],
+            p90[..., 0],
+            means[..., 1],
+            p90[..., 1],
             safe_ratio(snap.jobs_waiting_now, snap.jobs_submitted_total),
             safe_ratio(snap.jobs_waiting_interval, snap.jobs_submitted_interval),
         ],

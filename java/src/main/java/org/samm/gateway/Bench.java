@@ -43,7 +43,7 @@ public final class Bench {
         // warm-up
         g.benchJavaLoop(cfg, wid, nEnvs, Math.min(steps, 3000), java.util.Arrays.copyOf(actions, Math.min(steps, 3000) * nEnvs * 3), 7);
         for (int k = 0; k < repeats; k++) {
-            final byte[] res = g.benchJavaLoop(cfg, wid, nEnvs, steps, actions, 1000L * k);
+            final byte[] res = java.util.Base64.getDecoder().decode(g.benchJavaLoop(cfg, wid, nEnvs, steps, actions, 1000L * k));
             final ByteBuffer b = ByteBuffer.wrap(res).order(ByteOrder.LITTLE_ENDIAN);
             final double el = b.getDouble(), n = b.getDouble();
             System.out.printf("nEnvs=%d threads=%d mode=%s: %.0f env-steps in %.3f s = %.0f env-steps/s%n",

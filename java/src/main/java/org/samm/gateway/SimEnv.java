@@ -51,6 +51,13 @@ final class SimEnv {
     /** Keep-alive event time (never reached). */
     static final double FAR_FUTURE = 1e15;
     /**
+     * CloudSim time = workload time + EPOCH. At reset the simulation runs up to EPOCH so that the broker has
+     * received the datacenter's creation acks of the initial VMs (sent minTimeBetweenEvents after creation):
+     * a VM destroyed before its ack arrives is re-requested by the broker (retry of "failed" VMs) and would
+     * come back as a zombie holding a host.
+     */
+    static final double EPOCH = 1.0;
+    /**
      * CloudSim Plus minimal time between events. The default 0.1 s makes the datacenter skip cloudlet updates
      * closer than that (and delays a cloudlet's finish by up to 0.11 s after a fractional-MI truncation);
      * 0.001 s bounds the finish-time error by ~0.011 s.
@@ -157,11 +164,16 @@ final class SimEnv {
      * update, which made the stream the top hotspot).
      */
     static final class SpaceShared extends CloudletSchedulerSpaceShared {
+        private List<CloudletExecution> execView; // a live read-only view of the exec list
+
         @Override
         public double getAvailableMipsByPe() {
             final MipsShare share = getCurrentMipsShare();
             long total = 0;
-            final List<CloudletExecution> exec = getCloudletExecList();
+            List<CloudletExecution> exec = execView;
+            if (exec == null) {
+                exec = execView = getCloudletExecList();
+            }
             for (int i = 0, s = exec.size(); i < s; i++) {
                 total += exec.get(i).getCloudlet().getPesNumber();
             }
@@ -183,17 +195,32 @@ final class SimEnv {
         }
 
         /**
-         * CloudSim Plus formats the clock (String.format) for every log call, even for discarded INFO messages;
-         * caching the string per clock value removes ~10 % of the run time.
+         * CloudSim Plus formats the clock with String.format("%.2f") for every log call, even for discarded
+         * messages (e.g. a trace for every duplicate datacenter update); that was ~10 % of the run time.
+         * Same text, formatted by hand and cached per clock value.
          */
         @Override
         public String clockStr() {
             final double c = clock();
             if (c != strClock) {
                 strClock = c;
-                str = super.clockStr();
+                str = format2(c);
             }
             return str;
+        }
+
+        static String format2(double v) {
+            if (Double.isNaN(v) || Double.isInfinite(v) || Math.abs(v) >= 1e15) {
+                return String.format("%.2f", v);
+            }
+            final long cents = Math.round(Math.abs(v) * 100.0);
+            final StringBuilder sb = new StringBuilder(24);
+            if (v < 0 && cents != 0) sb.append('-');
+            sb.append(cents / 100).append('.');
+            final long frac = cents % 100;
+            if (frac < 10) sb.append('0');
+            sb.append(frac);
+            return sb.toString();
         }
 
         @Override
@@ -220,8 +247,9 @@ final class SimEnv {
             // the event itself is the point: it makes runFor stop at its time
         }
 
+        /** Wakes at the given workload time. */
         void wakeAt(double time) {
-            final double delay = time - getSimulation().clock();
+            final double delay = (time + EPOCH) - getSimulation().clock();
             schedule(this, Math.max(0.0, delay), TAG_WAKE);
         }
     }
@@ -298,7 +326,9 @@ final class SimEnv {
             }
             hosts.add(new HostSimple(hostRamMb, 100_000L, 10_000_000L, pes));
         }
-        dc = new DatacenterSimple(sim, hosts, new VmAllocationPolicySimple());
+        final VmAllocationPolicySimple policy = new VmAllocationPolicySimple();
+        policy.setHostCountForParallelSearch(Integer.MAX_VALUE); // never use the common ForkJoin pool
+        dc = new DatacenterSimple(sim, hosts, policy);
         broker = new DatacenterBrokerSimple(sim, "SammBroker");
         broker.setShutdownWhenIdle(false);
         waker = new Waker(sim);
@@ -320,7 +350,19 @@ final class SimEnv {
         }
         sim.startSync();
         waker.wakeAt(FAR_FUTURE); // keep-alive: the future-event queue never empties
-        settle();
+        waker.wakeAt(0.0);
+        int calls = 0;
+        while (sim.clock() < EPOCH - EPS) {
+            if (++calls > MAX_RUNFOR_CALLS) {
+                throw new IllegalStateException("reset did not reach the epoch");
+            }
+            sim.runFor(EPOCH - sim.clock());
+            settle();
+        }
+        if (!broker.getVmWaitingList().isEmpty()) {
+            throw new IllegalStateException("initial VMs still waiting for creation in the broker");
+        }
+        finishedBuf.clear();
         for (VmRec r : live) {
             if (!r.vm.isCreated()) {
                 throw new IllegalStateException("initial VM " + r.seq + " could not be created in CloudSim Plus");
@@ -356,7 +398,10 @@ final class SimEnv {
         r.running = false;
         r.runSince = Double.NaN;
         r.lastT = requestT;
-        final VmSimple vm = new VmSimple(cfg.hostMips, type.cores, new SpaceShared());
+        final VmSimple vm = new VmSimple(cfg.hostMips, type.cores);
+        // NOTE: CloudSim Plus 8.5.7's VmAbstract constructor overwrites a scheduler passed to the constructor
+        // with CloudletSchedulerTimeShared (mutableAttributesInit runs after it); set it afterwards.
+        vm.setCloudletScheduler(new SpaceShared());
         vm.setId(r.seq);
         vm.setRam(ramMb(type.ramGb)).setBw(1).setSize(1);
         r.vm = vm;
@@ -389,6 +434,13 @@ final class SimEnv {
             r.lastT = t0;
         }
 
+        // let CloudSim Plus handle what our last dispatch at t0 queued (cloudlet submissions), so that a VM
+        // killed below has its cloudlets in its scheduler, not in flight
+        settle();
+        if (!finishedBuf.isEmpty()) {
+            processFinishes(Math.max(simNow(), lastIntegT));
+        }
+
         actionApplied = applyActions(actions, off);
 
         // wake-ups at our own exact times inside (t0, t1]
@@ -396,11 +448,11 @@ final class SimEnv {
 
         processNow();
         int calls = 0;
-        while (sim.clock() < t1 - EPS) {
+        while (simNow() < t1 - EPS) {
             if (++calls > MAX_RUNFOR_CALLS) {
-                throw new IllegalStateException("step did not reach t1=" + t1 + " (clock " + sim.clock() + ")");
+                throw new IllegalStateException("step did not reach t1=" + t1 + " (clock " + simNow() + ")");
             }
-            sim.runFor(t1 - sim.clock());
+            sim.runFor((t1 + EPOCH) - sim.clock());
             processNow();
         }
 
@@ -414,7 +466,7 @@ final class SimEnv {
     }
 
     private void scheduleWakeups() {
-        final double now = sim.clock();
+        final double now = simNow();
         double last = Double.NaN;
         for (int j = nextArrival; j < n; j++) {
             final double a = wl.arrival[j];
@@ -433,6 +485,11 @@ final class SimEnv {
         waker.wakeAt(t1);
     }
 
+    /** The CloudSim clock in workload time. */
+    private double simNow() {
+        return sim.clock() - EPOCH;
+    }
+
     /** Lets CloudSim Plus handle every event up to the current clock. */
     private void settle() {
         for (int i = 0; i < MAX_RUNFOR_CALLS; i++) {
@@ -448,15 +505,12 @@ final class SimEnv {
     /** Settles the simulation at the current clock and applies our logic at that time. */
     private void processNow() {
         settle();
-        final double now = Math.max(sim.clock(), lastIntegT);
+        final double now = Math.max(simNow(), lastIntegT);
         integrate(now);
 
         // 1. finished cloudlets (recorded by the onFinish listener while CloudSim handled the events)
         if (!finishedBuf.isEmpty()) {
-            for (int i = 0, s = finishedBuf.size(); i < s; i++) {
-                finishJob(finishedBuf.get(i), now);
-            }
-            finishedBuf.clear();
+            processFinishes(now);
         }
 
         // 2. boot completions
@@ -484,6 +538,14 @@ final class SimEnv {
 
         // 4. dispatch
         dispatch(now);
+    }
+
+    private void processFinishes(double now) {
+        integrate(now);
+        for (int i = 0, s = finishedBuf.size(); i < s; i++) {
+            finishJob(finishedBuf.get(i), now);
+        }
+        finishedBuf.clear();
     }
 
     private void integrate(double now) {
@@ -617,6 +679,12 @@ final class SimEnv {
         if (!pendingVms.isEmpty()) {
             broker.submitVmList(pendingVms);
             pendingVms.clear();
+            settle();
+            for (int i = live.size() - 1; i >= 0 && live.get(i).requestT == t0; i--) {
+                if (!live.get(i).vm.isCreated()) {
+                    throw new IllegalStateException("CloudSim Plus could not create VM " + live.get(i).seq);
+                }
+            }
         }
         if (any) {
             lastAppliedActionTime = t0;
@@ -775,8 +843,17 @@ final class SimEnv {
         return t;
     }
 
+    /** VMs placed on the CloudSim hosts (must equal our live VMs: no zombies, no leaks). */
+    int cloudSimVmsOnHosts() {
+        int k = 0;
+        for (Host h : dc.getHostList()) {
+            k += h.getVmList().size();
+        }
+        return k;
+    }
+
     double cloudSimClock() {
-        return sim.clock();
+        return simNow();
     }
 
     int liveVms() {

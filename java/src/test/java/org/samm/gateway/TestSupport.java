@@ -29,6 +29,10 @@ final class TestSupport {
         return b.array();
     }
 
+    static double[] doubles(String base64) {
+        return doubles(java.util.Base64.getDecoder().decode(base64));
+    }
+
     static double[] doubles(byte[] bytes) {
         final double[] d = new double[bytes.length / 8];
         ByteBuffer.wrap(bytes).order(ByteOrder.LITTLE_ENDIAN).asDoubleBuffer().get(d);

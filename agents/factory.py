@@ -1,0 +1,40 @@
+"""Build agents by name for a simulated (or live) fleet."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim_bridge.config import SimConfig
+
+from .base import Agent, agent_class, load_agent
+
+BASELINE_KINDS = ("threshold", "target-tracking", "queue")
+
+
+def make_agent(kind: str, sim: SimConfig, params: dict | None = None, policy_dir: str | Path | None = None,
+               action_mode: str | None = None) -> Agent:
+    """`kind` is an agent name (`noop`, `random`, `static`, `threshold`, `target-tracking`,
+    `queue`, `lstm-ppo`) or `static:S,M,L`. Learned agents load from `policy_dir`; baselines
+    may also load their tuned parameters from a `policy_dir` written by `samm tune`."""
+    type_names = tuple(t.name for t in sim.vm_types)
+    if kind.startswith("static:"):
+        from .builtin import make_builtin_policy
+
+        return make_builtin_policy(kind, action_mode or "per-type", type_names)
+    if policy_dir is not None:
+        agent = load_agent(policy_dir)
+        if agent.kind != kind:
+            raise ValueError(f"{policy_dir} holds a {agent.kind!r} policy, not {kind!r}")
+        if agent.type_names != type_names:
+            raise ValueError(f"{policy_dir} was made for VM types {agent.type_names}, this fleet has {type_names}")
+        return agent
+    if kind == "lstm-ppo":
+        from .ppo.agent import LstmPpoAgent
+        from .shipped import shipped_policy_dir
+
+        return load_agent(shipped_policy_dir()) if shipped_policy_dir() else LstmPpoAgent(type_names=type_names)
+    cls = agent_class(kind)
+    params = dict(params or {})
+    if kind == "queue":
+        params.setdefault("cores", [t.cores for t in sim.vm_types])
+    mode = action_mode or ("paper" if kind in ("noop", "random") and sim.action_mode == "paper" else "per-type")
+    return cls(action_mode=mode, type_names=type_names, params=params or None)
