@@ -37,6 +37,10 @@ class PPOConfig:
     norm_adv: bool = True
     # --- network (paper: one LSTM layer of 128 cells on the 7 inputs, linear heads) --------
     lstm_hidden: int = 128
+    # Initial probability of "do nothing" (keep) per action dimension, set through the policy
+    # head's bias; 0 = uniform. Scaling actions are exceptions, and a uniform start random-walks
+    # the fleet and hides the state-dependence the policy has to learn.
+    initial_noop_prob: float = 0.0
     # --- normalisation ---------------------------------------------------------------------
     norm_obs: bool = False  # the seven metrics are already in [0, 1]
     norm_reward: bool = True  # scale rewards by the running std of discounted returns

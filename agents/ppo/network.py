@@ -53,6 +53,18 @@ class LstmActorCritic(nn.Module):
         self.policy = layer_init(nn.Linear(hidden, sum(self.nvec)), std=0.01)
         self.value = layer_init(nn.Linear(hidden, 1), std=1.0)
 
+    def bias_towards(self, noop_index: tuple[int, ...], prob: float) -> None:
+        """Start with probability `prob` on each dimension's no-op action (the rest uniform)."""
+        if not 0.0 < prob < 1.0:
+            return
+        with torch.no_grad():
+            offset = 0
+            for n, idx in zip(self.nvec, noop_index):
+                rest = (1.0 - prob) / (n - 1)
+                self.policy.bias[offset:offset + n] = float(np.log(rest))
+                self.policy.bias[offset + idx] = float(np.log(prob))
+                offset += n
+
     def initial_state(self, batch: int, device: torch.device | str = "cpu") -> State:
         z = torch.zeros(1, batch, self.hidden, device=device)
         return z, z.clone()

@@ -118,6 +118,9 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     discrete = isinstance(envs.single_action_space, spaces.Discrete)
 
     net = LstmActorCritic(obs_dim, nvec, cfg.lstm_hidden).to(device)
+    if cfg.initial_noop_prob > 0:
+        # no-op: action 0 of a Discrete space (the paper's "nothing"), 1 (keep) of each per-type dim
+        net.bias_towards((0,) if discrete else (1,) * len(nvec), cfg.initial_noop_prob)
     opt = optim.Adam(net.parameters(), lr=cfg.learning_rate, eps=1e-5)
     obs_rms = RunningMeanStd((obs_dim,)) if cfg.norm_obs else None
     ret_rms = RunningMeanStd(()) if cfg.norm_reward else None

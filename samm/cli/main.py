@@ -170,27 +170,33 @@ def format_report(results: list[dict]) -> str:
 
 @cli.command()
 @click.option("--sim", "sim_only", is_flag=True, default=True, show_default=True,
-              help="Run in the CloudSim Plus simulation (the only mode until the daemon exists).")
+              help="Run in the CloudSim Plus simulation (the only mode until the testbed exists).")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Also write summary.json here.")
 def demo(sim_only, seed, out) -> None:
     """The main job on embedded defaults: the paper's workload (seed-1551) in CloudSim Plus under
-    baseline policies, with the paper's cost report."""
+    the shipped LSTM-PPO policy (when present) and the baselines, with the paper's cost report."""
     from tqdm import tqdm
 
-    from agents.builtin import make_builtin_policy
+    from agents.factory import make_agent
+    from agents.shipped import shipped_policy_dir
     from sim_bridge.config import SimConfig
     from sim_bridge.runner import run_episodes
     from sim_bridge.workloads import seed_1551
 
-    runs = [("noop (fleet 1/1/1)", "noop"), ("static 5/5/5", "static:5,5,5"), ("static 10/10/10", "static:10,10,10")]
+    cfg = SimConfig(action_mode="per-type")
+    runs = [("threshold (paper, T=75%)", lambda: make_agent("threshold", cfg, {"upper": 0.75, "lower": 0.75, "cooldown_steps": 5})),
+            ("target-tracking", lambda: make_agent("target-tracking", cfg)),
+            ("queue", lambda: make_agent("queue", cfg)),
+            ("static 5/5/5", lambda: make_agent("static:5,5,5", cfg)),
+            ("noop (fleet 1/1/1)", lambda: make_agent("noop", cfg))]
+    if shipped_policy_dir():
+        runs.insert(0, ("lstm-ppo (shipped)", lambda: make_agent("lstm-ppo", cfg)))
     click.echo("SAMM demo: seed-1551 (1551 jobs, 155 core-hours) in CloudSim Plus, one-minute steps, "
                "S/M/L = 2/4/8 cores at $0.2/0.4/0.8 per hour, penalty $0.036 per waiting job-hour.")
-    cfg = SimConfig(action_mode="per-type")
-    names = tuple(t.name for t in cfg.vm_types)
     results = []
-    for label, spec in tqdm(runs, desc="simulating", unit="run"):
-        r = run_episodes(cfg, seed_1551(), make_builtin_policy(spec, "per-type", names, seed=seed), [seed])[0]
+    for label, build in tqdm(runs, desc="simulating", unit="policy"):
+        r = run_episodes(cfg, seed_1551(), build(), [seed])[0]
         r["policy"] = label
         results.append(r)
     click.echo(format_report(results))
@@ -198,6 +204,186 @@ def demo(sim_only, seed, out) -> None:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "summary.json").write_text(json.dumps(results, indent=2))
         click.echo(f"wrote {Path(out) / 'summary.json'}")
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        if "-" in text and "," not in text:
+            a, b = text.split("-")
+            return list(range(int(a), int(b) + 1))
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail(f"--seeds must be a list like 1,2,3 or a range like 1-5, got {text!r}")
+        return []
+
+
+def _params(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(f"--params must be a JSON object: {exc}")
+    if not isinstance(value, dict):
+        _fail("--params must be a JSON object")
+    return value
+
+
+@cli.command("train")
+@click.option("--agent", "agent_kind", type=click.Choice(["lstm-ppo"]), default="lstm-ppo", show_default=True)
+@workload_options
+@config_options
+@click.option("--timesteps", type=int, default=400_000, show_default=True, help="Environment steps in total.")
+@click.option("--envs", type=int, default=8, show_default=True, help="Simulations stepped per batched call.")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Run directory (logs, checkpoint, policy/).")
+@click.option("--resume", is_flag=True, help="Continue from <out>/checkpoint.pt.")
+@click.option("--eval-every", type=int, default=20, show_default=True, help="Evaluate every N updates (0 = never).")
+@click.option("--eval-seeds", default="1-3", show_default=True, help="Seeds of the periodic evaluations.")
+@click.option("--ppo", "ppo_json", default=None, help="JSON object overriding PPOConfig fields, e.g. '{\"learning_rate\": 1e-4}'.")
+@click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu or cuda.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def train_cmd(agent_kind, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
+              action_mode, max_steps, timesteps, envs, seed, out, resume, eval_every, eval_seeds, ppo_json, device,
+              quiet) -> None:
+    """Train an agent in the CloudSim Plus simulation (progress bar, TensorBoard + CSV logs,
+    checkpoints, resume); the policy is saved to <out>/policy."""
+    from agents.ppo.config import PPOConfig
+    from agents.training import train_lstm_ppo
+
+    cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
+    wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
+    overrides = _params(ppo_json) or {}
+    try:
+        ppo = PPOConfig(**{"total_timesteps": timesteps, "num_envs": envs, "seed": seed, "eval_every": eval_every,
+                           "device": device, **overrides}).validate()
+    except (TypeError, ValueError) as exc:
+        _fail(f"invalid PPO settings: {exc}")
+    _, summary = train_lstm_ppo(cfg, wl, ppo, out, resume=resume, progress=not quiet, eval_seeds=_seeds(eval_seeds))
+    click.echo(json.dumps(summary))
+
+
+@cli.command("evaluate")
+@click.option("--agent", "agent_kind", required=True,
+              help="noop, random, static:S,M,L, threshold, target-tracking, queue or lstm-ppo.")
+@click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Saved policy directory (default for lstm-ppo: the shipped policy).")
+@click.option("--params", "params_json", default=None, help="Baseline parameters as JSON.")
+@workload_options
+@config_options
+@click.option("--seeds", default="1-5", show_default=True, help="Episode seeds: 1,2,3 or 1-5.")
+@click.option("--stochastic", is_flag=True, help="Sample actions instead of taking the most likely one.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def evaluate_cmd(agent_kind, policy_dir, params_json, workload, window, time_compression, mips_per_core, max_jobs,
+                 config_path, preset, initial, action_mode, max_steps, seeds, stochastic, as_json) -> None:
+    """Evaluate an agent over several seeded episodes: per-episode and mean ± std of cost,
+    makespan, waits, allocated cores and CPU utilisation."""
+    from agents.evaluate import evaluate
+    from agents.factory import make_agent
+
+    cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
+    wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
+    try:
+        agent = make_agent(agent_kind, cfg, _params(params_json), policy_dir)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    res = evaluate(agent, cfg, wl, _seeds(seeds), deterministic=not stochastic)
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    click.echo(f"{agent_kind} ({agent.version}) on {wl.name}, seeds {res['seeds']}")
+    for e in res["episodes"]:
+        e["policy"] = f"seed {e['seed']}"
+    click.echo(format_report(res["episodes"]))
+    summ = res["summary"]
+    click.echo("mean ± std: " + ", ".join(f"{k} {v['mean']:.3f} ± {v['std']:.3f}" for k, v in summ.items()
+                                          if isinstance(v, dict) and k in ("total_cost", "vm_cost", "wait_penalty", "makespan_s")))
+
+
+@cli.command("tune")
+@click.option("--agent", "agent_kind", type=click.Choice(["threshold", "target-tracking", "queue"]), required=True)
+@workload_options
+@config_options
+@click.option("--seeds", default="1-3", show_default=True, help="Tuning episode seeds.")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Save the tuned agent here.")
+@click.option("--json", "as_json", is_flag=True)
+def tune_cmd(agent_kind, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
+             action_mode, max_steps, seeds, out, as_json) -> None:
+    """Grid-search a baseline's parameters in simulation (lowest mean total cost)."""
+    from agents.tune import tune
+
+    cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
+    wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
+    res = tune(agent_kind, cfg, wl, _seeds(seeds), progress=not as_json)
+    agent = res.pop("agent")
+    if out:
+        agent.save(out)
+    res["results"] = res["results"][:10]
+    click.echo(json.dumps(res) if as_json else f"best {agent_kind}: {res['best_params']} "
+               f"(mean total cost ${res['best_total_cost']:.3f})")
+
+
+@cli.group()
+def experiment() -> None:
+    """Reproduce the papers' experiments in simulation."""
+
+
+@experiment.command("paper")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
+@click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Evaluate this LSTM-PPO policy instead of training one.")
+@click.option("--timesteps", type=int, default=400_000, show_default=True, help="Training steps when training.")
+@click.option("--seeds", default="1-5", show_default=True, help="Evaluation seeds.")
+@click.option("--tune-seeds", default="101-103", show_default=True, help="Baseline tuning seeds.")
+@click.option("--ppo", "ppo_json", default=None, help="JSON object overriding PPOConfig fields.")
+@click.option("--no-swf", is_flag=True, help="Skip the real-trace windows.")
+@click.option("--fast-tuning", is_flag=True, help="Halve every baseline grid (for smoke runs).")
+@click.option("--quiet", is_flag=True)
+def experiment_paper(out, policy_dir, timesteps, seeds, tune_seeds, ppo_json, no_swf, fast_tuning, quiet) -> None:
+    """Train (or load) LSTM-PPO, tune the baselines, evaluate all on seed-1551 and real traces;
+    write report.md, summary.json and PNG figures."""
+    from agents.experiment import run_paper_experiment
+
+    summary = run_paper_experiment(out, policy_dir, timesteps, _seeds(seeds), _seeds(tune_seeds),
+                                   ppo_overrides=_params(ppo_json), swf=not no_swf, progress=not quiet,
+                                   fast_tuning=fast_tuning)
+    click.echo(json.dumps(summary["targets"]))
+    click.echo(f"wrote {Path(out) / 'report.md'}")
+
+
+@cli.group()
+def policy() -> None:
+    """Manage saved policies."""
+
+
+@policy.command("promote")
+@click.option("--candidate", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--incumbent", type=click.Path(exists=True, file_okay=False), required=True)
+@workload_options
+@config_options
+@click.option("--seeds", default="1-10", show_default=True, help="Paired episode seeds.")
+@click.option("--margin", type=float, default=0.02, show_default=True, help="Required mean paired cost saving.")
+@click.option("--max-p", type=float, default=0.1, show_default=True, help="Largest one-sided sign-test p-value.")
+@click.option("--install", "install_to", type=click.Path(file_okay=False), default=None,
+              help="On promotion, atomically replace this directory with the candidate.")
+def policy_promote(candidate, incumbent, workload, window, time_compression, mips_per_core, max_jobs, config_path,
+                   preset, initial, action_mode, max_steps, seeds, margin, max_p, install_to) -> None:
+    """Evaluate candidate and incumbent on the same workloads and seeds; promote only if the
+    candidate is cheaper by the margin on paired episodes. Prints the evidence; exit status 0
+    when promoted, 3 when not."""
+    from agents.promote import compare, install
+
+    cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
+    wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
+    try:
+        res = compare(candidate, incumbent, cfg, wl, _seeds(seeds), margin, max_p)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    if res["promote"] and install_to:
+        install(candidate, install_to)
+        res["installed_to"] = install_to
+    click.echo(json.dumps(res, indent=2))
+    sys.exit(0 if res["promote"] else 3)
 
 
 if __name__ == "__main__":  # pragma: no cover
