@@ -18,6 +18,8 @@ def summarise(episodes: list[dict]) -> dict:
         if len(vals):
             out[k] = {"mean": round(float(vals.mean()), 4), "std": round(float(vals.std(ddof=1)) if len(vals) > 1 else 0.0, 4)}
     out["episodes"] = len(episodes)
+    out["jobs_finished_ratio"] = round(sum(e["jobs_finished"] for e in episodes)
+                                       / max(1, sum(e["jobs_total"] for e in episodes)), 4)
     out["all_terminated"] = all(e["terminated"] for e in episodes)
     return out
 

@@ -69,3 +69,36 @@ def test_sim_run_on_a_real_swf_window():
     assert res.exit_code == 0, res.output
     r = json.loads(res.output)
     assert r["terminated"] and r["jobs_finished"] == r["jobs_total"] > 10
+
+
+@pytest.mark.jvm
+def test_evaluate_the_shipped_policy():
+    res = CliRunner().invoke(cli, ["evaluate", "--agent", "lstm-ppo", "--seeds", "1,2", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.output)
+    assert r["agent"] == "lstm-ppo" and r["deterministic"] and len(r["episodes"]) == 2
+    # the shipped policy must stay well ahead of the paper's threshold rule ($35 on seed-1551)
+    assert r["summary"]["all_terminated"] and r["summary"]["total_cost"]["mean"] < 23.0
+
+
+@pytest.mark.jvm
+def test_promote_uses_paired_episodes(tmp_path):
+    from agents.factory import make_agent
+    from agents.shipped import shipped_policy_dir
+    from sim_bridge.config import SimConfig
+
+    weak = tmp_path / "weak"
+    make_agent("threshold", SimConfig(), {"upper": 0.75, "lower": 0.75, "cooldown_steps": 5}).save(weak)
+    live = tmp_path / "live"
+    import shutil
+
+    shutil.copytree(weak, live)
+    args = ["policy", "promote", "--seeds", "1-3", "--margin", "0.05", "--max-p", "0.2"]
+    res = CliRunner().invoke(cli, args + ["--candidate", str(shipped_policy_dir()), "--incumbent", str(weak),
+                                          "--install", str(live)])
+    assert res.exit_code == 0, res.output
+    evidence = json.loads(res.output)
+    assert evidence["promote"] and evidence["wins"] == 3 and len(evidence["pairs"]) == 3
+    assert (live / "policy.pt").exists() and (tmp_path / "live.previous" / "metadata.json").exists()
+    res = CliRunner().invoke(cli, args + ["--candidate", str(weak), "--incumbent", str(shipped_policy_dir())])
+    assert res.exit_code == 3 and not json.loads(res.output)["promote"]

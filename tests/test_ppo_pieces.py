@@ -117,9 +117,29 @@ class CueMemoryVecEnv(VectorEnv):
 def test_a_policy_learns_a_memory_task():
     cfg = PPOConfig(num_envs=16, num_steps=16, bptt_chunk=8, num_minibatches=4, total_timesteps=40_000,
                     lstm_hidden=32, learning_rate=3e-3, ent_coef=0.01, norm_reward=False, gamma=0.9,
-                    anneal_lr=False, seed=3)
+                    anneal_lr=False, seed=3, update_epochs=4, target_kl=None, norm_obs=False,
+                    initial_noop_prob=0.0)
     res = train(cfg, lambda n, s: CueMemoryVecEnv(n, s, length=3), progress=False)
     early = np.mean([e["return"] for e in res.episodes[:200]])
     late = np.mean([e["return"] for e in res.episodes[-200:]])
     assert early < 0.7
     assert late > 0.9, (early, late)  # without memory the best possible is 0.5
+
+
+def test_initial_noop_bias():
+    net = LstmActorCritic(7, (3, 3, 3), hidden=8)
+    net.bias_towards((1, 1, 1), 0.8)
+    logits, _, _ = net.step(torch.zeros(2, 7), net.initial_state(2), torch.ones(2))
+    probs = net.dist(logits).probs()
+    for p in probs:
+        np.testing.assert_allclose(p[0].detach().numpy(), [0.1, 0.8, 0.1], atol=0.02)
+    net = LstmActorCritic(7, (7,), hidden=8)
+    net.bias_towards((0,), 0.8)
+    logits, _, _ = net.step(torch.zeros(1, 7), net.initial_state(1), torch.ones(1))
+    assert float(net.dist(logits).probs()[0][0, 0]) == pytest.approx(0.8, abs=0.02)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        PPOConfig(num_steps=100, bptt_chunk=16).validate()
+    assert PPOConfig().validate().batch_size == 16 * 256

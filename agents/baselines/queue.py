@@ -6,23 +6,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import Agent, Decisions, register
-from ..builtin import deltas_to_actions, vm_count_features
+from ..base import register
+from ..builtin import vm_count_features
+from .stabilization import StabilizedScaler
 
 DEFAULTS = {"jobs_per_core": 1.0, "shares": None, "stabilization_steps": 3, "cores": None}
 GRID = {"jobs_per_core": [0.5, 1.0, 1.5, 2.0, 3.0, 4.0], "stabilization_steps": [1, 3, 5, 10]}
 
 
 @register
-class QueueAgent(Agent):
+class QueueAgent(StabilizedScaler):
     kind = "queue"
-    stateful = True
 
     def __init__(self, feature_names=(), action_mode="per-type", type_names=("S", "M", "L"), params=None, **kw):
         p = {**DEFAULTS, **(params or {})}
         n = len(type_names)
         if p["cores"] is None:
-            p["cores"] = [2 * 2**i for i in range(n)] if n == 3 else [1] * n
+            raise ValueError("queue agent: `cores` (cores per VM of each type) is required")
         if p["shares"] is None:
             p["shares"] = [1.0 / n] * n
         if len(p["cores"]) != n or len(p["shares"]) != n:
@@ -32,15 +32,6 @@ class QueueAgent(Agent):
         super().__init__(("jobs_waiting", "jobs_running") + vm_count_features(type_names), action_mode, type_names,
                          params=p, **kw)
 
-    def initial_state(self, batch=1):
-        w = max(1, int(self.params["stabilization_steps"]))
-        return np.full((batch, w, self.n_types), -1.0)
-
-    def reset_state(self, state, mask):
-        state = state.copy()
-        state[np.asarray(mask, dtype=bool)] = -1.0
-        return state
-
     def act(self, features, state, deterministic=True):
         f = np.asarray(features, dtype=np.float64)
         jobs = f[:, 0] + f[:, 1]
@@ -48,7 +39,4 @@ class QueueAgent(Agent):
         cores_needed = np.ceil(jobs / self.params["jobs_per_core"])
         shares = np.asarray(self.params["shares"], dtype=np.float64)
         desired = np.ceil(cores_needed[:, None] * shares[None, :] / np.asarray(self.params["cores"])[None, :])
-        state = np.concatenate([state[:, 1:], desired[:, None, :]], axis=1)
-        stable = np.maximum(desired, state.max(axis=1))
-        target = np.where(desired > current, desired, np.minimum(current, stable))
-        return Decisions(deltas_to_actions(self.action_mode, target - current)), state
+        return self.decide(desired, current, state)

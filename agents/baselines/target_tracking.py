@@ -9,32 +9,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..base import Agent, Decisions, register
-from ..builtin import deltas_to_actions, vm_count_features
+from ..base import register
+from ..builtin import vm_count_features
+from .stabilization import StabilizedScaler
 
 DEFAULTS = {"target": 0.6, "tolerance": 0.1, "stabilization_steps": 5, "floor": 1}
 GRID = {"target": [0.4, 0.5, 0.6, 0.7, 0.8, 0.9], "tolerance": [0.0, 0.1], "stabilization_steps": [1, 3, 5, 10]}
 
 
 @register
-class TargetTrackingAgent(Agent):
+class TargetTrackingAgent(StabilizedScaler):
     kind = "target-tracking"
-    stateful = True
 
     def __init__(self, feature_names=(), action_mode="per-type", type_names=("S", "M", "L"), params=None, **kw):
         p = {**DEFAULTS, **(params or {})}
         if not 0 < p["target"] <= 1:
             raise ValueError(f"target must be within (0, 1], got {p['target']}")
         super().__init__(("cpu_mean",) + vm_count_features(type_names), action_mode, type_names, params=p, **kw)
-
-    def initial_state(self, batch=1):
-        w = max(1, int(self.params["stabilization_steps"]))
-        return np.full((batch, w, self.n_types), -1.0)  # recent recommendations; -1 = none yet
-
-    def reset_state(self, state, mask):
-        state = state.copy()
-        state[np.asarray(mask, dtype=bool)] = -1.0
-        return state
 
     def act(self, features, state, deterministic=True):
         f = np.asarray(features, dtype=np.float64)
@@ -43,8 +34,4 @@ class TargetTrackingAgent(Agent):
         desired = np.ceil(current * ratio - 1e-9)
         desired = np.where(np.abs(ratio - 1.0) <= self.params["tolerance"], current, desired)
         desired = np.maximum(desired, self.params["floor"])
-        state = np.concatenate([state[:, 1:], desired[:, None, :]], axis=1)
-        # scale out at once; scale in only as far as the window's highest recommendation allows
-        stable = np.maximum(desired, state.max(axis=1))
-        target = np.where(desired > current, desired, np.minimum(current, stable))
-        return Decisions(deltas_to_actions(self.action_mode, target - current)), state
+        return self.decide(desired, current, state)

@@ -18,25 +18,41 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias: float = 0.0) -> 
 
 class ActionDist:
     """Independent categoricals, one per action dimension (1 for Discrete(n), k for
-    MultiDiscrete of k dimensions)."""
+    MultiDiscrete of k dimensions). Dimensions of equal size share one batched Categorical,
+    and argument validation is off: both matter at one call per environment step."""
 
     def __init__(self, logits: torch.Tensor, nvec: tuple[int, ...]):
         self.nvec = nvec
-        self.parts = [Categorical(logits=x) for x in torch.split(logits, list(nvec), dim=-1)]
+        self.same = len(set(nvec)) == 1
+        if self.same:
+            shaped = logits.reshape(*logits.shape[:-1], len(nvec), nvec[0])
+            self.joint = Categorical(logits=shaped, validate_args=False)
+        else:
+            self.parts = [Categorical(logits=x, validate_args=False) for x in torch.split(logits, list(nvec), dim=-1)]
 
     def sample(self) -> torch.Tensor:
+        if self.same:
+            return self.joint.sample()
         return torch.stack([d.sample() for d in self.parts], dim=-1)
 
     def mode(self) -> torch.Tensor:
+        if self.same:
+            return self.joint.probs.argmax(dim=-1)
         return torch.stack([d.probs.argmax(dim=-1) for d in self.parts], dim=-1)
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        if self.same:
+            return self.joint.log_prob(actions).sum(dim=-1)
         return sum(d.log_prob(actions[..., i]) for i, d in enumerate(self.parts))
 
     def entropy(self) -> torch.Tensor:
+        if self.same:
+            return self.joint.entropy().sum(dim=-1)
         return sum(d.entropy() for d in self.parts)
 
     def probs(self) -> list[torch.Tensor]:
+        if self.same:
+            return list(self.joint.probs.unbind(dim=-2))
         return [d.probs for d in self.parts]
 
 

@@ -55,29 +55,28 @@ class TrainLogger:
             except ImportError:  # pragma: no cover - tensorboard is an install requirement
                 self.tb = None
 
+    @staticmethod
+    def _append(path: Path | None, row: dict) -> None:
+        if path is None:
+            return
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(row))
+            if new:
+                w.writeheader()
+            w.writerow(row)
+
     def log(self, step: int, row: dict) -> None:
         row = {"global_step": step, **row}
         self.rows.append(row)
-        if self.csv_path:
-            new = not self.csv_path.exists()
-            with self.csv_path.open("a", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(row))
-                if new:
-                    w.writeheader()
-                w.writerow(row)
+        self._append(self.csv_path, row)
         if self.tb:
             for k, v in row.items():
                 if k != "global_step" and isinstance(v, (int, float)) and np.isfinite(v):
                     self.tb.add_scalar(k, v, step)
 
     def episode(self, row: dict) -> None:
-        if self.episodes_path:
-            new = not self.episodes_path.exists()
-            with self.episodes_path.open("a", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(row))
-                if new:
-                    w.writeheader()
-                w.writerow(row)
+        self._append(self.episodes_path, row)
 
     def close(self) -> None:
         if self.tb:

@@ -233,13 +233,14 @@ def _params(text: str | None) -> dict | None:
 @click.option("--agent", "agent_kind", type=click.Choice(["lstm-ppo"]), default="lstm-ppo", show_default=True)
 @workload_options
 @config_options
-@click.option("--timesteps", type=int, default=400_000, show_default=True, help="Environment steps in total.")
-@click.option("--envs", type=int, default=8, show_default=True, help="Simulations stepped per batched call.")
+@click.option("--timesteps", type=int, default=600_000, show_default=True, help="Environment steps in total.")
+@click.option("--envs", type=int, default=16, show_default=True, help="Simulations stepped per batched call.")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Run directory (logs, checkpoint, policy/).")
 @click.option("--resume", is_flag=True, help="Continue from <out>/checkpoint.pt.")
 @click.option("--eval-every", type=int, default=20, show_default=True, help="Evaluate every N updates (0 = never).")
-@click.option("--eval-seeds", default="1-3", show_default=True, help="Seeds of the periodic evaluations.")
+@click.option("--eval-seeds", default="101-103", show_default=True,
+              help="Seeds of the periodic evaluations that pick the saved snapshot (keep them apart from the final evaluation seeds).")
 @click.option("--ppo", "ppo_json", default=None, help="JSON object overriding PPOConfig fields, e.g. '{\"learning_rate\": 1e-4}'.")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu or cuda.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -332,7 +333,7 @@ def experiment() -> None:
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
 @click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Evaluate this LSTM-PPO policy instead of training one.")
-@click.option("--timesteps", type=int, default=400_000, show_default=True, help="Training steps when training.")
+@click.option("--timesteps", type=int, default=600_000, show_default=True, help="Training steps when training.")
 @click.option("--seeds", default="1-5", show_default=True, help="Evaluation seeds.")
 @click.option("--tune-seeds", default="101-103", show_default=True, help="Baseline tuning seeds.")
 @click.option("--ppo", "ppo_json", default=None, help="JSON object overriding PPOConfig fields.")
