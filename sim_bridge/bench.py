@@ -2,8 +2,9 @@
 
 All loops run the same workload, config, seeds and action sequence in the same JVM, after the
 same JIT warm-up, so their ratio is the bridge's overhead, not a difference in the simulated
-work. `bridge` = one Py4J round trip per batched step + decoding the packed reply; `with
-analyzer` adds the seven metrics for every env (what `CloudSimVectorEnv.step` does).
+work. `bridge` = one round trip per batched step over the gateway's raw-socket step channel +
+decoding the packed reply; `with analyzer` adds the seven metrics for every env (what
+`CloudSimVectorEnv.step` does); `py4j step` sends the same step as a Py4J call instead.
 """
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def bench_actions(steps: int, n_envs: int, n_types: int, seed: int) -> np.ndarra
 
 
 def python_loop(config: SimConfig, workload: Workload, n_envs: int, actions: np.ndarray, seed: int,
-                analyze: bool = True) -> tuple[float, int]:
-    batch = SimBatch(config, workload, n_envs)
+                analyze: bool = True, fast: bool = True) -> tuple[float, int]:
+    batch = SimBatch(config, workload, n_envs, fast=fast)
     try:
         batch.reset(np.arange(n_envs), seed + np.arange(n_envs))
         ended = np.zeros(n_envs, dtype=np.int64)
@@ -66,7 +67,7 @@ def run_bench(config: SimConfig, workload: Workload, n_envs: int, steps: int, se
     warm = bench_actions(warmup_steps, n_envs, config.n_types, seed + 1)
     python_loop(config, workload, n_envs, warm, seed)
     java_loop(config, workload, n_envs, warm, seed)
-    py_rates, env_rates, java_rates = [], [], []
+    py_rates, env_rates, java_rates, py4j_rates = [], [], [], []
     for _ in range(repeats):  # interleaved, so drift on the machine hits all alike
         t, n = java_loop(config, workload, n_envs, actions, seed)
         java_rates.append(n / t)
@@ -74,6 +75,8 @@ def run_bench(config: SimConfig, workload: Workload, n_envs: int, steps: int, se
         py_rates.append(n / t)
         t, n = python_loop(config, workload, n_envs, actions, seed, analyze=True)
         env_rates.append(n / t)
+        t, n = python_loop(config, workload, n_envs, actions, seed, analyze=False, fast=False)
+        py4j_rates.append(n / t)
     bridge, java, env = float(np.median(py_rates)), float(np.median(java_rates)), float(np.median(env_rates))
     return {
         "workload": workload.name,
@@ -84,6 +87,7 @@ def run_bench(config: SimConfig, workload: Workload, n_envs: int, steps: int, se
         "java_only_env_steps_per_s": round(java, 1),
         "bridge_over_java": round(bridge / java, 3),
         "with_analyzer_env_steps_per_s": round(env, 1),
+        "py4j_step_env_steps_per_s": round(float(np.median(py4j_rates)), 1),
         "with_analyzer_over_java": round(env / java, 3),
         "bridge_runs": [round(x, 1) for x in py_rates],
         "with_analyzer_runs": [round(x, 1) for x in env_rates],

@@ -9,6 +9,8 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import threading
 import time
@@ -73,6 +75,8 @@ class Gateway:
         )
         self.entry = self._py4j.entry_point
         self.version = self.call("ping")
+        self._channel: StepChannel | None = None
+        self._channel_lock = threading.Lock()
         atexit.register(self.close)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -111,6 +115,8 @@ class Gateway:
         if self._closed:
             return
         self._closed = True
+        if self._channel is not None:
+            self._channel.close()
         try:
             self._py4j.close()
         except Exception:  # noqa: BLE001 - closing a dead connection is fine
@@ -151,8 +157,57 @@ class Gateway:
         except Py4JError as exc:
             raise GatewayError(f"Py4J call {method} failed: {exc}" + self._stderr_hint()) from exc
 
+    def step_channel(self) -> "StepChannel":
+        """The raw-socket hot path for batched steps (opened on first use; one per gateway)."""
+        with self._channel_lock:
+            if self._channel is None:
+                port, token = str(self.call("openStepChannel")).split(":")
+                self._channel = StepChannel(int(port), token)
+            return self._channel
+
     def _stderr_hint(self) -> str:
         return ("; JVM stderr: " + " | ".join(list(self._stderr_tail)[-5:])) if self._stderr_tail else ""
+
+
+class StepChannel:
+    """Client of the gateway's step channel (see StepChannel.java): per step one frame out
+    (`>ii` batch id and length, then the action bytes) and one frame back (`>ii` status and
+    length, then the packed snapshots or an error message). No Py4J parsing, escaping or Base64
+    on the path that runs once per environment step."""
+
+    def __init__(self, port: int, token: str):
+        self.sock = socket.create_connection((LOOPBACK, port), timeout=60)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(token.encode("ascii"))
+        self._head = bytearray(8)
+        self._buf = bytearray(1 << 16)
+        self._lock = threading.Lock()
+
+    def _read_into(self, view: memoryview) -> None:
+        while len(view):
+            n = self.sock.recv_into(view)
+            if n == 0:
+                raise GatewayError("the step channel closed (did the JVM exit?)")
+            view = view[n:]
+
+    def step(self, batch_id: int, actions: bytes) -> bytes:
+        with self._lock:
+            self.sock.sendall(struct.pack(">ii", batch_id, len(actions)) + actions)
+            self._read_into(memoryview(self._head))
+            status, length = struct.unpack(">ii", self._head)
+            if length > len(self._buf):
+                self._buf = bytearray(length)
+            self._read_into(memoryview(self._buf)[:length])
+            payload = bytes(self._buf[:length])
+        if status != 0:
+            raise SimulatorError(payload.decode("utf-8", errors="replace"))
+        return payload
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
 
 def _java_message(exc: Py4JJavaError) -> str:

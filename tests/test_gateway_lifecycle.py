@@ -6,6 +6,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import psutil
 import pytest
 
@@ -72,3 +73,33 @@ def test_java_errors_surface_as_simulator_errors():
         with pytest.raises(SimulatorError):
             gw.call("step", 12345, bytearray(b"\\x00"))
         assert gw.call("ping")  # still healthy after an error
+
+
+def test_step_channel_matches_py4j_step_and_rejects_strangers():
+    import socket
+
+    from sim_bridge.batch import SimBatch
+    from sim_bridge.config import SimConfig
+    from sim_bridge.workloads import seed_1551
+
+    cfg = SimConfig(action_mode="per-type")
+    with Gateway() as gw:
+        fast = SimBatch(cfg, seed_1551(), 3, gateway=gw, fast=True)
+        slow = SimBatch(cfg, seed_1551(), 3, gateway=gw, fast=False)
+        fast.reset([0, 1, 2], [4, 5, 6])
+        slow.reset([0, 1, 2], [4, 5, 6])
+        rng = np.random.default_rng(1)
+        for _ in range(60):
+            a = rng.integers(-1, 2, size=(3, 3))
+            np.testing.assert_array_equal(fast.step(a).header, slow.step(a).header)
+        # the channel listens on loopback and drops a client without the token
+        port = gw.step_channel().sock.getpeername()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"0" * 32 + b"\x00\x00\x00\x01\x00\x00\x00\x09" + b"\x00" * 9)
+            assert s.recv(1) == b""  # closed without a reply
+        # a bad batch id is an error message, not a dead channel
+        from sim_bridge.errors import SimulatorError
+
+        with pytest.raises(SimulatorError, match="unknown batch"):
+            gw.step_channel().step(9999, b"\x00" * 9)
+        assert fast.step(np.zeros((3, 3))).header.shape == (3, 16)

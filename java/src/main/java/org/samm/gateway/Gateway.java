@@ -22,8 +22,27 @@ public final class Gateway {
     private final AtomicInteger nextWorkloadId = new AtomicInteger(1);
     private final AtomicInteger nextBatchId = new AtomicInteger(1);
 
+    private volatile StepChannel channel;
+    private volatile String channelAddress = "127.0.0.1";
+
     public Gateway() {
         Logging.ensureConfigured();
+    }
+
+    /** The loopback address the step channel binds (Main passes its --address). */
+    void setChannelAddress(String address) {
+        this.channelAddress = address;
+    }
+
+    /**
+     * Starts (once) the raw-socket step channel on a free loopback port and returns
+     * {@code "<port>:<token>"}; see {@link StepChannel}.
+     */
+    public synchronized String openStepChannel() throws java.io.IOException {
+        if (channel == null) {
+            channel = new StepChannel(channelAddress, this::batch);
+        }
+        return channel.port() + ":" + channel.token();
     }
 
     public String ping() {

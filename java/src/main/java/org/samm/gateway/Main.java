@@ -101,7 +101,9 @@ public final class Main {
             fail("refusing to bind to the wildcard address " + address + "; use a loopback address");
         }
 
-        final GatewayServer server = new GatewayServer.GatewayServerBuilder(new Gateway())
+        final Gateway entry = new Gateway();
+        entry.setChannelAddress(addr.getHostAddress());
+        final GatewayServer server = new GatewayServer.GatewayServerBuilder(entry)
             .javaAddress(addr)
             .javaPort(port)
             .serverSocketFactory(new NoDelayServerSocketFactory())
