@@ -53,3 +53,32 @@ def test_training_is_reproducible_for_a_seed(tmp_path):
     for (ka, va), (kb, vb) in zip(a.net.state_dict().items(), b.net.state_dict().items()):
         assert ka == kb and torch.equal(va, vb), ka
     assert (tmp_path / "a" / "episodes.csv").read_text() == (tmp_path / "b" / "episodes.csv").read_text()
+
+
+def test_resume_continues_from_the_checkpoint(tmp_path):
+    import csv
+
+    sim = SimConfig(action_mode="per-type", max_steps=40)
+    base = dict(num_envs=4, num_steps=32, bptt_chunk=8, num_minibatches=2, max_episode_steps=40, seed=3,
+                eval_every=0, checkpoint_every=1)
+    train_lstm_ppo(sim, tiny_workload(), PPOConfig(total_timesteps=256, **base), tmp_path, progress=False)
+    _, summary = train_lstm_ppo(sim, tiny_workload(), PPOConfig(total_timesteps=512, **base), tmp_path,
+                                resume=True, progress=False)
+    with (tmp_path / "progress.csv").open() as f:
+        updates = [int(r["update"]) for r in csv.DictReader(f)]
+    assert updates == [1, 2, 3, 4]  # two updates, then two more after the resume
+    assert summary["global_step"] == 512
+
+
+def test_paper_experiment_writes_its_report(tmp_path):
+    from agents.experiment import run_paper_experiment
+    from agents.shipped import shipped_policy_dir
+
+    summary = run_paper_experiment(tmp_path, policy_dir=shipped_policy_dir(), seeds=(1, 2), tune_seeds=(101,),
+                                   swf=False, progress=False, fast_tuning=True)
+    report = (tmp_path / "report.md").read_text()
+    assert "| lstm-ppo |" in report and "threshold (tuned)" in report and "queue (tuned)" in report
+    assert set(summary["targets"]) >= {"cost_reduction_vs_tuned_threshold", "quality_target_met"}
+    for fig in summary["figures"]:
+        assert (tmp_path / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any(f.startswith("fig11_") for f in summary["figures"])
