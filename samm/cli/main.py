@@ -387,5 +387,38 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
     sys.exit(0 if res["promote"] else 3)
 
 
+@cli.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
+@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--agent", "agents", multiple=True, default=("lstm-ppo",), show_default=True,
+              help="Hosted agent: NAME (shipped policy or default parameters) or NAME=POLICY_DIR; repeatable.")
+@click.option("--token-env", default="SAMM_SERVICE_TOKEN", show_default=True,
+              help="Environment variable holding the bearer token for policy uploads (unset: uploads disabled).")
+@click.option("--session-ttl", type=float, default=3600.0, show_default=True, help="Seconds before an idle session's state is dropped.")
+@click.option("--store", type=click.Path(file_okay=False), default=None, help="Where uploaded policies are kept.")
+def serve(host, port, agents, token_env, session_ttl, store) -> None:
+    """Run the Policy Evaluation Service (FastAPI on uvicorn; OpenAPI at /openapi.json)."""
+    import os
+
+    import uvicorn
+
+    from agents.factory import make_agent
+    from samm.plan.registry import PolicyRegistry
+    from samm.plan.service import create_app
+    from sim_bridge.config import SimConfig
+
+    registry = PolicyRegistry(store)
+    for spec in agents:
+        name, _, policy_dir = spec.partition("=")
+        try:
+            registry.host(name, make_agent(name, SimConfig(), policy_dir=policy_dir or None), source=policy_dir)
+        except (ValueError, FileNotFoundError) as exc:
+            _fail(f"--agent {spec}: {exc}")
+    token = os.environ.get(token_env) or None
+    click.echo(f"serving {registry.names()} on http://{host}:{port} (uploads {'enabled' if token else 'disabled'})", err=True)
+    uvicorn.run(create_app(registry, token=token, session_ttl_s=session_ttl), host=host, port=port,
+                log_level="warning", access_log=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     cli()

@@ -1,0 +1,210 @@
+"""The Policy Evaluation Service: hosted agents decide over REST.
+
+Typed requests and responses, explicit 4xx errors naming the offending field (never a 500 for
+bad input), recurrent state per session, bearer-token policy uploads with validation and
+rollback, OpenAPI at /openapi.json and Prometheus metrics at /metrics.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import math
+import time
+
+import numpy as np
+from fastapi import FastAPI, Header, HTTPException, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from samm import __version__
+from samm.analyze import OBSERVATION_NAMES
+
+from .registry import PolicyRegistry, PolicyRejected
+from .sessions import SessionStore
+
+SESSION_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+AGENT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DecideRequest(Strict):
+    session_id: str = Field(pattern=SESSION_PATTERN, description="Caller's session; recurrent state is kept per session.")
+    observation: dict[str, float] = Field(description="Named features, exactly the agent's `feature_names`.")
+    deterministic: bool = Field(default=True, description="Most likely action (default) or a sample.")
+
+
+class DecideResponse(BaseModel):
+    action: int | list[int]
+    action_name: str
+    probabilities: list[float] | list[list[float]] | None
+    value: float | None
+    policy_version: str
+    session_id: str
+
+
+class AgentInfo(BaseModel):
+    name: str
+    kind: str
+    policy_version: str
+    previous_version: str | None
+    feature_names: list[str]
+    action_mode: str
+    action_names: list[str]
+    type_names: list[str]
+
+
+class AgentList(BaseModel):
+    agents: list[AgentInfo]
+
+
+class PolicyUpload(Strict):
+    files: dict[str, str] = Field(description="File name -> Base64 content; metadata.json plus the agent's weights.")
+
+
+class PolicyVersion(BaseModel):
+    name: str
+    policy_version: str
+    previous_version: str | None
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    agents: int
+    sessions: int
+
+
+class Problem(BaseModel):
+    detail: str
+
+
+def create_app(registry: PolicyRegistry, token: str | None = None, session_ttl_s: float = 3600.0,
+               sessions: SessionStore | None = None) -> FastAPI:
+    app = FastAPI(title="SAMM Policy Evaluation Service", version=__version__,
+                  description="Decisions of hosted autoscaling agents over REST.")
+    sessions = sessions or SessionStore(ttl_s=session_ttl_s)
+    metrics = CollectorRegistry()
+    requests = Counter("samm_service_requests", "HTTP requests", ["endpoint", "status"], registry=metrics)
+    latency = Histogram("samm_service_decide_latency_seconds", "Decision latency", ["agent"], registry=metrics,
+                        buckets=(0.0002, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25))
+    decisions = Counter("samm_service_decisions", "Decisions by action", ["agent", "action"], registry=metrics)
+    app.state.registry, app.state.sessions = registry, sessions
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        route = request.scope.get("route")
+        requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).inc()
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        # name the field: "body.observation.cpu_mean: Input should be a valid number"
+        parts = []
+        for e in exc.errors():
+            loc = ".".join(str(x) for x in e.get("loc", ()))
+            parts.append(f"{loc}: {e.get('msg')}")
+        return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
+
+    def agent_or_404(name: str):
+        agent = registry.get(name)
+        if agent is None:
+            raise HTTPException(404, f"no hosted agent {name!r}; hosted: {registry.names()}")
+        return agent
+
+    def require_token(authorization: str | None) -> None:
+        if token is None:
+            raise HTTPException(403, "policy uploads are disabled: the service has no token configured")
+        if not authorization or not authorization.startswith("Bearer "):
+            raise HTTPException(401, "missing bearer token")
+        if not hmac.compare_digest(authorization[len("Bearer "):].encode(), token.encode()):
+            raise HTTPException(403, "invalid token")
+
+    errors = {404: {"model": Problem}, 422: {"model": Problem}}
+
+    @app.get("/healthz", response_model=Health)
+    def healthz() -> Health:
+        return Health(status="ok", version=__version__, agents=len(registry.names()), sessions=len(sessions))
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics).decode(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/agents", response_model=AgentList)
+    def list_agents() -> AgentList:
+        return AgentList(agents=[AgentInfo(**registry.describe(n)) for n in registry.names()])
+
+    @app.post("/v1/agents/{agent}/decide", response_model=DecideResponse, responses=errors)
+    def decide(req: DecideRequest, agent: str = Path(pattern=AGENT_PATTERN)) -> DecideResponse:
+        a = agent_or_404(agent)
+        obs = req.observation
+        missing = [f for f in a.feature_names if f not in obs]
+        unknown = [f for f in obs if f not in a.feature_names]
+        if missing or unknown:
+            raise HTTPException(422, "observation: " + "; ".join(
+                ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []))
+                + f" (expected exactly {list(a.feature_names)})")
+        for name in a.feature_names:
+            v = obs[name]
+            if not math.isfinite(v):
+                raise HTTPException(422, f"observation.{name}: must be a finite number, got {v}")
+            if name in OBSERVATION_NAMES and not 0.0 <= v <= 1.0:
+                raise HTTPException(422, f"observation.{name}: must be within [0, 1], got {v}")
+            if name not in OBSERVATION_NAMES and v < 0:
+                raise HTTPException(422, f"observation.{name}: must not be negative, got {v}")
+        x = np.array([[obs[f] for f in a.feature_names]], dtype=np.float32)
+        started = time.perf_counter()
+        state = sessions.checkout(agent, req.session_id, a)
+        d, state = a.act(x, state, deterministic=req.deterministic)
+        sessions.store(agent, req.session_id, a, state)
+        latency.labels(agent).observe(time.perf_counter() - started)
+        act = np.asarray(d.actions)[0]
+        action = int(act) if a.action_mode == "paper" else [int(v) for v in act]
+        name = a.describe_action(act)
+        decisions.labels(agent, name).inc()
+        probs = None if d.probabilities is None else np.asarray(d.probabilities)[0].round(6).tolist()
+        value = None if d.values is None else float(np.asarray(d.values)[0])
+        return DecideResponse(action=action, action_name=name, probabilities=probs, value=value,
+                              policy_version=a.version, session_id=req.session_id)
+
+    @app.post("/v1/agents/{agent}/sessions/{session_id}/reset", response_model=dict, responses=errors)
+    def reset_session(agent: str = Path(pattern=AGENT_PATTERN), session_id: str = Path(pattern=SESSION_PATTERN)) -> dict:
+        agent_or_404(agent)
+        return {"session_id": session_id, "existed": sessions.reset(agent, session_id)}
+
+    @app.put("/v1/agents/{agent}/policy", response_model=PolicyVersion,
+             responses={**errors, 401: {"model": Problem}, 403: {"model": Problem}})
+    def upload_policy(body: PolicyUpload, agent: str = Path(pattern=AGENT_PATTERN),
+                      authorization: str | None = Header(default=None)) -> PolicyVersion:
+        require_token(authorization)
+        agent_or_404(agent)
+        try:
+            files = {k: base64.b64decode(v, validate=True) for k, v in body.files.items()}
+        except (binascii.Error, ValueError) as exc:
+            raise HTTPException(422, f"files: not valid Base64 ({exc})") from None
+        try:
+            new = registry.upload(agent, files)
+        except PolicyRejected as exc:
+            raise HTTPException(422, f"policy rejected, {registry.describe(agent)['policy_version']} kept: {exc}") from None
+        info = registry.describe(agent)
+        return PolicyVersion(name=agent, policy_version=new.version, previous_version=info["previous_version"])
+
+    @app.post("/v1/agents/{agent}/policy/rollback", response_model=PolicyVersion,
+              responses={**errors, 401: {"model": Problem}, 403: {"model": Problem}, 409: {"model": Problem}})
+    def rollback(agent: str = Path(pattern=AGENT_PATTERN), authorization: str | None = Header(default=None)) -> PolicyVersion:
+        require_token(authorization)
+        agent_or_404(agent)
+        try:
+            a = registry.rollback(agent)
+        except PolicyRejected as exc:
+            raise HTTPException(409, str(exc)) from None
+        info = registry.describe(agent)
+        return PolicyVersion(name=agent, policy_version=a.version, previous_version=info["previous_version"])
+
+    return app
