@@ -415,6 +415,9 @@ def serve(host, port, agents, token_env, session_ttl, store) -> None:
         except (ValueError, FileNotFoundError) as exc:
             _fail(f"--agent {spec}: {exc}")
     token = os.environ.get(token_env) or None
+    import torch
+
+    torch.set_num_threads(1)  # one decision at a time is tiny: extra threads only contend
     click.echo(f"serving {registry.names()} on http://{host}:{port} (uploads {'enabled' if token else 'disabled'})", err=True)
     uvicorn.run(create_app(registry, token=token, session_ttl_s=session_ttl), host=host, port=port,
                 log_level="warning", access_log=False)
