@@ -4,13 +4,14 @@ and the same agent called in-process, in one run.
     .venv/bin/python benchmarks/service_latency.py --rate 200 --seconds 60 --json
 
 Starts `samm serve` (uvicorn) on a free loopback port hosting the shipped LSTM-PPO policy,
-sends `decide` requests from one keep-alive client at `--rate` per second (open loop: the
+sends `decide` requests from one keep-alive stdlib HTTP client at `--rate` per second (open loop: the
 schedule does not wait for slow replies, each request's latency counts from its scheduled send
 time), then times `agent.act` directly for the same observations.
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import socket
@@ -50,31 +51,40 @@ def main() -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     try:
-        with httpx.Client(timeout=5.0) as client:
-            deadline = time.time() + 60
-            while time.time() < deadline:
-                try:
-                    if client.get(url + "/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
-            n = int(args.rate * args.seconds)
-            obs = rng.random((n, len(OBSERVATION_NAMES))).round(4)
-            for i in range(200):  # warm-up
-                client.post(url + "/v1/agents/lstm-ppo/decide",
-                            json={"session_id": "warm", "observation": dict(zip(OBSERVATION_NAMES, obs[i].tolist()))})
-            lat, errors = [], 0
-            start = time.perf_counter()
-            for i in range(n):
-                due = start + i / args.rate
-                now = time.perf_counter()
-                if due > now:
-                    time.sleep(due - now)
-                r = client.post(url + "/v1/agents/lstm-ppo/decide",
-                                json={"session_id": f"s{i % 50}", "observation": dict(zip(OBSERVATION_NAMES, obs[i].tolist()))})
-                lat.append(time.perf_counter() - due)
-                errors += r.status_code != 200
-            achieved = n / (time.perf_counter() - start)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        # the load generator: stdlib http.client on one keep-alive connection (httpx itself
+        # adds ~1 ms per request, which would be measured as service latency)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        headers = {"content-type": "application/json"}
+
+        def decide(session: str, row) -> int:
+            body = json.dumps({"session_id": session, "observation": dict(zip(OBSERVATION_NAMES, row.tolist()))})
+            conn.request("POST", "/v1/agents/lstm-ppo/decide", body=body, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+
+        n = int(args.rate * args.seconds)
+        obs = rng.random((n, len(OBSERVATION_NAMES))).round(4)
+        for i in range(200):  # warm-up
+            decide("warm", obs[i])
+        lat, errors = [], 0
+        start = time.perf_counter()
+        for i in range(n):
+            due = start + i / args.rate
+            now = time.perf_counter()
+            if due > now:
+                time.sleep(due - now)
+            errors += decide(f"s{i % 50}", obs[i]) != 200
+            lat.append(time.perf_counter() - due)
+        achieved = n / (time.perf_counter() - start)
+        conn.close()
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -127,3 +127,24 @@ def test_sign_test():
     assert sign_test_p(5, 0) == pytest.approx(1 / 32)
     assert sign_test_p(0, 0) == 1.0
     assert sign_test_p(3, 2) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("mode", ["paper", "per-type"])
+def test_numpy_inference_matches_the_torch_network(mode):
+    torch.manual_seed(1)
+    a = LstmPpoAgent(action_mode=mode)
+    x = np.random.default_rng(2).random((30, 4, 7)).astype(np.float32)
+    starts = np.zeros((30, 4), dtype=bool)
+    starts[0] = True
+    starts[12, 1] = starts[20, 3] = True
+    state = a.initial_state(4)
+    tstate = a.net.initial_state(4)
+    for t in range(30):
+        state = a.reset_state(state, starts[t])
+        d, state = a.act(x[t], state)
+        with torch.no_grad():
+            logits, value, tstate = a.net.step(torch.as_tensor(x[t]), tstate, torch.as_tensor(starts[t], dtype=torch.float32))
+            probs = torch.stack(a.net.dist(logits).probs(), dim=1).numpy()
+        np.testing.assert_allclose(d.values, value.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(d.probabilities).reshape(probs.shape), probs, rtol=1e-4, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(d.actions).reshape(4, -1), probs.argmax(-1))
