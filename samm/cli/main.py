@@ -423,5 +423,24 @@ def serve(host, port, agents, token_env, session_ttl, store) -> None:
                 log_level="warning", access_log=False)
 
 
+@cli.group("config")
+def config_group() -> None:
+    """Daemon configuration (YAML + SAMM_... environment overrides)."""
+
+
+@config_group.command("check")
+@click.argument("path", type=click.Path(dir_okay=False))
+def config_check(path) -> None:
+    """Validate a daemon config file and print the effective settings (secrets masked)."""
+    from samm.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        click.echo(f"invalid config:\n{exc}", err=True)
+        sys.exit(2)
+    click.echo(cfg.model_dump_json(indent=2))
+
+
 if __name__ == "__main__":  # pragma: no cover
     cli()

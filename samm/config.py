@@ -1,0 +1,190 @@
+"""The daemon's configuration: one pydantic model loaded from YAML, with `SAMM_...` environment
+overrides. Unknown keys are rejected with the key's name and its line in the file; secrets are
+`SecretStr` and never printed.
+
+Environment overrides use `__` between levels: `SAMM_SERVICE__PORT=9000`,
+`SAMM_KNOWLEDGE__URL=postgresql://...`, `SAMM_SERVICE__TOKEN=...`. Values are parsed as YAML
+scalars (so `true`, `3`, `1.5` get their types).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+ENV_PREFIX = "SAMM_"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GroupConfig(Strict):
+    """One managed resource group (a VM type)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_-]+$")
+    cores: int = Field(ge=1)
+    ram_gb: float = Field(gt=0)
+    price_per_hour: float = Field(ge=0)
+    min: int = Field(ge=0)
+    max: int = Field(ge=1)
+    asg_name: str | None = Field(default=None, description="AWS Auto Scaling Group (executor aws-asg)")
+    docker_image: str | None = Field(default=None, description="image of the group's containers (executor docker)")
+    docker_label: str | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "GroupConfig":
+        if self.min > self.max:
+            raise ValueError(f"group {self.name!r}: min {self.min} > max {self.max}")
+        return self
+
+
+class GraphiteConfig(Strict):
+    render_url: str = "http://127.0.0.1:8080"
+    carbon_host: str = "127.0.0.1"
+    carbon_port: int = Field(default=2003, ge=1, le=65535)
+    prefix: str = "samm"
+    timeout_s: float = Field(default=5.0, gt=0)
+
+
+class AgentConfig(Strict):
+    name: str = "lstm-ppo"
+    policy_dir: str | None = None
+    params: dict = Field(default_factory=dict)
+    mode: Literal["in-process", "http"] = "in-process"
+    service_url: str | None = None
+    fallback: Literal["noop"] = "noop"
+
+    @model_validator(mode="after")
+    def _http(self) -> "AgentConfig":
+        if self.mode == "http" and not self.service_url:
+            raise ValueError("agent.mode 'http' needs agent.service_url")
+        return self
+
+
+class ExecutorConfig(Strict):
+    kind: Literal["aws-asg", "docker", "sim"] = "sim"
+    dry_run: bool = False
+    region: str = "us-east-1"
+    endpoint_url: str | None = None
+    max_attempts: int = Field(default=5, ge=1)
+
+
+class TimingConfig(Strict):
+    interval_s: float = Field(default=60.0, gt=0)
+    warmup_s: float = Field(default=120.0, ge=0)
+    cooldown_s: float = Field(default=300.0, ge=0)
+    misfire_grace_s: float = Field(default=30.0, ge=0)
+
+
+class KnowledgeConfig(Strict):
+    url: str = "sqlite:///samm.db"
+
+
+class ServiceConfig(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+    token: SecretStr | None = None
+    session_ttl_s: float = Field(default=3600.0, gt=0)
+
+
+class SammConfig(Strict):
+    groups: list[GroupConfig] = Field(min_length=1)
+    graphite: GraphiteConfig = GraphiteConfig()
+    agent: AgentConfig = AgentConfig()
+    executor: ExecutorConfig = ExecutorConfig()
+    timing: TimingConfig = TimingConfig()
+    knowledge: KnowledgeConfig = KnowledgeConfig()
+    service: ServiceConfig = ServiceConfig()
+
+    @model_validator(mode="after")
+    def _groups(self) -> "SammConfig":
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"group names must be unique, got {names}")
+        if self.executor.kind == "aws-asg":
+            missing = [g.name for g in self.groups if not g.asg_name]
+            if missing:
+                raise ValueError(f"executor aws-asg needs asg_name for groups {missing}")
+        if self.executor.kind == "docker":
+            missing = [g.name for g in self.groups if not g.docker_image]
+            if missing:
+                raise ValueError(f"executor docker needs docker_image for groups {missing}")
+        return self
+
+
+class ConfigError(ValueError):
+    """A configuration problem, already phrased for the user (file, line, key)."""
+
+
+def _line_index(text: str) -> dict[tuple, int]:
+    """Maps key paths to 1-based line numbers by walking the YAML node tree."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node, path):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = path + (k.value,)
+                lines[key] = k.start_mark.line + 1
+                walk(v, key)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                lines[path + (i,)] = v.start_mark.line + 1
+                walk(v, path + (i,))
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return lines
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _apply_env(data: dict, environ: dict[str, str]) -> list[str]:
+    applied = []
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = name[len(ENV_PREFIX):].lower().split("__")
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
+        node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
+        applied.append(name)
+    return applied
+
+
+def load_config(path: str | Path, environ: dict[str, str] | None = None) -> SammConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    _apply_env(data, dict(os.environ if environ is None else environ))
+    try:
+        return SammConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = _line_index(text)
+        msgs = []
+        for e in exc.errors():
+            loc = tuple(e["loc"])
+            where = ".".join(str(x) for x in loc) or "(top level)"
+            line = lines.get(loc) or next((lines[loc[:i]] for i in range(len(loc) - 1, 0, -1) if loc[:i] in lines), None)
+            at = f"{path}:{line}" if line else str(path)
+            if e["type"] == "extra_forbidden":
+                msgs.append(f"{at}: unknown key {where!r}")
+            else:
+                msgs.append(f"{at}: {where}: {e['msg']}")
+        raise ConfigError("\n".join(msgs)) from None

@@ -1,0 +1,70 @@
+"""The daemon's YAML config: strict keys with file lines, env overrides, secrets never shown."""
+from pathlib import Path
+
+import pytest
+
+from samm.config import ConfigError, load_config
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "configs" / "samm.example.yaml"
+
+
+def test_example_config_loads():
+    cfg = load_config(EXAMPLE, environ={})
+    assert [g.name for g in cfg.groups] == ["S", "M", "L"] and cfg.executor.kind == "aws-asg"
+    assert cfg.service.host == "127.0.0.1" and cfg.service.token is None
+
+
+def test_unknown_key_names_key_and_line(tmp_path):
+    text = EXAMPLE.read_text().replace("  prefix: samm", "  prefx: samm")
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    line = text.splitlines().index(next(l for l in text.splitlines() if l.startswith("  prefx"))) + 1
+    with pytest.raises(ConfigError) as err:
+        load_config(p, environ={})
+    assert f"{p}:{line}: unknown key 'graphite.prefx'" in str(err.value)
+
+
+def test_env_overrides_and_secret_is_hidden(tmp_path):
+    env = {"SAMM_SERVICE__PORT": "9100", "SAMM_SERVICE__TOKEN": "hunter2", "SAMM_EXECUTOR__DRY_RUN": "true",
+           "SAMM_KNOWLEDGE__URL": "postgresql://samm@127.0.0.1/samm", "OTHER": "x"}
+    cfg = load_config(EXAMPLE, environ=env)
+    assert cfg.service.port == 9100 and cfg.executor.dry_run is True
+    assert cfg.service.token.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(cfg) and "hunter2" not in cfg.model_dump_json()
+    with pytest.raises(ConfigError, match="service.port"):
+        load_config(EXAMPLE, environ={"SAMM_SERVICE__PORT": "99999"})
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("min: 1, max: 10, asg_name: samm-m5a-large", "min: 11, max: 10, asg_name: samm-m5a-large"), "min 11 > max 10"),
+    ((", asg_name: samm-m5a-xlarge", ""), "asg_name for groups ['M']"),
+    (("mode: in-process ", "mode: http "), "service_url"),
+])
+def test_invalid_values_are_explained(tmp_path, edit, message):
+    p = tmp_path / "c.yaml"
+    p.write_text(EXAMPLE.read_text().replace(*edit))
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_config(p, environ={})
+
+
+def test_broken_yaml_and_missing_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("groups: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p, environ={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml", environ={})
+
+
+def test_cli_config_check(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from samm.cli.main import cli
+
+    monkeypatch.setenv("SAMM_SERVICE__TOKEN", "hunter2")
+    res = CliRunner().invoke(cli, ["config", "check", str(EXAMPLE)])
+    assert res.exit_code == 0 and "hunter2" not in res.output and '"port": 8080' in res.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("groups: []\nbogus: 1\n")
+    res = CliRunner().invoke(cli, ["config", "check", str(bad)])
+    assert res.exit_code == 2 and "unknown key 'bogus'" in res.output
