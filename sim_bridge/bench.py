@@ -9,6 +9,7 @@ decoding the packed reply; `with analyzer` adds the seven metrics for every env 
 from __future__ import annotations
 
 import base64
+import os
 import platform
 import struct
 import time
@@ -93,5 +94,5 @@ def run_bench(config: SimConfig, workload: Workload, n_envs: int, steps: int, se
         "with_analyzer_runs": [round(x, 1) for x in env_rates],
         "java_runs": [round(x, 1) for x in java_rates],
         "threads": config.threads,
-        "machine": f"{platform.machine()} {platform.processor() or ''} cpus={__import__('os').cpu_count()}".strip(),
+        "machine": f"{platform.machine()} cpus={os.cpu_count()}",
     }

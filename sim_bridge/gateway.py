@@ -13,7 +13,6 @@ import socket
 import struct
 import subprocess
 import threading
-import time
 from collections import deque
 from pathlib import Path
 
@@ -226,9 +225,7 @@ def shared_gateway() -> Gateway:
     global _shared
     with _shared_lock:
         if _shared is None or not _shared.alive():
-            started = time.perf_counter()
             _shared = Gateway()
-            _shared.start_seconds = time.perf_counter() - started  # type: ignore[attr-defined]
         return _shared
 
 

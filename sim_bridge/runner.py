@@ -55,8 +55,9 @@ def run_episodes(config: SimConfig, workload: Workload, agent, seeds, determinis
         jobs: list[np.ndarray | None] = [None] * n
         requeued = np.zeros(n, dtype=np.int64)
         names = tuple(agent.feature_names)
+        obs = compute_metrics(s.raw, batch.fleet, config.warmup_s)
         while alive.any():
-            feats = (compute_features(s.raw, batch.fleet, names, config.warmup_s) if names
+            feats = (compute_features(s.raw, batch.fleet, names, config.warmup_s, metrics=obs) if names
                      else np.zeros((n, 0), dtype=np.float32))
             decisions, state = agent.act(feats, state, deterministic)
             deltas = to_deltas(agent.action_mode, decisions.actions, config.n_types)

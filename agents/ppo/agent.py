@@ -91,9 +91,7 @@ class LstmPpoAgent(Agent):
 
     @classmethod
     def _from_metadata(cls, meta, directory: Path):
-        agent = cls(tuple(meta["feature_names"]), meta["action_mode"], tuple(meta["type_names"]),
-                    params=meta.get("params"), env_config_hash=meta.get("env_config_hash"),
-                    training=meta.get("training"), version=meta.get("version"))
+        agent = super()._from_metadata(meta, directory)
         weights = directory / WEIGHTS_FILE
         if not weights.is_file():
             raise FileNotFoundError(f"{directory}: missing {WEIGHTS_FILE}")

@@ -25,10 +25,13 @@ def validate_feature_names(names, fleet: FleetSpec) -> None:
         raise ValueError(f"unknown feature(s) {unknown}; known: {list(known_features(fleet))}")
 
 
-def compute_features(snap: RawSnapshot, fleet: FleetSpec, names, warmup_s: float = 0.0) -> np.ndarray:
-    """float32 array of shape ``batch_shape + (len(names),)``."""
+def compute_features(snap: RawSnapshot, fleet: FleetSpec, names, warmup_s: float = 0.0,
+                     metrics: np.ndarray | None = None) -> np.ndarray:
+    """float32 array of shape ``batch_shape + (len(names),)``. Pass `metrics` when the caller
+    already computed `compute_metrics` for this snapshot."""
     validate_feature_names(names, fleet)
-    metrics = compute_metrics(snap, fleet, warmup_s)
+    if metrics is None:
+        metrics = compute_metrics(snap, fleet, warmup_s)
     vm_type = np.asarray(snap.vm_type)
     cols = []
     for name in names:
