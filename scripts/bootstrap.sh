@@ -17,6 +17,10 @@ command -v "$PY" >/dev/null 2>&1 || { missing+=(python3 python3-venv); PY=python
 if command -v "$PY" >/dev/null 2>&1 && ! "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then
   missing+=(python3-venv)
 fi
+# Services the tests run for real on loopback: Graphite, Docker, PostgreSQL, systemd-nspawn.
+for pkg in graphite-carbon graphite-web docker.io busybox-static systemd-container postgresql; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
 if [ ${#missing[@]} -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -1,0 +1,74 @@
+"""The Execute stage's contract: what every executor (AWS ASG, Docker, simulator) offers.
+
+Executors are thin I/O adapters. Every safety rule (bounds, cool-down, warm-up, idempotency,
+dry-run) lives in `samm.execute.guard`, in front of them, as pure decisions; executors still
+validate bounds themselves as a last line of defence because some back-ends (moto) do not.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal
+
+InstanceState = Literal["pending", "running", "terminating"]
+
+
+@dataclass(frozen=True)
+class Instance:
+    group: str
+    instance_id: str
+    state: InstanceState
+    launched_at: float | None = None  # epoch seconds when known
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    name: str
+    desired: int
+    min: int
+    max: int
+    instances: tuple[Instance, ...] = ()
+
+    @property
+    def live(self) -> int:
+        """Instances that count against capacity (pending or running)."""
+        return sum(1 for i in self.instances if i.state != "terminating")
+
+
+@dataclass(frozen=True)
+class ScaleRequest:
+    """One change to one group. `target` is the absolute desired capacity computed at decision
+    time, so replaying the same request is harmless; `victim` names the instance to remove on
+    scale-in (None lets the executor choose)."""
+
+    group: str
+    target: int
+    idempotency_key: str
+    victim: str | None = None
+
+
+@dataclass
+class ActionResult:
+    status: Literal["succeeded", "failed", "skipped", "dry_run"]
+    detail: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+class ExecutorError(RuntimeError):
+    """A back-end refused or failed a call after its retries; the message names the call."""
+
+
+class Executor(ABC):
+    kind: str = "abstract"
+
+    @abstractmethod
+    def inventory(self) -> dict[str, GroupStatus]:
+        """Current desired capacity, bounds and instances of every managed group."""
+
+    @abstractmethod
+    def apply(self, request: ScaleRequest) -> ActionResult:
+        """Bring `request.group` to `request.target`. Must be safe to call twice with the same
+        request (the second call finds the target already met and changes nothing)."""
+
+    def close(self) -> None:  # pragma: no cover - default no-op
+        pass
