@@ -46,8 +46,10 @@ class GraphiteConfig(Strict):
     render_url: str = "http://127.0.0.1:8080"
     carbon_host: str = "127.0.0.1"
     carbon_port: int = Field(default=2003, ge=1, le=65535)
-    prefix: str = "samm"
+    prefix: str = Field(default="samm", pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
     timeout_s: float = Field(default=5.0, gt=0)
+    lateness_s: float = Field(default=5.0, ge=0, description="wait this long after an interval ends before reading it")
+    publish: bool = Field(default=True, description="publish SAMM's own metrics, decisions and events")
 
 
 class AgentConfig(Strict):
@@ -80,6 +82,16 @@ class TimingConfig(Strict):
     misfire_grace_s: float = Field(default=30.0, ge=0)
 
 
+class SimulationConfig(Strict):
+    """The managed system when `executor.kind` is `sim`: a CloudSim Plus simulation."""
+
+    workload: str = "seed-1551"
+    seed: int = 1
+    initial: dict[str, int] = Field(default_factory=dict, description="VMs per group at the start (default: 1 each, within min..max, as in the paper)")
+    host_mips: float = Field(default=4400.0, gt=0)
+    max_iterations: int | None = Field(default=None, ge=1, description="stop after this many iterations")
+
+
 class KnowledgeConfig(Strict):
     url: str = "sqlite:///samm.db"
 
@@ -99,6 +111,7 @@ class SammConfig(Strict):
     timing: TimingConfig = TimingConfig()
     knowledge: KnowledgeConfig = KnowledgeConfig()
     service: ServiceConfig = ServiceConfig()
+    simulation: SimulationConfig = SimulationConfig()
 
     @model_validator(mode="after")
     def _groups(self) -> "SammConfig":

@@ -1,0 +1,227 @@
+"""One MAPE-K iteration: monitor -> analyze -> plan -> execute -> record.
+
+`ControlLoop.run_once` is the whole control law of the daemon. The decision is pure
+(`samm.analyze`, the agent, `samm.execute.guard`); this module only sequences it between the
+edges (monitor, planner, executor, knowledge store, publisher) and makes every outcome a
+record. Safety rules, in order:
+
+* a stale or partial snapshot takes no scaling action, and the reason is recorded;
+* one decision per interval (`iteration_key` = the window's end): a restarted or repeated
+  iteration finds its decision recorded and does not act again;
+* every request is claimed in the knowledge store under its idempotency key before the
+  executor is called, and the group's cool-down is written in the same transaction as the
+  outcome; actions left in flight by a crash are resolved on start (`recover`) and their
+  groups put in cool-down, since the back-end may have acted;
+* wishes the guard refuses (cool-down, bounds, group in flux) are recorded as `blocked`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from samm.analyze import FleetSpec
+from samm.analyze.features import compute_features
+from samm.analyze.metrics import OBSERVATION_NAMES
+from samm.execute.base import ActionResult, Executor
+from samm.execute.guard import idempotency_key, plan_scaling
+from samm.knowledge.store import KnowledgeStore
+from samm.plan.client import PlanOutcome
+
+from .monitoring import Monitor, MonitorOutcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class IterationReport:
+    key: str
+    window_start: float
+    window_end: float
+    status: str
+    reasons: list[str]
+    features: dict[str, float] = field(default_factory=dict)
+    plan: PlanOutcome | None = None
+    decision_id: int | None = None
+    decided: bool = False  # False when this interval already had a decision
+    actions: list[dict] = field(default_factory=list)  # {group, status, key, detail, error}
+    blocked: dict[str, str] = field(default_factory=dict)
+    inventory: dict[str, dict] = field(default_factory=dict)  # group -> {desired, live}
+    finished: bool = False
+    iteration_ms: float = 0.0
+
+    @property
+    def acted(self) -> bool:
+        return any(a["status"] == "succeeded" for a in self.actions)
+
+
+class ControlLoop:
+    def __init__(self, *, groups, fleet: FleetSpec, monitor: Monitor, planner, executor: Executor,
+                 store: KnowledgeStore, agent_name: str, warmup_s: float, cooldown_s: float, dry_run: bool = False,
+                 clock: Callable[[], float] = time.time, publisher=None):
+        self.groups = list(groups)
+        self.group_names = [g.name for g in self.groups]
+        self.fleet = fleet
+        self.monitor = monitor
+        self.planner = planner
+        self.executor = executor
+        self.store = store
+        self.agent_name = agent_name
+        self.warmup_s = float(warmup_s)
+        self.cooldown_s = float(cooldown_s)
+        self.dry_run = dry_run
+        self.clock = clock
+        self.publisher = publisher
+        self.iterations = 0
+        self.last_progress = time.monotonic()
+
+    # --- start-up -------------------------------------------------------------------------
+    def recover(self) -> list[str]:
+        """Resolve actions a previous run left in flight. The back-end may or may not have
+        acted, so the group's cool-down restarts now either way; the inventory tells which."""
+        notes = []
+        open_actions = self.store.in_flight_actions()
+        if not open_actions:
+            return notes
+        try:
+            inventory = self.executor.inventory()
+        except Exception as exc:  # noqa: BLE001
+            inventory = {}
+            log.warning("recover: inventory unavailable (%s); assuming in-flight actions may have acted", exc)
+        now = self.clock()
+        for a in open_actions:
+            target = (a.request or {}).get("target")
+            g = inventory.get(a.group_name)
+            done = g is not None and target is not None and g.desired == target
+            status = "succeeded" if done else "failed"
+            why = ("daemon restarted; the group is at the requested target" if done
+                   else "daemon restarted before the outcome was known; not retried")
+            self.store.finish_action(a.idempotency_key, status, {"recovered": True}, None if done else why,
+                                     cooldown_until=now + self.cooldown_s)
+            notes.append(f"{a.idempotency_key}: {status} ({why})")
+            log.warning("recover: action %s -> %s (%s)", a.idempotency_key, status, why)
+        return notes
+
+    # --- one iteration ------------------------------------------------------------------------
+    def run_once(self) -> IterationReport:
+        started = time.perf_counter()
+        outcome = self._monitor()
+        now = self.clock()
+        end = outcome.window_end if math.isfinite(outcome.window_end) else math.floor(now)
+        key = f"{int(end)}"
+        rep = IterationReport(key, outcome.window_start, outcome.window_end, outcome.status, list(outcome.reasons),
+                              finished=outcome.finished)
+        if outcome.inventory:
+            rep.inventory = {g: {"desired": s.desired, "live": s.live} for g, s in outcome.inventory.items()}
+        snapshot_id = self.store.record_snapshot(
+            outcome.window_start if math.isfinite(outcome.window_start) else end, end, outcome.status,
+            outcome.reasons, outcome.summary or None)
+
+        if not outcome.actionable:
+            rep.decision_id, rep.decided = self.store.record_decision(
+                key, agent=self.agent_name, action=None, source="none", action_name="nothing (snapshot not usable)",
+                reason=f"snapshot {outcome.status}: " + "; ".join(outcome.reasons))
+            log.warning("iteration %s: snapshot %s, no scaling action: %s", key, outcome.status,
+                        "; ".join(outcome.reasons))
+            return self._finish(rep, started)
+
+        names = self._feature_names()
+        feats = compute_features(outcome.raw, self.fleet, names, warmup_s=self.warmup_s)
+        rep.features = {n: float(v) for n, v in zip(names, np.asarray(feats).reshape(-1))}
+        obs_id = self.store.record_observation(snapshot_id, rep.features)
+
+        existing = self.store.decision(key)
+        if existing is not None:  # a restart inside the interval: never decide (or act) twice
+            rep.decision_id, rep.decided = existing.id, False
+            rep.reasons.append("this interval already has a decision; not acting again")
+            return self._finish(rep, started)
+
+        plan = self.planner.decide(feats)
+        rep.plan = plan
+        rep.decision_id, rep.decided = self.store.record_decision(
+            key, agent=self.agent_name, action=plan.action, source=plan.source, policy_version=plan.policy_version,
+            observation_id=obs_id, action_name=plan.action_name, probabilities=plan.probabilities, value=plan.value,
+            reason=plan.reason)
+        if not rep.decided:
+            return self._finish(rep, started)
+        if any(plan.deltas.values()):
+            self._execute(rep, plan, key, now, outcome.inventory)
+        return self._finish(rep, started)
+
+    # --- stages -------------------------------------------------------------------------------
+    def _monitor(self) -> MonitorOutcome:
+        try:
+            return self.monitor.read()
+        except Exception as exc:  # noqa: BLE001 - a broken source is a stale snapshot, not a crash
+            log.exception("monitor failed")
+            now = self.clock()
+            return MonitorOutcome(math.nan, math.floor(now), "stale", [f"monitor failed: {type(exc).__name__}: {exc}"])
+
+    def _feature_names(self) -> tuple[str, ...]:
+        names = getattr(self.planner, "feature_names", None)
+        return tuple(names) if names else OBSERVATION_NAMES
+
+    def _execute(self, rep: IterationReport, plan: PlanOutcome, key: str, now: float, inventory=None) -> None:
+        try:
+            # the monitor's inventory is seconds old; executors re-check bounds on apply
+            inventory = inventory or self.executor.inventory()
+        except Exception as exc:  # noqa: BLE001
+            rep.reasons.append(f"inventory unavailable, no action: {exc}")
+            for g, d in plan.deltas.items():
+                if d:
+                    self._blocked(rep, key, g, d, f"inventory unavailable: {type(exc).__name__}: {exc}")
+            return
+        rep.inventory = {g: {"desired": s.desired, "live": s.live} for g, s in inventory.items()}
+        guard = plan_scaling(plan.deltas, inventory, self.groups, self.store.cooldowns(), now, key,
+                             dry_run=self.dry_run, warmup_s=self.warmup_s)
+        for s in guard.skipped:
+            if s.reason != "no_change":
+                self._blocked(rep, key, s.group, s.requested_delta, f"{s.reason}: {s.detail}")
+        for pa in guard.actions:
+            req = pa.request
+            request = asdict(req) | {"from": pa.current, "delta": pa.delta, "notes": list(pa.notes)}
+            if not pa.execute:
+                self.store.begin_action(rep.decision_id, req.idempotency_key, self.executor.kind, req.group, request,
+                                        status="dry_run")
+                rep.actions.append({"group": req.group, "status": "dry_run", "key": req.idempotency_key,
+                                    "detail": request})
+                continue
+            _, claimed = self.store.begin_action(rep.decision_id, req.idempotency_key, self.executor.kind, req.group,
+                                                 request)
+            if not claimed:
+                rep.reasons.append(f"{req.idempotency_key} already claimed; not acting twice")
+                continue
+            try:
+                result = self.executor.apply(req)
+            except Exception as exc:  # noqa: BLE001 - executors should not raise; be safe anyway
+                result = ActionResult("failed", error=f"{type(exc).__name__}: {exc}")
+            # a failed call may still have acted on the back-end: cool down either way
+            self.store.finish_action(req.idempotency_key, result.status, result.detail, result.error,
+                                     cooldown_until=now + self.cooldown_s if result.status != "skipped" else None)
+            rep.actions.append({"group": req.group, "status": result.status, "key": req.idempotency_key,
+                                "detail": result.detail, "error": result.error, "target": req.target,
+                                "from": pa.current})
+            log.info("iteration %s: %s %s -> %d: %s%s", key, req.group, pa.current, req.target, result.status,
+                     f" ({result.error})" if result.error else "")
+
+    def _blocked(self, rep: IterationReport, key: str, group: str, delta: int, why: str) -> None:
+        ik = idempotency_key(key, group)
+        self.store.begin_action(rep.decision_id, ik, self.executor.kind, group, {"group": group, "delta": delta,
+                                                                               "reason": why}, status="blocked")
+        rep.blocked[group] = why
+        rep.actions.append({"group": group, "status": "blocked", "key": ik, "detail": {"reason": why}})
+
+    def _finish(self, rep: IterationReport, started: float) -> IterationReport:
+        rep.iteration_ms = (time.perf_counter() - started) * 1e3
+        self.iterations += 1
+        self.last_progress = time.monotonic()
+        if self.publisher is not None:
+            try:
+                self.publisher.publish(rep)
+            except Exception:  # noqa: BLE001 - publishing is best effort
+                log.exception("publishing iteration %s failed", rep.key)
+        return rep

@@ -1,0 +1,107 @@
+"""`samm run`: the daemon in the foreground under APScheduler, systemd-aware.
+
+One iteration per interval (`coalesce`, `max_instances=1`, misfire grace: a stalled loop runs
+once to catch up, never in parallel with itself). SIGTERM/SIGINT let the current iteration
+finish, then the process exits 0. Under systemd (Type=notify): READY=1 once configuration,
+knowledge store and scheduler are up; WATCHDOG=1 only while iterations keep completing;
+STOPPING=1 on shutdown.
+"""
+from __future__ import annotations
+
+import faulthandler
+import logging
+import signal
+import threading
+import time
+from datetime import datetime, timezone
+
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from samm.config import SammConfig
+
+from . import sdnotify
+from .build import Daemon, build_daemon
+from .loop import IterationReport
+
+log = logging.getLogger(__name__)
+
+
+class DaemonRunner:
+    def __init__(self, daemon: Daemon, max_iterations: int | None = None, on_iteration=None):
+        self.daemon = daemon
+        self.cfg: SammConfig = daemon.cfg
+        self.max_iterations = max_iterations or self.cfg.simulation.max_iterations
+        self.on_iteration = on_iteration
+        self.stop_event = threading.Event()
+        self.reports: list[IterationReport] = []
+        self.errors = 0
+        self._lock = threading.Lock()
+
+    # runs in the scheduler's worker thread
+    def _iterate(self) -> None:
+        if self.stop_event.is_set():
+            return
+        with self._lock:
+            rep = self.daemon.loop.run_once()
+        self.reports.append(rep)
+        if self.on_iteration is not None:
+            self.on_iteration(rep)
+        sdnotify.status(f"iteration {rep.key}: {rep.status}, "
+                        f"{rep.plan.action_name if rep.plan else 'no decision'}")
+        if rep.finished or (self.max_iterations and len(self.reports) >= self.max_iterations):
+            self.stop_event.set()
+
+    def _watchdog(self, every_s: float) -> None:
+        # progress = an iteration completed within two intervals (plus slack for a slow one)
+        allowed = 2 * self.cfg.timing.interval_s + 30.0
+        while not self.stop_event.wait(every_s):
+            if time.monotonic() - self.daemon.loop.last_progress < allowed:
+                sdnotify.watchdog()
+            else:
+                log.error("watchdog: no iteration completed for %.0f s; not pinging systemd",
+                          time.monotonic() - self.daemon.loop.last_progress)
+
+    def _on_event(self, event) -> None:
+        if event.code == EVENT_JOB_ERROR:
+            self.errors += 1
+            log.error("iteration raised: %r", event.exception, exc_info=event.exception)
+        elif event.code == EVENT_JOB_MISSED:
+            log.warning("iteration missed its run time (the previous one overran)")
+
+    def run(self, install_signals: bool = True) -> int:
+        faulthandler.enable()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop_event.set())
+        for note in self.daemon.loop.recover():
+            log.warning("recovered: %s", note)
+        t = self.cfg.timing
+        sched = BackgroundScheduler(timezone=timezone.utc, job_defaults={
+            "coalesce": True, "max_instances": 1, "misfire_grace_time": max(1, int(t.misfire_grace_s))})
+        sched.add_listener(self._on_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
+        sched.add_job(self._iterate, IntervalTrigger(seconds=t.interval_s, timezone=timezone.utc),
+                      id="mape-k", next_run_time=datetime.now(timezone.utc))
+        sched.start()
+        wd = sdnotify.watchdog_interval_s()
+        if wd:
+            threading.Thread(target=self._watchdog, args=(wd,), name="samm-watchdog", daemon=True).start()
+        sdnotify.ready()
+        log.info("samm daemon running: executor %s, agent %s, every %.3g s", self.cfg.executor.kind,
+                 self.cfg.agent.name, t.interval_s)
+        try:
+            while not self.stop_event.wait(0.5):
+                pass
+        finally:
+            sdnotify.stopping()
+            sched.shutdown(wait=True)  # lets a running iteration finish
+            self.daemon.close()
+        log.info("samm daemon stopped after %d iterations", len(self.reports))
+        return 0 if self.errors == 0 else 1
+
+
+def run_daemon(cfg: SammConfig, max_iterations: int | None = None, on_iteration=None) -> tuple[int, DaemonRunner]:
+    daemon = build_daemon(cfg)
+    runner = DaemonRunner(daemon, max_iterations=max_iterations, on_iteration=on_iteration)
+    return runner.run(), runner

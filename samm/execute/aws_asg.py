@@ -1,0 +1,251 @@
+"""Executor for AWS EC2 Auto Scaling Groups: one managed group per ASG (`GroupConfig.asg_name`).
+
+Scale-out raises DesiredCapacity (`HonorCooldown=False`: cool-down and warm-up are the guard's,
+as in cluster-autoscaler and escalator); scale-in terminates a named instance with
+`ShouldDecrementDesiredCapacity=True`, so AWS does not pick one by its own termination policy.
+Requests carry an absolute target, so a replay finds the target met and changes nothing.
+
+Every AWS call goes through `_call`: logged, with botocore's standard retry mode (throttling,
+5xx and connection errors retried with back-off, at most `max_attempts` attempts in all) and
+explicit time-outs. `apply` never raises: failures become an ActionResult naming the call and
+the AWS error code. `inventory` raises `ExecutorError` (the daemon skips that cycle).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any, Iterable, Sequence
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore import xform_name
+from botocore.parsers import ResponseParserError
+
+from samm.config import GroupConfig, SammConfig
+from samm.execute.base import (ActionResult, Executor, ExecutorError, GroupStatus, Instance,
+                               InstanceState, ScaleRequest)
+from samm.execute.guard import choose_victims
+
+log = logging.getLogger(__name__)
+
+# ASG lifecycle states -> ours. Standby/EnteringStandby/Warmed:* instances serve nothing and
+# are not part of the capacity the guard reasons about, so they are left out.
+_LIFECYCLE: dict[str, InstanceState] = {
+    "Pending": "pending", "Pending:Wait": "pending", "Pending:Proceed": "pending",
+    "InService": "running",
+    "Terminating": "terminating", "Terminating:Wait": "terminating", "Terminating:Proceed": "terminating",
+    "Terminated": "terminating", "Detaching": "terminating", "Detached": "terminating",
+}
+_EC2_IDS_PER_CALL = 100
+_MAX_ERROR_TEXT = 300
+
+
+class AwsCallError(Exception):
+    """One AWS call failed after botocore's retries."""
+
+    def __init__(self, api: str, code: str, message: str, attempts: int | None = None):
+        self.api, self.code, self.message, self.attempts = api, code, message, attempts
+        tries = f" after {attempts} attempt(s)" if attempts else ""
+        super().__init__(f"{api} failed{tries}: {code}: {message}")
+
+
+class AwsAsgExecutor(Executor):
+    kind = "aws-asg"
+
+    def __init__(self, groups: Sequence[GroupConfig], region: str = "us-east-1", endpoint_url: str | None = None,
+                 max_attempts: int = 5, connect_timeout: float = 5.0, read_timeout: float = 20.0,
+                 session: boto3.Session | None = None, client: Any = None, ec2_client: Any = None,
+                 launch_times: bool = True):
+        missing = [g.name for g in groups if not g.asg_name]
+        if missing:
+            raise ValueError(f"aws-asg executor: groups {missing} have no asg_name")
+        asgs = [g.asg_name for g in groups]
+        shared = sorted({a for a in asgs if asgs.count(a) > 1})
+        if shared:
+            raise ValueError(f"aws-asg executor: ASGs {shared} are named by more than one group")
+        self.groups = {g.name: g for g in groups}
+        self._group_of_asg = {g.asg_name: g.name for g in groups}
+        self.region = region
+        self.launch_times = launch_times
+        config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts},
+                        connect_timeout=connect_timeout, read_timeout=read_timeout)
+        session = session or boto3.Session(region_name=region)
+        self.client = client or session.client("autoscaling", region_name=region, endpoint_url=endpoint_url,
+                                               config=config)
+        self.ec2 = ec2_client
+        if self.ec2 is None and launch_times:
+            self.ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+        self._ec2_warned = False
+
+    @classmethod
+    def from_config(cls, config: SammConfig, **kw) -> "AwsAsgExecutor":
+        ex = config.executor
+        return cls(config.groups, region=ex.region, endpoint_url=ex.endpoint_url, max_attempts=ex.max_attempts, **kw)
+
+    # -- AWS calls -----------------------------------------------------------------------------
+    def _call(self, api: str, client: Any = None, **params) -> dict:
+        client = client or self.client
+        mutating = not api.startswith("Describe")
+        started = time.monotonic()
+        try:
+            out = getattr(client, xform_name(api))(**params)
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            attempts = exc.response.get("ResponseMetadata", {}).get("RetryAttempts")
+            fail = AwsCallError(api, err.get("Code", "Unknown"), err.get("Message", str(exc))[:_MAX_ERROR_TEXT],
+                                None if attempts is None else attempts + 1)
+        except (BotoCoreError, ResponseParserError) as exc:
+            # Connection errors, time-outs, and unparseable error bodies (moto's HTML HTTP 500;
+            # ResponseParserError is not a BotoCoreError).
+            fail = AwsCallError(api, type(exc).__name__, str(exc).splitlines()[0][:_MAX_ERROR_TEXT])
+        else:
+            attempts = out.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
+            log.log(logging.INFO if mutating else logging.DEBUG, "aws %s %s -> ok in %.2f s (%d attempt(s))",
+                    api, _brief(params), time.monotonic() - started, attempts)
+            return out
+        log.warning("aws %s %s -> %s (%.2f s)", api, _brief(params), fail, time.monotonic() - started)
+        raise fail
+
+    def _describe(self, asg_names: Iterable[str]) -> dict[str, dict]:
+        found: dict[str, dict] = {}
+        params: dict[str, Any] = {"AutoScalingGroupNames": list(asg_names)}
+        while True:
+            page = self._call("DescribeAutoScalingGroups", **params)
+            for g in page.get("AutoScalingGroups", []):
+                found[g["AutoScalingGroupName"]] = g
+            if not page.get("NextToken"):
+                return found
+            params["NextToken"] = page["NextToken"]
+
+    def _launch_times(self, instance_ids: list[str]) -> dict[str, float]:
+        """Launch times from EC2; best effort: without ec2:DescribeInstances (or when an instance
+        vanished between the two calls) times are unknown, which only weakens victim choice."""
+        if not self.launch_times or self.ec2 is None or not instance_ids:
+            return {}
+        times: dict[str, float] = {}
+        for i in range(0, len(instance_ids), _EC2_IDS_PER_CALL):
+            chunk = instance_ids[i:i + _EC2_IDS_PER_CALL]
+            try:
+                out = self._call("DescribeInstances", client=self.ec2, InstanceIds=chunk)
+            except AwsCallError as exc:
+                if not self._ec2_warned:
+                    log.warning("launch times unknown (%s); victims are chosen without them", exc)
+                    self._ec2_warned = True
+                continue
+            for res in out.get("Reservations", []):
+                for inst in res.get("Instances", []):
+                    if isinstance(inst.get("LaunchTime"), datetime):
+                        times[inst["InstanceId"]] = inst["LaunchTime"].timestamp()
+        return times
+
+    def _status(self, group: str, asg: dict, times: dict[str, float]) -> GroupStatus:
+        instances = []
+        for inst in asg.get("Instances", []):
+            state = _LIFECYCLE.get(inst.get("LifecycleState", ""))
+            if state is None:
+                log.debug("ASG %s: instance %s in %s left out", asg["AutoScalingGroupName"], inst.get("InstanceId"),
+                          inst.get("LifecycleState"))
+                continue
+            instances.append(Instance(group, inst["InstanceId"], state, times.get(inst["InstanceId"])))
+        return GroupStatus(group, int(asg["DesiredCapacity"]), int(asg["MinSize"]), int(asg["MaxSize"]),
+                           tuple(instances))
+
+    # -- the Executor contract -----------------------------------------------------------------
+    def inventory(self) -> dict[str, GroupStatus]:
+        """Every managed group that exists; a missing ASG is logged and left out (the guard then
+        reports the group as unknown)."""
+        try:
+            asgs = self._describe(self._group_of_asg)
+            ids = [i["InstanceId"] for a in asgs.values() for i in a.get("Instances", [])]
+            times = self._launch_times(ids)
+        except AwsCallError as exc:
+            raise ExecutorError(str(exc)) from None
+        for name in self._group_of_asg:
+            if name not in asgs:
+                log.warning("ASG %s (group %s) not found in %s", name, self._group_of_asg[name], self.region)
+        return {self._group_of_asg[n]: self._status(self._group_of_asg[n], a, times) for n, a in asgs.items()}
+
+    def apply(self, request: ScaleRequest) -> ActionResult:
+        detail: dict[str, Any] = {"group": request.group, "target": request.target,
+                                  "idempotency_key": request.idempotency_key}
+        try:
+            return self._apply(request, detail)
+        except AwsCallError as exc:
+            return ActionResult("failed", detail, str(exc))
+        except Exception as exc:  # never let one request take the control loop down
+            log.exception("apply %s failed unexpectedly", request)
+            return ActionResult("failed", detail, f"unexpected {type(exc).__name__}: {exc}")
+
+    def _apply(self, req: ScaleRequest, detail: dict) -> ActionResult:
+        cfg = self.groups.get(req.group)
+        if cfg is None:
+            return ActionResult("failed", detail, f"group {req.group!r} is not managed by this executor")
+        name = cfg.asg_name
+        detail["asg"] = name
+        asg = self._describe([name]).get(name)
+        if asg is None:
+            return ActionResult("failed", detail, f"DescribeAutoScalingGroups: ASG {name!r} not found in {self.region}")
+        desired, lo, hi = int(asg["DesiredCapacity"]), int(asg["MinSize"]), int(asg["MaxSize"])
+        detail["from"] = desired
+        # moto accepts any desired capacity; real AWS answers ValidationError. Refuse it here
+        # either way, before any call that changes something.
+        if not lo <= req.target <= hi:
+            which = f"MaxSize {hi}" if req.target > hi else f"MinSize {lo}"
+            return ActionResult("failed", detail,
+                                f"target {req.target} is outside ASG {name} bounds [{lo}, {hi}] ({which}); refused")
+        if desired == req.target:
+            detail["reason"] = "already at target"
+            return ActionResult("skipped", detail)
+
+        if desired < req.target:
+            self._call("SetDesiredCapacity", AutoScalingGroupName=name, DesiredCapacity=req.target,
+                       HonorCooldown=False)
+            detail["to"] = req.target
+            return ActionResult("succeeded", detail)
+
+        status = self._status(req.group, asg, self._launch_times([i["InstanceId"] for i in asg.get("Instances", [])]))
+        live = {i.instance_id for i in status.instances if i.state != "terminating"}
+        needed = desired - req.target
+        victims: list[str] = []
+        if req.victim is not None:
+            if req.victim in live:
+                victims.append(req.victim)
+            else:
+                # The capacity has not dropped yet (desired > target), so the decision still
+                # stands: remove another instance rather than none.
+                detail["victim_gone"] = req.victim
+        victims += choose_victims(status, needed - len(victims), exclude=victims)
+        if len(victims) < needed:
+            return ActionResult("failed", detail, f"ASG {name}: desired {desired} but only {len(live)} live "
+                                                  f"instance(s); cannot remove {needed}")
+        terminated, gone = [], []
+        for victim in victims:
+            try:
+                self._call("TerminateInstanceInAutoScalingGroup", InstanceId=victim,
+                           ShouldDecrementDesiredCapacity=True)
+                terminated.append(victim)
+            except AwsCallError:
+                # A victim that vanished between the describe and the call (health replacement,
+                # spot interruption, a concurrent replay) counts as done; anything else fails.
+                again = self._describe([name]).get(name) or {}
+                still = {i["InstanceId"] for i in again.get("Instances", [])
+                         if _LIFECYCLE.get(i.get("LifecycleState", "")) in ("pending", "running")}
+                if victim in still:
+                    detail.update(terminated=terminated)
+                    raise
+                gone.append(victim)
+        detail.update(terminated=terminated, to=req.target)
+        if gone:
+            detail["already_gone"] = gone
+        return ActionResult("succeeded", detail)
+
+    def close(self) -> None:
+        for c in (self.client, self.ec2):
+            if c is not None and hasattr(c, "close"):
+                c.close()
+
+
+def _brief(params: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items() if k != "NextToken")

@@ -1,0 +1,269 @@
+"""The Execute stage's guard: turns an agent's per-group wishes into the scale requests that are
+safe to perform now, and says why every other wish is not performed.
+
+Pure decision code in the style of the Kubernetes HPA's controller: no I/O and no clock reads
+(`now` is an argument), so every rule is tested with hand-made inventories and a fake clock, and
+a decision can be recomputed from what the knowledge base recorded.
+
+Rules, in the order they are checked for each group:
+1. the group must be known to both the configuration and the inventory;
+2. cool-down: a group that acted at t is blocked in BOTH directions until t + cooldown_s
+   (blocked while now < t + cooldown_s, allowed from exactly t + cooldown_s on). One window
+   for both directions, like an ASG's DefaultCooldown: right after a launch the new
+   instance's load is not visible yet, so an immediate scale-in would undo a decision that
+   has not been judged. An optional, longer scale-in stabilisation window
+   (`scale_in_stabilisation_s`) makes shrinking more reluctant than growing, as the HPA does;
+3. inventory in flux: while the group's live instances (pending + running) differ from its
+   desired capacity, the back-end is still converging (a launch not yet visible, a
+   termination not yet reflected) and a new target would be computed from a stale picture.
+   Optionally (`hold_scale_out_while_pending`) scale-out also waits while instances boot;
+   off by default because the simulator the policies were trained in allows it;
+4. bounds: the target never leaves [min, max], the tighter of the configured bounds and the
+   group's own; a larger step is clamped (+3 at max-1 becomes +1, with a note); a step at
+   the bound is not performed. A group already outside the configured range (the operator
+   lowered max) may still move towards it, never away;
+5. at most one request per group per decision, with `target` = desired at decision time +
+   the clamped delta: absolute, so replaying it changes nothing once it has been applied.
+   Replays of a recorded decision (`recorded`) return the recorded requests verbatim.
+
+Scale-in names a victim: pending instances first (newest first), then the newest running
+instance. A pending instance has done no work yet and its boot is the cheapest thing to
+throw away; among running ones, the newest has the least sunk work (warm caches, in-flight
+jobs) in this model, and under per-second billing no instance is closer to a paid-for hour
+than another. The executor may override the choice if it knows the load per instance.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Literal, Mapping, Protocol, Sequence
+
+from samm.execute.base import GroupStatus, Instance, ScaleRequest
+
+SkipReason = Literal["unknown_group", "no_change", "cooldown", "in_flux", "at_min", "at_max",
+                     "bounds_conflict"]
+
+
+class Bounds(Protocol):
+    """What the guard needs of a group's configuration (`samm.config.GroupConfig` fits)."""
+
+    name: str
+    min: int
+    max: int
+
+
+@dataclass(frozen=True)
+class PlannedAction:
+    """A request the guard lets through. `execute` is False in dry-run: the action is recorded
+    as what would have been done, and nothing is sent to the back-end."""
+
+    request: ScaleRequest
+    current: int  # desired capacity at decision time
+    requested_delta: int
+    delta: int  # after clamping to the bounds
+    execute: bool = True
+    notes: tuple[str, ...] = ()
+
+    @property
+    def group(self) -> str:
+        return self.request.group
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A wish the guard did not turn into a request, and why (`detail` is for people)."""
+
+    group: str
+    requested_delta: int
+    reason: SkipReason
+    detail: str
+    until: float | None = None  # end of the cool-down, for reason "cooldown"
+
+
+@dataclass(frozen=True)
+class GuardPlan:
+    decision_key: str
+    now: float
+    dry_run: bool
+    actions: tuple[PlannedAction, ...] = ()
+    skipped: tuple[Skipped, ...] = ()
+
+    @property
+    def requests(self) -> list[ScaleRequest]:
+        """The requests to send to the executor now (none in dry-run)."""
+        return [a.request for a in self.actions if a.execute]
+
+    def reasons(self) -> dict[str, str]:
+        """group -> why its wish was not (or not fully) performed, for logs and the record."""
+        out = {s.group: f"{s.reason}: {s.detail}" for s in self.skipped}
+        for a in self.actions:
+            why = list(a.notes) + ([] if a.execute else ["dry_run: not executed"])
+            if why:
+                out[a.group] = "; ".join(why)
+        return out
+
+
+def idempotency_key(decision_key: str, group: str) -> str:
+    return f"{decision_key}:{group}"
+
+
+def deltas_from_actions(mode: str, actions, group_names: Sequence[str]) -> dict[str, int]:
+    """One agent decision (batch of one) -> {group: delta}, through the simulator's own mapping
+    (`sim_bridge.actions.to_deltas`) so the daemon acts exactly as the policy was trained.
+    `group_names` are the groups in the order of the agent's `type_names`."""
+    from sim_bridge.actions import to_deltas
+
+    deltas = to_deltas(mode, actions, len(group_names))
+    if deltas.shape[0] != 1:
+        raise ValueError(f"expected the decision of one caller, got a batch of {deltas.shape[0]}")
+    return {g: int(d) for g, d in zip(group_names, deltas[0])}
+
+
+def after_action(cooldown_until: Mapping[str, float], group: str, now: float,
+                 cooldown_s: float) -> dict[str, float]:
+    """The cool-down map after `group` acted at `now` (a new dict; the input is not changed).
+    Call it for every attempted, non-dry-run request whatever its result: a call that failed
+    after its retries may still have acted on the back-end."""
+    out = dict(cooldown_until)
+    out[group] = max(out.get(group, -math.inf), now + cooldown_s)
+    return out
+
+
+def warming_instances(inventory: Mapping[str, GroupStatus], now: float,
+                      warmup_s: float) -> dict[str, tuple[Instance, ...]]:
+    """Per group, the instances still warming up: pending ones, and running ones launched less
+    than `warmup_s` ago. Running instances with no known launch time are not counted (they
+    cannot be told apart from old ones). Analyze leaves these instances' metrics out; this is
+    the same rule exposed for the decision record."""
+    out: dict[str, tuple[Instance, ...]] = {}
+    for name, status in inventory.items():
+        warm = tuple(i for i in status.instances
+                     if i.state == "pending"
+                     or (i.state == "running" and i.launched_at is not None and now - i.launched_at < warmup_s))
+        if warm:
+            out[name] = warm
+    return out
+
+
+def choose_victims(status: GroupStatus, count: int = 1, exclude: Iterable[str] = ()) -> list[str]:
+    """The instances to remove on scale-in, best first (see the module doc for why)."""
+    skip = set(exclude)
+    live = [i for i in status.instances if i.state != "terminating" and i.instance_id not in skip]
+
+    def key(i: Instance):
+        # Unknown launch times: a pending one was most likely just requested (newest); a running
+        # one cannot be placed, so it goes after those whose age is known.
+        if i.state == "pending":
+            age_rank = -(i.launched_at if i.launched_at is not None else math.inf)
+        else:
+            age_rank = -i.launched_at if i.launched_at is not None else math.inf
+        return (0 if i.state == "pending" else 1, age_rank, i.instance_id)
+
+    return [i.instance_id for i in sorted(live, key=key)[:max(count, 0)]]
+
+
+def effective_bounds(config: Bounds, status: GroupStatus) -> tuple[int, int]:
+    """The tighter of the configured bounds and the group's own."""
+    return max(config.min, status.min), min(config.max, status.max)
+
+
+def plan_scaling(deltas: Mapping[str, int], inventory: Mapping[str, GroupStatus],
+                 groups: Sequence[Bounds] | Mapping[str, Bounds], cooldown_until: Mapping[str, float],
+                 now: float, decision_key: str, dry_run: bool = False, warmup_s: float = 0.0,
+                 *, scale_in_stabilisation_s: float = 0.0, last_action_at: Mapping[str, float] | None = None,
+                 hold_scale_out_while_pending: bool = False,
+                 recorded: Mapping[str, ScaleRequest] | None = None) -> GuardPlan:
+    """Decide which of `deltas` ({group: +n / -n / 0}) to perform now.
+
+    `cooldown_until`: group -> time before which it may not act (see `after_action`).
+    `scale_in_stabilisation_s` with `last_action_at` (group -> time of its last action):
+    scale-in additionally waits until that time + the stabilisation window.
+    `recorded`: requests already recorded for this decision, by idempotency key; a replay of
+    the decision returns them unchanged instead of recomputing from a newer inventory.
+    `warmup_s` is not a gate here (warm-up is about metrics, handled in analyze); it only
+    feeds the notes, which say how many instances are still warming.
+    """
+    configs = dict(groups) if isinstance(groups, Mapping) else {g.name: g for g in groups}
+    recorded = recorded or {}
+    warming = warming_instances(inventory, now, warmup_s)
+    actions: list[PlannedAction] = []
+    skipped: list[Skipped] = []
+
+    # One entry per group: the mapping's keys are unique, so "one request per group" holds by
+    # construction; sorted for a stable order in records and logs.
+    for group in sorted(deltas):
+        asked = int(deltas[group])
+        key = idempotency_key(decision_key, group)
+
+        if key in recorded:
+            req = recorded[key]
+            status = inventory.get(group)
+            current = status.desired if status is not None else req.target
+            actions.append(PlannedAction(req, current, asked, req.target - current, execute=not dry_run,
+                                         notes=("replay of a recorded request",)))
+            continue
+
+        def skip(reason: SkipReason, detail: str, until: float | None = None) -> None:
+            skipped.append(Skipped(group, asked, reason, detail, until))
+
+        cfg, status = configs.get(group), inventory.get(group)
+        if cfg is None or status is None:
+            where = "configuration" if cfg is None else "inventory"
+            skip("unknown_group", f"group {group!r} is not in the {where}")
+            continue
+        if asked == 0:
+            skip("no_change", "the agent asked for no change")
+            continue
+
+        until = cooldown_until.get(group)
+        if until is not None and now < until:
+            skip("cooldown", f"cool-down until {until:.0f} ({until - now:.0f} s left)", until)
+            continue
+        if asked < 0 and scale_in_stabilisation_s > 0 and last_action_at:
+            acted = last_action_at.get(group)
+            if acted is not None and now < acted + scale_in_stabilisation_s:
+                t = acted + scale_in_stabilisation_s
+                skip("cooldown", f"scale-in stabilisation until {t:.0f} ({t - now:.0f} s left)", t)
+                continue
+
+        live = status.live
+        pending = sum(1 for i in status.instances if i.state == "pending")
+        if live != status.desired:
+            skip("in_flux", f"desired {status.desired} but {live} live instances: the group is still converging")
+            continue
+        if asked > 0 and hold_scale_out_while_pending and pending:
+            skip("in_flux", f"{pending} instance(s) still pending")
+            continue
+
+        lo, hi = effective_bounds(cfg, status)
+        if lo > hi:
+            skip("bounds_conflict", f"configured [{cfg.min}, {cfg.max}] and group [{status.min}, {status.max}] do not overlap")
+            continue
+        current = status.desired
+        # A group outside the range (the operator narrowed it) may move towards it, never away.
+        if asked > 0:
+            target = min(current + asked, hi) if current < hi else current
+        else:
+            target = max(current + asked, lo) if current > lo else current
+        delta = target - current
+        if delta == 0:
+            if asked > 0:
+                skip("at_max", f"desired {current} is {'at' if current == hi else 'above'} max {hi}")
+            else:
+                skip("at_min", f"desired {current} is {'at' if current == lo else 'below'} min {lo}")
+            continue
+
+        notes: list[str] = []
+        if delta != asked:
+            bound = f"max {hi}" if asked > 0 else f"min {lo}"
+            notes.append(f"clamped {asked:+d} to {delta:+d} by {bound}")
+        if group in warming:
+            notes.append(f"{len(warming[group])} instance(s) still warming up")
+        victim = None
+        if delta < 0:
+            victims = choose_victims(status, 1)
+            victim = victims[0] if victims else None
+        actions.append(PlannedAction(ScaleRequest(group, target, key, victim), current, asked, delta,
+                                     execute=not dry_run, notes=tuple(notes)))
+
+    return GuardPlan(decision_key, now, dry_run, tuple(actions), tuple(skipped))
