@@ -175,7 +175,7 @@ def test_samm_serve_runs_uvicorn_on_loopback(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, SAMM_SERVICE_TOKEN=TOKEN)
+    env = dict(os.environ, SAMM_SERVICE__TOKEN=TOKEN)
     proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--port", str(port),
                              "--agent", "lstm-ppo", "--agent", "queue"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -59,7 +59,7 @@ def make_executor(cfg: SammConfig) -> Executor:
     if kind == "docker":
         from samm.execute.docker_exec import DockerExecutor
 
-        return DockerExecutor(cfg.groups, base_url=os.environ.get("DOCKER_HOST"))
+        return DockerExecutor(cfg.groups, base_url=cfg.executor.endpoint_url or os.environ.get("DOCKER_HOST"))
     raise ConfigurationProblem(f"executor kind {kind!r} is built with its managed system (see build_daemon)")
 
 

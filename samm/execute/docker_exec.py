@@ -1,0 +1,312 @@
+"""Docker executor: a group's instances are containers on one Docker engine.
+
+Each container carries the labels `samm.namespace=<namespace>` and `samm.group=<group>` (plus the
+group's optional `docker_label`, `key=value` or `key`), runs the group's image with a CPU limit of
+`cores` (CFS period/quota: the engine refuses to mix NanoCpus with period/quota, and only
+period/quota can be changed live) and a memory limit of `ram_gb`, and is named
+`<namespace>-<group>-<n>` (`samm-web-3` with the default namespace). Scaling is synchronous:
+`apply` returns once the containers are started or removed, so there is no separate "desired"
+state to keep: desired capacity is the live count. Exited containers are reaped and replaced.
+
+`set_cpu_limit` changes a running container's CPU quota in place (for agents that allocate cores
+per container) and `container_stats` reads CPU, memory working set and throttling from the
+engine's stats endpoint.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import docker
+import requests
+
+from samm.config import GroupConfig
+from samm.execute.base import ActionResult, Executor, ExecutorError, GroupStatus, Instance, InstanceState, ScaleRequest
+
+log = logging.getLogger(__name__)
+
+CPU_PERIOD_US = 100_000
+MIN_CPU_QUOTA_US = 1_000  # the kernel refuses CFS quotas under 1 ms
+DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "infinity")
+LABEL_GROUP = "samm.group"
+LABEL_NAMESPACE = "samm.namespace"
+LABEL_REQUEST = "samm.request"
+
+_STATE: dict[str, InstanceState] = {
+    "running": "running",
+    "paused": "running",  # still holds its resources
+    "created": "pending",
+    "restarting": "pending",
+    "removing": "terminating",
+    "exited": "terminating",
+    "dead": "terminating",
+}
+_DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
+T = TypeVar("T")
+
+
+class _CallFailed(Exception):
+    def __init__(self, call: str, exc: BaseException) -> None:
+        super().__init__(f"docker {call} failed: {type(exc).__name__}: {exc}")
+        self.call = call
+
+
+def _call(name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Runs one engine call, turning any engine or connection error into one that names it."""
+    try:
+        return fn(*args, **kwargs)
+    except _DOCKER_ERRORS as exc:
+        raise _CallFailed(name, exc) from exc
+
+
+def parse_docker_time(value: str | None) -> float | None:
+    """Docker's RFC 3339 timestamps with nanoseconds -> epoch seconds; None for the zero time."""
+    if not value or value.startswith("0001-01-01"):
+        return None
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)?$", value)
+    if not m:
+        return None
+    base, frac, tz = m.groups()
+    tz = "+00:00" if tz in (None, "Z") else tz
+    stamp = datetime.fromisoformat(f"{base}{tz}").astimezone(timezone.utc).timestamp()
+    return stamp + (float(f"0.{frac}") if frac else 0.0)
+
+
+def _parse_label(spec: str | None) -> dict[str, str]:
+    if not spec:
+        return {}
+    key, _, value = spec.partition("=")
+    return {key.strip(): value.strip()} if key.strip() else {}
+
+
+def cpu_quota_for(cores: float) -> int:
+    """CFS quota (µs per 100 ms period) giving `cores` CPUs."""
+    if not isinstance(cores, (int, float)) or isinstance(cores, bool) or not math.isfinite(cores) or cores <= 0:
+        raise ValueError(f"cores must be a positive finite number, got {cores!r}")
+    return max(MIN_CPU_QUOTA_US, int(round(cores * CPU_PERIOD_US)))
+
+
+def stats_summary(stats: Mapping[str, Any]) -> dict[str, float | None]:
+    """One engine stats sample (with its `precpu_stats`) -> cpu_percent (100 = one core),
+    mem_working_set_bytes and throttle_ratio (share of CFS periods that were throttled)."""
+    cpu, pre = stats.get("cpu_stats") or {}, stats.get("precpu_stats") or {}
+    d_total = (cpu.get("cpu_usage") or {}).get("total_usage", 0) - (pre.get("cpu_usage") or {}).get("total_usage", 0)
+    d_system = cpu.get("system_cpu_usage", 0) - pre.get("system_cpu_usage", 0)
+    online = cpu.get("online_cpus") or len((cpu.get("cpu_usage") or {}).get("percpu_usage") or []) or 1
+    # Without a previous sample the delta spans the host's uptime and means nothing.
+    cpu_percent = d_total / d_system * online * 100.0 if d_system > 0 and pre.get("system_cpu_usage") else None
+    thr, pre_thr = cpu.get("throttling_data") or {}, pre.get("throttling_data") or {}
+    d_periods = thr.get("periods", 0) - pre_thr.get("periods", 0)
+    d_throttled = thr.get("throttled_periods", 0) - pre_thr.get("throttled_periods", 0)
+    throttle_ratio = d_throttled / d_periods if d_periods > 0 else 0.0
+    mem = stats.get("memory_stats") or {}
+    usage = mem.get("usage")
+    working_set = None
+    if usage is not None:
+        detail = mem.get("stats") or {}
+        inactive = detail.get("total_inactive_file", detail.get("inactive_file", 0))  # cgroup v1 / v2
+        working_set = max(0, usage - inactive)
+    return {"cpu_percent": cpu_percent, "mem_working_set_bytes": working_set, "throttle_ratio": throttle_ratio}
+
+
+class DockerExecutor(Executor):
+    kind = "docker"
+
+    def __init__(
+        self,
+        groups: Sequence[GroupConfig],
+        client: docker.DockerClient | None = None,
+        *,
+        base_url: str | None = None,
+        namespace: str = "samm",
+        commands: Mapping[str, Sequence[str]] | None = None,
+        network: str | None = None,
+        stop_timeout_s: int = 10,
+        timeout_s: int = 30,
+    ) -> None:
+        """`client` wins over `base_url`; with neither, the environment (DOCKER_HOST) is used.
+        The client is made on first use, so a down engine fails calls, not construction.
+        `commands` maps a group name to its containers' command (default: sleep forever)."""
+        self.groups = {g.name: g for g in groups}
+        if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", namespace):
+            raise ValueError(f"namespace {namespace!r} must match [a-zA-Z0-9][a-zA-Z0-9_.-]* (it prefixes container names)")
+        self.namespace = namespace
+        self.commands = {k: list(v) for k, v in (commands or {}).items()}
+        unknown = sorted(set(self.commands) - set(self.groups))
+        if unknown:
+            raise ValueError(f"commands given for unknown groups {unknown}")
+        self.network = network
+        self.stop_timeout_s = stop_timeout_s
+        self.timeout_s = timeout_s
+        self._base_url = base_url
+        self._client = client
+
+    # -- engine access -------------------------------------------------------------------------
+    def _docker(self) -> docker.DockerClient:
+        if self._client is None:
+            if self._base_url:
+                self._client = _call("connect", docker.DockerClient, base_url=self._base_url, timeout=self.timeout_s)
+            else:
+                self._client = _call("connect", docker.from_env, timeout=self.timeout_s)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def _labels(self, group: str) -> dict[str, str]:
+        return {LABEL_NAMESPACE: self.namespace, LABEL_GROUP: group}
+
+    def _containers(self, group: str) -> list:
+        filters = {"label": [f"{k}={v}" for k, v in self._labels(group).items()]}
+        return _call("containers.list", self._docker().containers.list, all=True, filters=filters,
+                     ignore_removed=True)
+
+    # -- Executor ------------------------------------------------------------------------------
+    def inventory(self) -> dict[str, GroupStatus]:
+        """Raises ExecutorError naming the engine call when the engine cannot be reached."""
+        result = {}
+        try:
+            for name, cfg in self.groups.items():
+                instances = tuple(self._instance(name, c) for c in self._containers(name))
+                live = sum(1 for i in instances if i.state != "terminating")
+                result[name] = GroupStatus(name=name, desired=live, min=cfg.min, max=cfg.max, instances=instances)
+        except _CallFailed as exc:
+            raise ExecutorError(str(exc)) from exc
+        return result
+
+    @staticmethod
+    def _instance(group: str, container) -> Instance:
+        state = container.attrs.get("State") or {}
+        status = state.get("Status") if isinstance(state, dict) else state
+        return Instance(group=group, instance_id=container.name, state=_STATE.get(status or "", "pending"),
+                        launched_at=parse_docker_time(state.get("StartedAt") if isinstance(state, dict) else None))
+
+    def apply(self, request: ScaleRequest) -> ActionResult:
+        cfg = self.groups.get(request.group)
+        if cfg is None:
+            return ActionResult("failed", {"group": request.group},
+                                f"unknown group {request.group!r} (known: {sorted(self.groups)})")
+        if not isinstance(request.target, int) or not cfg.min <= request.target <= cfg.max:
+            return ActionResult("failed", {"group": cfg.name, "target": request.target},
+                                f"target {request.target!r} outside [{cfg.min}, {cfg.max}] of group {cfg.name!r}")
+        if not cfg.docker_image:
+            return ActionResult("failed", {"group": cfg.name}, f"group {cfg.name!r} has no docker_image")
+        detail: dict[str, Any] = {"group": cfg.name, "target": request.target, "started": [], "removed": [],
+                                  "reaped": []}
+        try:
+            containers = self._containers(cfg.name)
+            # Exited or dead instances are replaced, not restarted, as an ASG replaces unhealthy
+            # instances; removing them keeps names free and inventories short.
+            for c in containers:
+                if _STATE.get(c.status) == "terminating" and c.status != "removing":
+                    _call("container.remove", c.remove, v=True, force=True)
+                    detail["reaped"].append(c.name)
+            live = [c for c in containers if _STATE.get(c.status, "pending") != "terminating"]
+            detail["live_before"] = len(live)
+            if len(live) == request.target:
+                return ActionResult("skipped", detail | {"live": len(live), "reason": "target already met"})
+            if len(live) < request.target:
+                taken = {c.name for c in containers}
+                for _ in range(request.target - len(live)):
+                    detail["started"].append(self._start_one(cfg, request, taken))
+            else:
+                for c in self._victims(live, len(live) - request.target, request.victim, detail):
+                    _call("container.stop", c.stop, timeout=self.stop_timeout_s)
+                    _call("container.remove", c.remove, v=True)
+                    detail["removed"].append(c.name)
+            detail["live"] = request.target
+            return ActionResult("succeeded", detail)
+        except _CallFailed as exc:
+            log.warning("scaling %s to %d failed: %s", cfg.name, request.target, exc)
+            return ActionResult("failed", detail | {"call": exc.call}, str(exc))
+        except Exception as exc:  # never raise out of apply: the daemon loop must keep running
+            log.exception("scaling %s to %d failed", cfg.name, request.target)
+            return ActionResult("failed", detail, f"docker executor: {type(exc).__name__}: {exc}")
+
+    def _start_one(self, cfg: GroupConfig, request: ScaleRequest, taken: set[str]) -> str:
+        labels = self._labels(cfg.name) | _parse_label(cfg.docker_label) | {LABEL_REQUEST: request.idempotency_key[:200]}
+        kwargs: dict[str, Any] = dict(
+            image=cfg.docker_image,
+            command=self.commands.get(cfg.name, list(DEFAULT_COMMAND)),
+            labels=labels,
+            cpu_period=CPU_PERIOD_US,
+            cpu_quota=cpu_quota_for(cfg.cores),
+            mem_limit=int(cfg.ram_gb * 2**30),
+            init=True,  # without an init, PID 1 ignores SIGTERM and every stop waits its full timeout
+            detach=True,
+        )
+        if self.network:
+            kwargs["network"] = self.network
+        pattern = re.compile(rf"{re.escape(self.namespace)}-{re.escape(cfg.name)}-(\d+)")
+        for attempt in range(5):
+            index = 1 + max((int(m.group(1)) for n in taken if (m := pattern.fullmatch(n))), default=0)
+            name = f"{self.namespace}-{cfg.name}-{index}"
+            taken.add(name)
+            try:
+                container = _call("containers.create", self._docker().containers.create, name=name, **kwargs)
+                break
+            except _CallFailed as exc:
+                # Someone else (another daemon, a human) took the name meanwhile: use the next one.
+                cause = exc.__cause__
+                if attempt == 4 or getattr(cause, "status_code", None) != 409:
+                    raise
+        try:
+            _call("container.start", container.start)
+        except _CallFailed:
+            # A created-but-never-started container would count as pending forever.
+            try:
+                container.remove(force=True)
+            except _DOCKER_ERRORS:
+                pass
+            raise
+        return name
+
+    @staticmethod
+    def _victims(live: list, count: int, victim: str | None, detail: dict) -> list:
+        """The requested victim first, then the newest instances (the least warmed-up)."""
+        chosen = []
+        if victim:
+            match = [c for c in live if victim in (c.name, c.id) or (len(victim) >= 12 and c.id.startswith(victim))]
+            if match:
+                chosen.append(match[0])
+            else:
+                detail["victim_missing"] = victim
+        newest_first = sorted(
+            (c for c in live if c not in chosen),
+            key=lambda c: (parse_docker_time((c.attrs.get("State") or {}).get("StartedAt")) or math.inf,
+                           c.attrs.get("Created", "")),
+            reverse=True,
+        )
+        return (chosen + newest_first)[:count]
+
+    # -- per-container control -----------------------------------------------------------------
+    def set_cpu_limit(self, container: str, cores: float) -> ActionResult:
+        """Changes a running container's CPU limit in place (no restart)."""
+        try:
+            quota = cpu_quota_for(cores)
+        except ValueError as exc:
+            return ActionResult("failed", {"container": container, "cores": cores}, str(exc))
+        detail = {"container": container, "cores": cores, "cpu_period": CPU_PERIOD_US, "cpu_quota": quota}
+        try:
+            c = _call("containers.get", self._docker().containers.get, container)
+            _call("container.update", c.update, cpu_period=CPU_PERIOD_US, cpu_quota=quota)
+        except _CallFailed as exc:
+            return ActionResult("failed", detail | {"call": exc.call}, str(exc))
+        return ActionResult("succeeded", detail)
+
+    def container_stats(self, container: str) -> dict[str, float | None]:
+        """cpu_percent (100 = one full core; None without a previous sample),
+        mem_working_set_bytes and throttle_ratio over the engine's last ~1 s sample.
+        Takes about a second. Raises ExecutorError naming the call on engine errors."""
+        try:
+            c = _call("containers.get", self._docker().containers.get, container)
+            raw = _call("container.stats", c.stats, stream=False)
+        except _CallFailed as exc:
+            raise ExecutorError(str(exc)) from exc
+        return stats_summary(raw) | {"read_at": time.time()}
