@@ -41,3 +41,6 @@ def no_jvm_survives():
 @pytest.fixture(scope="session")
 def gateway_jar():
     return find_jar()
+
+
+from fixtures_graphite import graphite, graphite_prefix  # noqa: E402,F401  (real Graphite fixtures)

@@ -22,6 +22,7 @@ from torch import nn, optim
 from .buffer import RolloutBuffer
 from .config import PPOConfig
 from .network import LstmActorCritic
+from .rollout_policy import RolloutPolicy
 from .normalize import RunningMeanStd
 
 
@@ -93,6 +94,48 @@ class TrainResult:
     wall_seconds: float = 0.0
 
 
+def ppo_update(net: LstmActorCritic, opt: optim.Optimizer, buf: RolloutBuffer, cfg: PPOConfig,
+               sample_gen: torch.Generator) -> dict[str, list[float]]:
+    """Epochs over minibatches of BPTT chunks, clipped surrogate and value losses, early stop
+    past `target_kl`. Returns the per-minibatch statistics."""
+    net.train()
+    stats: dict[str, list[float]] = {"pg_loss": [], "v_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
+    for _ in range(cfg.update_epochs):
+        for mb in buf.chunks(cfg.bptt_chunk, cfg.num_minibatches, sample_gen):
+            logits, values, _ = net.unroll(mb.obs, mb.state, mb.episode_starts, final_state=False)
+            dist = net.dist(logits)
+            newlogprob = dist.log_prob(mb.actions)
+            entropy = dist.entropy().mean()
+            logratio = newlogprob - mb.logprobs
+            ratio = logratio.exp()
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - logratio).mean()
+                clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
+
+            adv = mb.advantages
+            if cfg.norm_adv:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+
+            if cfg.clip_vloss:
+                v_clipped = mb.values + (values - mb.values).clamp(-cfg.clip_coef, cfg.clip_coef)
+                v_loss = 0.5 * torch.max((values - mb.returns) ** 2, (v_clipped - mb.returns) ** 2).mean()
+            else:
+                v_loss = 0.5 * ((values - mb.returns) ** 2).mean()
+
+            loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(net.parameters(), cfg.max_grad_norm, foreach=True)
+            opt.step()
+            values_of = torch.stack([pg_loss, v_loss, entropy, approx_kl, clipfrac]).detach().tolist()
+            for k, v in zip(stats, values_of):
+                stats[k].append(v)
+            if cfg.target_kl is not None and values_of[3] > cfg.target_kl:
+                return stats
+    return stats
+
+
 def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str | Path | None = None,
           resume: bool = False, progress: bool = True,
           on_update: Callable[[int, LstmActorCritic, RunningMeanStd | None], bool | None] | None = None) -> TrainResult:
@@ -110,6 +153,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     torch.set_num_threads(max(1, cfg.torch_threads))
     device = pick_device(cfg.device)
     sample_gen = torch.Generator().manual_seed(cfg.seed + 1)  # minibatch order
+    sample_rng = np.random.default_rng(cfg.seed + 2)  # actions during rollouts
 
     envs = make_envs(cfg.num_envs, cfg.seed)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
@@ -120,7 +164,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     if cfg.initial_noop_prob > 0:
         # no-op: action 0 of a Discrete space (the paper's "nothing"), 1 (keep) of each per-type dim
         net.bias_towards((0,) if discrete else (1,) * len(nvec), cfg.initial_noop_prob)
-    opt = optim.Adam(net.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    opt = optim.Adam(net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
     obs_rms = RunningMeanStd((obs_dim,)) if cfg.norm_obs else None
     ret_rms = RunningMeanStd(()) if cfg.norm_reward else None
     start_update, global_step = 0, 0
@@ -135,20 +179,24 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
         ret_rms = RunningMeanStd.from_dict(ck["ret_rms"]) if ck.get("ret_rms") else ret_rms
         torch.set_rng_state(ck["torch_rng"])
         sample_gen.set_state(ck["sample_rng"])
+        if ck.get("action_rng"):
+            sample_rng.bit_generator.state = ck["action_rng"]
 
     logger = TrainLogger(out)
     buf = RolloutBuffer(cfg.num_steps, cfg.num_envs, obs_dim, len(nvec), cfg.lstm_hidden, device)
+    policy = RolloutPolicy(net, sample_rng)
 
-    def norm_obs(o: np.ndarray) -> torch.Tensor:
+    def norm_obs(o: np.ndarray) -> np.ndarray:
         o = np.asarray(o, dtype=np.float32)
         if obs_rms is not None:
             o = np.clip((o - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10).astype(np.float32)
-        return torch.as_tensor(o, device=device)
+        return o
 
     # ---- the loop ------------------------------------------------------------------------
     raw_obs, _ = envs.reset(seed=cfg.seed + 1000 * start_update)
-    state = net.initial_state(cfg.num_envs, device)
-    episode_start = torch.ones(cfg.num_envs, device=device)
+    h = np.zeros((cfg.num_envs, cfg.lstm_hidden), dtype=np.float32)
+    c = np.zeros_like(h)
+    episode_start = np.ones(cfg.num_envs, dtype=np.float32)
     disc_return = np.zeros(cfg.num_envs)  # for reward scaling
     ep_return = np.zeros(cfg.num_envs)
     ep_len = np.zeros(cfg.num_envs, dtype=np.int64)
@@ -168,19 +216,14 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
         if cfg.anneal_lr:
             opt.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / cfg.num_updates)
 
-        # -- collect a rollout --------------------------------------------------------------
-        net.eval()
+        # -- collect a rollout (NumPy forward with the current weights) -----------------------
+        policy.sync(net)
         for t in range(cfg.num_steps):
             if obs_rms is not None:
                 obs_rms.update(np.asarray(raw_obs, dtype=np.float64))
             obs = norm_obs(raw_obs)
-            with torch.no_grad():
-                logits, value, new_state = net.step(obs, state, episode_start)
-                dist = net.dist(logits)
-                action = dist.sample()
-                logprob = dist.log_prob(action)
-            env_action = action[:, 0].cpu().numpy() if discrete else action.cpu().numpy()
-            raw_obs, reward, term, trunc, info = envs.step(env_action)
+            action, logprob, value, new_h, new_c = policy.step(obs, h, c, episode_start)
+            raw_obs, reward, term, trunc, info = envs.step(action[:, 0] if discrete else action)
             global_step += cfg.num_envs
             reward = np.asarray(reward, dtype=np.float64)
             done = np.logical_or(term, trunc)
@@ -190,12 +233,13 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
             ep_len += 1
             ep_vm_cost += np.asarray(info.get("vm_cost", 0.0))
             ep_wait += np.asarray(info.get("wait_penalty", 0.0))
-            for i in np.nonzero(done)[0]:
-                row = {"global_step": global_step, "return": ep_return[i], "length": int(ep_len[i]),
-                       "vm_cost": ep_vm_cost[i], "wait_penalty": ep_wait[i], "terminated": bool(term[i])}
-                episodes.append(row)
-                logger.episode(row)
-                ep_return[i] = ep_len[i] = ep_vm_cost[i] = ep_wait[i] = 0
+            if done.any():
+                for i in np.nonzero(done)[0]:
+                    row = {"global_step": global_step, "return": ep_return[i], "length": int(ep_len[i]),
+                           "vm_cost": ep_vm_cost[i], "wait_penalty": ep_wait[i], "terminated": bool(term[i])}
+                    episodes.append(row)
+                    logger.episode(row)
+                    ep_return[i] = ep_len[i] = ep_vm_cost[i] = ep_wait[i] = 0
 
             # reward scaling by the running std of the discounted return (as VecNormalize)
             if ret_rms is not None:
@@ -203,69 +247,27 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
                 ret_rms.update(disc_return)
                 reward = np.clip(reward / np.sqrt(ret_rms.var + 1e-8), -cfg.reward_clip, cfg.reward_clip)
                 disc_return[done] = 0.0
-            reward_t = torch.as_tensor(reward, dtype=torch.float32, device=device)
+            reward = reward.astype(np.float32)
 
             # truncation is not termination: bootstrap from the real final observation
             if np.any(trunc):
                 idx = np.nonzero(trunc)[0]
-                idx_t = torch.as_tensor(idx, device=device)
                 final = norm_obs(np.asarray(info["final_obs"])[idx])
-                with torch.no_grad():
-                    sub = (new_state[0][:, idx_t], new_state[1][:, idx_t])
-                    _, v_final, _ = net.step(final, sub, torch.zeros(len(idx), device=device))
-                reward_t[idx_t] += cfg.gamma * v_final
+                v_final = policy.value(final, new_h[idx], new_c[idx], np.zeros(len(idx), dtype=np.float32))
+                reward[idx] += cfg.gamma * v_final
 
-            buf.add(t, obs, action, logprob, reward_t, value, episode_start, state)
-            state = new_state
-            episode_start = torch.as_tensor(done, dtype=torch.float32, device=device)
+            buf.add(t, obs, action, logprob, reward, value, episode_start, (h, c))
+            h, c = new_h, new_c
+            episode_start = done.astype(np.float32)
 
-        with torch.no_grad():
-            _, next_value, _ = net.step(norm_obs(raw_obs), state, episode_start)
+        next_value = policy.value(norm_obs(raw_obs), h, c, episode_start)
         buf.finish(next_value, episode_start, cfg.gamma, cfg.gae_lambda)
 
         # -- learn from it: epochs over minibatches of BPTT chunks ---------------------------
-        net.train()
-        stats = {"pg_loss": [], "v_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
-        stop = False
-        for _ in range(cfg.update_epochs):
-            for mb in buf.chunks(cfg.bptt_chunk, cfg.num_minibatches, sample_gen):
-                logits, values, _ = net.unroll(mb.obs, mb.state, mb.episode_starts)
-                dist = net.dist(logits)
-                newlogprob = dist.log_prob(mb.actions)
-                entropy = dist.entropy().mean()
-                logratio = newlogprob - mb.logprobs
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
-
-                adv = mb.advantages
-                if cfg.norm_adv:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-
-                if cfg.clip_vloss:
-                    v_clipped = mb.values + (values - mb.values).clamp(-cfg.clip_coef, cfg.clip_coef)
-                    v_loss = 0.5 * torch.max((values - mb.returns) ** 2, (v_clipped - mb.returns) ** 2).mean()
-                else:
-                    v_loss = 0.5 * ((values - mb.returns) ** 2).mean()
-
-                loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
-                opt.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(net.parameters(), cfg.max_grad_norm)
-                opt.step()
-                for k, v in (("pg_loss", pg_loss), ("v_loss", v_loss), ("entropy", entropy),
-                             ("approx_kl", approx_kl), ("clipfrac", clipfrac)):
-                    stats[k].append(float(v.detach()))
-                if cfg.target_kl is not None and approx_kl > cfg.target_kl:
-                    stop = True
-                    break
-            if stop:
-                break
+        stats = ppo_update(net, opt, buf, cfg, sample_gen)
 
         # -- log, checkpoint, callbacks ------------------------------------------------------
-        y_pred, y_true = buf.values.flatten().cpu().numpy(), buf.returns.flatten().cpu().numpy()
+        y_pred, y_true = buf.values.ravel(), buf.returns.ravel()
         var_y = np.var(y_true)
         recent = episodes[-20:]
         elapsed = time.perf_counter() - started
@@ -290,7 +292,8 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
             torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "update": update + 1,
                         "global_step": global_step, "obs_rms": obs_rms.to_dict() if obs_rms else None,
                         "ret_rms": ret_rms.to_dict() if ret_rms else None, "torch_rng": torch.get_rng_state(),
-                        "sample_rng": sample_gen.get_state(), "config": cfg.to_dict()}, ckpt_path)
+                        "sample_rng": sample_gen.get_state(),
+                        "action_rng": sample_rng.bit_generator.state, "config": cfg.to_dict()}, ckpt_path)
         if on_update is not None and on_update(update + 1, net, obs_rms):
             break
 

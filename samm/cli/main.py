@@ -392,7 +392,7 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
 @click.option("--port", type=int, default=8080, show_default=True)
 @click.option("--agent", "agents", multiple=True, default=("lstm-ppo",), show_default=True,
               help="Hosted agent: NAME (shipped policy or default parameters) or NAME=POLICY_DIR; repeatable.")
-@click.option("--token-env", default="SAMM_SERVICE_TOKEN", show_default=True,
+@click.option("--token-env", default="SAMM_SERVICE__TOKEN", show_default=True,
               help="Environment variable holding the bearer token for policy uploads (unset: uploads disabled).")
 @click.option("--session-ttl", type=float, default=3600.0, show_default=True, help="Seconds before an idle session's state is dropped.")
 @click.option("--store", type=click.Path(file_okay=False), default=None, help="Where uploaded policies are kept.")
@@ -421,6 +421,95 @@ def serve(host, port, agents, token_env, session_ttl, store) -> None:
     click.echo(f"serving {registry.names()} on http://{host}:{port} (uploads {'enabled' if token else 'disabled'})", err=True)
     uvicorn.run(create_app(registry, token=token, session_ttl_s=session_ttl), host=host, port=port,
                 log_level="warning", access_log=False)
+
+
+@cli.command("collect")
+@click.option("--graphite", "graphite_addr", default="127.0.0.1:2003", show_default=True, help="Carbon plaintext HOST:PORT.")
+@click.option("--prefix", default="samm", show_default=True, help="Metric prefix (docs/metric-naming.md).")
+@click.option("--group", required=True, help="Resource group (VM type) this instance belongs to.")
+@click.option("--instance", default=None, help="Instance id as the executor knows it (default: the host name).")
+@click.option("--interval", type=float, default=10.0, show_default=True, help="Seconds between reports.")
+@click.option("--cores", type=float, default=None, help="Express CPU as a share of this many cores (default: all online CPUs).")
+@click.option("--pid", type=int, default=None, help="Measure this process and its children instead of the whole host.")
+@click.option("--once", is_flag=True, help="Send one report (after a 1 s measurement) and exit.")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds (default: run until killed).")
+def collect(graphite_addr, prefix, group, instance, interval, cores, pid, once, duration) -> None:
+    """Report this instance's CPU busy share, RAM in use and heartbeat to Graphite every
+    --interval seconds (a dead Graphite is logged, never fatal)."""
+    import logging
+    import socket
+
+    import psutil
+
+    from samm.monitor.collector import HostSampler, InstanceReporter, parse_host_port, run_collector
+    from samm.monitor.graphite_client import GraphiteSender
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        host, port = parse_host_port(graphite_addr)
+        sampler = HostSampler(cores=cores, pid=pid)
+    except ValueError as exc:
+        _fail(str(exc))
+    except psutil.NoSuchProcess:
+        _fail(f"--pid {pid}: no such process")
+    if not interval > 0:
+        _fail(f"--interval must be positive, got {interval}")
+    instance = instance or socket.gethostname()
+    sender = GraphiteSender(host, port)
+    reporter = InstanceReporter(sender, prefix, group, instance)
+    try:
+        n = run_collector(reporter, sampler, interval, once=once, duration_s=duration)
+    except KeyboardInterrupt:
+        n = sender.sent // 3
+    click.echo(f"sent {n} report(s) for {group}/{instance} to {host}:{port} ({sender.dropped} point(s) dropped)", err=True)
+
+
+@cli.command("run")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
+              help="Daemon config YAML (see deploy/configs/samm.example.yaml).")
+@click.option("--iterations", type=int, default=None, help="Stop after this many iterations (default: run until SIGTERM).")
+@click.option("--dry-run", is_flag=True, help="Decide and record, never act (overrides executor.dry_run).")
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON line per iteration.")
+def run_cmd(config_path, iterations, dry_run, log_level, as_json) -> None:
+    """Run the MAPE-K daemon in the foreground: monitor -> analyze -> plan -> execute -> record,
+    once per interval. SIGTERM finishes the current iteration and exits 0."""
+    import json
+    import logging
+
+    from samm.config import ConfigError, load_config
+    from samm.daemon.build import ConfigurationProblem
+    from samm.daemon.runner import run_daemon
+    from samm.knowledge.store import KnowledgeError
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(config_path)
+        if dry_run:
+            cfg = cfg.model_copy(update={"executor": cfg.executor.model_copy(update={"dry_run": True})})
+    except ConfigError as exc:
+        click.echo(f"invalid config:\n{exc}", err=True)
+        sys.exit(2)
+
+    def show(rep):
+        if as_json:
+            click.echo(json.dumps({"key": rep.key, "status": rep.status, "reasons": rep.reasons,
+                                   "features": rep.features, "action": rep.plan.action if rep.plan else None,
+                                   "action_name": rep.plan.action_name if rep.plan else None,
+                                   "source": rep.plan.source if rep.plan else "none",
+                                   "actions": [{k: a.get(k) for k in ("group", "status", "target", "error")}
+                                               for a in rep.actions],
+                                   "inventory": rep.inventory, "iteration_ms": round(rep.iteration_ms, 3)}), nl=True)
+
+    try:
+        code, runner = run_daemon(cfg, max_iterations=iterations, on_iteration=show)
+    except (ConfigurationProblem, KnowledgeError) as exc:
+        click.echo(f"cannot start: {exc}", err=True)
+        sys.exit(2)
+    system = runner.daemon.system
+    if system is not None and system.last is not None:
+        click.echo(json.dumps({"simulation": system.totals()}) if as_json else f"simulation: {system.totals()}", err=not as_json)
+    sys.exit(code)
 
 
 @cli.group("config")
