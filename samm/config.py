@@ -98,7 +98,7 @@ class KnowledgeConfig(Strict):
 
 class ServiceConfig(Strict):
     host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=1, le=65535)
+    port: int = Field(default=8000, ge=1, le=65535)
     token: SecretStr | None = None
     session_ttl_s: float = Field(default=3600.0, gt=0)
 

@@ -389,7 +389,7 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
 
 @cli.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
-@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--agent", "agents", multiple=True, default=("lstm-ppo",), show_default=True,
               help="Hosted agent: NAME (shipped policy or default parameters) or NAME=POLICY_DIR; repeatable.")
 @click.option("--token-env", default="SAMM_SERVICE__TOKEN", show_default=True,

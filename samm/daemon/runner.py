@@ -70,6 +70,18 @@ class DaemonRunner:
         elif event.code == EVENT_JOB_MISSED:
             log.warning("iteration missed its run time (the previous one overran)")
 
+    def _first_run(self) -> datetime:
+        """Live sources read the last complete interval once `lateness_s` has passed after its
+        end, so iterations are phased just after that point (firing earlier would read the
+        interval before, already decided). A simulation advances on demand: start now."""
+        now = time.time()
+        if self.cfg.executor.kind == "sim":
+            return datetime.fromtimestamp(now, timezone.utc)
+        every = self.cfg.timing.interval_s
+        phase = self.cfg.graphite.lateness_s + min(0.1 * every, 2.0)
+        first = (now - phase) // every * every + every + phase
+        return datetime.fromtimestamp(first, timezone.utc)
+
     def run(self, install_signals: bool = True) -> int:
         faulthandler.enable()
         if install_signals:
@@ -82,7 +94,7 @@ class DaemonRunner:
             "coalesce": True, "max_instances": 1, "misfire_grace_time": max(1, int(t.misfire_grace_s))})
         sched.add_listener(self._on_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
         sched.add_job(self._iterate, IntervalTrigger(seconds=t.interval_s, timezone=timezone.utc),
-                      id="mape-k", next_run_time=datetime.now(timezone.utc))
+                      id="mape-k", next_run_time=self._first_run())
         sched.start()
         wd = sdnotify.watchdog_interval_s()
         if wd:

@@ -1,0 +1,145 @@
+"""From a Graphite reading and the executor's inventory to the analyzer's `RawSnapshot`.
+
+Pure functions (no I/O, no clock): the same inputs always give the same snapshot, which is
+what makes the live path testable against the simulator's.
+
+Mapping (one snapshot, batch shape ``()``):
+
+* VM slots: one per inventory instance in state ``pending`` or ``running`` (``terminating``
+  ones no longer count), groups in `group_order` (index = `vm_type`), instances by launch time
+  then id. At least one slot: an empty fleet is one padding slot with ``vm_type = -1``.
+* ``vm_state`` = VM_RUNNING when the instance reported complete CPU and RAM in the window,
+  else VM_BOOTING (launched but its collector is not up yet, whatever the executor says).
+* ``vm_cpu_busy`` = mean ``cpu_percent`` / 100; ``vm_ram_used_gb`` = mean ``ram_used_gb``
+  (0 while booting).
+* ``vm_running_for_s`` = window end − first heartbeat seen (−1 while booting).
+* ``jobs_submitted_total`` / ``jobs_waiting_now`` / ``jobs_running`` = the queue series'
+  last value in the window; ``jobs_submitted_interval`` = the `submitted_total` delta over
+  the window; ``jobs_waiting_interval`` = `waiting_submitted_this_minute` at the window's end.
+  Missing values are NaN (the analyzer counts them as 0; the reading is stale anyway).
+
+Status: the reading's, made ``partial`` when an inventory instance that reported before went
+silent (it is counted as booting: its load is unknown), when the inventory lacks a group, or
+when an instance reports under another group than the inventory's. Reports from instances
+not in the inventory (terminated VMs whose collector still ran) are ignored and only noted.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from samm.analyze.snapshot import VM_BOOTING, VM_RUNNING, FleetSpec, RawSnapshot
+from samm.execute.base import GroupStatus
+
+from .graphite_client import sanitize
+from .graphite_source import InstanceReading, MonitorReading, Status, worst
+
+
+@dataclass(frozen=True)
+class Slot:
+    group: str
+    instance_id: str
+    vm_type: int
+    state: int  # VM_BOOTING / VM_RUNNING
+
+
+@dataclass(frozen=True)
+class AssembledSnapshot:
+    snapshot: RawSnapshot
+    slots: tuple[Slot, ...]
+    status: Status
+    reasons: tuple[str, ...]
+
+
+def _nan(x: float | None) -> np.ndarray:
+    return np.asarray(math.nan if x is None else float(x), dtype=np.float64)
+
+
+def _short(items: list[str], n: int = 5) -> str:
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStatus], fleet: FleetSpec,
+                      group_order: Sequence[str]) -> AssembledSnapshot:
+    """The snapshot plus its slots (which instance each VM slot is), status and reasons."""
+    if len(group_order) != fleet.n_types:
+        raise ValueError(f"group_order has {len(group_order)} groups but the fleet has {fleet.n_types} types "
+                         f"{list(fleet.names)}")
+    status: Status = reading.status
+    reasons = list(reading.reasons)
+
+    by_id: dict[str, list[InstanceReading]] = {}
+    for r in reading.instances.values():
+        by_id.setdefault(r.instance, []).append(r)
+
+    slots: list[Slot] = []
+    cpu, ram, age = [], [], []
+    matched: set[tuple[str, str]] = set()
+    silent, misgrouped = [], []
+    for t, gname in enumerate(group_order):
+        gs = inventory.get(gname)
+        if gs is None:
+            status = worst(status, "partial")
+            reasons.append(f"the inventory has no group {gname!r}: none of its instances are counted")
+            continue
+        live = [i for i in gs.instances if i.state in ("pending", "running")]
+        live.sort(key=lambda i: (i.launched_at if i.launched_at is not None else math.inf, i.instance_id))
+        for inst in live:
+            iid = sanitize(inst.instance_id)
+            candidates = by_id.get(iid, [])
+            r = next((c for c in candidates if c.group == sanitize(gname)), candidates[0] if candidates else None)
+            if r is not None:
+                matched.add((r.group, r.instance))
+                if r.group != sanitize(gname):
+                    misgrouped.append(f"{iid} (reports as {r.group}, inventory says {gname})")
+            if r is not None and r.reported:
+                first = r.first_seen if r.first_seen is not None else reading.window_end
+                slots.append(Slot(gname, inst.instance_id, t, VM_RUNNING))
+                cpu.append(r.cpu_percent / 100.0)
+                ram.append(r.ram_used_gb)
+                age.append(max(0.0, reading.window_end - first))
+            else:
+                if r is not None and (r.last_seen is None or r.last_seen < reading.window_start):
+                    silent.append(f"{gname}/{iid}")
+                slots.append(Slot(gname, inst.instance_id, t, VM_BOOTING))
+                cpu.append(0.0)
+                ram.append(0.0)
+                age.append(-1.0)
+
+    if silent:
+        status = worst(status, "partial")
+        reasons.append(f"instance(s) {_short(silent)} reported before but not in the window: counted as booting")
+    if misgrouped:
+        status = worst(status, "partial")
+        reasons.append(f"instance(s) reporting under another group: {_short(misgrouped)}")
+    ignored = sorted(f"{g}/{i}" for (g, i), r in reading.instances.items()
+                     if (g, i) not in matched and r.last_seen is not None and r.last_seen >= reading.window_start)
+    if ignored:
+        reasons.append(f"ignored reports from {len(ignored)} instance(s) not in the inventory (terminated?): {_short(ignored)}")
+
+    n = len(slots)
+    v = max(1, n)
+    vm_type = np.full(v, -1, dtype=np.int64)
+    vm_state = np.full(v, VM_BOOTING, dtype=np.int64)
+    vm_cpu = np.zeros(v, dtype=np.float64)
+    vm_ram = np.zeros(v, dtype=np.float64)
+    vm_age = np.full(v, -1.0, dtype=np.float64)
+    if n:
+        vm_type[:n] = [s.vm_type for s in slots]
+        vm_state[:n] = [s.state for s in slots]
+        vm_cpu[:n], vm_ram[:n], vm_age[:n] = cpu, ram, age
+    q = reading.queue
+    snap = RawSnapshot(vm_type=vm_type, vm_state=vm_state, vm_cpu_busy=vm_cpu, vm_ram_used_gb=vm_ram,
+                       vm_running_for_s=vm_age, jobs_submitted_total=_nan(q.submitted_total),
+                       jobs_submitted_interval=_nan(q.submitted_interval), jobs_waiting_now=_nan(q.waiting),
+                       jobs_waiting_interval=_nan(q.waiting_interval), jobs_running=_nan(q.running))
+    return AssembledSnapshot(snap, tuple(slots), status, tuple(reasons))
+
+
+def build_raw_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStatus], fleet: FleetSpec,
+                       group_order: Sequence[str]) -> RawSnapshot:
+    """The `RawSnapshot` alone (see `assemble_snapshot` for status and slots)."""
+    return assemble_snapshot(reading, inventory, fleet, group_order).snapshot

@@ -1,0 +1,174 @@
+"""Collectors: what each managed instance (and the queue's owner) sends to Graphite.
+
+The reporters are the reusable part: they turn measured values into the series of
+docs/metric-naming.md and send them as one batch. `samm collect` wraps `InstanceReporter`
+around a psutil sampler of the host (or of one process tree with `--pid`); the testbed's
+workers call the reporters in-process with their own measured values.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+
+from .graphite_client import GraphiteSender, sanitize
+
+log = logging.getLogger(__name__)
+
+INSTANCE_METRICS = ("cpu_percent", "ram_used_gb", "up")
+QUEUE_METRICS = ("submitted_total", "waiting", "running", "completed_total", "waiting_submitted_this_minute")
+GB = 1e9
+
+
+def instance_path(prefix: str, group: str, instance: str, metric: str) -> str:
+    return f"{prefix}.groups.{sanitize(group)}.instances.{sanitize(instance)}.{metric}"
+
+
+def queue_path(prefix: str, metric: str) -> str:
+    return f"{prefix}.queue.{metric}"
+
+
+class InstanceReporter:
+    """`report(cpu_percent, ram_used_gb, ts)` sends the three per-instance series: CPU busy
+    share of the instance's cores (0–100) over the last sampling period, RAM in use (GB) and
+    the `up` heartbeat."""
+
+    def __init__(self, sender: GraphiteSender, prefix: str, group: str, instance: str):
+        self.sender = sender
+        self._paths = {m: instance_path(prefix, group, instance, m) for m in INSTANCE_METRICS}
+
+    def report(self, cpu_percent: float, ram_used_gb: float, ts: float | None = None, flush: bool = True) -> None:
+        """`flush=False` leaves the points in the sender's buffer (several reporters sharing
+        one sender then flush once)."""
+        ts = time.time() if ts is None else ts
+        self.sender.send(self._paths["cpu_percent"], cpu_percent, ts)
+        self.sender.send(self._paths["ram_used_gb"], ram_used_gb, ts)
+        self.sender.send(self._paths["up"], 1, ts)
+        if flush:
+            self.sender.flush()
+
+
+class QueueReporter:
+    """The job queue's counters (cumulative `*_total`, gauges for the rest)."""
+
+    def __init__(self, sender: GraphiteSender, prefix: str):
+        self.sender = sender
+        self._paths = {m: queue_path(prefix, m) for m in QUEUE_METRICS}
+
+    def report(self, submitted_total: float, waiting: float, running: float, completed_total: float,
+               waiting_submitted_this_minute: float, ts: float | None = None, flush: bool = True) -> None:
+        ts = time.time() if ts is None else ts
+        values = dict(submitted_total=submitted_total, waiting=waiting, running=running,
+                      completed_total=completed_total, waiting_submitted_this_minute=waiting_submitted_this_minute)
+        for m in QUEUE_METRICS:
+            self.sender.send(self._paths[m], values[m], ts)
+        if flush:
+            self.sender.flush()
+
+
+@dataclass
+class Sample:
+    cpu_percent: float
+    ram_used_gb: float
+
+
+class HostSampler:
+    """CPU busy share and RAM in use of this host, or of one process tree (`pid`).
+
+    CPU is expressed as a share of `cores` when given (an instance type's cores, e.g. a
+    container limited to 2 of the host's 16 CPUs), else of every online CPU; capped at 100.
+    RAM is the host's total − available, or the tree's resident set. The first `sample()`
+    measures since construction.
+    """
+
+    def __init__(self, cores: float | None = None, pid: int | None = None):
+        if cores is not None and not cores > 0:
+            raise ValueError(f"cores must be positive, got {cores}")
+        self.cores = float(cores) if cores else float(psutil.cpu_count() or 1)
+        self.pid = pid
+        self._proc = psutil.Process(pid) if pid is not None else None  # raises NoSuchProcess early
+        self._last_cpu_s = self._cpu_seconds()
+        self._last_t = time.monotonic()
+
+    def _tree(self) -> list[psutil.Process]:
+        procs = [self._proc]
+        try:
+            procs += self._proc.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        return procs
+
+    def _cpu_seconds(self) -> float:
+        if self._proc is None:
+            t = psutil.cpu_times()
+            return t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) \
+                + getattr(t, "steal", 0.0)
+        total = 0.0
+        for p in self._tree():
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def _ram_gb(self) -> float:
+        if self._proc is None:
+            vm = psutil.virtual_memory()
+            return (vm.total - vm.available) / GB
+        rss = 0
+        for p in self._tree():
+            try:
+                rss += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        return rss / GB
+
+    def sample(self) -> Sample:
+        now, cpu_s = time.monotonic(), self._cpu_seconds()
+        elapsed = max(now - self._last_t, 1e-6)
+        # a process that exited takes its CPU seconds with it: never report a negative delta
+        busy_cores = max(0.0, cpu_s - self._last_cpu_s) / elapsed
+        self._last_t, self._last_cpu_s = now, cpu_s
+        return Sample(cpu_percent=min(100.0, 100.0 * busy_cores / self.cores), ram_used_gb=self._ram_gb())
+
+
+def run_collector(reporter: InstanceReporter, sampler: HostSampler, interval_s: float = 10.0,
+                  once: bool = False, duration_s: float | None = None,
+                  sleep: Callable[[float], None] = time.sleep, on_report: Callable[[Sample], None] | None = None) -> int:
+    """Sample and report every `interval_s` (drift-free: ticks are scheduled from the start)
+    until `duration_s` elapses, or once after a short first measurement. Returns reports sent."""
+    if not interval_s > 0:
+        raise ValueError(f"interval must be positive, got {interval_s}")
+    start = time.monotonic()
+    n = 0
+    while True:
+        wait = min(1.0, interval_s) if once else start + (n + 1) * interval_s - time.monotonic()
+        if duration_s is not None and not once and (n + 1) * interval_s > duration_s + 1e-9:
+            return n
+        if wait > 0:
+            sleep(wait)
+        s = sampler.sample()
+        reporter.report(s.cpu_percent, s.ram_used_gb, time.time())
+        n += 1
+        if on_report:
+            on_report(s)
+        if once:
+            return n
+
+
+def parse_host_port(text: str, default_port: int = 2003) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text, default_port
+    try:
+        p = int(port)
+    except ValueError:
+        raise ValueError(f"expected HOST:PORT, got {text!r}") from None
+    if not 1 <= p <= 65535 or not host:
+        raise ValueError(f"expected HOST:PORT with a port in 1..65535, got {text!r}")
+    return host, p
+

@@ -1,0 +1,71 @@
+"""The daemon's two ways to ask for a decision: in-process, or over HTTP from a real uvicorn
+serving the Policy Evaluation Service. Both must give the same decisions for the same
+observations, and any failure must fall back to doing nothing, with the reason."""
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import uvicorn
+
+from agents.factory import make_agent
+from samm.plan.client import HttpPlanner, InProcessPlanner
+from samm.plan.registry import PolicyRegistry
+from samm.plan.service import create_app
+from sim_bridge.config import SimConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    reg = PolicyRegistry(tmp_path_factory.mktemp("store"))
+    reg.host("lstm-ppo", make_agent("lstm-ppo", SimConfig()))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(reg), host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.time() + 20
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    t.join(10)
+
+
+def observations(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(0, 1, size=(n, 7)).astype(np.float32)
+
+
+def test_http_and_in_process_decide_alike_with_recurrent_state(service):
+    local = InProcessPlanner(make_agent("lstm-ppo", SimConfig()))
+    remote = HttpPlanner(service, "lstm-ppo", session_id="daemon-a")
+    for x in observations():
+        a, b = local.decide(x), remote.decide(x)
+        assert b.source == "agent", b.reason
+        assert a.action == b.action and a.deltas == b.deltas
+        assert b.value == pytest.approx(a.value, abs=1e-4)
+    assert remote.feature_names == local.feature_names
+
+
+def test_unreachable_service_falls_back_to_doing_nothing():
+    planner = HttpPlanner(f"http://127.0.0.1:{free_port()}", "lstm-ppo", session_id="x", timeout_s=0.5)
+    out = planner.decide(np.zeros(7, dtype=np.float32))
+    assert out.source == "fallback" and out.deltas == {} and "unreachable" in out.reason
+
+
+def test_bad_observation_and_unknown_agent_fall_back(service):
+    out = HttpPlanner(service, "no-such-agent", session_id="x").decide(np.zeros(7))
+    assert out.source == "fallback" and "does not host" in out.reason
+    out = HttpPlanner(service, "lstm-ppo", session_id="x").decide(np.full(7, 5.0))  # out of [0, 1]: HTTP 422
+    assert out.source == "fallback" and "422" in out.reason
+    local = InProcessPlanner(make_agent("lstm-ppo", SimConfig()))
+    out = local.decide(np.array([np.nan] * 7))
+    assert out.source == "fallback" and "non-finite" in out.reason
