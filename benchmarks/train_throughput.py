@@ -6,6 +6,11 @@ size (one LSTM layer of 128 cells, linear heads), 4 epochs, on the same machine,
 other. Reported: env-steps/s of the whole training loop (rollout + update) and the final mean
 training episode return of each.
 
+Both are timed alike: the JVM is started and warmed up (JIT) with random actions before either
+run, torch's lazily imported optimizer machinery is loaded before either, and each learner's
+environment is built outside its timer (SB3's model construction is outside too). Before this,
+SAMM, run first, paid the JVM start, the cold JIT and a ~2 s import inside its timer.
+
     .venv/bin/pip install -e .[bench]
     .venv/bin/python benchmarks/train_throughput.py --timesteps 100000 --json
 """
@@ -74,6 +79,21 @@ def returns_of(episodes) -> float:
     return float(np.mean(episodes[-20:])) if episodes else float("nan")
 
 
+def warm_up(steps: int = 1000) -> None:
+    """Start the shared JVM and let its JIT compile the step path, and import what torch loads
+    lazily at the first optimizer, so that neither timed run pays for them."""
+    from sim_bridge.config import SimConfig
+    from sim_bridge.envs import CloudSimVectorEnv
+
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    env = CloudSimVectorEnv(8, SimConfig(action_mode="per-type", max_steps=400), "seed-1551")
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    for _ in range(steps):
+        env.step(env.action_space.sample())
+    env.close()
+
+
 def run_samm(timesteps: int, seed: int) -> dict:
     from agents.ppo.config import PPOConfig
     from agents.ppo.train import train
@@ -83,8 +103,9 @@ def run_samm(timesteps: int, seed: int) -> dict:
     sim = SimConfig(action_mode="per-type", max_steps=400)
     cfg = PPOConfig(total_timesteps=timesteps, seed=seed, num_envs=8, num_steps=128, update_epochs=4,
                     num_minibatches=4, initial_noop_prob=0.8)
+    venv = CloudSimVectorEnv(cfg.num_envs, sim, "seed-1551")
     t = time.perf_counter()
-    res = train(cfg, lambda n, s: CloudSimVectorEnv(n, sim, "seed-1551"), progress=False)
+    res = train(cfg, lambda n, s: venv, progress=False)
     wall = time.perf_counter() - t
     return {"env_steps": res.global_step, "wall_s": round(wall, 1), "env_steps_per_s": round(res.global_step / wall, 1),
             "final_return": round(returns_of([e["return"] for e in res.episodes]), 3)}
@@ -132,6 +153,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    warm_up()
     samm = run_samm(args.timesteps, args.seed)
     sb3 = run_sb3(args.timesteps, args.seed)
     out = {"samm_lstm_ppo": samm, "sb3_recurrent_ppo": sb3,

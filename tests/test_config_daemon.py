@@ -63,7 +63,7 @@ def test_cli_config_check(tmp_path, monkeypatch):
 
     monkeypatch.setenv("SAMM_SERVICE__TOKEN", "hunter2")
     res = CliRunner().invoke(cli, ["config", "check", str(EXAMPLE)])
-    assert res.exit_code == 0 and "hunter2" not in res.output and '"port": 8080' in res.output
+    assert res.exit_code == 0 and "hunter2" not in res.output and '"port": 8000' in res.output
     bad = tmp_path / "bad.yaml"
     bad.write_text("groups: []\nbogus: 1\n")
     res = CliRunner().invoke(cli, ["config", "check", str(bad)])

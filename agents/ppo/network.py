@@ -110,24 +110,26 @@ class LstmActorCritic(nn.Module):
         starts = episode_starts > 0
         if not bool(starts[1:].any()):
             out, last = self.lstm(obs, self._mask(state, episode_starts[0]))
-            h = out
-        else:
-            flags = starts.clone()
-            flags[0] = True
-            flat = flags.t().reshape(-1)  # column-major: index b * L + t
-            seg = flat.cumsum(0) - 1  # segment of each (b, t)
-            first = torch.nonzero(flat).flatten()
-            seg_t0, seg_col = first % length, first // length  # each segment's start time and column
-            pos = torch.arange(batch * length, device=obs.device) % length - seg_t0[seg]
-            n_seg = len(first)
-            padded = obs.new_zeros(length, n_seg, obs.shape[-1])
-            padded[pos, seg] = obs.transpose(0, 1).reshape(batch * length, -1)
-            keep = ((seg_t0 == 0) & ~starts[0, seg_col]).to(obs.dtype).view(1, -1, 1)
-            h0, c0 = state[0][:, seg_col] * keep, state[1][:, seg_col] * keep
-            out, _ = self.lstm(padded, (h0, c0))
-            h = out[pos, seg].reshape(batch, length, -1).transpose(0, 1)
-            last = self._final_state(obs, h0, c0, seg_t0, seg_col, seg) if final_state else None
-        return self.policy(h), self.value(h).squeeze(-1), (last if final_state else None)
+            return self.policy(out), self.value(out).squeeze(-1), (last if final_state else None)
+        flags = starts.clone()
+        flags[0] = True
+        flat = flags.t().reshape(-1)  # column-major: index b * L + t
+        seg = flat.cumsum(0) - 1  # segment of each (b, t)
+        first = torch.nonzero(flat).flatten()
+        seg_t0, seg_col = first % length, first // length  # each segment's start time and column
+        n_seg = len(first)
+        pos = torch.arange(batch * length, device=obs.device) % length - seg_t0[seg]
+        where = pos * n_seg + seg  # (b, t) -> row of the padded (L * S) layout
+        padded = obs.new_zeros(length * n_seg, obs.shape[-1])
+        padded[where] = obs.transpose(0, 1).reshape(batch * length, -1)
+        keep = ((seg_t0 == 0) & ~starts[0, seg_col]).to(obs.dtype).view(1, -1, 1)
+        h0, c0 = state[0][:, seg_col] * keep, state[1][:, seg_col] * keep
+        out, _ = self.lstm(padded.view(length, n_seg, -1), (h0, c0))
+        # heads before gathering back: the gather (and its backward) then moves A + 1 columns, not H
+        logits = self.policy(out).view(length * n_seg, -1).index_select(0, where)
+        values = self.value(out).view(length * n_seg).index_select(0, where)
+        last = self._final_state(obs, h0, c0, seg_t0, seg_col, seg) if final_state else None
+        return logits.view(batch, length, -1).transpose(0, 1), values.view(batch, length).t(), last
 
     def _final_state(self, obs, h0, c0, seg_t0, seg_col, seg) -> State:
         """The state after the last step of each column: its last segment run unpadded (a
