@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .model import Workload
-from .paper import seed_1551
+from .paper import seed_1551, seed_1551_short
 from .swf import SwfTransform, load_swf, read_swf_table
 
-BUILTIN = {"seed-1551": seed_1551}
+BUILTIN = {"seed-1551": seed_1551, "seed-1551-short": seed_1551_short}
 
 
 def load_workload(spec: str | Path, transform: SwfTransform | None = None, core_cap: int | None = None) -> Workload:
@@ -23,4 +23,4 @@ def load_workload(spec: str | Path, transform: SwfTransform | None = None, core_
     return load_swf(path, transform, default_core_cap=core_cap)
 
 
-__all__ = ["BUILTIN", "SwfTransform", "Workload", "load_swf", "load_workload", "read_swf_table", "seed_1551"]
+__all__ = ["BUILTIN", "SwfTransform", "Workload", "load_swf", "load_workload", "read_swf_table", "seed_1551", "seed_1551_short"]

@@ -29,3 +29,19 @@ def seed_1551(ram_gb_per_job: float = DEFAULT_RAM_GB_PER_CORE) -> Workload:
         cores=np.ones(n, dtype=np.int32),
         ram_gb=np.full(n, ram_gb_per_job, dtype=np.float64),
     )
+
+
+SHORT_BATCHES = 6
+
+
+def seed_1551_short(batches: int = SHORT_BATCHES, ram_gb_per_job: float = DEFAULT_RAM_GB_PER_CORE) -> Workload:
+    """The first `batches` batches of `seed-1551` (default 6 x 100 jobs, the last arriving at
+    t = 4,200 s), same idle start, no sentinel: the paper's workload cut to fit the emulated
+    testbed's ten-minute demo. Used by `samm demo`; named `seed-1551-short`."""
+    if not 1 <= batches <= len(BATCH_SIZES):
+        raise ValueError(f"batches must be within [1, {len(BATCH_SIZES)}], got {batches}")
+    full = seed_1551(ram_gb_per_job)
+    n = sum(BATCH_SIZES[:batches])
+    return Workload(name="seed-1551-short" if batches == SHORT_BATCHES else f"seed-1551-first{batches}",
+                    arrival_s=full.arrival_s[:n].copy(), length_mi=full.length_mi[:n].copy(),
+                    cores=full.cores[:n].copy(), ram_gb=full.ram_gb[:n].copy())

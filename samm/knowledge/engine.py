@@ -1,0 +1,119 @@
+"""Database URLs and engines for the Knowledge store: SQLite (default) or PostgreSQL.
+
+SQLite is set up so that the daemon and a reader process (reports, the CLI) can share one file:
+WAL journal (readers never block the writer), a busy timeout (a writer waits for the lock
+instead of failing with "database is locked"), foreign keys on. pysqlite's own transaction
+handling is replaced by explicit BEGINs (SQLAlchemy's documented recipe) so that a SELECT
+belongs to its transaction and a writer can ask for `BEGIN IMMEDIATE` (execution option
+`sqlite_begin`): it takes the write lock up front, waiting up to the busy timeout, and can
+never fail later on a lock upgrade.
+
+PostgreSQL URLs without a driver (`postgresql://`, `postgres://`) get psycopg 3, the driver
+SAMM installs (SQLAlchemy's default would be psycopg2).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.pool import StaticPool
+
+SUPPORTED_BACKENDS = ("sqlite", "postgresql")
+URL_EXAMPLES = "e.g. sqlite:///var/lib/samm/samm.db or postgresql+psycopg://samm@db.example/samm"
+_BEGIN_MODES = ("DEFERRED", "IMMEDIATE", "EXCLUSIVE")
+
+
+class KnowledgeError(RuntimeError):
+    """A Knowledge store problem, phrased for the operator (passwords never included)."""
+
+
+def normalize_url(url: str | URL) -> URL:
+    """The URL SAMM connects with; raises KnowledgeError naming the problem."""
+    if isinstance(url, str):
+        text = url.strip()
+        if not text:
+            raise KnowledgeError(f"knowledge.url is empty; {URL_EXAMPLES}")
+        if text.startswith("postgres://"):  # Heroku-style alias SQLAlchemy rejects
+            text = "postgresql://" + text[len("postgres://"):]
+        try:
+            parsed = make_url(text)
+        except ArgumentError:
+            # the parser's message repeats the whole string, password included
+            scheme = text.split("://", 1)[0] if "://" in text else "(no scheme)"
+            raise KnowledgeError(f"knowledge.url is not a database URL (scheme {scheme!r}); {URL_EXAMPLES}") from None
+    else:
+        parsed = url
+    backend = parsed.get_backend_name()
+    if backend not in SUPPORTED_BACKENDS:
+        raise KnowledgeError(f"knowledge.url: unsupported database {backend!r} (supported: "
+                             f"{', '.join(SUPPORTED_BACKENDS)}); {URL_EXAMPLES}")
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def redacted(url: str | URL) -> str:
+    try:
+        return normalize_url(url).render_as_string(hide_password=True)
+    except KnowledgeError:
+        return "(invalid URL)"
+
+
+def sqlite_path(url: URL) -> Path | None:
+    """The database file of a SQLite URL; None for in-memory and `file:` URI databases."""
+    db = url.database
+    if url.get_backend_name() != "sqlite" or not db or db == ":memory:" or db.startswith("file:"):
+        return None
+    return Path(db)
+
+
+def is_memory_sqlite(url: URL) -> bool:
+    db = url.database
+    return url.get_backend_name() == "sqlite" and (not db or db == ":memory:" or "mode=memory" in db)
+
+
+def make_engine(url: str | URL, *, foreign_keys: bool = True, busy_timeout_s: float = 30.0) -> Engine:
+    """An engine for `url` (SQLite parent directories are created). `foreign_keys=False` is
+    for migrations: SQLite's batch mode copies and drops tables, which enforced foreign keys
+    would refuse."""
+    u = normalize_url(url)
+    if u.get_backend_name() != "sqlite":
+        # pre-ping: a daemon outlives database restarts; connect_timeout: a dead host fails
+        # one loop iteration, not the whole daemon
+        return create_engine(u, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+
+    path = sqlite_path(u)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise KnowledgeError(f"cannot create the directory of the SQLite database {path}: {exc.strerror}") from None
+    kwargs: dict = {"connect_args": {"timeout": busy_timeout_s}}
+    if is_memory_sqlite(u):
+        # every connection to :memory: is a new, empty database: share one (single-threaded use)
+        kwargs.update(poolclass=StaticPool, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
+    engine = create_engine(u, **kwargs)
+    busy_ms = int(busy_timeout_s * 1000)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None  # BEGIN is ours (see _on_begin)
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            cur.execute("PRAGMA journal_mode = WAL")
+            cur.execute("PRAGMA synchronous = NORMAL")  # durable across crashes in WAL mode
+            cur.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:
+        mode = str(conn.get_execution_options().get("sqlite_begin", "DEFERRED")).upper()
+        if mode not in _BEGIN_MODES:
+            raise ValueError(f"sqlite_begin must be one of {_BEGIN_MODES}, got {mode!r}")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine

@@ -1,0 +1,509 @@
+"""The Knowledge store: the daemon's memory of what it saw, decided and did.
+
+    store = KnowledgeStore("sqlite:///var/lib/samm/samm.db")      # migrates on open
+    snap = store.record_snapshot(t0, t1, "ok", reasons=[], raw={...})
+    obs = store.record_observation(snap, {"cpu_mean": 0.4, ...})
+    decision_id, created = store.record_decision(key, agent="lstm-ppo", action=3, source="agent", ...)
+    row, owned = store.begin_action(decision_id, req.idempotency_key, "aws-asg", req.group, req)
+    if owned:                      # only the owner calls the executor
+        result = executor.apply(req)
+        store.finish_action(req.idempotency_key, result.status, result.detail, result.error,
+                            cooldown_until=now + cooldown_s)
+
+Every method is one short transaction and returns plain frozen dataclasses (no ORM objects,
+no open sessions). Idempotency rests on the database's unique constraints, not on a prior
+SELECT, so two threads or two processes racing on one key get exactly one owner.
+
+JSON values (snapshot `raw`, features, actions, probabilities, requests, results) are made
+JSON-safe by `to_json`: NaN and ±inf become None (with a warning naming where; standard JSON
+has no such numbers, PostgreSQL rejects them, SQLite would store an unreadable token), numpy
+scalars and arrays become Python numbers and lists, tuples become lists, dataclasses become
+dicts; any other object is stored as its `str()` with a warning.
+
+Errors: invalid arguments (an unknown status, say) raise ValueError; an unreachable or broken
+database raises KnowledgeError naming the operation and the URL (password hidden).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from . import schema
+from .engine import KnowledgeError, is_memory_sqlite, make_engine, normalize_url
+from .models import (ACTION_STATUSES, DECISION_SOURCES, FINAL_ACTION_STATUSES, OPEN_ACTION_STATUSES,
+                     SNAPSHOT_STATUSES, Action, Base, Decision, GroupState, Observation, PolicyVersion, Snapshot)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# --- JSON -----------------------------------------------------------------------------------
+
+def to_json(value: Any, where: str = "value") -> Any:
+    """A JSON-safe copy of `value` (see the module docstring); `where` names it in warnings."""
+    replaced: list[str] = []
+    out = _to_json(value, where, replaced)
+    if replaced:
+        log.warning("non-finite number(s) stored as null: %s", ", ".join(replaced[:10])
+                    + (f" (+{len(replaced) - 10} more)" if len(replaced) > 10 else ""))
+    return out
+
+
+def _to_json(value: Any, where: str, replaced: list[str]) -> Any:
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        replaced.append(f"{where}={value}")
+        return None
+    if isinstance(value, np.ndarray):
+        return _to_json(value.tolist(), where, replaced)
+    if isinstance(value, np.generic):
+        return _to_json(value.item(), where, replaced)
+    if isinstance(value, Mapping):
+        return {str(k): _to_json(v, f"{where}.{k}", replaced) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v, f"{where}[{i}]", replaced) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _to_json(dataclasses.asdict(value), where, replaced)
+    log.warning("%s: %s is not JSON; storing its str()", where, type(value).__name__)
+    return str(value)
+
+
+def _finite_or_none(value: float | None, where: str) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    if math.isfinite(value):
+        return value
+    log.warning("%s=%s is not finite; stored as null", where, value)
+    return None
+
+
+def _check(value: str, allowed: tuple[str, ...], what: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {list(allowed)}, got {value!r}")
+    return value
+
+
+# --- records ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    id: int
+    window_start: float
+    window_end: float
+    status: str
+    reasons: list[str]
+    raw: dict[str, Any] | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ObservationRecord:
+    id: int
+    snapshot_id: int
+    features: dict[str, float | None]
+    created_at: float
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    id: int
+    iteration_key: str
+    agent: str
+    policy_version: str | None
+    observation_id: int | None
+    action: Any
+    action_name: str | None
+    probabilities: Any
+    value: float | None
+    source: str
+    reason: str | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    id: int
+    decision_id: int
+    idempotency_key: str
+    executor: str
+    group_name: str
+    request: dict[str, Any]
+    status: str
+    result: dict[str, Any] | None
+    error: str | None
+    created_at: float
+    finished_at: float | None
+
+    @property
+    def open(self) -> bool:
+        """Not finished: planned, or in flight (the back-end may or may not have acted)."""
+        return self.status in OPEN_ACTION_STATUSES
+
+
+@dataclass(frozen=True)
+class GroupStateRecord:
+    group_name: str
+    cooldown_until: float
+    last_action_at: float | None
+    last_action_key: str | None
+
+
+@dataclass(frozen=True)
+class PolicyVersionRecord:
+    id: int
+    agent: str
+    version: str
+    path: str | None
+    sha256: str | None
+    source: str | None
+    created_at: float
+    active: bool
+
+
+R = TypeVar("R")
+
+
+def _record(cls: type[R], row: Base) -> R:
+    return cls(**{f.name: getattr(row, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+
+def _guarded(method: Callable[..., T]) -> Callable[..., T]:
+    """Database failures leave as KnowledgeError naming the operation and the database."""
+
+    @functools.wraps(method)
+    def wrapper(self: "KnowledgeStore", *args, **kwargs) -> T:
+        try:
+            return method(self, *args, **kwargs)
+        except SQLAlchemyError as exc:
+            raise KnowledgeError(f"knowledge store {self.url}: {method.__name__} failed: "
+                                 f"{type(exc).__name__}: {getattr(exc, 'orig', None) or exc}") from exc
+
+    return wrapper
+
+
+# --- the store --------------------------------------------------------------------------------
+
+class KnowledgeStore:
+    """The Knowledge database at `url` (`sqlite:///path` or `postgresql+psycopg://...`).
+
+    `migrate=True` upgrades the schema on open (safe with several processes: see
+    `schema.migrate`); with `migrate=False` (read-only tools) a database that is not at the
+    newest revision raises KnowledgeError instead of failing later on a missing table.
+    An in-memory SQLite URL works for single-threaded experiments only.
+    """
+
+    def __init__(self, url: str | URL, *, migrate: bool = True, busy_timeout_s: float = 30.0,
+                 clock: Callable[[], float] = time.time):
+        self._url = normalize_url(url)
+        self.url = self._url.render_as_string(hide_password=True)
+        self.clock = clock
+        self.engine = make_engine(self._url, busy_timeout_s=busy_timeout_s)
+        # writers take SQLite's write lock at BEGIN (waiting up to the busy timeout): a
+        # read-then-write transaction can then never fail on a lock upgrade
+        self._write_bind = self.engine.execution_options(sqlite_begin="IMMEDIATE")
+        try:
+            # a separate engine (foreign keys off) unless the database only lives in this one
+            target = self.engine if is_memory_sqlite(self._url) else self._url
+            if migrate:
+                schema.migrate(target)
+            else:
+                at, head = schema.current_revision(target), schema.head_revision()
+                if at != head:
+                    raise KnowledgeError(f"knowledge store {self.url} is at schema revision {at}, not {head}: "
+                                         "open it once with migrate=True (the daemon does)")
+        except SQLAlchemyError as exc:
+            self.engine.dispose()
+            raise KnowledgeError(f"knowledge store {self.url}: cannot open: {getattr(exc, 'orig', None) or exc}") from exc
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    # --- plumbing -------------------------------------------------------------------------------
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "KnowledgeStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"KnowledgeStore({self.url!r})"
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with Session(self._write_bind) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with Session(self.engine) as session, session.begin():
+            yield session
+
+    def _now(self, now: float | None) -> float:
+        return float(self.clock() if now is None else now)
+
+    def _upsert_group_state(self, session: Session, group: str, until: float, key: str | None, now: float) -> None:
+        values = {"group_name": group, "cooldown_until": until, "last_action_at": now, "last_action_key": key}
+        dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+        stmt = dialect.insert(GroupState).values(**values)
+        stmt = stmt.on_conflict_do_update(index_elements=[GroupState.group_name],
+                                          set_={k: v for k, v in values.items() if k != "group_name"})
+        session.execute(stmt)
+
+    # --- Monitor / Analyze ----------------------------------------------------------------------
+    @_guarded
+    def record_snapshot(self, window_start: float, window_end: float, status: str, reasons=(),
+                        raw: Mapping[str, Any] | None = None, *, now: float | None = None) -> int:
+        """Store one Monitor snapshot; `status` is ok / partial / stale, `reasons` says why not
+        ok. Returns its id."""
+        _check(status, SNAPSHOT_STATUSES, "snapshot status")
+        if isinstance(reasons, str):
+            reasons = [reasons]
+        row = Snapshot(window_start=float(window_start), window_end=float(window_end), status=status,
+                       reasons=[str(r) for r in reasons], raw=to_json(raw, "snapshot.raw"),
+                       created_at=self._now(now))
+        with self._write() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    @_guarded
+    def record_observation(self, snapshot_id: int, features: Mapping[str, float], *,
+                           now: float | None = None) -> int:
+        """Store the named features derived from a snapshot (non-finite values become null)."""
+        row = Observation(snapshot_id=snapshot_id, features=to_json(dict(features), "features"),
+                          created_at=self._now(now))
+        with self._write() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
+    # --- Plan -------------------------------------------------------------------------------------
+    @_guarded
+    def record_decision(self, iteration_key: str, *, agent: str, action: Any, source: str,
+                        policy_version: str | None = None, observation_id: int | None = None,
+                        action_name: str | None = None, probabilities: Any = None, value: float | None = None,
+                        reason: str | None = None, now: float | None = None) -> tuple[int, bool]:
+        """Store the decision of loop interval `iteration_key` (e.g. the window end).
+        Returns (decision id, created); when that interval already has a decision, its id and
+        False: a replayed or restarted iteration never records (or acts) twice."""
+        _check(source, DECISION_SOURCES, "decision source")
+        row = Decision(iteration_key=str(iteration_key), agent=agent, policy_version=policy_version,
+                       observation_id=observation_id, action=to_json(action, "decision.action"),
+                       action_name=action_name, probabilities=to_json(probabilities, "decision.probabilities"),
+                       value=_finite_or_none(value, "decision.value"), source=source, reason=reason,
+                       created_at=self._now(now))
+        try:
+            with self._write() as s:
+                s.add(row)
+                s.flush()
+                return row.id, True
+        except IntegrityError:
+            with self._read() as s:
+                existing = s.scalar(select(Decision.id).where(Decision.iteration_key == str(iteration_key)))
+            if existing is None:  # not the unique key: a bad observation_id, say
+                raise
+            return existing, False
+
+    @_guarded
+    def decision(self, iteration_key: str) -> DecisionRecord | None:
+        with self._read() as s:
+            row = s.scalar(select(Decision).where(Decision.iteration_key == str(iteration_key)))
+            return None if row is None else _record(DecisionRecord, row)
+
+    # --- Execute ----------------------------------------------------------------------------------
+    @_guarded
+    def begin_action(self, decision_id: int, idempotency_key: str, executor: str, group: str, request: Any, *,
+                     status: str = "in_flight", now: float | None = None) -> tuple[ActionRecord, bool]:
+        """Claim the action `idempotency_key` before calling the executor.
+
+        Inserts it with `status` (default in_flight; a final status such as blocked or
+        dry_run records an action that will not run, finished at once) and returns
+        (row, True). If the key exists, returns (existing row, False) and changes nothing,
+        except that an in_flight claim of a 'planned' row takes it over atomically and
+        returns (row now in_flight, True). So: call the executor if and only if the second
+        value is True. `request` is a ScaleRequest or a dict.
+        """
+        _check(status, ACTION_STATUSES, "action status")
+        t = self._now(now)
+        row = Action(decision_id=decision_id, idempotency_key=idempotency_key, executor=executor, group_name=group,
+                     request=to_json(request, "action.request"), status=status, created_at=t,
+                     finished_at=t if status in FINAL_ACTION_STATUSES else None)
+        try:
+            with self._write() as s:
+                s.add(row)
+                s.flush()
+                return _record(ActionRecord, row), True
+        except IntegrityError:
+            pass
+        with self._write() as s:
+            claimed = False
+            if status == "in_flight":
+                res = s.execute(update(Action).where(Action.idempotency_key == idempotency_key,
+                                                     Action.status == "planned").values(status="in_flight"))
+                claimed = res.rowcount == 1
+            existing = s.scalar(select(Action).where(Action.idempotency_key == idempotency_key))
+            if existing is None:
+                raise KnowledgeError(f"action {idempotency_key!r} could not be recorded: decision {decision_id} "
+                                     "does not exist (or another constraint failed)")
+            return _record(ActionRecord, existing), claimed
+
+    @_guarded
+    def finish_action(self, idempotency_key: str, status: str, result: Any = None, error: str | None = None, *,
+                      cooldown_until: float | None = None, now: float | None = None) -> ActionRecord:
+        """Record the outcome of an open action (final `status`: succeeded, failed, skipped,
+        dry_run, blocked). With `cooldown_until`, the group's cool-down is set in the same
+        transaction, so a crash cannot keep one without the other. An action already finished
+        keeps its first outcome (logged). Unknown key: KnowledgeError."""
+        _check(status, FINAL_ACTION_STATUSES, "final action status")
+        t = self._now(now)
+        with self._write() as s:
+            res = s.execute(update(Action)
+                            .where(Action.idempotency_key == idempotency_key, Action.status.in_(OPEN_ACTION_STATUSES))
+                            .values(status=status, result=to_json(result, "action.result"), error=error,
+                                    finished_at=t))
+            row = s.scalar(select(Action).where(Action.idempotency_key == idempotency_key))
+            if row is None:
+                raise KnowledgeError(f"no action with idempotency key {idempotency_key!r}")
+            if res.rowcount == 0:
+                log.warning("action %s already finished as %s; keeping that, not %s", idempotency_key, row.status,
+                            status)
+            elif cooldown_until is not None:
+                self._upsert_group_state(s, row.group_name, float(cooldown_until), idempotency_key, t)
+            return _record(ActionRecord, row)
+
+    @_guarded
+    def in_flight_actions(self, include_planned: bool = False) -> list[ActionRecord]:
+        """Actions begun and never finished (after a crash: the back-end may or may not have
+        acted; compare with its inventory, then finish them), oldest first."""
+        statuses = OPEN_ACTION_STATUSES if include_planned else ("in_flight",)
+        with self._read() as s:
+            rows = s.scalars(select(Action).where(Action.status.in_(statuses)).order_by(Action.id))
+            return [_record(ActionRecord, r) for r in rows]
+
+    @_guarded
+    def action(self, idempotency_key: str) -> ActionRecord | None:
+        with self._read() as s:
+            row = s.scalar(select(Action).where(Action.idempotency_key == idempotency_key))
+            return None if row is None else _record(ActionRecord, row)
+
+    # --- cool-downs ---------------------------------------------------------------------------
+    @_guarded
+    def cooldowns(self) -> dict[str, float]:
+        """group name -> epoch seconds until which it must not be scaled again."""
+        with self._read() as s:
+            return {g: u for g, u in s.execute(select(GroupState.group_name, GroupState.cooldown_until))}
+
+    @_guarded
+    def group_states(self) -> dict[str, GroupStateRecord]:
+        with self._read() as s:
+            return {r.group_name: _record(GroupStateRecord, r) for r in s.scalars(select(GroupState))}
+
+    @_guarded
+    def set_cooldown(self, group: str, until: float, action_key: str | None = None, now: float | None = None) -> None:
+        with self._write() as s:
+            self._upsert_group_state(s, group, float(until), action_key, self._now(now))
+
+    # --- policies -------------------------------------------------------------------------------
+    @_guarded
+    def register_policy_version(self, agent: str, version: str, *, path: str | None = None,
+                                sha256: str | None = None, source: str | None = None, activate: bool = True,
+                                now: float | None = None) -> PolicyVersionRecord:
+        """Record that `agent` runs policy `version` (idempotent: registering it again returns
+        the row). `activate` makes it the agent's only active version. The same version with
+        a different sha256 raises KnowledgeError: a version label names one file forever."""
+        row = PolicyVersion(agent=agent, version=version, path=path, sha256=sha256, source=source,
+                            created_at=self._now(now), active=False)
+        try:
+            with self._write() as s:
+                s.add(row)
+                s.flush()
+                if activate:
+                    self._activate(s, agent, row.id)
+                s.refresh(row)
+                return _record(PolicyVersionRecord, row)
+        except IntegrityError:
+            pass
+        with self._write() as s:
+            existing = s.scalar(select(PolicyVersion).where(PolicyVersion.agent == agent,
+                                                            PolicyVersion.version == version))
+            if existing is None:
+                raise KnowledgeError(f"policy {agent} {version}: could not be recorded")
+            if sha256 and existing.sha256 and sha256 != existing.sha256:
+                raise KnowledgeError(f"policy {agent} version {version!r} is registered with sha256 "
+                                     f"{existing.sha256[:12]}…, not {sha256[:12]}…: give the new file a new version")
+            if activate and not existing.active:
+                self._activate(s, agent, existing.id)
+                s.refresh(existing)
+            return _record(PolicyVersionRecord, existing)
+
+    @staticmethod
+    def _activate(s: Session, agent: str, policy_id: int) -> None:
+        s.execute(update(PolicyVersion).where(PolicyVersion.agent == agent)
+                  .values(active=(PolicyVersion.id == policy_id)))
+
+    @_guarded
+    def active_policy(self, agent: str) -> PolicyVersionRecord | None:
+        with self._read() as s:
+            row = s.scalar(select(PolicyVersion).where(PolicyVersion.agent == agent, PolicyVersion.active)
+                           .order_by(PolicyVersion.id.desc()).limit(1))
+            return None if row is None else _record(PolicyVersionRecord, row)
+
+    # --- queries for reports and tests ----------------------------------------------------------
+    @_guarded
+    def snapshot(self, snapshot_id: int) -> SnapshotRecord | None:
+        with self._read() as s:
+            row = s.get(Snapshot, snapshot_id)
+            return None if row is None else _record(SnapshotRecord, row)
+
+    @_guarded
+    def observation(self, observation_id: int) -> ObservationRecord | None:
+        with self._read() as s:
+            row = s.get(Observation, observation_id)
+            return None if row is None else _record(ObservationRecord, row)
+
+    @_guarded
+    def decisions(self, since: float | None = None, limit: int | None = None) -> list[DecisionRecord]:
+        """Decisions created at or after `since` (epoch seconds), oldest first."""
+        q = select(Decision).order_by(Decision.created_at, Decision.id)
+        if since is not None:
+            q = q.where(Decision.created_at >= since)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._read() as s:
+            return [_record(DecisionRecord, r) for r in s.scalars(q)]
+
+    @_guarded
+    def actions(self, decision_id: int | None = None) -> list[ActionRecord]:
+        q = select(Action).order_by(Action.id)
+        if decision_id is not None:
+            q = q.where(Action.decision_id == decision_id)
+        with self._read() as s:
+            return [_record(ActionRecord, r) for r in s.scalars(q)]
+
+    @_guarded
+    def counts(self) -> dict[str, int]:
+        """Rows per table."""
+        with self._read() as s:
+            return {t.name: s.scalar(select(func.count()).select_from(t)) or 0
+                    for t in Base.metadata.sorted_tables}

@@ -1,0 +1,328 @@
+"""The emulated cloud testbed, end to end on one machine.
+
+    driver ──submit──► job queue (SQLite) ◄──lease/complete── workers (processes)
+                             │ counters                          │ cpu/ram every second
+                             ▼                                   ▼
+                         Graphite (real carbon-cache + graphite-web, 1 s retention)
+                                                 │ last complete interval
+    moto server: 3 ASGs ◄── AwsAsgExecutor ◄── SAMM daemon (unchanged production code)
+          │ instances
+          ▼
+    reconciler ── seeded boot delay ──► worker process per InService instance (SIGKILL on removal)
+
+Time is compressed: one wall second is `compression` workload seconds. The daemon's interval
+(60 workload s), cool-down and warm-up are divided accordingly; collectors report every wall
+second (Graphite's finest resolution; at 30x that is every 30 workload seconds, not the
+paper's 10). Billing and SLA figures come from the testbed's own records (`billing.py`) in the
+simulator's units, so they compare with `samm evaluate` directly.
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from samm.config import SammConfig
+
+log = logging.getLogger(__name__)
+
+PAPER_GROUPS = (  # name, cores, RAM GB, $/h, min, max, ASG
+    ("S", 2, 8, 0.2, 1, 10, "samm-m5a-large"),
+    ("M", 4, 16, 0.4, 0, 10, "samm-m5a-xlarge"),
+    ("L", 8, 32, 0.8, 0, 10, "samm-m5a-2xlarge"),
+)
+PREFIX = "samm"
+
+
+@dataclass
+class TestbedOptions:
+    __test__ = False  # not a pytest test class
+    agent: str = "lstm-ppo"
+    params: dict | None = None
+    policy_dir: str | None = None
+    workload: str = "seed-1551-short"
+    compression: float = 30.0
+    seed: int = 1
+    step_s: float = 60.0  # the daemon's interval, workload seconds
+    cooldown_s: float = 0.0  # workload seconds (the paper's simulator had none)
+    warmup_s: float = 0.0
+    report_every_s: float = 1.0  # wall seconds between collector reports
+    timeout_s: float = 1200.0  # wall seconds before giving up
+    initial: tuple[int, int, int] = (1, 1, 1)
+    out_dir: str | None = None
+    daemon_process: bool = False  # run `samm run` as its own process (so it can be killed -9)
+    workload_obj: object | None = None  # a Workload instead of a name (tests)
+
+
+@dataclass
+class TestbedResult:
+    summary: dict
+    timeline: list[dict]
+    out_dir: Path
+    wall_s: float
+    daemon_iterations: int
+    knowledge_url: str
+    faults: list[str] = field(default_factory=list)
+
+
+def daemon_config(opts: TestbedOptions, graphite, moto_url: str, knowledge_url: str) -> SammConfig:
+    interval = opts.step_s / opts.compression
+    groups = [{"name": n, "cores": c, "ram_gb": r, "price_per_hour": p, "min": lo, "max": hi, "asg_name": a}
+              for n, c, r, p, lo, hi, a in PAPER_GROUPS]
+    agent = {"name": opts.agent, "params": opts.params or {}, "policy_dir": opts.policy_dir}
+    return SammConfig.model_validate({
+        "groups": groups,
+        "graphite": {"render_url": graphite.render_url, "carbon_host": graphite.carbon_host,
+                     "carbon_port": graphite.carbon_port, "prefix": PREFIX, "timeout_s": 2.0,
+                     "lateness_s": min(0.3, interval / 4)},
+        "agent": agent,
+        "executor": {"kind": "aws-asg", "endpoint_url": moto_url, "max_attempts": 4},
+        "timing": {"interval_s": interval, "warmup_s": opts.warmup_s / opts.compression,
+                   "cooldown_s": opts.cooldown_s / opts.compression, "misfire_grace_s": interval},
+        "knowledge": {"url": knowledge_url},
+    })
+
+
+class Testbed:
+    """Starts every part, runs one workload under one policy, stops everything. Parts are
+    exposed for fault injection (`kill_worker`, `graphite.stop()`, the moto proxy, ...)."""
+
+    def __init__(self, opts: TestbedOptions, progress: Callable[[dict], None] | None = None):
+        self.opts = opts
+        self.progress = progress
+        self.out = Path(opts.out_dir) if opts.out_dir else Path(os.environ.get("TMPDIR", "/tmp")) / f"samm-testbed-{os.getpid()}"
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.faults: list[str] = []
+        self._stack: list[Callable[[], None]] = []
+
+    # --- set-up -------------------------------------------------------------------------------
+    def start(self) -> "Testbed":
+        from samm.daemon.build import build_daemon
+        from samm.daemon.runner import DaemonRunner
+        from samm.execute.moto_server import MotoServer, create_paper_asgs
+        from samm.monitor.graphite_client import GraphiteSender
+        from samm.monitor.local_graphite import LocalGraphite
+        from sim_bridge.workloads import load_workload
+
+        from .driver import Driver, QueuePublisher
+        from .jobqueue import JobQueue
+        from .reconciler import Reconciler
+
+        o = self.opts
+        for k, v in {"AWS_ACCESS_KEY_ID": "testbed", "AWS_SECRET_ACCESS_KEY": "testbed",
+                     "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            os.environ.setdefault(k, v)
+        for stale in ("queue.db", "queue.db-wal", "queue.db-shm", "knowledge.db", "knowledge.db-wal",
+                      "knowledge.db-shm"):
+            (self.out / stale).unlink(missing_ok=True)
+        shutil.rmtree(self.out / "graphite", ignore_errors=True)
+        self.graphite = LocalGraphite(self.out / "graphite", retentions="1s:6h,1m:7d")
+        self.graphite.start()
+        self._stack.append(self.graphite.close)
+        self.moto = MotoServer()
+        self.moto.__enter__()
+        self.moto.reset()  # moto's state is per process: a second testbed must start empty
+        self._stack.append(lambda: self.moto.__exit__(None, None, None))
+        create_paper_asgs(endpoint_url=self.moto.endpoint_url, names=tuple(g[6] for g in PAPER_GROUPS),
+                          min=tuple(g[4] for g in PAPER_GROUPS), max=10, desired=1)
+        asg = self.moto.client("autoscaling")
+        for g, n in zip(PAPER_GROUPS, o.initial):
+            asg.set_desired_capacity(AutoScalingGroupName=g[6], DesiredCapacity=int(n), HonorCooldown=False)
+
+        self.workload = o.workload_obj if o.workload_obj is not None else load_workload(o.workload)
+        self.queue = JobQueue(self.out / "queue.db")
+        self._stack.append(self.queue.close)
+        self.sender = GraphiteSender(self.graphite.carbon_host, self.graphite.carbon_port)
+        self.knowledge_url = f"sqlite:///{self.out / 'knowledge.db'}"
+        self.config = daemon_config(o, self.graphite, self.moto.endpoint_url, self.knowledge_url)
+        self.interval_wall = self.config.timing.interval_s
+
+        logs = self.out / "workers"
+        logs.mkdir(exist_ok=True)
+        carbon = f"{self.graphite.carbon_host}:{self.graphite.carbon_port}"
+
+        def spawn(group: str, instance_id: str, cores: int) -> subprocess.Popen:
+            err = open(logs / f"{instance_id}.log", "ab")
+            try:
+                return subprocess.Popen(
+                    [sys.executable, "-m", "samm.testbed.worker", "--queue", str(self.out / "queue.db"),
+                     "--group", group, "--instance", instance_id, "--cores", str(cores),
+                     "--compression", str(o.compression), "--t0", repr(self.t0), "--graphite", carbon,
+                     "--prefix", PREFIX, "--report-every", str(o.report_every_s), "--log-level", "WARNING"],
+                    stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            finally:
+                err.close()
+
+        if not o.daemon_process:
+            self.daemon = build_daemon(self.config)
+            self.runner = DaemonRunner(self.daemon)
+        # t0 on an interval boundary, so workload minutes and daemon windows line up, and far
+        # enough ahead for the initial fleet's workers to be up when the run starts
+        self.t0 = (time.time() // self.interval_wall + 2) * self.interval_wall
+        self.queue.set_clock(self.t0, o.compression)
+        groups = {g[6]: (g[0], g[1]) for g in PAPER_GROUPS}
+        self.reconciler = Reconciler(asg, groups, spawn, on_terminated=lambda iid: self.queue.release_worker(iid),
+                                     compression=o.compression, seed=o.seed)
+        self.publisher = QueuePublisher(self.queue, self.sender, PREFIX, o.compression, self.t0, self.interval_wall,
+                                        every_s=o.report_every_s)
+        self.driver = Driver(self.queue, self.workload, o.compression, self.t0)
+        self.reconciler.start()
+        self._stack.append(self.reconciler.stop)
+        while time.time() < self.t0 - 0.05:
+            time.sleep(0.02)
+        self.publisher.start()
+        self._stack.append(self.publisher.stop)
+        self.driver.start()
+        self._stack.append(self.driver.stop)
+        if o.daemon_process:
+            import yaml
+
+            (self.out / "samm.yaml").write_text(yaml.safe_dump(self.config.model_dump(mode="json")))
+            self.start_daemon_process()
+        else:
+            self._daemon_thread = threading.Thread(target=self.runner.run, kwargs={"install_signals": False},
+                                                   name="samm-daemon", daemon=True)
+            self._daemon_thread.start()
+        self._stack.append(self._stop_daemon)
+        return self
+
+    def start_daemon_process(self) -> subprocess.Popen:
+        log_file = open(self.out / "daemon.log", "ab")
+        try:
+            self.daemon_proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "run", "--config",
+                                                 str(self.out / "samm.yaml"), "--log-level", "WARNING"],
+                                                stdout=subprocess.DEVNULL, stderr=log_file, env=dict(os.environ))
+        finally:
+            log_file.close()
+        return self.daemon_proc
+
+    def _stop_daemon(self) -> None:
+        if self.opts.daemon_process:
+            if self.daemon_proc.poll() is None:
+                self.daemon_proc.terminate()
+                try:
+                    self.daemon_proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    self.daemon_proc.kill()
+            return
+        self.runner.stop_event.set()
+        self._daemon_thread.join(30)
+
+    def iterations(self) -> int:
+        if self.opts.daemon_process:
+            from samm.knowledge.store import KnowledgeStore
+
+            store = KnowledgeStore(self.knowledge_url)
+            try:
+                return store.counts()["decisions"]
+            finally:
+                store.close()
+        return len(self.runner.reports)
+
+    # --- running ------------------------------------------------------------------------------
+    def clock(self) -> float:
+        return (time.time() - self.t0) * self.opts.compression
+
+    def sample(self) -> dict:
+        counts = self.reconciler.counts()
+        c = self.queue.counters(self.clock(), self.clock())
+        row = {"t_s": round(self.clock(), 1), "waiting": c.waiting, "running_jobs": c.running,
+               "completed": c.completed_total, "submitted": c.submitted_total}
+        for g, v in counts.items():
+            row[f"{g}_booting"], row[f"{g}_running"] = v["booting"], v["running"]
+            row[f"{g}_vms"] = v["booting"] + v["running"]
+        return row
+
+    def run_until_done(self) -> list[dict]:
+        timeline = []
+        deadline = time.time() + self.opts.timeout_s
+        next_sample = time.time()
+        n = self.workload.n_jobs
+        while True:
+            if time.time() >= next_sample:
+                row = self.sample()
+                timeline.append(row)
+                if self.progress:
+                    self.progress(row)
+                next_sample += self.interval_wall
+            if self.driver.done and self.queue.all_done(n):
+                break
+            if time.time() > deadline:
+                raise TimeoutError(f"testbed: {n - timeline[-1]['completed']} of {n} jobs unfinished after "
+                                   f"{self.opts.timeout_s:.0f} s")
+            time.sleep(0.05)
+        timeline.append(self.sample())
+        return timeline
+
+    def close(self) -> None:
+        while self._stack:
+            fn = self._stack.pop()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - keep stopping the rest
+                log.exception("testbed: stopping %s failed", fn)
+
+    def summary(self) -> dict:
+        from .billing import InstanceRecord, summarize
+
+        records = [InstanceRecord(vm.group, vm.instance_id, vm.seen_wall, vm.stopped_wall,
+                                  vm.ready_wall if vm.proc is not None else None)
+                   for vm in self.reconciler.vms.values()]
+        specs = {g[0]: _Spec(g[1], g[3], g[5]) for g in PAPER_GROUPS}
+        return summarize(records, self.queue.stats(), self.queue.runs(), specs, self.opts.compression, self.t0,
+                         step_s=self.opts.step_s, workload=self.workload.name)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    cores: int
+    price_per_hour: float
+    max: int
+
+
+def run_testbed(opts: TestbedOptions, progress: Callable[[dict], None] | None = None,
+                during: Callable[[Testbed], None] | None = None,
+                before_close: Callable[[Testbed], None] | None = None) -> TestbedResult:
+    """Run one workload under one policy on the testbed. `during(testbed)` runs in a thread
+    alongside (fault injection in tests); `before_close(testbed)` runs once every job is done,
+    while Graphite and moto still run (checks in tests)."""
+    started = time.time()
+    tb = Testbed(opts, progress)
+    try:
+        tb.start()
+        if during is not None:
+            def guarded():
+                try:
+                    during(tb)
+                except Exception as exc:  # noqa: BLE001 - reported in the result
+                    log.exception("testbed: fault injection failed")
+                    tb.faults.append(f"error: {type(exc).__name__}: {exc}")
+            threading.Thread(target=guarded, name="testbed-faults", daemon=True).start()
+        timeline = tb.run_until_done()
+        tb._stop_daemon()
+        if before_close is not None:
+            before_close(tb)
+        tb.reconciler.stop()
+        summary = tb.summary()
+        iterations = tb.iterations()
+    finally:
+        tb.close()
+    write_timeline(tb.out / "timeline.csv", timeline)
+    return TestbedResult(summary, timeline, tb.out, time.time() - started, iterations, tb.knowledge_url, tb.faults)
+
+
+def write_timeline(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
