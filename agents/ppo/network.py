@@ -99,48 +99,61 @@ class LstmActorCritic(nn.Module):
 
     def unroll(self, obs: torch.Tensor, state: State, episode_starts: torch.Tensor, final_state: bool = True):
         """A sequence (L, B, F) from `state`, resetting where episodes start: logits (L, B, A),
-        values (L, B), final state (None when `final_state` is False).
-
-        One fused LSTM call whatever the resets: each column is cut into segments at its
-        episode starts, segments are laid side by side left-aligned (zero-padded after their
-        end, which cannot affect their outputs), the first starts from `state` and the others
-        from zeros, and outputs are gathered back to (t, b). One call of batch B + resets costs
-        less than one call per stretch between resets (~1 of 3 ms per minibatch here)."""
+        values (L, B), final state (None when `final_state` is False)."""
         length, batch = episode_starts.shape
-        starts = episode_starts > 0
-        if not bool(starts[1:].any()):
+        out, rows, aux = self.hidden_rows(obs, state, episode_starts)
+        logits, values = self.policy(out), self.value(out).squeeze(-1)
+        last = aux if final_state else None
+        if rows is not None:  # heads before gathering back: the gather then moves A + 1 columns, not H
+            logits, values = logits.index_select(0, rows), values.index_select(0, rows)
+            last = self._final_state(obs, *aux) if final_state else None
+        return logits.view(length, batch, -1), values.view(length, batch), last
+
+    def hidden_rows(self, obs: torch.Tensor, state: State, episode_starts: torch.Tensor):
+        """LSTM outputs of a sequence (L, B, F) with resets, in ONE fused LSTM call.
+
+        Returns (out (R, H), rows, aux): the output at (t, b) is row `rows[t * B + b]` of out,
+        or row t * B + b when rows is None (no reset after the first step; aux is then the final
+        state). With resets, each column is cut into segments at its episode starts, segments
+        are laid side by side left-aligned (zero-padded after their end, which cannot change
+        their outputs), the first from `state` and the others from zeros. One call of batch
+        B + resets costs less than one call per stretch between resets (~2.4 vs ~3.8 ms for a
+        16 × 16 minibatch with two resets, forward and backward)."""
+        length, batch = episode_starts.shape
+        # the segment bookkeeping is index arithmetic on a (L, B) flag array: NumPy does it for
+        # a fraction of what a dozen small torch operations cost
+        starts = episode_starts.detach().cpu().numpy() > 0
+        if not starts[1:].any():
             out, last = self.lstm(obs, self._mask(state, episode_starts[0]))
-            return self.policy(out), self.value(out).squeeze(-1), (last if final_state else None)
-        flags = starts.clone()
+            return out.reshape(length * batch, -1), None, last
+        flags = starts.copy()
         flags[0] = True
-        flat = flags.t().reshape(-1)  # column-major: index b * L + t
-        seg = flat.cumsum(0) - 1  # segment of each (b, t)
-        first = torch.nonzero(flat).flatten()
+        flat = flags.T.reshape(-1)  # column-major: index b * L + t
+        seg = np.cumsum(flat) - 1  # segment of each (b, t)
+        first = np.flatnonzero(flat)
         seg_t0, seg_col = first % length, first // length  # each segment's start time and column
         n_seg = len(first)
-        pos = torch.arange(batch * length, device=obs.device) % length - seg_t0[seg]
-        where = pos * n_seg + seg  # (b, t) -> row of the padded (L * S) layout
-        padded = obs.new_zeros(length * n_seg, obs.shape[-1])
-        padded[where] = obs.transpose(0, 1).reshape(batch * length, -1)
-        keep = ((seg_t0 == 0) & ~starts[0, seg_col]).to(obs.dtype).view(1, -1, 1)
-        h0, c0 = state[0][:, seg_col] * keep, state[1][:, seg_col] * keep
+        where = (np.arange(batch * length) % length - seg_t0[seg]) * n_seg + seg  # (b, t) -> padded row
+        rows = where.reshape(batch, length).T.reshape(-1)  # (t, b) -> padded row
+        keep = ((seg_t0 == 0) & ~starts[0, seg_col]).astype(np.float32)
+        as_t = lambda x: torch.from_numpy(x).to(obs.device)  # noqa: E731
+        padded = obs.new_zeros(length * n_seg, obs.shape[-1]).index_copy_(0, as_t(rows), obs.reshape(length * batch, -1))
+        cols, keep_t = as_t(seg_col), as_t(keep).to(obs.dtype).view(1, -1, 1)
+        h0, c0 = state[0].index_select(1, cols) * keep_t, state[1].index_select(1, cols) * keep_t
         out, _ = self.lstm(padded.view(length, n_seg, -1), (h0, c0))
-        # heads before gathering back: the gather (and its backward) then moves A + 1 columns, not H
-        logits = self.policy(out).view(length * n_seg, -1).index_select(0, where)
-        values = self.value(out).view(length * n_seg).index_select(0, where)
-        last = self._final_state(obs, h0, c0, seg_t0, seg_col, seg) if final_state else None
-        return logits.view(batch, length, -1).transpose(0, 1), values.view(batch, length).t(), last
+        return out.reshape(length * n_seg, -1), as_t(rows), (h0, c0, seg_t0, seg_col, seg)
 
     def _final_state(self, obs, h0, c0, seg_t0, seg_col, seg) -> State:
         """The state after the last step of each column: its last segment run unpadded (a
         padded run's final state includes the padding), grouped by segment length."""
         length, batch = obs.shape[0], obs.shape[1]
-        last_seg = seg.view(batch, length)[:, -1]
-        h_n, c_n = torch.empty_like(h0[:, :batch]), torch.empty_like(c0[:, :batch])
+        last_seg = seg.reshape(batch, length)[:, -1]
+        h_n, c_n = h0.new_empty(1, batch, self.hidden), c0.new_empty(1, batch, self.hidden)
         t0 = seg_t0[last_seg]
-        for start in torch.unique(t0).tolist():
-            cols = torch.nonzero(t0 == start).flatten()
-            segs = last_seg[cols]
+        for start in np.unique(t0).tolist():
+            cols = np.flatnonzero(t0 == start)
+            segs = torch.from_numpy(last_seg[cols]).to(obs.device)
+            cols = torch.from_numpy(cols).to(obs.device)
             _, (hn, cn) = self.lstm(obs[start:, cols], (h0[:, segs], c0[:, segs]))
             h_n[:, cols], c_n[:, cols] = hn, cn
         return h_n, c_n

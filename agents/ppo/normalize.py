@@ -13,7 +13,12 @@ class RunningMeanStd:
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float64)
-        batch_mean, batch_var, n = x.mean(axis=0), x.var(axis=0), x.shape[0]
+        # x.mean(0) and x.var(0) spelled out (same operations, same bits): called twice per
+        # environment step, their Python wrappers cost more than the arithmetic
+        n = x.shape[0]
+        batch_mean = x.sum(axis=0) / n
+        centred = x - x.sum(axis=0, keepdims=True) / n
+        batch_var = (centred * centred).sum(axis=0) / n
         delta = batch_mean - self.mean
         total = self.count + n
         self.mean = self.mean + delta * n / total

@@ -21,6 +21,8 @@ from torch import nn, optim
 
 from .buffer import RolloutBuffer
 from .config import PPOConfig
+from .flat_params import FlatParams
+from .loss import LossCoefs, LossTargets, fused_ppo_loss, ppo_loss
 from .network import LstmActorCritic
 from .rollout_policy import RolloutPolicy
 from .normalize import RunningMeanStd
@@ -95,40 +97,35 @@ class TrainResult:
 
 
 def ppo_update(net: LstmActorCritic, opt: optim.Optimizer, buf: RolloutBuffer, cfg: PPOConfig,
-               sample_gen: torch.Generator) -> dict[str, list[float]]:
+               sample_gen: torch.Generator, flat: FlatParams | None = None) -> dict[str, list[float]]:
     """Epochs over minibatches of BPTT chunks, clipped surrogate and value losses, early stop
-    past `target_kl`. Returns the per-minibatch statistics."""
+    past `target_kl`. Returns the per-minibatch statistics. `flat`: the network's parameters
+    as one buffer, which `opt` then steps."""
     net.train()
+    coefs = LossCoefs(cfg.clip_coef, cfg.ent_coef, cfg.vf_coef, cfg.clip_vloss, cfg.norm_adv)
+    fused = len(set(net.nvec)) == 1 and next(net.parameters()).device.type == "cpu"
     stats: dict[str, list[float]] = {"pg_loss": [], "v_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
     for _ in range(cfg.update_epochs):
         for mb in buf.chunks(cfg.bptt_chunk, cfg.num_minibatches, sample_gen):
-            logits, values, _ = net.unroll(mb.obs, mb.state, mb.episode_starts, final_state=False)
-            dist = net.dist(logits)
-            newlogprob = dist.log_prob(mb.actions)
-            entropy = dist.entropy().mean()
-            logratio = newlogprob - mb.logprobs
-            ratio = logratio.exp()
-            with torch.no_grad():
-                approx_kl = ((ratio - 1) - logratio).mean()
-                clipfrac = ((ratio - 1.0).abs() > cfg.clip_coef).float().mean()
-
-            adv = mb.advantages
-            if cfg.norm_adv:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-
-            if cfg.clip_vloss:
-                v_clipped = mb.values + (values - mb.values).clamp(-cfg.clip_coef, cfg.clip_coef)
-                v_loss = 0.5 * torch.max((values - mb.returns) ** 2, (v_clipped - mb.returns) ** 2).mean()
+            n = mb.logprobs.numel()
+            targets = LossTargets(mb.actions.reshape(n, -1), mb.logprobs.reshape(n), mb.values.reshape(n),
+                                  mb.advantages.reshape(n), mb.returns.reshape(n))
+            if fused:
+                hidden, rows, _ = net.hidden_rows(mb.obs, mb.state, mb.episode_starts)
+                loss, mb_stats = fused_ppo_loss(net, hidden, rows, targets, coefs)
             else:
-                v_loss = 0.5 * ((values - mb.returns) ** 2).mean()
-
-            loss = pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss
-            opt.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(net.parameters(), cfg.max_grad_norm, foreach=True)
+                logits, values, _ = net.unroll(mb.obs, mb.state, mb.episode_starts, final_state=False)
+                loss, mb_stats = ppo_loss(logits.reshape(n, -1), values.reshape(n), net.nvec, targets, coefs)
+            if flat is not None:
+                flat.zero_grad()
+                loss.backward()
+                flat.clip_grad_norm_(cfg.max_grad_norm)
+            else:
+                opt.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(net.parameters(), cfg.max_grad_norm, foreach=True)
             opt.step()
-            values_of = torch.stack([pg_loss, v_loss, entropy, approx_kl, clipfrac]).detach().tolist()
+            values_of = mb_stats.tolist()
             for k, v in zip(stats, values_of):
                 stats[k].append(v)
             if cfg.target_kl is not None and values_of[3] > cfg.target_kl:
@@ -164,7 +161,9 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     if cfg.initial_noop_prob > 0:
         # no-op: action 0 of a Discrete space (the paper's "nothing"), 1 (keep) of each per-type dim
         net.bias_towards((0,) if discrete else (1,) * len(nvec), cfg.initial_noop_prob)
-    opt = optim.Adam(net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
+    # on CPU the parameters live in one buffer (see flat_params); on GPUs cuDNN wants its own layout
+    flat = FlatParams(net) if device.type == "cpu" else None
+    opt = optim.Adam([flat.param] if flat else net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
     obs_rms = RunningMeanStd((obs_dim,)) if cfg.norm_obs else None
     ret_rms = RunningMeanStd(()) if cfg.norm_reward else None
     start_update, global_step = 0, 0
@@ -173,7 +172,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     if resume and ckpt_path and ckpt_path.exists():
         ck = torch.load(ckpt_path, map_location=device, weights_only=False)
         net.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
+        opt.load_state_dict(flat.optimizer_state_from_per_parameter(ck["optimizer"]) if flat else ck["optimizer"])
         start_update, global_step = ck["update"], ck["global_step"]
         obs_rms = RunningMeanStd.from_dict(ck["obs_rms"]) if ck.get("obs_rms") else obs_rms
         ret_rms = RunningMeanStd.from_dict(ck["ret_rms"]) if ck.get("ret_rms") else ret_rms
@@ -264,7 +263,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
         buf.finish(next_value, episode_start, cfg.gamma, cfg.gae_lambda)
 
         # -- learn from it: epochs over minibatches of BPTT chunks ---------------------------
-        stats = ppo_update(net, opt, buf, cfg, sample_gen)
+        stats = ppo_update(net, opt, buf, cfg, sample_gen, flat)
 
         # -- log, checkpoint, callbacks ------------------------------------------------------
         y_pred, y_true = buf.values.ravel(), buf.returns.ravel()
