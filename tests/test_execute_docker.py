@@ -159,6 +159,7 @@ def _measure(ex: DockerExecutor, name: str, ok, deadline_s: float = 15.0) -> dic
     return sample
 
 
+@pytest.mark.slow  # a CPU measurement: noisy on a loaded 2-core machine
 def test_live_cpu_limit_update_is_measured(executor):
     ns = executor.namespace
     executor.commands["web"] = ["sh", "-c", "while :; do :; done"]
