@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .network import ActionDist, LstmActorCritic
+from .np_ops import matmul
 
 
 @dataclass
@@ -90,7 +91,7 @@ class FusedHeadsLoss(torch.autograd.Function):
             x = x[rows.numpy()]
         n, dims, cats = x.shape[0], len(nvec), nvec[0]
         w = np.concatenate([w_pi.detach().numpy(), w_v.detach().numpy()])
-        y = x @ w.T
+        y = matmul(x, w.T)
         y += np.concatenate([b_pi.detach().numpy(), b_v.detach().numpy()])
         z = np.ascontiguousarray(y[:, :-1]).reshape(n, dims, cats)  # strided views are slow here
         z = z - _over_last(np.maximum, z)
@@ -147,12 +148,12 @@ class FusedHeadsLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_stats):
         x, w, dy, rows, hidden_shape, n_pi = ctx.saved
         dy = dy * np.float32(grad_loss.item())
-        dx = dy @ w
+        dx = matmul(dy, w)
         if rows is not None:
             full = np.zeros(hidden_shape, dtype=dx.dtype)
             full[rows] = dx
             dx = full
-        dw, db = dy.T @ x, dy.sum(axis=0)
+        dw, db = matmul(dy.T, x), dy.sum(axis=0)
         t = torch.from_numpy
         return t(dx), t(dw[:n_pi]), t(db[:n_pi]), t(dw[n_pi:]), t(db[n_pi:]), None, None, None, None
 

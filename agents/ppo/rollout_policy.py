@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .network import LstmActorCritic
+from .np_ops import matmul
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -39,16 +40,17 @@ class RolloutPolicy:
         self.b_head = np.concatenate([sd["policy.bias"], sd["value.bias"]])
 
     def _lstm(self, obs: np.ndarray, h: np.ndarray, c: np.ndarray, start: np.ndarray):
-        keep = (1.0 - start).astype(np.float32)[:, None]
-        h, c = h * keep, c * keep
-        gates = obs @ self.w_ih
-        gates += h @ self.w_hh
+        if start.any():
+            keep = (1.0 - start).astype(np.float32)[:, None]
+            h, c = h * keep, c * keep
+        gates = matmul(obs, self.w_ih)
+        gates += matmul(h, self.w_hh)
         gates += self.b
         n = self.hidden
         s = _sigmoid(gates)
         c = s[:, n:2 * n] * c + s[:, :n] * np.tanh(gates[:, 2 * n:3 * n])
         h = s[:, 3 * n:] * np.tanh(c)
-        out = h @ self.w_head
+        out = matmul(h, self.w_head)
         out += self.b_head
         return out[:, :-1], out[:, -1], h, c
 
@@ -68,11 +70,14 @@ class RolloutPolicy:
         return actions, sum(lp for _, lp in parts), value, h, c
 
     def _sample(self, z: np.ndarray):
-        """Inverse-CDF sampling from rows of logits (N, n): actions (N,) and log-probabilities."""
-        z = z - z.max(axis=1, keepdims=True)
-        cdf = np.exp(z).cumsum(axis=1)
-        total = cdf[:, -1]
-        u = self.rng.random(len(z), dtype=np.float32) * total
-        a = (cdf <= u[:, None]).sum(axis=1)
-        np.minimum(a, z.shape[1] - 1, out=a)  # u < total up to rounding
-        return a, z[np.arange(len(z)), a] - np.log(total)
+        """Inverse-CDF sampling from rows of logits (N, n): actions (N,) and log-probabilities.
+        Works on the transpose: reductions over a short last axis are slow in NumPy, over the
+        first axis they are a few whole-row operations."""
+        zt = np.ascontiguousarray(z.T)
+        zt -= zt.max(axis=0)
+        cdf = np.exp(zt).cumsum(axis=0)
+        total = cdf[-1]
+        u = self.rng.random(zt.shape[1], dtype=np.float32) * total
+        a = (cdf <= u).sum(axis=0)
+        np.minimum(a, zt.shape[0] - 1, out=a)  # u < total up to rounding
+        return a, zt[a, np.arange(zt.shape[1])] - np.log(total)

@@ -4,6 +4,13 @@ ppo_atari_lstm.py, with sb3-contrib's chunked truncated BPTT).
 Works with any Gymnasium VectorEnv that autoresets in the SAME step and reports the final
 observation of ended episodes in `info["final_obs"]` (as `CloudSimVectorEnv` does), so no
 transition is wasted and truncated episodes are bootstrapped from their real last state.
+
+Speed (docs/benchmarks.md, "Training throughput"): at 8 environments and a 128-cell LSTM every
+tensor is tiny, so per-call overhead, not arithmetic, is the cost. Rollouts therefore step a
+NumPy copy of the network (`rollout_policy`) into NumPy buffers; each minibatch runs ONE LSTM
+call whatever its episode resets (`LstmActorCritic.hidden_rows`), the heads and loss with a
+hand-written gradient in one autograd node (`loss.FusedHeadsLoss`, checked against the
+readable `loss.ppo_loss`), and clipping and Adam on one flat parameter buffer (`flat_params`).
 """
 from __future__ import annotations
 
@@ -24,8 +31,8 @@ from .config import PPOConfig
 from .flat_params import FlatParams
 from .loss import LossCoefs, LossTargets, fused_ppo_loss, ppo_loss
 from .network import LstmActorCritic
-from .rollout_policy import RolloutPolicy
 from .normalize import RunningMeanStd
+from .rollout_policy import RolloutPolicy
 
 
 def pick_device(name: str) -> torch.device:
