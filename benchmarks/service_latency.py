@@ -14,18 +14,14 @@ import argparse
 import http.client
 import json
 import os
-import socket
+
 import subprocess
 import sys
 import time
 
 import numpy as np
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from samm.localproc import free_port
 
 
 def pct(xs, q):

@@ -1,7 +1,7 @@
 """The daemon's two ways to ask for a decision: in-process, or over HTTP from a real uvicorn
 serving the Policy Evaluation Service. Both must give the same decisions for the same
 observations, and any failure must fall back to doing nothing, with the reason."""
-import socket
+
 import threading
 import time
 
@@ -10,16 +10,11 @@ import pytest
 import uvicorn
 
 from agents.factory import make_agent
+from samm.localproc import free_port
 from samm.plan.client import HttpPlanner, InProcessPlanner
 from samm.plan.registry import PolicyRegistry
 from samm.plan.service import create_app
 from sim_bridge.config import SimConfig
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -14,18 +14,18 @@ runs as that user. Binaries: `$SAMM_PG_BIN`, else the newest `/usr/lib/postgresq
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
 import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import weakref
 from pathlib import Path
+
+from samm.localproc import die_with_parent, free_port
 
 log = logging.getLogger(__name__)
 
@@ -75,20 +75,8 @@ def why_unavailable() -> str | None:
     return None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:  # in the child between fork and exec, after the user switch
-    # PR_SET_PDEATHSIG = 1; SIGINT is PostgreSQL's fast shutdown. A user switch clears the
-    # setting, which is why this runs after it.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGINT)
-    except OSError:
-        pass
-    os.setsid()
+# SIGINT is PostgreSQL's fast shutdown
+_die_with_parent = die_with_parent(signal.SIGINT)
 
 
 _live: "weakref.WeakSet[LocalPostgres]" = weakref.WeakSet()

@@ -237,6 +237,13 @@ class KnowledgeStore:
             raise
 
     # --- plumbing -------------------------------------------------------------------------------
+    def _insert(self, row) -> int:
+        """Add one row in its own transaction and return its id."""
+        with self._write() as s:
+            s.add(row)
+            s.flush()
+            return row.id
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -282,10 +289,7 @@ class KnowledgeStore:
         row = Snapshot(window_start=float(window_start), window_end=float(window_end), status=status,
                        reasons=[str(r) for r in reasons], raw=to_json(raw, "snapshot.raw"),
                        created_at=self._now(now))
-        with self._write() as s:
-            s.add(row)
-            s.flush()
-            return row.id
+        return self._insert(row)
 
     @_guarded
     def record_observation(self, snapshot_id: int, features: Mapping[str, float], *,
@@ -293,10 +297,7 @@ class KnowledgeStore:
         """Store the named features derived from a snapshot (non-finite values become null)."""
         row = Observation(snapshot_id=snapshot_id, features=to_json(dict(features), "features"),
                           created_at=self._now(now))
-        with self._write() as s:
-            s.add(row)
-            s.flush()
-            return row.id
+        return self._insert(row)
 
     # --- Plan -------------------------------------------------------------------------------------
     @_guarded

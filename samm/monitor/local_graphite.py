@@ -18,7 +18,6 @@ roll-ups use xFilesFactor 0 so one 10 s point per 10 one-second slots still roll
 from __future__ import annotations
 
 import atexit
-import ctypes
 import logging
 import os
 import shutil
@@ -30,6 +29,8 @@ import time
 import urllib.request
 import weakref
 from pathlib import Path
+
+from samm.localproc import die_with_parent, free_port
 
 log = logging.getLogger(__name__)
 
@@ -79,20 +80,7 @@ def missing_packages() -> list[str]:
     return missing
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    # PR_SET_PDEATHSIG = 1: the daemons get SIGTERM if the process that started them dies
-    # without running atexit (SIGKILL, a crashed test runner).
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
-    os.setsid()
+_die_with_parent = die_with_parent(signal.SIGTERM)
 
 
 _live: "weakref.WeakSet[LocalGraphite]" = weakref.WeakSet()
