@@ -401,3 +401,20 @@ def test_host_sampler_measures_a_process_tree_and_collector_loop_counts_reports(
     n = run_collector(InstanceReporter(sender, "p", "g", "i"), sampler, interval_s=10, duration_s=30, sleep=slept.append)
     # ticks are scheduled from the start (drift-free): a sleep that does not pass time shows it
     assert n == 3 and sender.dropped == 9 and [round(x) for x in slept] == [10, 20, 30]
+
+
+@pytest.mark.graphite
+def test_local_graphite_accepts_a_relative_root(tmp_path, monkeypatch):
+    """`samm demo --out demo-report` passes a relative directory: the daemons run with their
+    own working directory, so the launcher must resolve it."""
+    from samm.monitor.local_graphite import LocalGraphite, missing_packages
+
+    if missing_packages():
+        pytest.skip("Graphite not installed")
+    monkeypatch.chdir(tmp_path)
+    g = LocalGraphite("rel-graphite")
+    try:
+        g.start()
+        assert g.root.is_absolute() and g.running
+    finally:
+        g.close()

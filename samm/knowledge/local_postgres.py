@@ -100,7 +100,7 @@ class LocalPostgres:
             raise PostgresUnavailable(reason)
         self.bin_dir = find_bin_dir()
         self._own_root = root_dir is None
-        self.root = Path(root_dir) if root_dir is not None else Path(tempfile.mkdtemp(prefix="samm-pg-"))
+        self.root = Path(root_dir).resolve() if root_dir is not None else Path(tempfile.mkdtemp(prefix="samm-pg-"))
         self.port = port or free_port()
         self.host = "127.0.0.1"
         self.user = "postgres"  # the database superuser initdb creates

@@ -112,7 +112,7 @@ class LocalGraphite:
         if missing:
             raise GraphiteUnavailable("cannot start a local Graphite, missing: " + ", ".join(missing))
         self._own_root = root_dir is None
-        self.root = Path(root_dir) if root_dir is not None else Path(tempfile.mkdtemp(prefix="samm-graphite-"))
+        self.root = Path(root_dir).resolve() if root_dir is not None else Path(tempfile.mkdtemp(prefix="samm-graphite-"))
         self.retentions = retentions
         if server not in ("wsgi", "runserver"):
             raise ValueError(f"server must be 'wsgi' or 'runserver', got {server!r}")

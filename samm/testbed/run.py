@@ -98,7 +98,7 @@ class Testbed:
     def __init__(self, opts: TestbedOptions, progress: Callable[[dict], None] | None = None):
         self.opts = opts
         self.progress = progress
-        self.out = Path(opts.out_dir) if opts.out_dir else Path(os.environ.get("TMPDIR", "/tmp")) / f"samm-testbed-{os.getpid()}"
+        self.out = Path(opts.out_dir).resolve() if opts.out_dir else Path(os.environ.get("TMPDIR", "/tmp")) / f"samm-testbed-{os.getpid()}"
         self.out.mkdir(parents=True, exist_ok=True)
         self.faults: list[str] = []
         self._stack: list[Callable[[], None]] = []
