@@ -236,7 +236,7 @@ def demo(sim_only, workload, compression, seed, out) -> None:
     click.echo(f"SAMM demo: {workload} on the emulated cloud testbed at {compression:g}x time compression "
                f"(one daemon interval = {60 / compression:g} s wall). The workload is the first 6 batches (600 "
                "jobs) of the paper's seed-1551, cut so both runs fit in ten minutes; `samm demo --workload "
-               "seed-1551` runs the full one (about 16 minutes).")
+               "seed-1551` runs the full one (its workload runs about 2.8 times as long).")
     tb_rows, figures, results = [], [], {}
     for label, kind, params in runs:
         from sim_bridge.workloads import load_workload
