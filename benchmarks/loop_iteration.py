@@ -29,8 +29,9 @@ disturbed by other load on the machine.
 
 The benchmark's Graphite stores one slot per collector step (`--retentions 10s:6h,1m:7d`, as a
 production schema for 10 s collectors would; `LocalGraphite`'s test default has 1 s slots, ten
-times the points per render). `--launch-time-cache` is a what-if: the AWS executor asks EC2
-only about instances it has not seen before (launch times never change).
+times the points per render). The AWS executor caches launch times, so EC2 is asked only about
+instances it has not seen: the warm-up iteration pays for the whole fleet's lookup, the timed
+ones only for instances launched since.
 Do not run it in the test suite: it starts servers and takes minutes.
 """
 from __future__ import annotations
@@ -234,23 +235,7 @@ def wait_quiet(max_cpu_percent: float = 10.0, timeout_s: float = 120.0) -> tuple
 
 
 # --- one size ---------------------------------------------------------------------------------
-def cache_launch_times(executor) -> None:
-    """What-if: launch times never change, so ask EC2 only about instances not seen before
-    (the executor as shipped asks about every instance on every inventory)."""
-    inner = executor._launch_times
-    known: dict[str, float] = {}
-
-    def cached(instance_ids):
-        new = [i for i in instance_ids if i not in known]
-        if new:
-            known.update(inner(new))
-        return {i: known[i] for i in instance_ids if i in known}
-
-    executor._launch_times = cached
-
-
-def run_size(n: int, repeats: int, graphite, moto, tmp: Path, timeout_s: float, log: Callable[[str], None],
-             launch_time_cache: bool = False) -> dict:
+def run_size(n: int, repeats: int, graphite, moto, tmp: Path, timeout_s: float, log: Callable[[str], None]) -> dict:
     from samm.daemon.build import build_daemon
     from samm.execute.aws_asg import AwsAsgExecutor
     from samm.execute.moto_server import create_paper_asgs
@@ -280,8 +265,6 @@ def run_size(n: int, repeats: int, graphite, moto, tmp: Path, timeout_s: float, 
     t0 = time.perf_counter()
     daemon = build_daemon(cfg, clock=lambda: clock["now"])
     build_s = time.perf_counter() - t0
-    if launch_time_cache:
-        cache_launch_times(daemon.executor)
     sw = Stopwatch()
     instrument(daemon, sw)
     iterations = []
@@ -325,7 +308,6 @@ def run_size(n: int, repeats: int, graphite, moto, tmp: Path, timeout_s: float, 
         "samm_ms": {"median": _q(own, 50), "p95": _q(own, 95)},
         "samm_cpu_ms": {"median": _q(cpu, 50), "p95": _q(cpu, 95)},
         "servers_ms": {"median": _q(servers, 50), "p95": _q(servers, 95)},
-        "launch_time_cache": launch_time_cache,
         "warmup_wall_ms": iterations[0]["wall_ms"],
         "stage_median_ms": {s: _q([i["stages_ms"].get(s, 0.0) for i in timed], 50) for s in stages},
         "iterations_acting": sum(1 for i in timed if any(o.endswith(":succeeded") for o in i["outcomes"])),
@@ -385,8 +367,6 @@ def main() -> None:
     ap.add_argument("--graphite-timeout", type=float, default=5.0, help="graphite.timeout_s (the config default)")
     ap.add_argument("--retentions", default="10s:6h,1m:7d",
                     help="carbon storage schema for the benchmark's Graphite (one slot per collector step)")
-    ap.add_argument("--launch-time-cache", action="store_true",
-                    help="what-if: cache EC2 launch times in the executor (wrapped from outside)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON (progress goes to stderr)")
     args = ap.parse_args()
     try:
@@ -415,8 +395,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="samm-bench-loop-") as tmp, \
             LocalGraphite(Path(tmp) / "graphite", retentions=args.retentions) as graphite, MotoServer() as moto:
         for n in sizes:
-            results.append(run_size(n, args.repeats, graphite, moto, Path(tmp), args.graphite_timeout, log,
-                                    args.launch_time_cache))
+            results.append(run_size(n, args.repeats, graphite, moto, Path(tmp), args.graphite_timeout, log))
     out = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "retentions": args.retentions,

@@ -121,6 +121,29 @@ def test_launch_times_are_best_effort(make_executor):
     assert inv["S"].live == 1 and all(i.launched_at is None for g in inv.values() for i in g.instances)
 
 
+def test_launch_times_are_asked_once_per_instance(moto, make_executor):
+    """A launch time never changes: EC2 is asked only about instances it has not seen, and a
+    terminated instance's cached time is dropped."""
+    ex = make_executor()
+    asked: list[list[str]] = []
+    ex.ec2.meta.events.register("before-parameter-build.ec2.DescribeInstances",
+                                lambda params, **_: asked.append(sorted(params.get("InstanceIds", []))))
+    first = ex.inventory()
+    assert len(asked) == 1 and len(asked[0]) == 3
+    again = ex.inventory()
+    assert len(asked) == 1  # nothing new: no EC2 call at all
+    assert {i.instance_id: i.launched_at for g in again.values() for i in g.instances} == \
+        {i.instance_id: i.launched_at for g in first.values() for i in g.instances}
+    assert ex.apply(ScaleRequest("M", 2, "d1:M")).status == "succeeded"
+    ex.inventory()
+    new = {i.instance_id for i in ex.inventory()["M"].instances} - {i.instance_id for i in first["M"].instances}
+    assert len(asked) >= 2 and set(asked[-1]) == new and len(new) == 1  # only the new instance
+    (m_old,) = first["M"].instances
+    assert ex.apply(ScaleRequest("M", 1, "d2:M", victim=m_old.instance_id)).status == "succeeded"
+    ex.inventory()
+    assert m_old.instance_id not in ex._known_launch and new <= set(ex._known_launch)
+
+
 def test_scale_out_sets_desired(moto, make_executor):
     ex = make_executor()
     res = ex.apply(ScaleRequest("M", 3, "d1:M"))
