@@ -225,7 +225,30 @@ def test_transient_errors_are_retried_and_act_once(moto, make_executor, status, 
     res = ex.apply(ScaleRequest("L", 4, "d1:L"))
     assert res.status == "succeeded", res.error
     assert sets.attempts == 3 and sets.reached_server == 1  # two injected failures, then the real call
+    assert res.detail["attempts"] == 3  # recorded with the action
     assert asg(moto, "samm-m5a-2xlarge")["DesiredCapacity"] == 4
+
+
+def test_fault_proxy_throttles_a_separate_client(moto):
+    """The testbed's proxy (for a daemon in another process, out of reach of event hooks):
+    botocore retries the injected Throttling through it and the action lands once."""
+    from samm.testbed.aws_proxy import AwsFaultProxy
+
+    with AwsFaultProxy(moto.endpoint_url) as proxy:
+        ex = AwsAsgExecutor(GROUPS, endpoint_url=proxy.endpoint_url, session=moto.session(), max_attempts=5)
+        try:
+            proxy.fail_next("SetDesiredCapacity", 2)
+            proxy.fail_next("DescribeInstances", 1, status=403, code="UnauthorizedOperation")
+            res = ex.apply(ScaleRequest("L", 3, "d1:L"))
+            assert res.status == "succeeded" and res.detail["attempts"] == 3, res
+            assert proxy.snapshot()["SetDesiredCapacity"] == {"failed": 2, "forwarded": 1}
+            assert asg(moto, "samm-m5a-2xlarge")["DesiredCapacity"] == 3
+            inv = ex.inventory()  # the EC2 error document parses: launch times unknown, not a crash
+            assert inv["L"].desired == 3 and all(i.launched_at is None for i in inv["L"].instances)
+            assert proxy.snapshot()["DescribeInstances"]["failed"] == 1
+            assert all(i.launched_at is not None for i in ex.inventory()["L"].instances)  # asked again
+        finally:
+            ex.close()
 
 
 def test_persistent_5xx_fails_quickly_naming_the_call(moto, make_executor):

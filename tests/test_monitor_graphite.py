@@ -257,7 +257,13 @@ def test_stale_while_graphite_is_down_and_recovery_keeps_data(tmp_path, graphite
         assert any("Graphite unavailable" in x and g.render_url in x for x in down.reasons), down.reasons
         sender.send("x.y", 1, time.time())
         assert sender.flush() == 0 and sender.dropped == 1  # collectors keep going
-        g.start()
+        # restarted from a short-lived thread, as the testbed's fault injection does: the
+        # daemons must outlive that thread (the parent-death signal follows the forking thread)
+        t = threading.Thread(target=g.start)
+        t.start()
+        t.join()
+        time.sleep(1.0)
+        assert g.running
         back = src.read()
         assert back.status == "ok", back.reasons
         assert back.instances[("small", "i1")].cpu_percent == 40.0 and back.queue.submitted_interval == 30

@@ -33,10 +33,10 @@ def options(tmp_path, **kw):
     return TestbedOptions(**base)
 
 
-def check_invariants(res, interval_wall):
+def check_invariants(res, interval_wall, n_jobs=120):
     s = res.summary
     # every job completed exactly once
-    assert s["jobs_finished"] == s["jobs_total"] == 120, s
+    assert s["jobs_finished"] == s["jobs_total"] == n_jobs, s
     # instance counts never left [min, max]
     for row in res.timeline:
         for g, (lo, hi) in BOUNDS.items():
@@ -88,16 +88,38 @@ def test_testbed_end_to_end(tmp_path):
         assert series, f"Graphite has no data for {target}"
 
 
-@pytest.mark.slow
 def test_testbed_faults(tmp_path):
-    """Kill a worker mid-job, stop Graphite for two intervals, throttle the ASG API, kill -9
+    """Throttle the ASG API, kill a worker mid-job, stop Graphite for two intervals, kill -9
     the daemon and restart it: every job still finishes exactly once, nothing acts on stale
-    data, nothing acts twice."""
+    data, nothing acts twice, nothing recorded is lost."""
     notes = {}
+
+    def store_rows(tb):
+        store = KnowledgeStore(tb.knowledge_url)
+        try:
+            return ({(d.id, d.iteration_key) for d in store.decisions()},
+                    {(a.id, a.idempotency_key) for a in store.actions()})
+        finally:
+            store.close()
+
+    def wait_decisions(tb, n, since, timeout=60.0):
+        """Until the daemon has recorded `n` decisions for windows ending after `since`: a
+        loaded machine starts `samm run` (torch, the policy) in seconds, and a fault injected
+        before the daemon runs would test nothing."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if sum(1 for _, key in store_rows(tb)[0] if int(key) > since) >= n:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"the daemon recorded fewer than {n} decisions after {since:.0f} in {timeout:.0f} s")
 
     def faults(tb):
         interval = tb.interval_wall
-        # 1. a worker dies mid-job: its job is re-queued (lease expiry) and finishes elsewhere
+        # 1. the ASG API throttles: the daemon's first scaling calls meet `Throttling` twice each
+        #    (through the proxy: the daemon is another process) and botocore retries them
+        tb.aws_proxy.fail_next("SetDesiredCapacity", 2)
+        tb.aws_proxy.fail_next("TerminateInstanceInAutoScalingGroup", 2)
+        # 2. a worker dies mid-job: its job is re-queued (lease expiry) and finishes elsewhere
         deadline = time.time() + 60
         while time.time() < deadline:
             busy = [vm for vm in list(tb.reconciler.vms.values()) if vm.proc is not None and vm.stopped_wall is None
@@ -106,25 +128,61 @@ def test_testbed_faults(tmp_path):
                 notes["killed_worker"] = tb.reconciler.kill_worker(busy[0].instance_id)
                 break
             time.sleep(0.1)
-        # 2. Graphite down for two intervals
+        # 3. Graphite down for two intervals (restarted from this short-lived thread)
+        wait_decisions(tb, 2, time.time() - interval)
         stop_at = time.time()
         tb.graphite.stop()
         time.sleep(2 * interval + 0.5)
         tb.graphite.start()
         notes["graphite_down"] = (stop_at, time.time())
-        # 3. kill -9 the daemon, restart it
-        time.sleep(interval)
+        # 4. kill -9 the daemon, restart it
+        wait_decisions(tb, 2, notes["graphite_down"][1])
         tb.daemon_proc.kill()
         tb.daemon_proc.wait(10)
         notes["daemon_killed_at"] = time.time()
+        notes["rows_at_kill"] = store_rows(tb)
         tb.start_daemon_process()
 
-    res = run_testbed(options(tmp_path, daemon_process=True, timeout_s=300), during=faults)
+    def after(tb):
+        notes["proxy"] = tb.aws_proxy.snapshot()
+        notes["pending"] = {a: tb.aws_proxy.pending(a) for a in ("SetDesiredCapacity",
+                                                                   "TerminateInstanceInAutoScalingGroup")}
+        notes["daemon_exit"] = tb.daemon_proc.returncode
+
+    # five batches (about 40 s wall): room for the faults, one after another, and recovery
+    res = run_testbed(options(tmp_path, daemon_process=True, aws_fault_proxy=True, timeout_s=300,
+                              workload_obj=small_workload(batches=5)), during=faults, before_close=after)
     assert not [f for f in res.faults if f.startswith("error")], res.faults
-    decisions, actions = check_invariants(res, 60 / COMPRESSION)
+    decisions, actions = check_invariants(res, 60 / COMPRESSION, n_jobs=200)
+
+    # throttling: retried inside one action, never a second action for it
+    throttled = [op for op in ("SetDesiredCapacity", "TerminateInstanceInAutoScalingGroup")
+                 if notes["proxy"].get(op, {}).get("failed")]
+    assert throttled, f"no scaling call met the injected throttling: {notes['proxy']}"
+    for op in throttled:
+        assert notes["proxy"][op]["failed"] == 2 and notes["proxy"][op]["forwarded"] >= 1, notes["proxy"]
+    retried = [a for a in actions if a.status == "succeeded" and (a.result or {}).get("attempts", 1) >= 3]
+    assert retried, "the throttled call was recorded as one action with its retries"
+    keys = [a.idempotency_key for a in actions]
+    assert len(keys) == len(set(keys))
+
+    # a worker killed mid-job: its job was re-queued and still finished exactly once
     assert notes.get("killed_worker"), "no worker was busy to kill"
     assert res.summary["jobs_requeued"] >= 1
+
+    # Graphite down: those intervals were recorded as stale and acted on nothing; then recovery
     down_from, down_to = notes["graphite_down"]
-    stale = [d for d in decisions if d.source == "none"]
-    assert any(down_from <= int(d.iteration_key) <= down_to + 2 for d in stale), "stale intervals were recorded"
-    assert "daemon_killed_at" in notes
+    during = [d for d in decisions if down_from + 1 <= int(d.iteration_key) <= down_to - 1]
+    assert during and all(d.source == "none" for d in during), [(d.iteration_key, d.source) for d in during]
+    assert any(d.source == "agent" for d in decisions if int(d.iteration_key) > down_to + 2), "no recovery"
+
+    # kill -9: nothing committed before the kill is lost, nothing is duplicated, the restarted
+    # daemon went on deciding, and no action was left open
+    dec_rows = {(d.id, d.iteration_key) for d in decisions}
+    act_rows = {(a.id, a.idempotency_key) for a in actions}
+    before_dec, before_act = notes["rows_at_kill"]
+    assert before_dec <= dec_rows and before_act <= act_rows
+    assert any(int(d.iteration_key) > notes["daemon_killed_at"] for d in decisions), "the restarted daemon decided"
+    assert any(d.source == "agent" and int(d.iteration_key) > notes["daemon_killed_at"] for d in decisions)
+    assert not [a for a in actions if a.status in ("planned", "in_flight")]
+    assert notes["daemon_exit"] == 0  # the restarted daemon stopped cleanly on SIGTERM

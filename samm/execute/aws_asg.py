@@ -104,7 +104,7 @@ class AwsAsgExecutor(Executor):
             # ResponseParserError is not a BotoCoreError).
             fail = AwsCallError(api, type(exc).__name__, str(exc).splitlines()[0][:_MAX_ERROR_TEXT])
         else:
-            attempts = out.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
+            attempts = _attempts(out)
             log.log(logging.INFO if mutating else logging.DEBUG, "aws %s %s -> ok in %.2f s (%d attempt(s))",
                     api, _brief(params), time.monotonic() - started, attempts)
             return out
@@ -211,8 +211,9 @@ class AwsAsgExecutor(Executor):
             return ActionResult("skipped", detail)
 
         if desired < req.target:
-            self._call("SetDesiredCapacity", AutoScalingGroupName=name, DesiredCapacity=req.target,
-                       HonorCooldown=False)
+            out = self._call("SetDesiredCapacity", AutoScalingGroupName=name, DesiredCapacity=req.target,
+                             HonorCooldown=False)
+            detail["attempts"] = _attempts(out)  # > 1: botocore retried throttling/5xx
             detail["to"] = req.target
             return ActionResult("succeeded", detail)
 
@@ -232,10 +233,12 @@ class AwsAsgExecutor(Executor):
             return ActionResult("failed", detail, f"ASG {name}: desired {desired} but only {len(live)} live "
                                                   f"instance(s); cannot remove {needed}")
         terminated, gone = [], []
+        detail["attempts"] = 0
         for victim in victims:
             try:
-                self._call("TerminateInstanceInAutoScalingGroup", InstanceId=victim,
-                           ShouldDecrementDesiredCapacity=True)
+                out = self._call("TerminateInstanceInAutoScalingGroup", InstanceId=victim,
+                                 ShouldDecrementDesiredCapacity=True)
+                detail["attempts"] += _attempts(out)
                 terminated.append(victim)
             except AwsCallError:
                 # A victim that vanished between the describe and the call (health replacement,
@@ -256,6 +259,10 @@ class AwsAsgExecutor(Executor):
         for c in (self.client, self.ec2):
             if c is not None and hasattr(c, "close"):
                 c.close()
+
+
+def _attempts(out: dict) -> int:
+    return int(out.get("ResponseMetadata", {}).get("RetryAttempts", 0)) + 1
 
 
 def _brief(params: dict) -> str:

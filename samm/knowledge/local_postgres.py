@@ -25,7 +25,7 @@ import time
 import weakref
 from pathlib import Path
 
-from samm.localproc import die_with_parent, free_port
+from samm.localproc import free_port, popen_tied
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,6 @@ def why_unavailable() -> str | None:
 
 
 # SIGINT is PostgreSQL's fast shutdown
-_die_with_parent = die_with_parent(signal.SIGINT)
 
 
 _live: "weakref.WeakSet[LocalPostgres]" = weakref.WeakSet()
@@ -150,13 +149,13 @@ class LocalPostgres:
             self._initdb()
         logf = open(self.root / "postgres.log", "ab")
         try:
-            self._proc = subprocess.Popen(
+            self._proc = popen_tied(
                 [str(self.bin_dir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
                  "-h", self.host, "-k", str(self.root),
                  # throwaway data: durability off makes tests fast on slow disks
                  "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
                  "-c", "max_connections=100", "-c", "shared_buffers=32MB"],
-                stdout=logf, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, **self._run_kwargs())
+                signal.SIGINT, stdout=logf, stderr=subprocess.STDOUT, **self._run_kwargs())
         finally:
             logf.close()
         _live.add(self)

@@ -30,7 +30,7 @@ import urllib.request
 import weakref
 from pathlib import Path
 
-from samm.localproc import die_with_parent, free_port
+from samm.localproc import free_port, popen_tied
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,6 @@ def missing_packages() -> list[str]:
     return missing
 
 
-_die_with_parent = die_with_parent(signal.SIGTERM)
 
 
 _live: "weakref.WeakSet[LocalGraphite]" = weakref.WeakSet()
@@ -101,9 +100,10 @@ class LocalGraphite:
     WSGI server that also migrates, in one interpreter; "runserver" is the documented recipe
     (`django migrate` + `runserver --nothreading`), about a second slower to start and
     one request at a time.
-    `die_with_parent` asks the kernel to SIGTERM the daemons when the *thread* that started
-    them exits, a safety net against leaked processes; turn it off when starting from a
-    short-lived thread.
+    `die_with_parent` asks the kernel to SIGTERM the daemons when this process dies without
+    cleaning up (SIGKILL, a crashed test runner), a safety net against leaked processes; the
+    daemons are forked from a thread that lives as long as the process, so starting (or
+    restarting) from a short-lived thread is safe.
     """
 
     def __init__(self, root_dir: str | Path | None = None, retentions: str = "1s:6h,10s:1d,1m:7d",
@@ -227,9 +227,10 @@ connection_created.connect(_fast_sqlite)
     def _popen(self, args: list[str], log_name: str) -> subprocess.Popen:
         out = open(self.root / log_name, "ab")
         try:
-            return subprocess.Popen(args, cwd=self.root, env=self._env(), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL,
-                                    preexec_fn=_die_with_parent if self.die_with_parent else os.setsid)
+            kw = dict(cwd=self.root, env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            if self.die_with_parent:
+                return popen_tied(args, signal.SIGTERM, **kw)
+            return subprocess.Popen(args, preexec_fn=os.setsid, **kw)
         finally:
             out.close()
 

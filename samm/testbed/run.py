@@ -60,6 +60,7 @@ class TestbedOptions:
     out_dir: str | None = None
     daemon_process: bool = False  # run `samm run` as its own process (so it can be killed -9)
     workload_obj: object | None = None  # a Workload instead of a name (tests)
+    aws_fault_proxy: bool = False  # the daemon reaches moto through `AwsFaultProxy` (tb.aws_proxy)
 
 
 @dataclass
@@ -131,6 +132,14 @@ class Testbed:
         self.moto.__enter__()
         self.moto.reset()  # moto's state is per process: a second testbed must start empty
         self._stack.append(lambda: self.moto.__exit__(None, None, None))
+        daemon_aws_url = self.moto.endpoint_url
+        self.aws_proxy = None
+        if o.aws_fault_proxy:
+            from .aws_proxy import AwsFaultProxy
+
+            self.aws_proxy = AwsFaultProxy(self.moto.endpoint_url).start()
+            self._stack.append(self.aws_proxy.close)
+            daemon_aws_url = self.aws_proxy.endpoint_url
         create_paper_asgs(endpoint_url=self.moto.endpoint_url, names=tuple(g[6] for g in PAPER_GROUPS),
                           min=tuple(g[4] for g in PAPER_GROUPS), max=10, desired=1)
         asg = self.moto.client("autoscaling")
@@ -142,7 +151,7 @@ class Testbed:
         self._stack.append(self.queue.close)
         self.sender = GraphiteSender(self.graphite.carbon_host, self.graphite.carbon_port)
         self.knowledge_url = f"sqlite:///{self.out / 'knowledge.db'}"
-        self.config = daemon_config(o, self.graphite, self.moto.endpoint_url, self.knowledge_url)
+        self.config = daemon_config(o, self.graphite, daemon_aws_url, self.knowledge_url)
         self.interval_wall = self.config.timing.interval_s
 
         logs = self.out / "workers"
