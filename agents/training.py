@@ -14,6 +14,7 @@ from sim_bridge.workloads import Workload
 
 from .ppo.agent import LstmPpoAgent
 from .ppo.config import PPOConfig
+from .ppo.normalize import RunningMeanStd
 from .ppo.train import train
 
 POLICY_SUBDIR = "policy"
@@ -46,15 +47,19 @@ def train_lstm_ppo(sim: SimConfig, workload: Workload, ppo: PPOConfig, out_dir: 
                "makespan_s": res["summary"]["makespan_s"]["mean"]}
         evals.append(row)
         if not best or row["total_cost"] < best["total_cost"]:
-            best.update(row, state={k: v.detach().clone() for k, v in net.state_dict().items()})
+            # the normaliser keeps moving after this update: keep the statistics the snapshot
+            # was evaluated with, or the saved policy is not the one that scored best
+            best.update(row, state={k: v.detach().clone() for k, v in net.state_dict().items()},
+                        obs_rms=None if obs_rms is None else RunningMeanStd.from_dict(obs_rms.to_dict()))
         return bool(on_eval and on_eval(row))
 
     result = train(ppo, make_envs, out, resume=resume, progress=progress, on_update=on_update)
-    net = result.net
+    net, obs_rms = result.net, result.obs_rms
     if best:  # keep the best evaluated snapshot, not merely the last one
         net.load_state_dict(best["state"])
+        obs_rms = best["obs_rms"]
     agent = LstmPpoAgent(
-        OBSERVATION_NAMES, sim.action_mode, type_names, net=net, obs_rms=result.obs_rms,
+        OBSERVATION_NAMES, sim.action_mode, type_names, net=net, obs_rms=obs_rms,
         params={"lstm_hidden": ppo.lstm_hidden},
         env_config_hash=sim.config_hash(),
         training={

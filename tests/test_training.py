@@ -55,6 +55,25 @@ def test_training_is_reproducible_for_a_seed(tmp_path):
     assert (tmp_path / "a" / "episodes.csv").read_text() == (tmp_path / "b" / "episodes.csv").read_text()
 
 
+def test_saved_policy_is_the_snapshot_that_scored_best(tmp_path):
+    """The observation normaliser keeps moving after the selected update: the saved policy must
+    carry the statistics it was evaluated with, so it scores exactly what selected it."""
+    from agents.evaluate import evaluate
+
+    sim = SimConfig(action_mode="per-type", max_steps=40)
+    ppo = PPOConfig(num_envs=4, num_steps=32, bptt_chunk=8, num_minibatches=2, total_timesteps=2048,
+                    max_episode_steps=40, seed=11, eval_every=2, learning_rate=1e-3)
+    _, summary = train_lstm_ppo(sim, tiny_workload(), ppo, tmp_path, progress=False, eval_seeds=(7,))
+    evals = {e["update"]: e["total_cost"] for e in summary["evaluations"]}
+    selected = summary["selected_update"]
+    assert selected != max(evals), "pick a seed whose best snapshot is not the last one"
+    saved = json.loads((tmp_path / "policy" / "obs_rms.json").read_text())
+    assert saved["count"] == pytest.approx(4 * 32 * selected, abs=1e-3)  # the statistics of that update
+    loaded = load_agent(tmp_path / "policy")
+    again = evaluate(loaded, sim, tiny_workload(), (7,))["summary"]["total_cost"]["mean"]
+    assert again == pytest.approx(evals[selected], rel=1e-9)
+
+
 def test_resume_continues_from_the_checkpoint(tmp_path):
     import csv
 
