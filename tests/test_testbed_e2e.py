@@ -186,3 +186,36 @@ def test_testbed_faults(tmp_path):
     assert any(d.source == "agent" and int(d.iteration_key) > notes["daemon_killed_at"] for d in decisions)
     assert not [a for a in actions if a.status in ("planned", "in_flight")]
     assert notes["daemon_exit"] == 0  # the restarted daemon stopped cleanly on SIGTERM
+
+
+def test_samm_testbed_verb_runs_one_policy_on_an_swf_trace(tmp_path):
+    """`samm testbed` as a user runs it: a (tiny) SWF trace, a baseline, JSON out, files written."""
+    import json
+    import subprocess
+    import sys
+
+    swf = tmp_path / "tiny.swf"
+    rows = [f"{i + 1} {0 if i < 12 else 120} 0 180 1 -1 -1 1 -1 -1 1 1 1 1 1 -1 -1 -1" for i in range(24)]
+    swf.write_text("; a tiny trace\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "samm.cli.main", "testbed", "--agent", "threshold", "--params",
+         '{"upper": 0.6, "lower": 0.3, "cooldown_steps": 0}', "--workload", str(swf), "--compression", "60",
+         "--timeout", "180", "--out", str(out), "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["summary"]["jobs_finished"] == summary["summary"]["jobs_total"] == 24
+    assert summary["daemon_iterations"] >= 3 and summary["summary"]["total_cost"] > 0
+    for name in ("summary.json", "timeline.csv", "vms_vs_waiting.png", "knowledge.db", "testbed.log"):
+        assert (out / name).exists(), name
+
+
+def test_samm_testbed_verb_rejects_bad_input(tmp_path):
+    from click.testing import CliRunner
+
+    from samm.cli.main import cli
+
+    res = CliRunner().invoke(cli, ["testbed", "--workload", str(tmp_path / "nope.swf"), "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "nope.swf" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(cli, ["testbed", "--params", "[1]", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "--params must be a JSON object" in res.output

@@ -210,7 +210,7 @@ def demo(sim_only, workload, compression, seed, out) -> None:
     with figures. `--sim` runs the same comparison in CloudSim Plus only."""
     from tqdm import tqdm
 
-    from samm.testbed.report import figure_vms_vs_waiting, table, write_report
+    from samm.testbed.report import table, write_report
 
     runs = _demo_agents()
     out_dir = Path(out)
@@ -225,7 +225,7 @@ def demo(sim_only, workload, compression, seed, out) -> None:
         click.echo(f"wrote {out_dir / 'summary.json'}")
         return
 
-    from samm.testbed.run import TestbedOptions, run_testbed
+    from samm.testbed.run import TestbedOptions
 
     import logging
 
@@ -239,27 +239,13 @@ def demo(sim_only, workload, compression, seed, out) -> None:
                "seed-1551` runs the full one (its workload runs about 2.8 times as long).")
     tb_rows, figures, results = [], [], {}
     for label, kind, params in runs:
-        from sim_bridge.workloads import load_workload
-
-        n = load_workload(workload).n_jobs
-        bar = tqdm(total=n, desc=f"testbed: {label}", unit="job")
-
-        def progress(row, bar=bar):
-            bar.n = row["completed"]
-            bar.set_postfix(t_min=f"{row['t_s'] / 60:.0f}", vms=f"{row['S_vms']}/{row['M_vms']}/{row['L_vms']}",
-                            waiting=row["waiting"])
-            bar.refresh()
-
         opts = TestbedOptions(agent=kind, params=params, workload=workload, compression=compression, seed=seed,
                               out_dir=str(out_dir / f"testbed-{kind}"))
-        res = run_testbed(opts, progress=progress)
-        bar.n = res.summary["jobs_finished"]
-        bar.close()
+        res, figure = _testbed_run(label, opts, out_dir / f"vms_vs_waiting_{kind}.png")
         tb_rows.append((label, res.summary))
         results[label] = {"summary": res.summary, "wall_s": round(res.wall_s, 1),
                           "daemon_iterations": res.daemon_iterations}
-        figures.append(figure_vms_vs_waiting(res.timeline, f"{label}: VMs per type vs waiting jobs (testbed)",
-                                             out_dir / f"vms_vs_waiting_{kind}.png"))
+        figures.append(figure)
     click.echo("\nTestbed (the daemon managing moto ASGs and real worker processes):")
     click.echo(table(tb_rows))
     sim_rows = _sim_results(workload, seed, runs)
@@ -272,6 +258,88 @@ def demo(sim_only, workload, compression, seed, out) -> None:
     (out_dir / "summary.json").write_text(json.dumps({"workload": workload, "testbed": results,
                                                        "sim": dict(sim_rows)}, indent=2))
     click.echo(f"\nwrote {report} and {len(figures)} figure(s) in {out_dir}")
+
+
+def _testbed_run(label: str, opts, figure_path: Path):
+    """One policy on the testbed with a progress bar; returns the result and its Fig. 11 PNG."""
+    from tqdm import tqdm
+
+    from samm.testbed.report import figure_vms_vs_waiting
+    from samm.testbed.run import run_testbed
+    from sim_bridge.workloads import load_workload
+
+    n = opts.workload_obj.n_jobs if opts.workload_obj is not None else load_workload(opts.workload).n_jobs
+    bar = tqdm(total=n, desc=f"testbed: {label}", unit="job")
+
+    def progress(row):
+        bar.n = row["completed"]
+        bar.set_postfix(t_min=f"{row['t_s'] / 60:.0f}", vms=f"{row['S_vms']}/{row['M_vms']}/{row['L_vms']}",
+                        waiting=row["waiting"])
+        bar.refresh()
+
+    try:
+        res = run_testbed(opts, progress=progress)
+        bar.n = res.summary["jobs_finished"]
+    finally:
+        bar.close()
+    figure = figure_vms_vs_waiting(res.timeline, f"{label}: VMs per type vs waiting jobs (testbed)", figure_path)
+    return res, figure
+
+
+@cli.command("testbed")
+@click.option("--agent", "agent_kind", type=click.Choice(["lstm-ppo", "threshold", "target-tracking", "queue", "noop"]),
+              default="lstm-ppo", show_default=True)
+@click.option("--params", "params_json", default=None, help="JSON object of the agent's parameters (baselines).")
+@click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Saved policy directory (default for lstm-ppo: the shipped policy).")
+@click.option("--workload", default="seed-1551-short", show_default=True,
+              help="seed-1551, seed-1551-short or a path to an SWF trace.")
+@click.option("--compression", type=float, default=30.0, show_default=True, help="Workload seconds per wall second.")
+@click.option("--cooldown", "cooldown_s", type=float, default=0.0, show_default=True,
+              help="Daemon cool-down per group, in workload seconds.")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seeds the instances' boot delays.")
+@click.option("--timeout", "timeout_s", type=float, default=1200.0, show_default=True,
+              help="Wall seconds before giving up.")
+@click.option("--out", type=click.Path(file_okay=False), default="testbed-run", show_default=True,
+              help="Directory for the run (queue, knowledge store, logs, timeline.csv, summary.json, PNG).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def testbed_cmd(agent_kind, params_json, policy_dir, workload, compression, cooldown_s, seed, timeout_s, out,
+                as_json) -> None:
+    """Run ONE policy on the emulated cloud testbed: moto's Auto Scaling Groups, a worker process
+    per instance, a durable job queue, a real Graphite and the SAMM daemon (production code);
+    prints billing and SLA figures in the simulator's units. `samm demo` runs two of these and
+    compares them."""
+    import logging
+
+    from samm.testbed.report import table
+    from samm.testbed.run import TestbedOptions
+    from sim_bridge.workloads import load_workload
+
+    try:
+        load_workload(workload)
+    except (KeyError, ValueError, FileNotFoundError) as exc:
+        _fail(f"--workload: {exc}")
+    if compression <= 0:
+        _fail("--compression must be positive")
+    out_dir = Path(out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    opts = TestbedOptions(agent=agent_kind, params=_params(params_json), policy_dir=policy_dir, workload=workload,
+                          compression=compression, cooldown_s=cooldown_s, seed=seed, timeout_s=timeout_s,
+                          out_dir=str(out_dir))
+    try:
+        res, figure = _testbed_run(agent_kind, opts, out_dir / "vms_vs_waiting.png")
+    except TimeoutError as exc:
+        _fail(f"testbed: {exc} (logs in {out_dir})")
+    summary = {"agent": agent_kind, "workload": workload, "compression": compression, "wall_s": round(res.wall_s, 1),
+               "daemon_iterations": res.daemon_iterations, "summary": res.summary, "figure": str(figure)}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if as_json:
+        click.echo(json.dumps(summary))
+    else:
+        click.echo(table([(agent_kind, res.summary)]))
+        click.echo(f"wrote {out_dir / 'summary.json'}, {out_dir / 'timeline.csv'} and {figure}")
 
 
 def _seeds(text: str) -> list[int]:
