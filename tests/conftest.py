@@ -44,3 +44,4 @@ def gateway_jar():
 
 
 from fixtures_graphite import graphite, graphite_prefix  # noqa: E402,F401  (real Graphite fixtures)
+from fixtures_postgres import knowledge_url, pg_url, postgres_server_url  # noqa: E402,F401  (real PostgreSQL)

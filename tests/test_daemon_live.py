@@ -1,6 +1,7 @@
 """The daemon's loop over the live path, every edge real: metrics in a real Graphite, the
 inventory and actions through boto3 against moto's server, records in SQLite. Covers the
-Monitor -> Analyze -> Plan -> Execute -> record chain, cool-downs that survive a restart,
+Monitor -> Analyze -> Plan -> Execute -> record chain, cool-downs that survive a restart
+(on SQLite and on a real PostgreSQL),
 no action on stale data, and what SAMM publishes back to Graphite."""
 import pytest
 
@@ -28,7 +29,7 @@ def moto():
     mp.undo()
 
 
-def make_config(tmp_path, graphite, prefix, moto, **timing):
+def make_config(tmp_path, graphite, prefix, moto, knowledge_url=None, **timing):
     groups = [{"name": n, "cores": c, "ram_gb": r, "price_per_hour": p, "min": lo, "max": 10, "asg_name": a}
               for n, c, r, p, lo, a in zip("SML", (2, 4, 8), (8, 16, 32), (0.2, 0.4, 0.8), (1, 0, 0), ASGS)]
     return SammConfig.model_validate({
@@ -38,7 +39,7 @@ def make_config(tmp_path, graphite, prefix, moto, **timing):
         "agent": {"name": "threshold", "params": {"upper": 0.75, "lower": 0.2, "cooldown_steps": 0}},
         "executor": {"kind": "aws-asg", "endpoint_url": moto.endpoint_url, "max_attempts": 2},
         "timing": {"interval_s": 60, "warmup_s": 0, "cooldown_s": 300, **timing},
-        "knowledge": {"url": f"sqlite:///{tmp_path}/k.db"},
+        "knowledge": {"url": knowledge_url or f"sqlite:///{tmp_path}/k.db"},
     })
 
 
@@ -64,12 +65,15 @@ def desired(moto):
     return {g["AutoScalingGroupName"]: g["DesiredCapacity"] for g in groups}
 
 
-def test_live_loop_scales_records_and_honours_cooldown_across_restart(tmp_path, graphite, graphite_prefix, moto):
+def test_live_loop_scales_records_and_honours_cooldown_across_restart(tmp_path, graphite, graphite_prefix, moto,
+                                                                     knowledge_url):
+    """On SQLite and on a real PostgreSQL: the cool-down written with the action's outcome is
+    what the restarted daemon reads back."""
     moto.reset()
     create_paper_asgs(endpoint_url=moto.endpoint_url, desired=1)
     e1 = last_boundary(60, back=4)
     clock = {"now": e1 + 10.0}
-    cfg = make_config(tmp_path, graphite, graphite_prefix, moto)
+    cfg = make_config(tmp_path, graphite, graphite_prefix, moto, knowledge_url)
     executor = AwsAsgExecutor.from_config(cfg)
     publish_busy_fleet(graphite, graphite_prefix, executor, e1)
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -29,33 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # --- fixtures -------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def postgres_server_url():
-    url = os.environ.get("SAMM_TEST_POSTGRES_URL")
-    if url:
-        yield url
-        return
-    reason = why_unavailable()
-    if reason:
-        pytest.skip(f"no PostgreSQL for the postgres tests: {reason} (or set SAMM_TEST_POSTGRES_URL)")
-    with LocalPostgres() as pg:
-        yield pg.url
-
-
-@pytest.fixture
-def pg_url(postgres_server_url):
-    """A fresh schema on the server, selected by the URL's search_path."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(normalize_url(postgres_server_url))
-    with admin.begin() as conn:
-        conn.execute(text(f"CREATE SCHEMA {name}"))
-    url = normalize_url(postgres_server_url).update_query_dict({"options": f"-csearch_path={name}"})
-    yield url.render_as_string(hide_password=False)
-    with admin.begin() as conn:
-        conn.execute(text(f"DROP SCHEMA {name} CASCADE"))
-    admin.dispose()
-
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def url(request, tmp_path):
