@@ -4,6 +4,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import random
 import sqlite3
+import time
 
 import pytest
 
@@ -89,17 +90,20 @@ def test_release_worker_requeues_at_once_and_stale_token_is_refused(q):
     assert q.complete(first[0].id, "W", 4.0, attempt=again[0].attempt)
 
 
-def _hammer(path: str, worker: str, seed: int, out) -> None:
+def _hammer(path: str, worker: str, seed: int, out, start) -> None:
     rng = random.Random(seed)
     q = JobQueue(path)
     mine = []
     idle = 0
+    start.wait(30)  # all workers begin together, or the first one started could drain the queue alone
     while idle < 20:
         got = q.lease(worker, rng.randint(1, 4), now_wall=0.0, lease_s=1e9, clock_now=0.0)
         idle = 0 if got else idle + 1
         for j in got:
             mine.append(j.id)
             assert q.complete(j.id, worker, 1.0, attempt=j.attempt)
+        if got:
+            time.sleep(0.002)  # a job takes time: the others get their turns
     q.close()
     out.put((worker, mine))
 
@@ -110,7 +114,8 @@ def test_concurrent_processes_never_double_lease(tmp_path):
     q.submit_many((i, 1, 1.0, 0.0) for i in range(400))
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_hammer, args=(path, f"w{k}", k, out)) for k in range(6)]
+    start = ctx.Barrier(6)
+    procs = [ctx.Process(target=_hammer, args=(path, f"w{k}", k, out, start)) for k in range(6)]
     for p in procs:
         p.start()
     results = [out.get(timeout=60) for _ in procs]
