@@ -316,7 +316,7 @@ def testbed_cmd(agent_kind, params_json, policy_dir, workload, compression, cool
     from sim_bridge.workloads import load_workload
 
     try:
-        load_workload(workload)
+        wl = load_workload(workload)
     except (KeyError, ValueError, FileNotFoundError) as exc:
         _fail(f"--workload: {exc}")
     if compression <= 0:
@@ -326,7 +326,7 @@ def testbed_cmd(agent_kind, params_json, policy_dir, workload, compression, cool
     logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     opts = TestbedOptions(agent=agent_kind, params=_params(params_json), policy_dir=policy_dir, workload=workload,
-                          compression=compression, cooldown_s=cooldown_s, seed=seed, timeout_s=timeout_s,
+                          workload_obj=wl, compression=compression, cooldown_s=cooldown_s, seed=seed, timeout_s=timeout_s,
                           out_dir=str(out_dir))
     try:
         res, figure = _testbed_run(agent_kind, opts, out_dir / "vms_vs_waiting.png")

@@ -75,9 +75,6 @@ def why_unavailable() -> str | None:
     return None
 
 
-# SIGINT is PostgreSQL's fast shutdown
-
-
 _live: "weakref.WeakSet[LocalPostgres]" = weakref.WeakSet()
 
 
@@ -155,7 +152,8 @@ class LocalPostgres:
                  # throwaway data: durability off makes tests fast on slow disks
                  "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
                  "-c", "max_connections=100", "-c", "shared_buffers=32MB"],
-                signal.SIGINT, stdout=logf, stderr=subprocess.STDOUT, **self._run_kwargs())
+                signal.SIGINT, stdout=logf,  # SIGINT: PostgreSQL's fast shutdown
+                stderr=subprocess.STDOUT, **self._run_kwargs())
         finally:
             logf.close()
         _live.add(self)

@@ -80,8 +80,6 @@ def missing_packages() -> list[str]:
     return missing
 
 
-
-
 _live: "weakref.WeakSet[LocalGraphite]" = weakref.WeakSet()
 
 
