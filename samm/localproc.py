@@ -5,10 +5,12 @@ from __future__ import annotations
 import ctypes
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -17,6 +19,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def stable_port(exclude: set[int] | frozenset[int] = frozenset(), rng: random.Random | None = None) -> int:
+    """A TCP port free on 127.0.0.1 right now and OUTSIDE the kernel's ephemeral range, for a
+    service that is stopped and restarted on the same port: a port from the ephemeral range
+    (what `free_port` returns) can meanwhile be handed to some client's outgoing connection,
+    and the restart then fails with 'Address already in use'."""
+    lo, hi = _ephemeral_range()
+    candidates = [r for r in ((10000, lo - 1), (hi + 1, 65535)) if r[1] > r[0]]
+    rng = rng or random.Random()
+    for _ in range(200):
+        a, b = rng.choice(candidates)
+        port = rng.randint(a, b)
+        if port in exclude:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:

@@ -34,3 +34,20 @@ def test_spawn_errors_reach_the_calling_thread():
     t.start()
     t.join()
     assert len(errors) == 1
+
+
+def test_stable_ports_stay_out_of_the_ephemeral_range():
+    """A restarted service must find its port free: ports the kernel hands to outgoing
+    connections (the ephemeral range) are never chosen."""
+    import socket
+
+    from samm.localproc import _ephemeral_range, stable_port
+
+    lo, hi = _ephemeral_range()
+    seen = set()
+    for _ in range(50):
+        port = stable_port(exclude=seen)
+        assert not lo <= port <= hi and port not in seen
+        seen.add(port)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free

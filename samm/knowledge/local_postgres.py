@@ -25,7 +25,7 @@ import time
 import weakref
 from pathlib import Path
 
-from samm.localproc import free_port, popen_tied
+from samm.localproc import popen_tied, stable_port
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class LocalPostgres:
         self.bin_dir = find_bin_dir()
         self._own_root = root_dir is None
         self.root = Path(root_dir).resolve() if root_dir is not None else Path(tempfile.mkdtemp(prefix="samm-pg-"))
-        self.port = port or free_port()
+        self.port = port or stable_port()
         self.host = "127.0.0.1"
         self.user = "postgres"  # the database superuser initdb creates
         self.database = "postgres"

@@ -30,7 +30,7 @@ import urllib.request
 import weakref
 from pathlib import Path
 
-from samm.localproc import free_port, popen_tied
+from samm.localproc import popen_tied, stable_port
 
 log = logging.getLogger(__name__)
 
@@ -118,10 +118,11 @@ class LocalGraphite:
         self.startup_timeout_s = startup_timeout_s
         self.die_with_parent = die_with_parent
         self.carbon_host = "127.0.0.1"
-        self.carbon_port = free_port()
-        self.pickle_port = free_port()
-        self.query_port = free_port()
-        self.web_port = free_port()
+        # outside the ephemeral range: stop()/start() must get the same ports back
+        ports: set[int] = set()
+        for _ in range(4):
+            ports.add(stable_port(exclude=ports))
+        self.carbon_port, self.pickle_port, self.query_port, self.web_port = sorted(ports)
         self._carbon: subprocess.Popen | None = None
         self._web: subprocess.Popen | None = None
         self._migrated = False
