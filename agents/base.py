@@ -20,6 +20,8 @@ import numpy as np
 
 from samm import __version__
 from sim_bridge.actions import action_names as _action_names
+
+from .spaces import space_to_json
 from sim_bridge.config import ActionMode
 
 METADATA_FILE = "metadata.json"
@@ -36,7 +38,11 @@ class Decisions:
 
 
 class Agent(ABC):
+    """An autoscaling agent. Batched `act` serves the simulator and the trainer; `decide` (one
+    caller) and the spaces make it a `agents.policy.Policy`, as every hosted policy is."""
+
     kind: ClassVar[str]
+    problem: ClassVar[str] = "autoscaling"
     #: whether `act` depends on the state (recurrent or time-based agents)
     stateful: ClassVar[bool] = False
 
@@ -77,10 +83,49 @@ class Agent(ABC):
         words = ("remove", "keep", "add")
         return ", ".join(f"{words[int(a)]} {t}" for a, t in zip(np.asarray(action).reshape(-1), self.type_names))
 
+    # -- the Policy protocol (one caller) ---------------------------------------------------------
+    @property
+    def observation_space(self):
+        """The named features: the seven metrics are ratios in [0, 1]; other features (VM counts,
+        queue lengths) are non-negative."""
+        from samm.analyze.metrics import OBSERVATION_NAMES
+
+        from .spaces import NamedBox
+
+        names = self.feature_names or ("none",)
+        low = np.zeros(len(names), np.float32)
+        high = np.array([1.0 if n in OBSERVATION_NAMES else np.inf for n in names], np.float32)
+        return NamedBox(names, low, high)
+
+    @property
+    def action_space(self):
+        from gymnasium import spaces
+
+        if self.action_mode == "paper":
+            return spaces.Discrete(1 + 2 * self.n_types)
+        return spaces.MultiDiscrete([3] * self.n_types)
+
+    def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
+        """observation: {feature: value} or a vector in `feature_names` order."""
+        from .policy import Decision
+
+        if isinstance(observation, dict):
+            observation = [observation[f] for f in self.feature_names]
+        x = np.asarray(observation, dtype=np.float32).reshape(1, -1)
+        if state is None:
+            state = self.initial_state(1)
+        d, state = self.act(x, state, deterministic=deterministic)
+        act = np.asarray(d.actions)[0]
+        action = int(act) if self.action_mode == "paper" else [int(v) for v in act]
+        info = {"probabilities": None if d.probabilities is None else np.asarray(d.probabilities)[0].round(6).tolist(),
+                "value": None if d.values is None else float(np.asarray(d.values)[0])}
+        return Decision(action, self.describe_action(act), info), state
+
     # -- persistence -------------------------------------------------------------------------
     def metadata(self) -> dict:
         return {
             "kind": self.kind,
+            "problem": self.problem,
             "version": self.version,
             "samm_version": __version__,
             "feature_names": list(self.feature_names),
@@ -90,6 +135,8 @@ class Agent(ABC):
             "env_config_hash": self.env_config_hash,
             "params": self.params,
             "training": self.training,
+            "observation_space": space_to_json(self.observation_space),
+            "action_space": space_to_json(self.action_space),
         }
 
     def save(self, directory: str | Path) -> Path:

@@ -7,10 +7,12 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from agents.base import Agent, load_agent
+from agents.registry import load_policy
+from agents.spaces import space_to_json
 
 
 class PolicyRejected(ValueError):
@@ -19,14 +21,40 @@ class PolicyRejected(ValueError):
 
 @dataclass
 class Hosted:
-    agent: Agent
-    previous: Agent | None = None
+    agent: Any  # an agents.policy.Policy (autoscaling Agents are policies too)
+    previous: Any | None = None
     source: str = ""
 
 
-def spec_of(agent: Agent) -> dict:
-    return {"kind": agent.kind, "feature_names": list(agent.feature_names), "action_mode": agent.action_mode,
-            "type_names": list(agent.type_names)}
+def _is_autoscaler(policy) -> bool:
+    """Autoscaling agents keep their batched `act` and named-feature wire format."""
+    return hasattr(policy, "action_mode") and hasattr(policy, "feature_names")
+
+
+def spec_of(agent) -> dict:
+    """What an uploaded policy must share with the hosted one: its problem, kind and spaces (for
+    autoscaling agents also the features, action mode and VM types, named in errors)."""
+    spec = {"problem": agent.problem, "kind": agent.kind,
+            "observation_space": space_to_json(agent.observation_space),
+            "action_space": space_to_json(agent.action_space)}
+    if _is_autoscaler(agent):
+        spec |= {"feature_names": list(agent.feature_names), "action_mode": agent.action_mode,
+                 "type_names": list(agent.type_names)}
+    return spec
+
+
+def test_decision(policy) -> None:
+    """A candidate must decide on a neutral observation without error."""
+    if _is_autoscaler(policy):
+        d, _ = policy.act(np.zeros((1, len(policy.feature_names)), np.float32), policy.initial_state(1))
+        np.asarray(d.actions)
+        return
+    space = policy.observation_space
+    space.seed(0)
+    mask = None
+    if hasattr(policy.action_space, "n"):
+        mask = np.ones(int(policy.action_space.n), np.int8)
+    policy.decide(space.sample(), policy.initial_state(), mask=mask)
 
 
 class PolicyRegistry:
@@ -36,7 +64,7 @@ class PolicyRegistry:
         self.store_dir = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="samm-policies-"))
         self.store_dir.mkdir(parents=True, exist_ok=True)
 
-    def host(self, name: str, agent: Agent, source: str = "") -> None:
+    def host(self, name: str, agent, source: str = "") -> None:
         with self._lock:
             self._hosted[name] = Hosted(agent, source=source)
 
@@ -44,7 +72,7 @@ class PolicyRegistry:
         with self._lock:
             return sorted(self._hosted)
 
-    def get(self, name: str) -> Agent | None:
+    def get(self, name: str) -> Any | None:
         with self._lock:
             h = self._hosted.get(name)
             return h.agent if h else None
@@ -53,10 +81,13 @@ class PolicyRegistry:
         with self._lock:
             h = self._hosted[name]
             a = h.agent
-            return {"name": name, **spec_of(a), "policy_version": a.version, "action_names": a.action_names,
-                    "previous_version": h.previous.version if h.previous else None}
+            out = {"name": name, **spec_of(a), "policy_version": a.version,
+                   "previous_version": h.previous.version if h.previous else None}
+            if _is_autoscaler(a):
+                out["action_names"] = a.action_names
+            return out
 
-    def upload(self, name: str, files: dict[str, bytes]) -> Agent:
+    def upload(self, name: str, files: dict[str, bytes]) -> Any:
         """Validate a policy (metadata.json + weights) against the hosted agent's spec and swap
         it in; raises PolicyRejected and keeps the current one otherwise."""
         with self._lock:
@@ -73,17 +104,18 @@ class PolicyRegistry:
             for fname, data in files.items():
                 (target / fname).write_bytes(data)
             try:
-                candidate = load_agent(target)
+                candidate = load_policy(target)
             except Exception as exc:  # noqa: BLE001 - any failure to load is a rejection
                 raise PolicyRejected(f"cannot load the policy: {exc}") from None
             want, got = spec_of(current), spec_of(candidate)
-            diff = [k for k in want if want[k] != got[k]]
+            diff = [k for k in want if want[k] != got.get(k)]
+            # name the most specific difference first (action_mode before the space it implies)
+            diff.sort(key=lambda k: k.endswith("_space"))
             if diff:
                 raise PolicyRejected("the policy does not match the hosted agent's spec: "
                                      + ", ".join(f"{k} {got[k]!r} != {want[k]!r}" for k in diff))
-            try:  # it must decide on a neutral observation without error
-                d, _ = candidate.act(np.zeros((1, len(candidate.feature_names)), np.float32), candidate.initial_state(1))
-                np.asarray(d.actions)
+            try:
+                test_decision(candidate)
             except Exception as exc:  # noqa: BLE001
                 raise PolicyRejected(f"the policy failed a test decision: {exc}") from None
         except PolicyRejected:
@@ -94,7 +126,7 @@ class PolicyRegistry:
             self._hosted[name] = Hosted(candidate, previous=h.agent, source=str(target))
         return candidate
 
-    def rollback(self, name: str) -> Agent:
+    def rollback(self, name: str) -> Any:
         with self._lock:
             h = self._hosted[name]
             if h.previous is None:

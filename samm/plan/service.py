@@ -20,9 +20,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from pydantic import BaseModel, ConfigDict, Field
 
 from samm import __version__
-from samm.analyze import OBSERVATION_NAMES
 
-from .registry import PolicyRegistry, PolicyRejected
+from . import dataplane
+from .registry import PolicyRegistry, PolicyRejected, _is_autoscaler
+from .schemas import decide_models
 from .sessions import SessionStore
 
 SESSION_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -50,13 +51,17 @@ class DecideResponse(BaseModel):
 
 class AgentInfo(BaseModel):
     name: str
+    problem: str
     kind: str
     policy_version: str
     previous_version: str | None
-    feature_names: list[str]
-    action_mode: str
-    action_names: list[str]
-    type_names: list[str]
+    observation_space: dict
+    action_space: dict
+    # autoscaling agents only (their named-feature contract)
+    feature_names: list[str] | None = None
+    action_mode: str | None = None
+    action_names: list[str] | None = None
+    type_names: list[str] | None = None
 
 
 class AgentList(BaseModel):
@@ -87,7 +92,8 @@ class Problem(BaseModel):
 def create_app(registry: PolicyRegistry, token: str | None = None, session_ttl_s: float = 3600.0,
                sessions: SessionStore | None = None) -> FastAPI:
     app = FastAPI(title="SAMM Policy Evaluation Service", version=__version__,
-                  description="Decisions of hosted autoscaling agents over REST.")
+                  description="Decisions of hosted agents over REST. Each agent's decide request and response "
+                              "are generated from its observation and action spaces.")
     sessions = sessions or SessionStore(ttl_s=session_ttl_s)
     metrics = CollectorRegistry()
     requests = Counter("samm_service_requests", "HTTP requests", ["endpoint", "status"], registry=metrics)
@@ -119,6 +125,26 @@ def create_app(registry: PolicyRegistry, token: str | None = None, session_ttl_s
                 requests.labels(getattr(route, "path", "unmatched"), str(status["code"])).inc()
 
     app.add_middleware(CountRequests)
+
+    class AuthenticateFirst:
+        """Policy uploads and rollbacks check the bearer token before the body is read or
+        validated: an anonymous caller learns nothing about the schema (401, never 422)."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] == "http" and scope["method"] in ("PUT", "POST") and _is_policy_path(scope["path"]):
+                headers = dict(scope.get("headers") or [])
+                auth = headers.get(b"authorization")
+                try:
+                    require_token(auth.decode("latin-1") if auth is not None else None)
+                except HTTPException as exc:
+                    resp = JSONResponse(status_code=exc.status_code, content={"detail": exc.detail})
+                    return await resp(scope, receive, send)
+            return await self.inner(scope, receive, send)
+
+    app.add_middleware(AuthenticateFirst)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -157,10 +183,25 @@ def create_app(registry: PolicyRegistry, token: str | None = None, session_ttl_s
     def list_agents() -> AgentList:
         return AgentList(agents=[AgentInfo(**registry.describe(n)) for n in registry.names()])
 
-    @app.post("/v1/agents/{agent}/decide", response_model=DecideResponse, responses=errors)
+    @app.get("/v1/agents/{agent}", response_model=AgentInfo, responses=errors)
+    def describe_agent(agent: str = Path(pattern=AGENT_PATTERN)) -> AgentInfo:
+        agent_or_404(agent)
+        return AgentInfo(**registry.describe(agent))
+
+    # Agents of every problem but autoscaling get a route whose models come from their spaces;
+    # registered before the autoscaler's parametric route, so they match first.
+    for hosted in registry.names():
+        policy = registry.get(hosted)
+        if not _is_autoscaler(policy):
+            _add_space_routes(app, hosted, registry, sessions, latency, errors)
+
+    @app.post("/v1/agents/{agent}/decide", response_model=DecideResponse, responses=errors,
+              summary="Decide (autoscaling agents: named features)")
     async def decide(req: DecideRequest, agent: str = Path(pattern=AGENT_PATTERN)) -> DecideResponse:
         # async on purpose: a decision is ~1 ms of CPU; a threadpool hop would cost as much
         a = agent_or_404(agent)
+        if not _is_autoscaler(a):
+            raise HTTPException(422, f"agent {agent!r} is not an autoscaling agent; see its own schema")
         obs = req.observation
         missing = [f for f in a.feature_names if f not in obs]
         unknown = [f for f in obs if f not in a.feature_names]
@@ -168,14 +209,14 @@ def create_app(registry: PolicyRegistry, token: str | None = None, session_ttl_s
             raise HTTPException(422, "observation: " + "; ".join(
                 ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []))
                 + f" (expected exactly {list(a.feature_names)})")
-        for name in a.feature_names:
+        space = a.observation_space  # the bounds are the agent's, not the service's
+        for i, name in enumerate(a.feature_names):
             v = obs[name]
             if not math.isfinite(v):
                 raise HTTPException(422, f"observation.{name}: must be a finite number, got {v}")
-            if name in OBSERVATION_NAMES and not 0.0 <= v <= 1.0:
-                raise HTTPException(422, f"observation.{name}: must be within [0, 1], got {v}")
-            if name not in OBSERVATION_NAMES and v < 0:
-                raise HTTPException(422, f"observation.{name}: must not be negative, got {v}")
+            lo, hi = float(space.low[i]), float(space.high[i])
+            if not lo <= v <= hi:
+                raise HTTPException(422, f"observation.{name}: must be within [{lo:g}, {hi:g}], got {v}")
         x = np.array([[obs[f] for f in a.feature_names]], dtype=np.float32)
         started = time.perf_counter()
         state = sessions.checkout(agent, req.session_id, a)
@@ -196,11 +237,19 @@ def create_app(registry: PolicyRegistry, token: str | None = None, session_ttl_s
         agent_or_404(agent)
         return {"session_id": session_id, "existed": sessions.reset(agent, session_id)}
 
+    from agents.registry import entry, get_problem
+
+    for hosted in registry.names():  # problem-specific operations (e.g. a placement batch plan)
+        policy = registry.get(hosted)
+        spec = get_problem(policy.problem)
+        if spec.routes:
+            entry(spec, "routes")(app, hosted, registry)
+
     @app.put("/v1/agents/{agent}/policy", response_model=PolicyVersion,
              responses={**errors, 401: {"model": Problem}, 403: {"model": Problem}})
     def upload_policy(body: PolicyUpload, agent: str = Path(pattern=AGENT_PATTERN),
                       authorization: str | None = Header(default=None)) -> PolicyVersion:
-        require_token(authorization)
+        require_token(authorization)  # (already checked before the body by AuthenticateFirst)
         agent_or_404(agent)
         try:
             files = {k: base64.b64decode(v, validate=True) for k, v in body.files.items()}
@@ -226,3 +275,39 @@ def create_app(registry: PolicyRegistry, token: str | None = None, session_ttl_s
         return PolicyVersion(name=agent, policy_version=a.version, previous_version=info["previous_version"])
 
     return app
+
+
+def _is_policy_path(path: str) -> bool:
+    parts = path.strip("/").split("/")
+    return len(parts) >= 4 and parts[:2] == ["v1", "agents"] and parts[3] == "policy"
+
+
+def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, sessions: SessionStore, latency,
+                      errors: dict) -> None:
+    """POST /v1/agents/{name}/decide with request/response models generated from the spaces."""
+    policy = registry.get(name)
+    Request_, Response_ = decide_models(name, policy)
+
+    async def decide_any(req: Request_) -> Response_:  # type: ignore[valid-type]
+        p = registry.get(name)
+        body = req.model_dump()
+        started = time.perf_counter()
+        stateful = bool(getattr(p, "stateful", False)) and req.session_id is not None
+        state = sessions.checkout(name, req.session_id, p) if stateful else None
+        try:
+            d, state = dataplane.decide(p, body["observation"], mask=body.get("action_mask"),
+                                        deterministic=req.deterministic, state=state)
+        except dataplane.InvalidInput as exc:
+            raise HTTPException(422, str(exc)) from None
+        if stateful:
+            sessions.store(name, req.session_id, p, state)
+        latency.labels(name).observe(time.perf_counter() - started)
+        return Response_(action=d.action, action_name=d.name, info=d.info, policy_version=p.version,
+                         session_id=req.session_id)
+
+    # the module has postponed annotations: give FastAPI the generated classes themselves
+    decide_any.__annotations__ = {"req": Request_, "return": Response_}
+    app.add_api_route(f"/v1/agents/{name}/decide", decide_any, methods=["POST"], response_model=Response_,
+                      responses=errors, summary=f"Decide ({policy.problem}: {name})",
+                      description=f"One decision of the hosted `{name}` agent ({policy.problem}, {policy.kind}). "
+                                  "The observation must be an element of the agent's observation space.")

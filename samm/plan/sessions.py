@@ -27,7 +27,7 @@ class SessionStore:
             self._expire(now)
             s = self._sessions.get((agent_name, session_id))
             if s is None or s.policy_version != agent.version:
-                return agent.initial_state(1)
+                return agent.initial_state(1) if hasattr(agent, "action_mode") else agent.initial_state()
             return s.state
 
     def store(self, agent_name: str, session_id: str, agent, state: Any) -> None:

@@ -1,0 +1,214 @@
+"""The placement problem's data model, shared by the simulator, every planner and the service.
+
+A cluster is N identical nodes of `slots` containers each; a batch is a count of containers per
+application (A apps) to place; a placement is an (N, A) integer matrix of containers per node
+and app. A node's *composition* is its row. Every planner (the paper's agent, the baselines, the
+exact optimum) produces a placement, and every placement is scored the same way: the mean, over
+the batch's containers, of each container's normalised throughput as the predictor gives it for
+its node's composition (the paper's "normalised average throughput of the group", §4).
+
+Operation constraints (`Constraints`) are per app pair and never violated by any planner:
+
+* anti-affinity(a, b): a node never hosts both a and b; anti-affinity(a, a): at most one a per node;
+* cardinality(a, b, limit): on every node, count(a) + count(b) <= limit (a == b: count(a) <= limit).
+
+They load from a CSV with the header `app_a,app_b,rule,limit` (`rule` is `anti-affinity` or
+`cardinality`; `limit` is ignored for anti-affinity).
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import numpy as np
+
+
+class Predictor(Protocol):
+    """Per-container normalised throughput of every app in each given node composition."""
+
+    app_names: tuple[str, ...]
+
+    def throughput(self, compositions: np.ndarray) -> np.ndarray:
+        """compositions: (K, A) non-negative ints -> (K, A) float; 0 where the app is absent."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    n_nodes: int
+    slots: int
+    node_names: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.n_nodes < 1 or self.slots < 1:
+            raise ValueError(f"a cluster needs >= 1 node and >= 1 slot, got {self.n_nodes} x {self.slots}")
+        if not self.node_names:
+            object.__setattr__(self, "node_names", tuple(f"node-{i}" for i in range(self.n_nodes)))
+        if len(self.node_names) != self.n_nodes or len(set(self.node_names)) != self.n_nodes:
+            raise ValueError("node_names must name every node once")
+
+    @property
+    def capacity(self) -> int:
+        return self.n_nodes * self.slots
+
+
+@dataclass(frozen=True)
+class Rule:
+    a: int
+    b: int
+    kind: str  # "anti-affinity" | "cardinality"
+    limit: int = 0
+
+
+@dataclass(frozen=True)
+class Constraints:
+    n_apps: int
+    rules: tuple[Rule, ...] = ()
+
+    # --- construction ---------------------------------------------------------------------
+    @classmethod
+    def none(cls, n_apps: int) -> "Constraints":
+        return cls(n_apps)
+
+    @classmethod
+    def from_csv(cls, path: str | Path, app_names: Sequence[str]) -> "Constraints":
+        index = {n: i for i, n in enumerate(app_names)}
+        rules = []
+        with open(path, newline="") as fh:
+            reader = csv.DictReader(fh)
+            need = {"app_a", "app_b", "rule", "limit"}
+            if reader.fieldnames is None or not need <= set(reader.fieldnames):
+                raise ValueError(f"{path}: header must be app_a,app_b,rule,limit, got {reader.fieldnames}")
+            for line, row in enumerate(reader, start=2):
+                for key in ("app_a", "app_b"):
+                    if row[key] not in index:
+                        raise ValueError(f"{path}:{line}: {key} {row[key]!r} is not an app ({', '.join(app_names)})")
+                kind = row["rule"].strip()
+                if kind not in ("anti-affinity", "cardinality"):
+                    raise ValueError(f"{path}:{line}: rule must be anti-affinity or cardinality, got {kind!r}")
+                try:
+                    limit = int(row["limit"] or 0)
+                except ValueError:
+                    raise ValueError(f"{path}:{line}: limit must be an integer, got {row['limit']!r}") from None
+                if kind == "cardinality" and limit < 1:
+                    raise ValueError(f"{path}:{line}: a cardinality limit must be >= 1, got {limit}")
+                rules.append(Rule(index[row["app_a"]], index[row["app_b"]], kind, limit))
+        return cls(len(app_names), tuple(rules))
+
+    def to_csv(self, path: str | Path, app_names: Sequence[str]) -> None:
+        with open(path, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["app_a", "app_b", "rule", "limit"])
+            for r in self.rules:
+                w.writerow([app_names[r.a], app_names[r.b], r.kind, r.limit])
+
+    # --- checks -----------------------------------------------------------------------------
+    def composition_ok(self, comps: np.ndarray) -> np.ndarray:
+        """comps: (..., A) -> bool (...,): whether each composition obeys every rule."""
+        comps = np.asarray(comps)
+        ok = np.ones(comps.shape[:-1], dtype=bool)
+        for r in self.rules:
+            ca, cb = comps[..., r.a], comps[..., r.b]
+            if r.kind == "anti-affinity":
+                ok &= (ca <= 1) if r.a == r.b else ~((ca > 0) & (cb > 0))
+            else:
+                ok &= (ca <= r.limit) if r.a == r.b else (ca + cb <= r.limit)
+        return ok
+
+    def violations(self, placement: np.ndarray) -> int:
+        """Number of nodes whose composition breaks a rule."""
+        return int((~self.composition_ok(placement)).sum())
+
+
+def place_mask(placement: np.ndarray, app: int, cluster: Cluster, constraints: Constraints) -> np.ndarray:
+    """(N,) int8 mask (Gymnasium's `action_mask` convention): 1 where one more container of `app`
+    fits (a free slot, and every rule still holds after adding it)."""
+    after = np.array(placement, dtype=np.int64, copy=True)
+    after[:, app] += 1
+    ok = (after.sum(axis=1) <= cluster.slots) & constraints.composition_ok(after)
+    return ok.astype(np.int8)
+
+
+def per_container_throughput(placement: np.ndarray, predictor: Predictor) -> np.ndarray:
+    """(N, A) placement -> (N, A) per-container normalised throughput (0 where absent)."""
+    placement = np.asarray(placement)
+    tp = np.asarray(predictor.throughput(placement), dtype=np.float64)
+    return np.where(placement > 0, tp, 0.0)
+
+
+def score(placement: np.ndarray, predictor: Predictor) -> float:
+    """Mean normalised throughput over the placed containers (the paper's final reward)."""
+    placement = np.asarray(placement)
+    n = placement.sum()
+    if n == 0:
+        return 0.0
+    return float((per_container_throughput(placement, predictor) * placement).sum() / n)
+
+
+def per_app_score(placement: np.ndarray, predictor: Predictor) -> np.ndarray:
+    """(A,) mean normalised throughput of each app's containers (NaN for apps not placed)."""
+    placement = np.asarray(placement)
+    tp = per_container_throughput(placement, predictor) * placement
+    counts = placement.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, tp.sum(axis=0) / np.maximum(counts, 1), np.nan)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Containers to place: `counts[a]` of app a. `order` is the arrival order of the containers
+    (app ids); by default apps interleave as they would arrive from independent deployments."""
+
+    counts: np.ndarray
+    order: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self):
+        counts = np.asarray(self.counts, dtype=np.int64)
+        if counts.ndim != 1 or (counts < 0).any() or counts.sum() == 0:
+            raise ValueError(f"a batch needs non-negative counts per app and at least one container, got {counts}")
+        object.__setattr__(self, "counts", counts)
+        if self.order is None:
+            object.__setattr__(self, "order", default_order(counts))
+        order = np.asarray(self.order, dtype=np.int64)
+        if np.bincount(order, minlength=len(counts)).tolist() != counts.tolist():
+            raise ValueError("order must list each container of the batch once")
+        object.__setattr__(self, "order", order)
+
+    @property
+    def size(self) -> int:
+        return int(self.counts.sum())
+
+
+def default_order(counts: np.ndarray) -> np.ndarray:
+    """Round-robin over apps (a, b, c, a, b, c, ...) until each app's count is used up."""
+    counts = np.asarray(counts, dtype=np.int64).copy()
+    out = []
+    while counts.sum() > 0:
+        for a in range(len(counts)):
+            if counts[a] > 0:
+                out.append(a)
+                counts[a] -= 1
+    return np.asarray(out, dtype=np.int64)
+
+
+def empty_placement(cluster: Cluster, n_apps: int) -> np.ndarray:
+    return np.zeros((cluster.n_nodes, n_apps), dtype=np.int64)
+
+
+def check_plan(placement: np.ndarray, batch: Batch, cluster: Cluster, constraints: Constraints) -> list[str]:
+    """Problems with a finished plan ([] when it is valid): wrong counts, overfull nodes, rules."""
+    p = np.asarray(placement)
+    problems = []
+    if p.shape != (cluster.n_nodes, len(batch.counts)):
+        return [f"plan shape {p.shape} != ({cluster.n_nodes}, {len(batch.counts)})"]
+    if (p < 0).any():
+        problems.append("negative counts")
+    if p.sum(axis=0).tolist() != batch.counts.tolist():
+        problems.append(f"placed per app {p.sum(axis=0).tolist()} != batch {batch.counts.tolist()}")
+    over = np.nonzero(p.sum(axis=1) > cluster.slots)[0]
+    if len(over):
+        problems.append(f"nodes over {cluster.slots} slots: {over.tolist()}")
+    if constraints.violations(p):
+        problems.append(f"{constraints.violations(p)} node(s) break an operation constraint")
+    return problems

@@ -1,0 +1,47 @@
+"""What the service and the daemon host: a policy maps one observation (+ its own state) to one
+action of its declared spaces. This module imports no problem.
+
+The policy you serve is not the algorithm you train (Tianshou's Policy vs Algorithm, RLlib's
+RLModule): training code lives in each problem's package, next to the policy it produces.
+
+    policy.observation_space, policy.action_space   # Gymnasium spaces, recorded when saved
+    state = policy.initial_state()
+    decision, state = policy.decide(observation, state, mask=mask, deterministic=True)
+
+`mask` follows Gymnasium's `action_mask` convention (int8, 1 = allowed) for Discrete action
+spaces. Batched decision paths (vector environments, experiments) stay problem-specific.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from gymnasium import spaces
+
+
+@dataclass
+class Decision:
+    """One decision: `action` is an element of the policy's action space in JSON-able form;
+    `name` a human-readable description; `info` whatever else the policy can say (probabilities,
+    a value estimate)."""
+
+    action: Any
+    name: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    problem: str
+    kind: str
+    version: str
+    stateful: bool
+    observation_space: spaces.Space
+    action_space: spaces.Space
+
+    def initial_state(self) -> Any: ...
+
+    def decide(self, observation: Any, state: Any = None, *, mask=None,
+               deterministic: bool = True) -> tuple[Decision, Any]: ...
+
+    def metadata(self) -> dict: ...

@@ -1,0 +1,111 @@
+"""The catalogue of problems: each problem package registers one `ProblemSpec`.
+
+Like Gymnasium's env registry, a spec is a plain dataclass whose entry points are strings
+(`"module:attr"`), imported only when used, so listing the problems imports no simulator, no
+torch and no scikit-learn. The registry imports no problem: `agents.problems` lists them (one
+line per package, like Telegraf's `plugins/inputs/all`). Adding a problem = one package with
+`PROBLEM = ProblemSpec(...)` + one line in `agents/problems.py`.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    name: str
+    title: str
+    paper: str
+    #: Gymnasium id and entry point of the problem's environment
+    env_id: str | None = None
+    env_entry_point: str | None = None
+    #: agent kind -> "module:attr" of a factory `(**params) -> Policy` or the Agent class
+    agents: dict[str, Any] = field(default_factory=dict)
+    default_agent: str | None = None
+    #: "module:attr" of `load(directory) -> Policy` for saved policies of this problem
+    policy_loader: str | None = None
+    #: "module:attr" of the CLI-facing experiment `run(out_dir, quick, seeds, ...) -> summary dict`
+    experiment: str | None = None
+    #: "module:attr" of `train(...)`, if the problem has a trainer
+    train: str | None = None
+    #: "module:attr" of `add_routes(app, name, policy)`: extra REST operations (e.g. a batch plan)
+    routes: str | None = None
+
+    def agent_names(self) -> list[str]:
+        return sorted(self.agents)
+
+
+_PROBLEMS: dict[str, ProblemSpec] = {}
+
+
+def register_problem(spec: ProblemSpec) -> ProblemSpec:
+    if spec.name in _PROBLEMS and _PROBLEMS[spec.name] != spec:
+        raise ValueError(f"problem {spec.name!r} is registered twice")
+    _PROBLEMS[spec.name] = spec
+    if spec.env_id and spec.env_entry_point:
+        import gymnasium
+
+        if spec.env_id not in gymnasium.registry:
+            gymnasium.register(id=spec.env_id, entry_point=spec.env_entry_point)
+    return spec
+
+
+def load_entry_point(ref: str | Callable) -> Any:
+    """"module:attr" -> the object (a callable passes through, for problems defined in one file)."""
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _ensure_listed() -> None:
+    from . import problems
+
+    problems.load_all()
+
+
+def problem_names() -> list[str]:
+    _ensure_listed()
+    return sorted(_PROBLEMS)
+
+
+def get_problem(name: str) -> ProblemSpec:
+    _ensure_listed()
+    if name not in _PROBLEMS:
+        close = difflib.get_close_matches(name, list(_PROBLEMS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown problem {name!r}{hint} (known: {', '.join(sorted(_PROBLEMS))})")
+    return _PROBLEMS[name]
+
+
+def entry(spec: ProblemSpec, what: str) -> Callable:
+    ref = getattr(spec, what)
+    if not ref:
+        raise ValueError(f"problem {spec.name!r} has no {what}")
+    return load_entry_point(ref)
+
+
+def load_policy(directory) -> Any:
+    """Load any saved policy: `metadata.json` names its problem (autoscaling when absent, as in
+    policies saved before the platform), whose loader checks the recorded spaces."""
+    import json
+    from pathlib import Path
+
+    d = Path(directory)
+    meta_path = d / "metadata.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{d}: no metadata.json; not a saved SAMM policy")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{meta_path}: invalid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path}: must hold a JSON object")
+    spec = get_problem(meta.get("problem", "autoscaling"))
+    return entry(spec, "policy_loader")(d)

@@ -1,0 +1,128 @@
+"""Request and response models generated from a policy's spaces, so `/openapi.json` documents
+each hosted agent's exact schema and pydantic rejects bad input with the field's name.
+
+One function per space type (`functools.singledispatch`), like Gymnasium's `flatten`:
+
+    Box ()            -> float within [low, high] (no NaN or inf)
+    Box (n, ...)      -> nested lists of exactly that shape
+    NamedBox          -> an object with one float field per name
+    Discrete(n)       -> int in [start, start + n)
+    MultiDiscrete     -> list of ints, one per component
+    MultiBinary(n)    -> list of 0/1 of length n
+    Dict              -> an object with one field per key
+    BoundedSet        -> a list of rows of at most `max_size` items
+
+Bounds that differ per element are checked by `space.contains` in the data plane, which names
+the element; the generated types carry the overall bounds for the schema.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Annotated, Any
+
+import numpy as np
+from gymnasium import spaces
+from pydantic import BaseModel, ConfigDict, Field, conlist, create_model
+
+from agents.spaces import BoundedSet, NamedBox
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _camel(name: str) -> str:
+    return "".join(p[0].upper() + p[1:] for p in re.split(r"[^A-Za-z0-9]+", name) if p)
+
+
+def _finite(v: float) -> float | None:
+    v = float(v)
+    return v if np.isfinite(v) else None
+
+
+def _float_type(low: np.ndarray, high: np.ndarray, integer: bool = False):
+    lo, hi = _finite(np.min(low)), _finite(np.max(high))
+    base = int if integer else float
+    kw = {} if integer else {"allow_inf_nan": False}
+    return Annotated[base, Field(ge=lo, le=hi, **({"strict": False} | kw))]
+
+
+def _nested(item, shape: tuple[int, ...]):
+    t = item
+    for n in reversed(shape):
+        t = conlist(t, min_length=n, max_length=n)
+    return t
+
+
+@functools.singledispatch
+def field_type(space: spaces.Space, name: str) -> Any:
+    raise TypeError(f"{name}: no request schema for {type(space).__name__}")
+
+
+@field_type.register
+def _(space: spaces.Box, name: str) -> Any:
+    integer = np.issubdtype(space.dtype, np.integer)
+    item = _float_type(space.low, space.high, integer)
+    if isinstance(space, NamedBox):
+        lows, highs = space.low, space.high
+        fields = {n: (_float_type(lows[i], highs[i]), ...) for i, n in enumerate(space.names)}
+        return create_model(_camel(name), __base__=Strict, **fields)
+    return item if space.shape == () else _nested(item, space.shape)
+
+
+@field_type.register
+def _(space: spaces.Discrete, name: str) -> Any:
+    return Annotated[int, Field(ge=int(space.start), le=int(space.start + space.n - 1))]
+
+
+@field_type.register
+def _(space: spaces.MultiDiscrete, name: str) -> Any:
+    nvec = np.asarray(space.nvec)
+    item = Annotated[int, Field(ge=0, le=int(nvec.max()) - 1)]
+    return _nested(item, nvec.shape)
+
+
+@field_type.register
+def _(space: spaces.MultiBinary, name: str) -> Any:
+    shape = tuple(np.atleast_1d(space.n).tolist())
+    return _nested(Annotated[int, Field(ge=0, le=1)], shape)
+
+
+@field_type.register
+def _(space: spaces.Dict, name: str) -> Any:
+    fields = {k: (field_type(s, f"{name}_{k}"), ...) for k, s in space.spaces.items()}
+    return create_model(_camel(name), __base__=Strict, **fields)
+
+
+@field_type.register
+def _(space: BoundedSet, name: str) -> Any:
+    row = field_type(space.row, f"{name}_row")
+    return conlist(row, max_length=space.max_size)
+
+
+def mask_type(action_space: spaces.Space) -> Any | None:
+    """Masks exist for Discrete actions (Gymnasium's `action_mask`): one 0/1 per action."""
+    if isinstance(action_space, spaces.Discrete):
+        return _nested(Annotated[int, Field(ge=0, le=1)], (int(action_space.n),))
+    return None
+
+
+def decide_models(agent_name: str, policy) -> tuple[type[BaseModel], type[BaseModel]]:
+    base = _camel(agent_name)
+    obs = field_type(policy.observation_space, f"{base}Observation")
+    act = field_type(policy.action_space, f"{base}Action")
+    fields: dict[str, Any] = {
+        "session_id": (str | None, Field(default=None, pattern=r"^[A-Za-z0-9._:-]{1,128}$",
+                                         description="Caller's session (stateful policies keep state per session).")),
+        "observation": (obs, Field(description="An element of the agent's observation space.")),
+        "deterministic": (bool, True),
+    }
+    mt = mask_type(policy.action_space)
+    if mt is not None:
+        fields["action_mask"] = (mt | None, Field(default=None, description="1 = allowed (Gymnasium's action_mask)."))
+    req = create_model(f"{base}DecideRequest", __base__=Strict, **fields)
+    resp = create_model(f"{base}DecideResponse", action=(act, ...), action_name=(str | None, None),
+                        info=(dict[str, Any], Field(default_factory=dict)), policy_version=(str, ...),
+                        session_id=(str | None, None))
+    return req, resp
