@@ -103,8 +103,51 @@ class ServiceConfig(Strict):
     session_ttl_s: float = Field(default=3600.0, gt=0)
 
 
-class SammConfig(Strict):
+def _check_groups(groups: list[GroupConfig], executor: ExecutorConfig, where: str = "") -> None:
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}group names must be unique, got {names}")
+    if executor.kind == "aws-asg":
+        missing = [g.name for g in groups if not g.asg_name]
+        if missing:
+            raise ValueError(f"{where}executor aws-asg needs asg_name for groups {missing}")
+    if executor.kind == "docker":
+        missing = [g.name for g in groups if not g.docker_image]
+        if missing:
+            raise ValueError(f"{where}executor docker needs docker_image for groups {missing}")
+
+
+LOOP_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+class AutoscalingLoop(Strict):
+    """One autoscaling control loop: its source is Graphite (shared `graphite` section) or, with
+    `executor.kind: sim`, its own simulation; its guard is bounds + cool-down + dry-run."""
+
+    name: str = Field(pattern=LOOP_NAME, description="unique; names the loop's records, metrics and scheduler job")
+    problem: Literal["autoscaling"] = "autoscaling"
     groups: list[GroupConfig] = Field(min_length=1)
+    agent: AgentConfig = AgentConfig()
+    executor: ExecutorConfig = ExecutorConfig()
+    timing: TimingConfig = TimingConfig()
+    simulation: SimulationConfig = SimulationConfig()
+
+    @model_validator(mode="after")
+    def _groups(self) -> "AutoscalingLoop":
+        _check_groups(self.groups, self.executor, f"loop {self.name!r}: ")
+        return self
+
+
+#: Loop sections, one model per problem, chosen by `problem` (each problem validates its own).
+LoopConfig = AutoscalingLoop
+
+
+class SammConfig(Strict):
+    """Either `loops: [...]` (several control loops) or today's single-loop keys at the top level
+    (`groups`, `agent`, `executor`, `timing`, `simulation`), which load as one loop named `default`."""
+
+    loops: list[LoopConfig] | None = Field(default=None, min_length=1)
+    groups: list[GroupConfig] | None = Field(default=None, min_length=1)
     graphite: GraphiteConfig = GraphiteConfig()
     agent: AgentConfig = AgentConfig()
     executor: ExecutorConfig = ExecutorConfig()
@@ -114,19 +157,26 @@ class SammConfig(Strict):
     simulation: SimulationConfig = SimulationConfig()
 
     @model_validator(mode="after")
-    def _groups(self) -> "SammConfig":
-        names = [g.name for g in self.groups]
+    def _loops(self) -> "SammConfig":
+        if self.loops is None:
+            if self.groups is None:
+                raise ValueError("groups: Field required (or declare `loops`)")
+            _check_groups(self.groups, self.executor)
+            return self
+        legacy = [k for k in ("groups", "agent", "executor", "timing", "simulation") if k in self.model_fields_set]
+        if legacy:
+            raise ValueError(f"with `loops`, put {legacy} inside each loop, not at the top level")
+        names = [lp.name for lp in self.loops]
         if len(set(names)) != len(names):
-            raise ValueError(f"group names must be unique, got {names}")
-        if self.executor.kind == "aws-asg":
-            missing = [g.name for g in self.groups if not g.asg_name]
-            if missing:
-                raise ValueError(f"executor aws-asg needs asg_name for groups {missing}")
-        if self.executor.kind == "docker":
-            missing = [g.name for g in self.groups if not g.docker_image]
-            if missing:
-                raise ValueError(f"executor docker needs docker_image for groups {missing}")
+            raise ValueError(f"loop names must be unique, got {names}")
         return self
+
+    def control_loops(self) -> list[LoopConfig]:
+        """The loops to run: `loops`, or the top-level keys as the one loop `default`."""
+        if self.loops is not None:
+            return list(self.loops)
+        return [AutoscalingLoop(name="default", groups=self.groups, agent=self.agent, executor=self.executor,
+                                timing=self.timing, simulation=self.simulation)]
 
 
 class ConfigError(ValueError):

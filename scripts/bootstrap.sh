@@ -18,7 +18,7 @@ if command -v "$PY" >/dev/null 2>&1 && ! "$PY" -c 'import ensurepip, venv' >/dev
   missing+=(python3-venv)
 fi
 # Services the tests run for real on loopback: Graphite, Docker, PostgreSQL, systemd-nspawn.
-for pkg in graphite-carbon graphite-web docker.io busybox-static systemd-container postgresql; do
+for pkg in graphite-carbon graphite-web docker.io docker-compose busybox-static systemd-container postgresql; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -160,3 +160,51 @@ def test_policy_for_other_vm_types_is_refused(tmp_path):
                                      "knowledge": {"url": f"sqlite:///{tmp_path}/k.db"}})
     with pytest.raises(ConfigurationProblem, match="name the groups like the policy's types"):
         build_daemon(cfg)
+
+
+def test_two_loops_deciding_in_the_same_minute_both_act(tmp_path):
+    """Two loops, each with its own simulated fleet, share the knowledge store. Their simulation
+    clocks are in step, so every iteration of one has the same key as the other's: both must
+    decide and act, each under its own cool-downs."""
+    loop = {"groups": GROUPS, "executor": {"kind": "sim"},
+            "timing": {"interval_s": 0.05, "warmup_s": 0, "cooldown_s": 90}, "simulation": {"seed": 1}}
+    cfg = SammConfig.model_validate({
+        "knowledge": {"url": f"sqlite:///{tmp_path}/k.db"},
+        "loops": [{"name": "web", "agent": {"name": "static:4,1,1"}, **loop},
+                  {"name": "batch", "agent": {"name": "static:1,1,4"}, **loop}]})
+    from samm.daemon.runner import DaemonRunner
+
+    daemon = build_daemon(cfg)
+    runner = DaemonRunner(daemon, max_iterations=6)
+    assert [lp.name for lp in daemon.loops] == ["web", "batch"]
+    assert runner.run(install_signals=False) == 0  # closes the daemon
+    store = KnowledgeStore(f"sqlite:///{tmp_path}/k.db")
+    try:
+        web = {d.iteration_key: d for d in store.decisions(loop="web")}
+        batch = {d.iteration_key: d for d in store.decisions(loop="batch")}
+        assert len(web) == 6 and len(batch) == 6
+        assert set(web) == set(batch)  # the same minutes, decided by both
+        acted = {lp: [a for a in store.actions() if a.loop == lp and a.status == "succeeded"]
+                 for lp in ("web", "batch")}
+        assert acted["web"] and acted["batch"]
+        def minutes(acts):
+            return {a.idempotency_key.split("/", 1)[1].split(":")[0] for a in acts}
+
+        same_minute = minutes(acted["web"]) & minutes(acted["batch"])
+        assert same_minute, "no minute in which both loops acted"
+        assert all(a.idempotency_key.startswith("batch/") for a in acted["batch"])
+        assert all(a.idempotency_key.startswith("web/") for a in acted["web"])
+        assert store.cooldowns("web") and store.cooldowns("batch")
+    finally:
+        store.close()
+
+
+def test_loops_and_top_level_loop_keys_do_not_mix(tmp_path):
+    with pytest.raises(Exception, match="inside each loop"):
+        SammConfig.model_validate({"groups": GROUPS, "loops": [{"name": "a", "groups": GROUPS}]})
+    with pytest.raises(Exception, match="loop names must be unique"):
+        SammConfig.model_validate({"loops": [{"name": "a", "groups": GROUPS}, {"name": "a", "groups": GROUPS}]})
+    with pytest.raises(Exception, match="groups"):
+        SammConfig.model_validate({})
+    one = config(tmp_path).control_loops()
+    assert [lp.name for lp in one] == ["default"] and one[0].agent.name == "lstm-ppo"

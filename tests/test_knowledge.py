@@ -473,3 +473,46 @@ def test_local_postgres_starts_and_leaves_nothing_behind():
     assert not Path(f"/proc/{pid}").exists(), "postgres survived close()"
     assert not pg.root.exists()
     lingering.engine.dispose()
+
+
+# --- loops and problems (revision 0002) -------------------------------------------------------
+
+def test_upgrade_from_0001_keeps_every_row_in_loop_default(url):
+    migrate(url, "0001")
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.begin() as c:
+            c.execute(text("INSERT INTO decisions (id, iteration_key, agent, action, source, created_at) "
+                           "VALUES (1, 'k1', 'lstm-ppo', '3', 'agent', 1.0)"))
+            c.execute(text("INSERT INTO actions (id, decision_id, idempotency_key, executor, group_name, request, "
+                           "status, created_at) VALUES (1, 1, 'k1:S', 'sim', 'S', '{}', 'succeeded', 1.0)"))
+            c.execute(text("INSERT INTO group_state (group_name, cooldown_until) VALUES ('S', 99.0)"))
+    finally:
+        engine.dispose()
+    s = KnowledgeStore(url)  # migrates to head
+    try:
+        d = s.decision("k1")
+        assert d is not None and d.loop == "default" and d.problem == "autoscaling" and d.action == 3
+        assert s.actions()[0].loop == "default" and s.cooldowns() == {"S": 99.0}
+        assert schema_diff(url) == []
+    finally:
+        s.close()
+
+
+def test_two_loops_deciding_in_the_same_minute_both_record_and_keep_their_own_cooldowns(store):
+    a, created_a = store.record_decision("1700000060", agent="lstm-ppo", action=[1, 2, 1], source="agent")
+    b, created_b = store.record_decision("1700000060", agent="lra-reinforce", action=4, source="agent",
+                                         loop="placement", problem="lra-placement",
+                                         observation={"app": 2, "counts": [[0, 1], [1, 0]]})
+    assert created_a and created_b and a != b
+    again, created = store.record_decision("1700000060", agent="lra-reinforce", action=5, source="agent",
+                                           loop="placement")
+    assert again == b and not created
+    rec = store.decision("1700000060", loop="placement")
+    assert rec.problem == "lra-placement" and rec.observation == {"app": 2, "counts": [[0, 1], [1, 0]]}
+    store.begin_action(a, "1700000060:S", "sim", "S", {"target": 2})
+    store.begin_action(b, "placement/1700000060:node-1", "docker", "S", {"node": 1}, loop="placement")
+    store.finish_action("1700000060:S", "succeeded", cooldown_until=100.0)
+    store.finish_action("placement/1700000060:node-1", "succeeded", cooldown_until=200.0)
+    assert store.cooldowns() == {"S": 100.0} and store.cooldowns("placement") == {"S": 200.0}
+    assert [d.loop for d in store.decisions(loop="placement")] == ["placement"]

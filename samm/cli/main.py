@@ -623,13 +623,16 @@ def run_cmd(config_path, iterations, dry_run, log_level, as_json) -> None:
         cfg = load_config(config_path)
         if dry_run:
             cfg = cfg.model_copy(update={"executor": cfg.executor.model_copy(update={"dry_run": True})})
+            if cfg.loops:
+                cfg = cfg.model_copy(update={"loops": [lp.model_copy(update={
+                    "executor": lp.executor.model_copy(update={"dry_run": True})}) for lp in cfg.loops]})
     except ConfigError as exc:
         click.echo(f"invalid config:\n{exc}", err=True)
         sys.exit(2)
 
     def show(rep):
         if as_json:
-            click.echo(json.dumps({"key": rep.key, "status": rep.status, "reasons": rep.reasons,
+            click.echo(json.dumps({"loop": rep.loop, "key": rep.key, "status": rep.status, "reasons": rep.reasons,
                                    "features": rep.features, "action": rep.plan.action if rep.plan else None,
                                    "action_name": rep.plan.action_name if rep.plan else None,
                                    "source": rep.plan.source if rep.plan else "none",

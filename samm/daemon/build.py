@@ -14,7 +14,7 @@ from typing import Callable
 
 from agents.base import Agent
 from samm.analyze import FleetSpec
-from samm.config import SammConfig
+from samm.config import LoopConfig, SammConfig
 from samm.execute.base import Executor
 from samm.knowledge.store import KnowledgeStore
 from samm.plan.client import HttpPlanner, InProcessPlanner
@@ -28,49 +28,63 @@ class ConfigurationProblem(ValueError):
     """The configuration is valid YAML and schema but cannot be put together (message says why)."""
 
 
-def make_daemon_agent(cfg: SammConfig) -> Agent:
+def make_daemon_agent(lp: LoopConfig) -> Agent:
     from agents.factory import make_agent
     from samm.execute.sim_exec import sim_config_for_groups
 
-    sim = sim_config_for_groups(cfg.groups)
-    agent = make_agent(cfg.agent.name, sim, params=cfg.agent.params or None, policy_dir=cfg.agent.policy_dir)
-    names = tuple(g.name for g in cfg.groups)
+    sim = sim_config_for_groups(lp.groups)
+    agent = make_agent(lp.agent.name, sim, params=lp.agent.params or None, policy_dir=lp.agent.policy_dir)
+    names = tuple(g.name for g in lp.groups)
     if agent.type_names != names:
         raise ConfigurationProblem(
-            f"agent {cfg.agent.name!r} (policy {agent.version}) decides for VM types {list(agent.type_names)} "
-            f"but the configured groups are {list(names)}: name the groups like the policy's types, in that order")
+            f"loop {lp.name!r}: agent {lp.agent.name!r} (policy {agent.version}) decides for VM types "
+            f"{list(agent.type_names)} but the configured groups are {list(names)}: name the groups like the "
+            "policy's types, in that order")
     return agent
 
 
-def make_planner(cfg: SammConfig, agent: Agent | None = None):
-    if cfg.agent.mode == "http":
-        session = f"samm-{socket.gethostname()}-{os.getpid()}"
-        return HttpPlanner(cfg.agent.service_url, cfg.agent.name, session, timeout_s=cfg.graphite.timeout_s)
-    return InProcessPlanner(agent or make_daemon_agent(cfg))
+def make_planner(lp: LoopConfig, timeout_s: float, agent: Agent | None = None):
+    if lp.agent.mode == "http":
+        session = f"samm-{socket.gethostname()}-{os.getpid()}-{lp.name}"
+        return HttpPlanner(lp.agent.service_url, lp.agent.name, session, timeout_s=timeout_s)
+    return InProcessPlanner(agent or make_daemon_agent(lp))
 
 
-def make_executor(cfg: SammConfig) -> Executor:
-    kind = cfg.executor.kind
+def make_executor(lp: LoopConfig) -> Executor:
+    kind = lp.executor.kind
     if kind == "aws-asg":
         from samm.execute.aws_asg import AwsAsgExecutor
 
-        return AwsAsgExecutor(cfg.groups, region=cfg.executor.region, endpoint_url=cfg.executor.endpoint_url,
-                              max_attempts=cfg.executor.max_attempts)
+        return AwsAsgExecutor(lp.groups, region=lp.executor.region, endpoint_url=lp.executor.endpoint_url,
+                              max_attempts=lp.executor.max_attempts)
     if kind == "docker":
         from samm.execute.docker_exec import DockerExecutor
 
-        return DockerExecutor(cfg.groups, base_url=cfg.executor.endpoint_url or os.environ.get("DOCKER_HOST"))
+        return DockerExecutor(lp.groups, base_url=lp.executor.endpoint_url or os.environ.get("DOCKER_HOST"))
     raise ConfigurationProblem(f"executor kind {kind!r} is built with its managed system (see build_daemon)")
 
 
 @dataclass
 class Daemon:
     cfg: SammConfig
-    loop: ControlLoop
+    loops: list[ControlLoop]
     store: KnowledgeStore
-    executor: Executor
-    system: object | None = None  # the SimulatedSystem for executor kind `sim`
+    executors: list[Executor]
+    systems: list = field(default_factory=list)  # SimulatedSystems of loops with executor kind `sim`
     closers: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def loop(self) -> ControlLoop:
+        """The first (often the only) loop."""
+        return self.loops[0]
+
+    @property
+    def executor(self) -> Executor:
+        return self.executors[0]
+
+    @property
+    def system(self):
+        return self.systems[0] if self.systems else None
 
     def close(self) -> None:
         for c in reversed(self.closers):
@@ -82,49 +96,21 @@ class Daemon:
 
 def build_daemon(cfg: SammConfig, *, executor: Executor | None = None, store: KnowledgeStore | None = None,
                  planner=None, clock: Callable[[], float] | None = None) -> Daemon:
-    from samm.monitor.graphite_client import GraphiteSender, RenderClient
-
-    from .monitoring import GraphiteMonitor, SimMonitor
-    from .publish import GraphitePublisher
-
-    fleet = FleetSpec.from_vm_types(cfg.groups)
+    """One ControlLoop per configured loop, sharing the knowledge store. `executor`, `planner`
+    and `clock` (for tests and the testbed) apply to the first loop."""
     closers: list[Callable[[], None]] = []
     store = store or KnowledgeStore(cfg.knowledge.url)
     closers.append(store.close)
-    system = None
+    loops, executors, systems = [], [], []
     try:
-        if cfg.executor.kind == "sim" and executor is None:
-            from sim_bridge.workloads import load_workload
-            from samm.execute.sim_exec import SimExecutor, SimulatedSystem, sim_config_for_groups
-            from sim_bridge.config import SimConfig
-
-            simcfg = sim_config_for_groups(cfg.groups, SimConfig(host_mips=cfg.simulation.host_mips),
-                                           cfg.simulation.initial)
-            system = SimulatedSystem(simcfg, load_workload(cfg.simulation.workload), seed=cfg.simulation.seed)
-            closers.append(system.close)
-            executor = SimExecutor(system)
-            monitor = SimMonitor(system, fleet, executor)
-            clock = clock or (lambda: system.clock)
-        else:
-            executor = executor or make_executor(cfg)
-            closers.append(executor.close)
-            g = cfg.graphite
-            from samm.monitor.graphite_source import GraphiteSource
-
-            source = GraphiteSource(RenderClient(g.render_url, g.timeout_s), g.prefix, [x.name for x in cfg.groups],
-                                    interval_s=cfg.timing.interval_s, lateness_s=g.lateness_s,
-                                    now=clock or time.time, ram_gb={x.name: x.ram_gb for x in cfg.groups})
-            monitor = GraphiteMonitor(source, executor, fleet, [x.name for x in cfg.groups])
-        publisher = None
-        if cfg.graphite.publish and cfg.executor.kind != "sim":
-            sender = GraphiteSender(cfg.graphite.carbon_host, cfg.graphite.carbon_port)
-            publisher = GraphitePublisher(sender, cfg.graphite.render_url, cfg.graphite.prefix)
-            closers.append(sender.close)
-        planner = planner or make_planner(cfg)
-        loop = ControlLoop(groups=cfg.groups, fleet=fleet, monitor=monitor, planner=planner, executor=executor,
-                           store=store, agent_name=cfg.agent.name, warmup_s=cfg.timing.warmup_s,
-                           cooldown_s=cfg.timing.cooldown_s, dry_run=cfg.executor.dry_run,
-                           clock=clock or time.time, publisher=publisher)
+        for i, lp in enumerate(cfg.control_loops()):
+            first = i == 0
+            loop, ex, system = _build_loop(cfg, lp, store, closers, executor=executor if first else None,
+                                           planner=planner if first else None, clock=clock if first else None)
+            loops.append(loop)
+            executors.append(ex)
+            if system is not None:
+                systems.append(system)
     except BaseException:
         for c in reversed(closers):
             try:
@@ -132,4 +118,49 @@ def build_daemon(cfg: SammConfig, *, executor: Executor | None = None, store: Kn
             except Exception:  # noqa: BLE001
                 pass
         raise
-    return Daemon(cfg, loop, store, executor, system, closers)
+    return Daemon(cfg, loops, store, executors, systems, closers)
+
+
+def _build_loop(cfg: SammConfig, lp: LoopConfig, store: KnowledgeStore, closers: list, *, executor=None,
+                planner=None, clock=None):
+    from samm.monitor.graphite_client import GraphiteSender, RenderClient
+
+    from .monitoring import GraphiteMonitor, SimMonitor
+    from .publish import GraphitePublisher
+
+    fleet = FleetSpec.from_vm_types(lp.groups)
+    system = None
+    if lp.executor.kind == "sim" and executor is None:
+        from sim_bridge.workloads import load_workload
+        from samm.execute.sim_exec import SimExecutor, SimulatedSystem, sim_config_for_groups
+        from sim_bridge.config import SimConfig
+
+        simcfg = sim_config_for_groups(lp.groups, SimConfig(host_mips=lp.simulation.host_mips), lp.simulation.initial)
+        system = SimulatedSystem(simcfg, load_workload(lp.simulation.workload), seed=lp.simulation.seed)
+        closers.append(system.close)
+        executor = SimExecutor(system)
+        monitor = SimMonitor(system, fleet, executor)
+        clock = clock or (lambda: system.clock)
+    else:
+        executor = executor or make_executor(lp)
+        closers.append(executor.close)
+        g = cfg.graphite
+        from samm.monitor.graphite_source import GraphiteSource
+
+        source = GraphiteSource(RenderClient(g.render_url, g.timeout_s), g.prefix, [x.name for x in lp.groups],
+                                interval_s=lp.timing.interval_s, lateness_s=g.lateness_s,
+                                now=clock or time.time, ram_gb={x.name: x.ram_gb for x in lp.groups})
+        monitor = GraphiteMonitor(source, executor, fleet, [x.name for x in lp.groups])
+    publisher = None
+    if cfg.graphite.publish and lp.executor.kind != "sim":
+        sender = GraphiteSender(cfg.graphite.carbon_host, cfg.graphite.carbon_port)
+        prefix = cfg.graphite.prefix if lp.name == "default" else f"{cfg.graphite.prefix}.loops.{lp.name}"
+        publisher = GraphitePublisher(sender, cfg.graphite.render_url, prefix)
+        closers.append(sender.close)
+    planner = planner or make_planner(lp, cfg.graphite.timeout_s)
+    loop = ControlLoop(groups=lp.groups, fleet=fleet, monitor=monitor, planner=planner, executor=executor,
+                       store=store, agent_name=lp.agent.name, warmup_s=lp.timing.warmup_s,
+                       cooldown_s=lp.timing.cooldown_s, dry_run=lp.executor.dry_run,
+                       clock=clock or time.time, publisher=publisher, name=lp.name)
+    loop.config = lp
+    return loop, executor, system

@@ -29,6 +29,7 @@ from samm.analyze.features import compute_features
 from samm.analyze.metrics import OBSERVATION_NAMES
 from samm.execute.base import ActionResult, Executor
 from samm.execute.guard import idempotency_key, plan_scaling
+from samm.knowledge.models import DEFAULT_LOOP
 from samm.knowledge.store import KnowledgeStore
 from samm.plan.client import PlanOutcome
 
@@ -53,6 +54,7 @@ class IterationReport:
     inventory: dict[str, dict] = field(default_factory=dict)  # group -> {desired, live}
     finished: bool = False
     iteration_ms: float = 0.0
+    loop: str = "default"
 
     @property
     def acted(self) -> bool:
@@ -62,7 +64,10 @@ class IterationReport:
 class ControlLoop:
     def __init__(self, *, groups, fleet: FleetSpec, monitor: Monitor, planner, executor: Executor,
                  store: KnowledgeStore, agent_name: str, warmup_s: float, cooldown_s: float, dry_run: bool = False,
-                 clock: Callable[[], float] = time.time, publisher=None):
+                 clock: Callable[[], float] = time.time, publisher=None, name: str = DEFAULT_LOOP):
+        self.name = name  # the loop's name: its decisions, actions and cool-downs are its own
+        # idempotency keys are global: loops other than `default` prefix theirs with their name
+        self.action_prefix = "" if name == DEFAULT_LOOP else f"{name}/"
         self.groups = list(groups)
         self.group_names = [g.name for g in self.groups]
         self.fleet = fleet
@@ -84,7 +89,7 @@ class ControlLoop:
         """Resolve actions a previous run left in flight. The back-end may or may not have
         acted, so the group's cool-down restarts now either way; the inventory tells which."""
         notes = []
-        open_actions = self.store.in_flight_actions()
+        open_actions = self.store.in_flight_actions(loop=self.name)
         if not open_actions:
             return notes
         try:
@@ -114,7 +119,7 @@ class ControlLoop:
         end = outcome.window_end if math.isfinite(outcome.window_end) else math.floor(now)
         key = f"{int(end)}"
         rep = IterationReport(key, outcome.window_start, outcome.window_end, outcome.status, list(outcome.reasons),
-                              finished=outcome.finished)
+                              finished=outcome.finished, loop=self.name)
         if outcome.inventory:
             rep.inventory = {g: {"desired": s.desired, "live": s.live} for g, s in outcome.inventory.items()}
         snapshot_id = self.store.record_snapshot(
@@ -124,7 +129,7 @@ class ControlLoop:
         if not outcome.actionable:
             rep.decision_id, rep.decided = self.store.record_decision(
                 key, agent=self.agent_name, action=None, source="none", action_name="nothing (snapshot not usable)",
-                reason=f"snapshot {outcome.status}: " + "; ".join(outcome.reasons))
+                reason=f"snapshot {outcome.status}: " + "; ".join(outcome.reasons), loop=self.name)
             log.warning("iteration %s: snapshot %s, no scaling action: %s", key, outcome.status,
                         "; ".join(outcome.reasons))
             return self._finish(rep, started)
@@ -134,7 +139,7 @@ class ControlLoop:
         rep.features = {n: float(v) for n, v in zip(names, np.asarray(feats).reshape(-1))}
         obs_id = self.store.record_observation(snapshot_id, rep.features)
 
-        existing = self.store.decision(key)
+        existing = self.store.decision(key, loop=self.name)
         if existing is not None:  # a restart inside the interval: never decide (or act) twice
             rep.decision_id, rep.decided = existing.id, False
             rep.reasons.append("this interval already has a decision; not acting again")
@@ -145,7 +150,7 @@ class ControlLoop:
         rep.decision_id, rep.decided = self.store.record_decision(
             key, agent=self.agent_name, action=plan.action, source=plan.source, policy_version=plan.policy_version,
             observation_id=obs_id, action_name=plan.action_name, probabilities=plan.probabilities, value=plan.value,
-            reason=plan.reason)
+            reason=plan.reason, loop=self.name)
         if not rep.decided:
             return self._finish(rep, started)
         if any(plan.deltas.values()):
@@ -176,7 +181,8 @@ class ControlLoop:
                     self._blocked(rep, key, g, d, f"inventory unavailable: {type(exc).__name__}: {exc}")
             return
         rep.inventory = {g: {"desired": s.desired, "live": s.live} for g, s in inventory.items()}
-        guard = plan_scaling(plan.deltas, inventory, self.groups, self.store.cooldowns(), now, key,
+        guard = plan_scaling(plan.deltas, inventory, self.groups, self.store.cooldowns(self.name), now,
+                             self.action_prefix + key,
                              dry_run=self.dry_run, warmup_s=self.warmup_s)
         for s in guard.skipped:
             if s.reason != "no_change":
@@ -186,12 +192,12 @@ class ControlLoop:
             request = asdict(req) | {"from": pa.current, "delta": pa.delta, "notes": list(pa.notes)}
             if not pa.execute:
                 self.store.begin_action(rep.decision_id, req.idempotency_key, self.executor.kind, req.group, request,
-                                        status="dry_run")
+                                        status="dry_run", loop=self.name)
                 rep.actions.append({"group": req.group, "status": "dry_run", "key": req.idempotency_key,
                                     "detail": request})
                 continue
             _, claimed = self.store.begin_action(rep.decision_id, req.idempotency_key, self.executor.kind, req.group,
-                                                 request)
+                                                 request, loop=self.name)
             if not claimed:
                 rep.reasons.append(f"{req.idempotency_key} already claimed; not acting twice")
                 continue
@@ -209,9 +215,10 @@ class ControlLoop:
                      f" ({result.error})" if result.error else "")
 
     def _blocked(self, rep: IterationReport, key: str, group: str, delta: int, why: str) -> None:
-        ik = idempotency_key(key, group)
+        ik = idempotency_key(self.action_prefix + key, group)
         self.store.begin_action(rep.decision_id, ik, self.executor.kind, group, {"group": group, "delta": delta,
-                                                                               "reason": why}, status="blocked")
+                                                                               "reason": why}, status="blocked",
+                                loop=self.name)
         rep.blocked[group] = why
         rep.actions.append({"group": group, "status": "blocked", "key": ik, "detail": {"reason": why}})
 

@@ -32,36 +32,46 @@ class DaemonRunner:
     def __init__(self, daemon: Daemon, max_iterations: int | None = None, on_iteration=None):
         self.daemon = daemon
         self.cfg: SammConfig = daemon.cfg
-        self.max_iterations = max_iterations or self.cfg.simulation.max_iterations
+        self.loops = daemon.loops
+        self.max_iterations = max_iterations or self.loops[0].config.simulation.max_iterations
         self.on_iteration = on_iteration
         self.stop_event = threading.Event()
         self.reports: list[IterationReport] = []
         self.errors = 0
-        self._lock = threading.Lock()
+        self.finished: set[str] = set()
+        for loop in self.loops:
+            loop.lock = threading.Lock()
 
     # runs in the scheduler's worker thread
-    def _iterate(self) -> None:
-        if self.stop_event.is_set():
+    def _iterate(self, loop=None) -> None:
+        loop = loop or self.loops[0]
+        if self.stop_event.is_set() or loop.name in self.finished:
             return
-        with self._lock:
-            rep = self.daemon.loop.run_once()
+        with loop.lock:  # one iteration of a loop at a time; loops run side by side
+            rep = loop.run_once()
+        rep.loop = loop.name
         self.reports.append(rep)
         if self.on_iteration is not None:
             self.on_iteration(rep)
-        sdnotify.status(f"iteration {rep.key}: {rep.status}, "
+        sdnotify.status(f"loop {loop.name} iteration {rep.key}: {rep.status}, "
                         f"{rep.plan.action_name if rep.plan else 'no decision'}")
-        if rep.finished or (self.max_iterations and len(self.reports) >= self.max_iterations):
+        done = [r for r in self.reports if r.loop == loop.name]
+        if rep.finished or (self.max_iterations and len(done) >= self.max_iterations):
+            self.finished.add(loop.name)
+        if self.finished >= {lp.name for lp in self.loops}:
             self.stop_event.set()
 
     def _watchdog(self, every_s: float) -> None:
         # progress = an iteration completed within two intervals (plus slack for a slow one)
-        allowed = 2 * self.cfg.timing.interval_s + 30.0
         while not self.stop_event.wait(every_s):
-            if time.monotonic() - self.daemon.loop.last_progress < allowed:
+            stuck = [(lp.name, time.monotonic() - lp.last_progress) for lp in self.loops
+                     if lp.name not in self.finished
+                     and time.monotonic() - lp.last_progress >= 2 * lp.config.timing.interval_s + 30.0]
+            if not stuck:
                 sdnotify.watchdog()
             else:
-                log.error("watchdog: no iteration completed for %.0f s; not pinging systemd",
-                          time.monotonic() - self.daemon.loop.last_progress)
+                log.error("watchdog: no iteration completed by %s; not pinging systemd",
+                          ", ".join(f"loop {n} for {s:.0f} s" for n, s in stuck))
 
     def _on_event(self, event) -> None:
         if event.code == EVENT_JOB_ERROR:
@@ -70,14 +80,14 @@ class DaemonRunner:
         elif event.code == EVENT_JOB_MISSED:
             log.warning("iteration missed its run time (the previous one overran)")
 
-    def _first_run(self) -> datetime:
+    def _first_run(self, lp) -> datetime:
         """Live sources read the last complete interval once `lateness_s` has passed after its
         end, so iterations are phased just after that point (firing earlier would read the
         interval before, already decided). A simulation advances on demand: start now."""
         now = time.time()
-        if self.cfg.executor.kind == "sim":
+        if lp.executor.kind == "sim":
             return datetime.fromtimestamp(now, timezone.utc)
-        every = self.cfg.timing.interval_s
+        every = lp.timing.interval_s
         phase = self.cfg.graphite.lateness_s + min(0.1 * every, 2.0)
         first = (now - phase) // every * every + every + phase
         return datetime.fromtimestamp(first, timezone.utc)
@@ -87,21 +97,27 @@ class DaemonRunner:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop_event.set())
-        for note in self.daemon.loop.recover():
-            log.warning("recovered: %s", note)
-        t = self.cfg.timing
-        sched = BackgroundScheduler(timezone=timezone.utc, job_defaults={
-            "coalesce": True, "max_instances": 1, "misfire_grace_time": max(1, int(t.misfire_grace_s))})
+        for loop in self.loops:
+            for note in loop.recover():
+                log.warning("loop %s recovered: %s", loop.name, note)
+        sched = BackgroundScheduler(timezone=timezone.utc, executors={
+            "default": {"type": "threadpool", "max_workers": max(2, len(self.loops))}},
+            job_defaults={"coalesce": True, "max_instances": 1})
         sched.add_listener(self._on_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
-        sched.add_job(self._iterate, IntervalTrigger(seconds=t.interval_s, timezone=timezone.utc),
-                      id="mape-k", next_run_time=self._first_run())
+        for loop in self.loops:  # one scheduler job per loop
+            t = loop.config.timing
+            sched.add_job(self._iterate, IntervalTrigger(seconds=t.interval_s, timezone=timezone.utc),
+                          args=(loop,), id=f"mape-k-{loop.name}", next_run_time=self._first_run(loop.config),
+                          misfire_grace_time=max(1, int(t.misfire_grace_s)))
         sched.start()
         wd = sdnotify.watchdog_interval_s()
         if wd:
             threading.Thread(target=self._watchdog, args=(wd,), name="samm-watchdog", daemon=True).start()
         sdnotify.ready()
-        log.info("samm daemon running: executor %s, agent %s, every %.3g s", self.cfg.executor.kind,
-                 self.cfg.agent.name, t.interval_s)
+        for loop in self.loops:
+            lp = loop.config
+            log.info("samm loop %s running: problem %s, executor %s, agent %s, every %.3g s", loop.name,
+                     lp.problem, lp.executor.kind, lp.agent.name, lp.timing.interval_s)
         try:
             while not self.stop_event.wait(0.5):
                 pass

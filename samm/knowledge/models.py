@@ -79,19 +79,29 @@ class Observation(Base):
     created_at: Mapped[float] = mapped_column(Double)
 
 
+DEFAULT_LOOP = "default"
+DEFAULT_PROBLEM = "autoscaling"
+
+
 class Decision(Base):
-    """The Plan stage's choice for one loop interval. `iteration_key` is unique: a replayed or
-    restarted iteration finds its decision instead of deciding twice."""
+    """The Plan stage's choice for one iteration of one control loop, of any problem.
+    (`loop`, `iteration_key`) is unique: a replayed or restarted iteration finds its decision
+    instead of deciding twice, and two loops deciding in the same minute do not collide."""
 
     __tablename__ = "decisions"
-    __table_args__ = (CheckConstraint(_one_of("source", DECISION_SOURCES), name="source"),)
+    __table_args__ = (CheckConstraint(_one_of("source", DECISION_SOURCES), name="source"),
+                      UniqueConstraint("loop", "iteration_key"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    iteration_key: Mapped[str] = mapped_column(String(128), unique=True)
+    loop: Mapped[str] = mapped_column(String(64), server_default=DEFAULT_LOOP, index=True)
+    problem: Mapped[str] = mapped_column(String(64), server_default=DEFAULT_PROBLEM)
+    iteration_key: Mapped[str] = mapped_column(String(128))
     agent: Mapped[str] = mapped_column(String(128))
     policy_version: Mapped[str | None] = mapped_column(String(128), nullable=True)
     observation_id: Mapped[int | None] = mapped_column(ForeignKey("observations.id"), nullable=True, index=True)
-    action: Mapped[Any] = mapped_column(JSON)  # an int (discrete) or a list (multi-discrete)
+    # the observation as the policy saw it, for problems without a snapshot/feature row
+    observation: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)
+    action: Mapped[Any] = mapped_column(JSON)  # an element of the policy's action space, as JSON
     action_name: Mapped[str | None] = mapped_column(String(256), nullable=True)
     probabilities: Mapped[Any | None] = mapped_column(NullableJSON, nullable=True)
     value: Mapped[float | None] = mapped_column(Double, nullable=True)
@@ -101,14 +111,17 @@ class Decision(Base):
 
 
 class Action(Base):
-    """One request to one executor. `idempotency_key` is unique: whoever inserts it owns the
-    call to the back-end, everyone else finds the row."""
+    """One request to one executor about one target (a group, a node, a service: `group_name`
+    keeps its historical name). `idempotency_key` is unique: whoever inserts it owns the call
+    to the back-end, everyone else finds the row. Loops other than `default` prefix their keys
+    with the loop's name."""
 
     __tablename__ = "actions"
     __table_args__ = (CheckConstraint(_one_of("status", ACTION_STATUSES), name="status"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     decision_id: Mapped[int] = mapped_column(ForeignKey("decisions.id"), index=True)
+    loop: Mapped[str] = mapped_column(String(64), server_default=DEFAULT_LOOP)
     idempotency_key: Mapped[str] = mapped_column(String(128), unique=True)
     executor: Mapped[str] = mapped_column(String(32))
     group_name: Mapped[str] = mapped_column(String(64))
@@ -121,10 +134,12 @@ class Action(Base):
 
 
 class GroupState(Base):
-    """Per-group state that must survive a restart: a restarted daemon honours cool-downs."""
+    """Per-target state of each loop that must survive a restart: a restarted daemon honours
+    cool-downs (the VPA's checkpoints: state a restart needs, one row per object)."""
 
     __tablename__ = "group_state"
 
+    loop: Mapped[str] = mapped_column(String(64), primary_key=True, server_default=DEFAULT_LOOP)
     group_name: Mapped[str] = mapped_column(String(64), primary_key=True)
     cooldown_until: Mapped[float] = mapped_column(Double)
     last_action_at: Mapped[float | None] = mapped_column(Double, nullable=True)
@@ -149,6 +164,6 @@ class PolicyVersion(Base):
 
 
 TABLES = tuple(Base.metadata.tables)
-__all__ = ["Base", "Snapshot", "Observation", "Decision", "Action", "GroupState", "PolicyVersion",
+__all__ = ["DEFAULT_LOOP", "DEFAULT_PROBLEM", "Base", "Snapshot", "Observation", "Decision", "Action", "GroupState", "PolicyVersion",
            "NAMING_CONVENTION", "SNAPSHOT_STATUSES", "DECISION_SOURCES", "ACTION_STATUSES",
            "OPEN_ACTION_STATUSES", "FINAL_ACTION_STATUSES", "TABLES"]

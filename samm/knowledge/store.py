@@ -44,7 +44,7 @@ from sqlalchemy.orm import Session
 
 from . import schema
 from .engine import KnowledgeError, is_memory_sqlite, make_engine, normalize_url
-from .models import (ACTION_STATUSES, DECISION_SOURCES, FINAL_ACTION_STATUSES, OPEN_ACTION_STATUSES,
+from .models import (ACTION_STATUSES, DECISION_SOURCES, DEFAULT_LOOP, DEFAULT_PROBLEM, FINAL_ACTION_STATUSES, OPEN_ACTION_STATUSES,
                      SNAPSHOT_STATUSES, Action, Base, Decision, GroupState, Observation, PolicyVersion, Snapshot)
 
 log = logging.getLogger(__name__)
@@ -125,10 +125,13 @@ class ObservationRecord:
 @dataclass(frozen=True)
 class DecisionRecord:
     id: int
+    loop: str
+    problem: str
     iteration_key: str
     agent: str
     policy_version: str | None
     observation_id: int | None
+    observation: Any
     action: Any
     action_name: str | None
     probabilities: Any
@@ -142,6 +145,7 @@ class DecisionRecord:
 class ActionRecord:
     id: int
     decision_id: int
+    loop: str
     idempotency_key: str
     executor: str
     group_name: str
@@ -160,6 +164,7 @@ class ActionRecord:
 
 @dataclass(frozen=True)
 class GroupStateRecord:
+    loop: str
     group_name: str
     cooldown_until: float
     last_action_at: float | None
@@ -269,12 +274,14 @@ class KnowledgeStore:
     def _now(self, now: float | None) -> float:
         return float(self.clock() if now is None else now)
 
-    def _upsert_group_state(self, session: Session, group: str, until: float, key: str | None, now: float) -> None:
-        values = {"group_name": group, "cooldown_until": until, "last_action_at": now, "last_action_key": key}
+    def _upsert_group_state(self, session: Session, group: str, until: float, key: str | None, now: float,
+                            loop: str = DEFAULT_LOOP) -> None:
+        values = {"loop": loop, "group_name": group, "cooldown_until": until, "last_action_at": now,
+                  "last_action_key": key}
         dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
         stmt = dialect.insert(GroupState).values(**values)
-        stmt = stmt.on_conflict_do_update(index_elements=[GroupState.group_name],
-                                          set_={k: v for k, v in values.items() if k != "group_name"})
+        stmt = stmt.on_conflict_do_update(index_elements=[GroupState.loop, GroupState.group_name],
+                                          set_={k: v for k, v in values.items() if k not in ("loop", "group_name")})
         session.execute(stmt)
 
     # --- Monitor / Analyze ----------------------------------------------------------------------
@@ -304,13 +311,16 @@ class KnowledgeStore:
     def record_decision(self, iteration_key: str, *, agent: str, action: Any, source: str,
                         policy_version: str | None = None, observation_id: int | None = None,
                         action_name: str | None = None, probabilities: Any = None, value: float | None = None,
-                        reason: str | None = None, now: float | None = None) -> tuple[int, bool]:
-        """Store the decision of loop interval `iteration_key` (e.g. the window end).
-        Returns (decision id, created); when that interval already has a decision, its id and
+                        reason: str | None = None, now: float | None = None, loop: str = DEFAULT_LOOP,
+                        problem: str = DEFAULT_PROBLEM, observation: Any = None) -> tuple[int, bool]:
+        """Store the decision of iteration `iteration_key` (e.g. the window end) of `loop`.
+        Returns (decision id, created); when that iteration already has a decision, its id and
         False: a replayed or restarted iteration never records (or acts) twice."""
         _check(source, DECISION_SOURCES, "decision source")
-        row = Decision(iteration_key=str(iteration_key), agent=agent, policy_version=policy_version,
-                       observation_id=observation_id, action=to_json(action, "decision.action"),
+        row = Decision(loop=loop, problem=problem, iteration_key=str(iteration_key), agent=agent,
+                       policy_version=policy_version, observation_id=observation_id,
+                       observation=to_json(observation, "decision.observation"),
+                       action=to_json(action, "decision.action"),
                        action_name=action_name, probabilities=to_json(probabilities, "decision.probabilities"),
                        value=_finite_or_none(value, "decision.value"), source=source, reason=reason,
                        created_at=self._now(now))
@@ -321,21 +331,23 @@ class KnowledgeStore:
                 return row.id, True
         except IntegrityError:
             with self._read() as s:
-                existing = s.scalar(select(Decision.id).where(Decision.iteration_key == str(iteration_key)))
+                existing = s.scalar(select(Decision.id).where(Decision.loop == loop,
+                                                              Decision.iteration_key == str(iteration_key)))
             if existing is None:  # not the unique key: a bad observation_id, say
                 raise
             return existing, False
 
     @_guarded
-    def decision(self, iteration_key: str) -> DecisionRecord | None:
+    def decision(self, iteration_key: str, loop: str = DEFAULT_LOOP) -> DecisionRecord | None:
         with self._read() as s:
-            row = s.scalar(select(Decision).where(Decision.iteration_key == str(iteration_key)))
+            row = s.scalar(select(Decision).where(Decision.loop == loop, Decision.iteration_key == str(iteration_key)))
             return None if row is None else _record(DecisionRecord, row)
 
     # --- Execute ----------------------------------------------------------------------------------
     @_guarded
     def begin_action(self, decision_id: int, idempotency_key: str, executor: str, group: str, request: Any, *,
-                     status: str = "in_flight", now: float | None = None) -> tuple[ActionRecord, bool]:
+                     status: str = "in_flight", now: float | None = None,
+                     loop: str = DEFAULT_LOOP) -> tuple[ActionRecord, bool]:
         """Claim the action `idempotency_key` before calling the executor.
 
         Inserts it with `status` (default in_flight; a final status such as blocked or
@@ -347,7 +359,7 @@ class KnowledgeStore:
         """
         _check(status, ACTION_STATUSES, "action status")
         t = self._now(now)
-        row = Action(decision_id=decision_id, idempotency_key=idempotency_key, executor=executor, group_name=group,
+        row = Action(decision_id=decision_id, loop=loop, idempotency_key=idempotency_key, executor=executor, group_name=group,
                      request=to_json(request, "action.request"), status=status, created_at=t,
                      finished_at=t if status in FINAL_ACTION_STATUSES else None)
         try:
@@ -390,16 +402,19 @@ class KnowledgeStore:
                 log.warning("action %s already finished as %s; keeping that, not %s", idempotency_key, row.status,
                             status)
             elif cooldown_until is not None:
-                self._upsert_group_state(s, row.group_name, float(cooldown_until), idempotency_key, t)
+                self._upsert_group_state(s, row.group_name, float(cooldown_until), idempotency_key, t, row.loop)
             return _record(ActionRecord, row)
 
     @_guarded
-    def in_flight_actions(self, include_planned: bool = False) -> list[ActionRecord]:
+    def in_flight_actions(self, include_planned: bool = False, loop: str | None = None) -> list[ActionRecord]:
         """Actions begun and never finished (after a crash: the back-end may or may not have
-        acted; compare with its inventory, then finish them), oldest first."""
+        acted; compare with its inventory, then finish them), oldest first; of one loop or all."""
         statuses = OPEN_ACTION_STATUSES if include_planned else ("in_flight",)
+        q = select(Action).where(Action.status.in_(statuses)).order_by(Action.id)
+        if loop is not None:
+            q = q.where(Action.loop == loop)
         with self._read() as s:
-            rows = s.scalars(select(Action).where(Action.status.in_(statuses)).order_by(Action.id))
+            rows = s.scalars(q)
             return [_record(ActionRecord, r) for r in rows]
 
     @_guarded
@@ -410,20 +425,23 @@ class KnowledgeStore:
 
     # --- cool-downs ---------------------------------------------------------------------------
     @_guarded
-    def cooldowns(self) -> dict[str, float]:
-        """group name -> epoch seconds until which it must not be scaled again."""
+    def cooldowns(self, loop: str = DEFAULT_LOOP) -> dict[str, float]:
+        """target -> epoch seconds until which `loop` must not act on it again."""
         with self._read() as s:
-            return {g: u for g, u in s.execute(select(GroupState.group_name, GroupState.cooldown_until))}
+            return {g: u for g, u in s.execute(select(GroupState.group_name, GroupState.cooldown_until)
+                                               .where(GroupState.loop == loop))}
 
     @_guarded
-    def group_states(self) -> dict[str, GroupStateRecord]:
+    def group_states(self, loop: str = DEFAULT_LOOP) -> dict[str, GroupStateRecord]:
         with self._read() as s:
-            return {r.group_name: _record(GroupStateRecord, r) for r in s.scalars(select(GroupState))}
+            return {r.group_name: _record(GroupStateRecord, r)
+                    for r in s.scalars(select(GroupState).where(GroupState.loop == loop))}
 
     @_guarded
-    def set_cooldown(self, group: str, until: float, action_key: str | None = None, now: float | None = None) -> None:
+    def set_cooldown(self, group: str, until: float, action_key: str | None = None, now: float | None = None,
+                     loop: str = DEFAULT_LOOP) -> None:
         with self._write() as s:
-            self._upsert_group_state(s, group, float(until), action_key, self._now(now))
+            self._upsert_group_state(s, group, float(until), action_key, self._now(now), loop)
 
     # --- policies -------------------------------------------------------------------------------
     @_guarded
@@ -484,9 +502,12 @@ class KnowledgeStore:
             return None if row is None else _record(ObservationRecord, row)
 
     @_guarded
-    def decisions(self, since: float | None = None, limit: int | None = None) -> list[DecisionRecord]:
-        """Decisions created at or after `since` (epoch seconds), oldest first."""
+    def decisions(self, since: float | None = None, limit: int | None = None,
+                  loop: str | None = None) -> list[DecisionRecord]:
+        """Decisions created at or after `since` (epoch seconds), of one loop or all, oldest first."""
         q = select(Decision).order_by(Decision.created_at, Decision.id)
+        if loop is not None:
+            q = q.where(Decision.loop == loop)
         if since is not None:
             q = q.where(Decision.created_at >= since)
         if limit is not None:
