@@ -18,6 +18,7 @@ from sim_bridge.workloads import SwfTransform, load_workload, seed_1551
 
 from .evaluate import evaluate
 from .factory import make_agent
+from .report import Target, experiment_summary, write_summary
 from .tune import tune
 
 # Two windows of real traces for out-of-distribution checks: one week-day of each, in the
@@ -127,6 +128,12 @@ def _figures(out: Path, train_dir: Path | None, traces: dict[str, dict]) -> list
     return made
 
 
+#: the paper's own figures (its AWS testbed run, §5: "$8.67 for the PPO-trained policy, and
+#: respectively 149 min and $9.95 for the threshold-based approach", runtime 173 min for PPO)
+PAPER_FIGURES = {"lstm-ppo": {"total_cost_usd": 8.67, "makespan_min": 173},
+                 "threshold (paper, T=75%)": {"total_cost_usd": 9.95, "makespan_min": 149}}
+
+
 def run_paper_experiment(out_dir: str | Path, policy_dir: str | Path | None = None, timesteps: int = 600_000,
                          seeds=(1, 2, 3, 4, 5), tune_seeds=(101, 102, 103), train_seed: int = 1,
                          ppo_overrides: dict | None = None, swf: bool = True, progress: bool = True,
@@ -197,27 +204,36 @@ def run_paper_experiment(out_dir: str | Path, policy_dir: str | Path | None = No
     # 5. the verdict on the targets of the issue
     by = {r["agent"]: r for r in rows}
     ppo_row, thr = by["lstm-ppo"], by["threshold (tuned)"]
-    summary["targets"] = {
-        "cost_reduction_vs_tuned_threshold": round(1 - ppo_row["total_cost"] / thr["total_cost"], 4),
-        "makespan_increase_vs_tuned_threshold": round(ppo_row["makespan_min"] / thr["makespan_min"] - 1, 4),
-        "quality_target_met": bool(ppo_row["total_cost"] <= 0.85 * thr["total_cost"]
-                                   and ppo_row["makespan_min"] <= 1.10 * thr["makespan_min"]),
+    cost_cut = 1 - ppo_row["total_cost"] / thr["total_cost"]
+    longer = ppo_row["makespan_min"] / thr["makespan_min"] - 1
+    summary["verdict"] = {
+        "cost_reduction_vs_tuned_threshold": round(cost_cut, 4),
+        "makespan_increase_vs_tuned_threshold": round(longer, 4),
         "vs_target_tracking": round(1 - ppo_row["total_cost"] / by["target-tracking (tuned)"]["total_cost"], 4),
         "vs_queue": round(1 - ppo_row["total_cost"] / by["queue (tuned)"]["total_cost"], 4),
     }
+    targets = [Target("cost reduction vs tuned threshold", round(cost_cut, 4), ">= 0.15", bool(cost_cut >= 0.15)),
+               Target("makespan increase vs tuned threshold", round(longer, 4), "<= 0.10", bool(longer <= 0.10))]
     figures = _figures(out, train_dir, traces)
-    summary["figures"] = figures
-    summary["wall_seconds"] = round(time.perf_counter() - started, 1)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    methods = {name: {k: [e[k] for e in res["episodes"] if k in e] for k in ("total_cost", "vm_cost", "wait_penalty",
+                                                                           "makespan_s")}
+               for name, res in results.items()}
+    summary = experiment_summary(
+        "autoscaling", {"title": "LSTM-PPO autoscaling of heterogeneous VMs", "file": "samm-lstm-ppo-heterogeneous-autoscaling.txt"},
+        {"workload": workload.name, "seeds": list(seeds), "tune_seeds": list(tune_seeds),
+         "differences": "simulation (CloudSim Plus) comparison; the paper's figures are from its AWS testbed run"},
+        methods, PAPER_FIGURES, targets, figures, round(time.perf_counter() - started, 1), **summary)
+    write_summary(out, summary)
 
     report = ["# SAMM paper experiment (simulation)", "",
               f"Workload `seed-1551`, seeds {list(seeds)}, deterministic policies, per-type action mode, "
               f"S/M/L = 2/4/8 cores at $0.2/0.4/0.8 per hour, penalty $0.036 per waiting job-hour. "
               f"Baselines tuned on seeds {list(tune_seeds)}. Wall time {summary['wall_seconds']:.0f} s.", "",
               _table(rows, ref="threshold (tuned)"), "",
-              f"LSTM-PPO vs tuned threshold: {summary['targets']['cost_reduction_vs_tuned_threshold']:+.1%} lower "
-              f"total cost, makespan {summary['targets']['makespan_increase_vs_tuned_threshold']:+.1%}; "
-              f"quality target (≥ 15 % cheaper, ≤ 10 % longer) met: {summary['targets']['quality_target_met']}.", "",
+              f"LSTM-PPO vs tuned threshold: {cost_cut:+.1%} lower total cost, makespan {longer:+.1%}; "
+              f"quality target (≥ 15 % cheaper, ≤ 10 % longer) met: {all(t.met for t in targets)}.", "",
+              "The paper (its AWS testbed, Table/§5): PPO $8.67 in 173 min vs threshold $9.95 in 149 min "
+              "(12.9 % cheaper, 16.1 % slower).", "",
               "Tuned parameters: " + ", ".join(f"{k} {v['params']}" for k, v in tuned.items()), ""]
     for key, rws in swf_rows.items():
         report += [f"## {key} (real trace, not seen in training)", "",

@@ -97,7 +97,12 @@ def test_paper_experiment_writes_its_report(tmp_path):
                                    swf=False, progress=False, fast_tuning=True)
     report = (tmp_path / "report.md").read_text()
     assert "| lstm-ppo |" in report and "threshold (tuned)" in report and "queue (tuned)" in report
-    assert set(summary["targets"]) >= {"cost_reduction_vs_tuned_threshold", "quality_target_met"}
+    from agents.report import validate_summary
+
+    assert validate_summary(summary) == []
+    assert {t["name"] for t in summary["targets"]} >= {"cost reduction vs tuned threshold"}
+    assert set(summary["verdict"]) >= {"cost_reduction_vs_tuned_threshold", "vs_queue"}
+    assert summary["methods"]["lstm-ppo"]["total_cost"]["n"] == 2
     for fig in summary["figures"]:
         assert (tmp_path / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(f.startswith("fig11_") for f in summary["figures"])

@@ -10,6 +10,12 @@ import click
 from samm import __version__
 
 
+def _problem_choices() -> list[str]:
+    from agents.registry import problem_names
+
+    return problem_names()
+
+
 def _fail(msg: str) -> None:
     click.echo(f"error: {msg}", err=True)
     sys.exit(2)
@@ -486,6 +492,90 @@ def experiment_paper(out, policy_dir, timesteps, seeds, tune_seeds, ppo_json, no
                                    fast_tuning=fast_tuning)
     click.echo(json.dumps(summary["targets"]))
     click.echo(f"wrote {Path(out) / 'report.md'}")
+
+
+@experiment.command("lra")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
+@click.option("--quick", is_flag=True, help="Small cases, few seeds and short budgets (a smoke run in about a minute).")
+@click.option("--seeds", default="1-5", show_default=True, help="Batch seeds per case.")
+@click.option("--predictor", type=click.Choice(["forest", "synthetic"]), default="forest", show_default=True,
+              help="forest: the random forest on Metis's measurements (the default); synthetic: the data-free model.")
+@click.option("--quiet", is_flag=True)
+def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
+    """Long-running container placement (DRL-Scheduler): every planner on batches at the
+    paper's scale and larger, against the exact optimum; writes report.md, summary.json, PNGs."""
+    _run_problem_experiment("lra-placement", out, quick=quick, seeds=_seeds(seeds), predictor=predictor,
+                            progress=not quiet)
+
+
+@experiment.command("run")
+@click.option("--problem", type=click.Choice(_problem_choices()), required=True, help="The problem's experiment.")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
+@click.option("--quick", is_flag=True, help="The problem's short smoke version.")
+@click.option("--quiet", is_flag=True)
+def experiment_run(problem, out, quick, quiet) -> None:
+    """Run any registered problem's experiment (`samm experiment paper` and `lra` are shortcuts
+    with more options)."""
+    if problem == "autoscaling":
+        from agents.experiment import run_paper_experiment
+
+        from agents.shipped import shipped_policy_dir
+
+        summary = run_paper_experiment(out, shipped_policy_dir(), 600_000, [1, 2, 3, 4, 5], [101, 102, 103], swf=not quick,
+                                       progress=not quiet, fast_tuning=quick)
+        click.echo(json.dumps(summary["targets"]))
+        return
+    _run_problem_experiment(problem, out, quick=quick, progress=not quiet)
+
+
+def _run_problem_experiment(problem: str, out: str, **kw) -> None:
+    from agents.registry import entry, get_problem
+
+    spec = get_problem(problem)
+    try:
+        summary = entry(spec, "experiment")(out, **kw)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    click.echo(json.dumps(summary.get("targets", []), default=str))
+    click.echo(f"wrote {Path(out) / 'report.md'}")
+
+
+@cli.command("place")
+@click.option("--cluster", "cluster_file", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="Cluster YAML: nodes, slots, apps (image per app), optional constraints CSV "
+                   "(see agents/lra_placement/data/example-cluster.yaml).")
+@click.option("--batch", "batch_file", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="Containers to place: CSV `app,count` or a YAML mapping app -> count.")
+@click.option("--out", type=click.Path(file_okay=False), required=True,
+              help="Writes plan.csv, summary.json, docker-compose.yml and kubernetes/ here.")
+@click.option("--planner", default="lra-reinforce", show_default=True,
+              help="lra-reinforce (the shipped policy), optimum (exact, integer programming), greedy-ls, greedy, "
+                   "k8s-default, least-loaded, round-robin or random.")
+@click.option("--constraints", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Operation rules CSV (app_a,app_b,rule,limit); overrides the cluster file's.")
+@click.option("--predictor", type=click.Choice(["forest", "synthetic"]), default="forest", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json.")
+def place_cmd(cluster_file, batch_file, out, planner, constraints, predictor, seed, as_json) -> None:
+    """Plan a batch of long-running containers on a cluster and write the files an orchestrator
+    applies (Docker Compose/Swarm placement constraints, Kubernetes node affinity)."""
+    from agents.lra_placement.place import run_place
+
+    try:
+        res = run_place(cluster_file, batch_file, out, planner=planner, seed=seed,
+                        predictor="synthetic" if predictor == "synthetic" else None, constraints=constraints)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    for w in res.warnings:
+        click.echo(f"warning: {w}", err=True)
+    summary = res.summary()
+    if as_json:
+        click.echo(json.dumps(summary))
+        return
+    click.echo(f"{planner}: {summary['n_containers']} containers on {summary['nodes_used']}/{summary['nodes']} nodes, "
+               f"mean normalised throughput {summary['score']:.4f}, {summary['constraint_violations']} constraint "
+               f"violations, planned in {summary['seconds']:.2f} s")
+    click.echo(f"wrote {Path(out) / 'plan.csv'}, docker-compose.yml and kubernetes/")
 
 
 @cli.group()

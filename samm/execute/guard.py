@@ -5,7 +5,9 @@ Pure decision code in the style of the Kubernetes HPA's controller: no I/O and n
 (`now` is an argument), so every rule is tested with hand-made inventories and a fake clock, and
 a decision can be recomputed from what the knowledge base recorded.
 
-Rules, in the order they are checked for each group:
+The rules are steps of the guard chain (`samm.execute.chain`: shared cool-down and idempotency
+steps, the autoscaling steps below; `scaling_steps` lists them). In the order they are checked
+for each group:
 1. the group must be known to both the configuration and the inventory;
 2. cool-down: a group that acted at t is blocked in BOTH directions until t + cooldown_s
    (blocked while now < t + cooldown_s, allowed from exactly t + cooldown_s on). One window
@@ -38,7 +40,11 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Literal, Mapping, Protocol, Sequence
 
+from dataclasses import replace
+
 from samm.execute.base import GroupStatus, Instance, ScaleRequest
+from samm.execute.chain import (GuardContext, Skip, Step, Wish, cooldown, idempotency, idempotency_key,
+                                run_chain)
 
 SkipReason = Literal["unknown_group", "no_change", "cooldown", "in_flux", "at_min", "at_max",
                      "bounds_conflict"]
@@ -103,10 +109,6 @@ class GuardPlan:
         return out
 
 
-def idempotency_key(decision_key: str, group: str) -> str:
-    return f"{decision_key}:{group}"
-
-
 def deltas_from_actions(mode: str, actions, group_names: Sequence[str]) -> dict[str, int]:
     """One agent decision (batch of one) -> {group: delta}, through the simulator's own mapping
     (`sim_bridge.actions.to_deltas`) so the daemon acts exactly as the policy was trained.
@@ -167,13 +169,115 @@ def effective_bounds(config: Bounds, status: GroupStatus) -> tuple[int, int]:
     return max(config.min, status.min), min(config.max, status.max)
 
 
+# --- the autoscaling steps of the guard chain (`samm.execute.chain`) --------------------------
+
+def known_group(configs: Mapping[str, Bounds], inventory: Mapping[str, GroupStatus]) -> Step:
+    def step(w: Wish, ctx: GuardContext) -> Wish | Skip:
+        cfg, status = configs.get(w.target), inventory.get(w.target)
+        if cfg is None or status is None:
+            where = "configuration" if cfg is None else "inventory"
+            return Skip(w.target, w.change, "unknown_group", f"group {w.target!r} is not in the {where}")
+        return w.with_data(config=cfg, status=status)
+
+    return step
+
+
+def wants_change(w: Wish, ctx: GuardContext) -> Wish | Skip:
+    return Skip(w.target, w.change, "no_change", "the agent asked for no change") if w.change == 0 else w
+
+
+def scale_in_stabilisation(window_s: float, last_action_at: Mapping[str, float] | None) -> Step:
+    """Scale-in also waits until the group's last action + the stabilisation window."""
+
+    def step(w: Wish, ctx: GuardContext) -> Wish | Skip:
+        if w.change < 0 and window_s > 0 and last_action_at:
+            acted = last_action_at.get(w.target)
+            if acted is not None and ctx.now < acted + window_s:
+                t = acted + window_s
+                return Skip(w.target, w.change, "cooldown", f"scale-in stabilisation until {t:.0f} ({t - ctx.now:.0f} s left)", t)
+        return w
+
+    return step
+
+
+def settled(hold_scale_out_while_pending: bool) -> Step:
+    """The back-end must have converged on its desired capacity before a new target."""
+
+    def step(w: Wish, ctx: GuardContext) -> Wish | Skip:
+        status: GroupStatus = w.data["status"]
+        if status.live != status.desired:
+            return Skip(w.target, w.change, "in_flux",
+                        f"desired {status.desired} but {status.live} live instances: the group is still converging")
+        pending = sum(1 for i in status.instances if i.state == "pending")
+        if w.change > 0 and hold_scale_out_while_pending and pending:
+            return Skip(w.target, w.change, "in_flux", f"{pending} instance(s) still pending")
+        return w
+
+    return step
+
+
+def within_bounds(w: Wish, ctx: GuardContext) -> Wish | Skip:
+    """Clamp the target into [min, max] (the tighter of config and group); a group outside the
+    range (the operator narrowed it) may move towards it, never away."""
+    cfg, status = w.data["config"], w.data["status"]
+    asked = int(w.change)
+    lo, hi = effective_bounds(cfg, status)
+    if lo > hi:
+        return Skip(w.target, asked, "bounds_conflict",
+                    f"configured [{cfg.min}, {cfg.max}] and group [{status.min}, {status.max}] do not overlap")
+    current = status.desired
+    if asked > 0:
+        target = min(current + asked, hi) if current < hi else current
+    else:
+        target = max(current + asked, lo) if current > lo else current
+    delta = target - current
+    if delta == 0:
+        if asked > 0:
+            return Skip(w.target, asked, "at_max", f"desired {current} is {'at' if current == hi else 'above'} max {hi}")
+        return Skip(w.target, asked, "at_min", f"desired {current} is {'at' if current == lo else 'below'} min {lo}")
+    if delta != asked:
+        w = w.note(f"clamped {asked:+d} to {delta:+d} by {f'max {hi}' if asked > 0 else f'min {lo}'}")
+    return w.with_data(current=current, target=target, delta=delta)
+
+
+def warming_note(warming: Mapping[str, tuple[Instance, ...]]) -> Step:
+    def step(w: Wish, ctx: GuardContext) -> Wish:
+        return w.note(f"{len(warming[w.target])} instance(s) still warming up") if w.target in warming else w
+
+    return step
+
+
+def scale_request(w: Wish, ctx: GuardContext) -> Wish:
+    """The absolute request, with a scale-in victim (see `choose_victims`)."""
+    victim = None
+    if w.data["delta"] < 0:
+        victims = choose_victims(w.data["status"], 1)
+        victim = victims[0] if victims else None
+    return w.with_data(request=ScaleRequest(w.target, w.data["target"], w.key, victim))
+
+
+def scaling_steps(configs, inventory, warming, *, scale_in_stabilisation_s: float = 0.0,
+                  last_action_at=None, hold_scale_out_while_pending: bool = False) -> list[Step]:
+    """The autoscaling guard: problem steps around the shared cool-down and idempotency steps."""
+    return [known_group(configs, inventory), wants_change, cooldown,
+            scale_in_stabilisation(scale_in_stabilisation_s, last_action_at),
+            settled(hold_scale_out_while_pending), within_bounds, warming_note(warming), idempotency,
+            dry_run_flag, scale_request]
+
+
+def dry_run_flag(w: Wish, ctx: GuardContext) -> Wish:
+    # GuardPlan.reasons() adds the dry-run note itself
+    return replace(w, execute=not ctx.dry_run)
+
+
 def plan_scaling(deltas: Mapping[str, int], inventory: Mapping[str, GroupStatus],
                  groups: Sequence[Bounds] | Mapping[str, Bounds], cooldown_until: Mapping[str, float],
                  now: float, decision_key: str, dry_run: bool = False, warmup_s: float = 0.0,
                  *, scale_in_stabilisation_s: float = 0.0, last_action_at: Mapping[str, float] | None = None,
                  hold_scale_out_while_pending: bool = False,
                  recorded: Mapping[str, ScaleRequest] | None = None) -> GuardPlan:
-    """Decide which of `deltas` ({group: +n / -n / 0}) to perform now.
+    """Decide which of `deltas` ({group: +n / -n / 0}) to perform now, through the guard chain
+    (`scaling_steps`).
 
     `cooldown_until`: group -> time before which it may not act (see `after_action`).
     `scale_in_stabilisation_s` with `last_action_at` (group -> time of its last action):
@@ -185,85 +289,29 @@ def plan_scaling(deltas: Mapping[str, int], inventory: Mapping[str, GroupStatus]
     """
     configs = dict(groups) if isinstance(groups, Mapping) else {g.name: g for g in groups}
     recorded = recorded or {}
-    warming = warming_instances(inventory, now, warmup_s)
     actions: list[PlannedAction] = []
-    skipped: list[Skipped] = []
-
     # One entry per group: the mapping's keys are unique, so "one request per group" holds by
     # construction; sorted for a stable order in records and logs.
+    fresh = []
     for group in sorted(deltas):
         asked = int(deltas[group])
         key = idempotency_key(decision_key, group)
-
         if key in recorded:
             req = recorded[key]
             status = inventory.get(group)
             current = status.desired if status is not None else req.target
             actions.append(PlannedAction(req, current, asked, req.target - current, execute=not dry_run,
                                          notes=("replay of a recorded request",)))
-            continue
-
-        def skip(reason: SkipReason, detail: str, until: float | None = None) -> None:
-            skipped.append(Skipped(group, asked, reason, detail, until))
-
-        cfg, status = configs.get(group), inventory.get(group)
-        if cfg is None or status is None:
-            where = "configuration" if cfg is None else "inventory"
-            skip("unknown_group", f"group {group!r} is not in the {where}")
-            continue
-        if asked == 0:
-            skip("no_change", "the agent asked for no change")
-            continue
-
-        until = cooldown_until.get(group)
-        if until is not None and now < until:
-            skip("cooldown", f"cool-down until {until:.0f} ({until - now:.0f} s left)", until)
-            continue
-        if asked < 0 and scale_in_stabilisation_s > 0 and last_action_at:
-            acted = last_action_at.get(group)
-            if acted is not None and now < acted + scale_in_stabilisation_s:
-                t = acted + scale_in_stabilisation_s
-                skip("cooldown", f"scale-in stabilisation until {t:.0f} ({t - now:.0f} s left)", t)
-                continue
-
-        live = status.live
-        pending = sum(1 for i in status.instances if i.state == "pending")
-        if live != status.desired:
-            skip("in_flux", f"desired {status.desired} but {live} live instances: the group is still converging")
-            continue
-        if asked > 0 and hold_scale_out_while_pending and pending:
-            skip("in_flux", f"{pending} instance(s) still pending")
-            continue
-
-        lo, hi = effective_bounds(cfg, status)
-        if lo > hi:
-            skip("bounds_conflict", f"configured [{cfg.min}, {cfg.max}] and group [{status.min}, {status.max}] do not overlap")
-            continue
-        current = status.desired
-        # A group outside the range (the operator narrowed it) may move towards it, never away.
-        if asked > 0:
-            target = min(current + asked, hi) if current < hi else current
         else:
-            target = max(current + asked, lo) if current > lo else current
-        delta = target - current
-        if delta == 0:
-            if asked > 0:
-                skip("at_max", f"desired {current} is {'at' if current == hi else 'above'} max {hi}")
-            else:
-                skip("at_min", f"desired {current} is {'at' if current == lo else 'below'} min {lo}")
-            continue
-
-        notes: list[str] = []
-        if delta != asked:
-            bound = f"max {hi}" if asked > 0 else f"min {lo}"
-            notes.append(f"clamped {asked:+d} to {delta:+d} by {bound}")
-        if group in warming:
-            notes.append(f"{len(warming[group])} instance(s) still warming up")
-        victim = None
-        if delta < 0:
-            victims = choose_victims(status, 1)
-            victim = victims[0] if victims else None
-        actions.append(PlannedAction(ScaleRequest(group, target, key, victim), current, asked, delta,
-                                     execute=not dry_run, notes=tuple(notes)))
-
-    return GuardPlan(decision_key, now, dry_run, tuple(actions), tuple(skipped))
+            fresh.append(Wish(group, asked))
+    ctx = GuardContext(now, decision_key, dry_run, cooldown_until)
+    steps = scaling_steps(configs, inventory, warming_instances(inventory, now, warmup_s),
+                          scale_in_stabilisation_s=scale_in_stabilisation_s, last_action_at=last_action_at,
+                          hold_scale_out_while_pending=hold_scale_out_while_pending)
+    result = run_chain(fresh, steps, ctx)
+    for w in result.kept:
+        actions.append(PlannedAction(w.data["request"], w.data["current"], int(w.change), w.data["delta"],
+                                     execute=w.execute, notes=w.notes))
+    actions.sort(key=lambda a: a.group)
+    skipped = tuple(Skipped(s.target, int(s.change), s.reason, s.detail, s.until) for s in result.skipped)
+    return GuardPlan(decision_key, now, dry_run, tuple(actions), skipped)

@@ -1,0 +1,118 @@
+"""The one summary.json schema of every `samm experiment` (docs/experiment-summary.md), and the
+small helpers that write it and the tables of report.md.
+
+    {
+      "schema": "samm.experiment/1",
+      "problem": "lra-placement",
+      "paper": {"title": ..., "file": ...},
+      "setting": {...},                       # what was run: cases, seeds, machine, differences
+      "methods": {                            # per method, per metric: mean, std, number of seeds
+        "lra-reinforce": {"score": {"mean": 0.91, "std": 0.01, "n": 5}, ...}, ...
+      },
+      "paper_figures": {"<method>": {"<metric>": value or text}},   # the paper's own numbers
+      "targets": [{"name": ..., "value": ..., "goal": ">= 0.98", "met": true}, ...],
+      "figures": ["curve.png", ...],
+      "wall_seconds": 123.4,
+      ...                                     # problem-specific extras (cases, per-app tables)
+    }
+
+`validate_summary` checks a summary against this shape (a test runs it on every problem's
+quick experiment).
+"""
+from __future__ import annotations
+
+import json
+import math
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+SCHEMA = "samm.experiment/1"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: float | int | bool | None
+    goal: str      # e.g. ">= 0.98 x optimum", "<= 60 s"
+    met: bool
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def stats(values: Iterable[float]) -> dict:
+    """mean, std (population, as numpy) and n of the finite values."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(float(x))], dtype=np.float64)
+    if v.size == 0:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": float(v.mean()), "std": float(v.std()), "n": int(v.size)}
+
+
+def machine() -> dict:
+    import os
+
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "system": platform.platform()}
+
+
+def experiment_summary(problem: str, paper: Mapping, setting: Mapping, methods: Mapping[str, Mapping[str, Iterable]],
+                       paper_figures: Mapping, targets: Iterable[Target], figures: Iterable[str] = (),
+                       wall_seconds: float | None = None, **extra) -> dict:
+    """`methods`: method -> metric -> per-seed values (turned into mean/std/n here)."""
+    return {"schema": SCHEMA, "problem": problem, "paper": dict(paper), "setting": {**setting, "machine": machine()},
+            "methods": {m: {k: stats(v) for k, v in metrics.items()} for m, metrics in methods.items()},
+            "paper_figures": dict(paper_figures), "targets": [t.to_json() for t in targets],
+            "figures": list(figures), "wall_seconds": wall_seconds, **extra}
+
+
+def validate_summary(summary: Mapping) -> list[str]:
+    """Problems with a summary's shape ([] when it follows the schema)."""
+    problems = []
+    for key in ("schema", "problem", "paper", "setting", "methods", "paper_figures", "targets", "figures"):
+        if key not in summary:
+            problems.append(f"missing {key!r}")
+    if problems:
+        return problems
+    if summary["schema"] != SCHEMA:
+        problems.append(f"schema {summary['schema']!r} != {SCHEMA!r}")
+    for m, metrics in summary["methods"].items():
+        for k, st in metrics.items():
+            if not isinstance(st, Mapping) or set(st) != {"mean", "std", "n"}:
+                problems.append(f"methods.{m}.{k}: want {{mean, std, n}}, got {st!r}")
+    for i, t in enumerate(summary["targets"]):
+        if not isinstance(t, Mapping) or set(t) != {"name", "value", "goal", "met"} or not isinstance(t.get("met"), bool):
+            problems.append(f"targets[{i}]: want {{name, value, goal, met}} with a boolean met, got {t!r}")
+    return problems
+
+
+def write_summary(out: Path, summary: Mapping) -> None:
+    problems = validate_summary(summary)
+    if problems:
+        raise ValueError("summary does not follow the schema: " + "; ".join(problems))
+    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def fmt(st: Mapping | None, digits: int = 4) -> str:
+    """'0.9123 ± 0.0100' for a stats dict."""
+    if not st or st.get("mean") is None:
+        return "–"
+    return f"{st['mean']:.{digits}f} ± {st['std']:.{digits}f}"
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
