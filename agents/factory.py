@@ -38,3 +38,8 @@ def make_agent(kind: str, sim: SimConfig, params: dict | None = None, policy_dir
         params.setdefault("cores", [t.cores for t in sim.vm_types])
     mode = action_mode or ("paper" if kind in ("noop", "random") and sim.action_mode == "paper" else "per-type")
     return cls(action_mode=mode, type_names=type_names, params=params or None)
+
+
+def make_hosted_agent(kind: str, policy_dir: str | Path | None = None) -> Agent:
+    """What `samm serve --agent KIND[=DIR]` hosts: the paper's fleet (S/M/L)."""
+    return make_agent(kind, SimConfig(), policy_dir=policy_dir or None)

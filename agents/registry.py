@@ -27,6 +27,8 @@ class ProblemSpec:
     default_agent: str | None = None
     #: "module:attr" of `load(directory) -> Policy` for saved policies of this problem
     policy_loader: str | None = None
+    #: "module:attr" of `make(agent_name, policy_dir=None) -> Policy`: what `samm serve --agent` hosts
+    make_policy: str | None = None
     #: "module:attr" of the CLI-facing experiment `run(out_dir, quick, seeds, ...) -> summary dict`
     experiment: str | None = None
     #: "module:attr" of `train(...)`, if the problem has a trainer
@@ -109,3 +111,21 @@ def load_policy(directory) -> Any:
         raise ValueError(f"{meta_path}: must hold a JSON object")
     spec = get_problem(meta.get("problem", "autoscaling"))
     return entry(spec, "policy_loader")(d)
+
+
+def problem_of_agent(agent: str) -> ProblemSpec:
+    """The problem whose catalogue lists `agent` (autoscaling's `static:S,M,L` included)."""
+    for name in problem_names():
+        spec = _PROBLEMS[name]
+        if agent in spec.agents or (name == "autoscaling" and agent.startswith("static:")):
+            return spec
+    known = sorted(a for p in _PROBLEMS.values() for a in p.agents)
+    close = difflib.get_close_matches(agent, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"unknown agent {agent!r}{hint} (known: {', '.join(known)})")
+
+
+def make_policy(agent: str, policy_dir=None) -> Any:
+    """A hostable policy by agent name (and a saved policy directory, if given)."""
+    spec = problem_of_agent(agent)
+    return entry(spec, "make_policy")(agent, policy_dir)

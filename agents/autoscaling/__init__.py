@@ -24,6 +24,7 @@ PROBLEM = register_problem(ProblemSpec(
     },
     default_agent="lstm-ppo",
     policy_loader="agents.base:load_agent",
+    make_policy="agents.factory:make_hosted_agent",
     experiment="agents.experiment:run_paper_experiment",
     train="agents.training:train_lstm_ppo",
 ))

@@ -19,6 +19,7 @@ PROBLEM = register_problem(ProblemSpec(
     agents={"lra-reinforce": "agents.lra_placement.policy:PlacementPolicy.load_default"},
     default_agent="lra-reinforce",
     policy_loader="agents.lra_placement.policy:PlacementPolicy.load",
+    make_policy="agents.lra_placement.policy:make_policy",
     experiment="agents.lra_placement.experiment:run",
     train="agents.lra_placement.train:train_generalist",
     routes="agents.lra_placement.service:add_routes",

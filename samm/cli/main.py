@@ -407,8 +407,16 @@ def train_cmd(agent_kind, workload, window, time_compression, mips_per_core, max
 
 
 @cli.command("evaluate")
+@click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True,
+              help="The problem (its agents and simulator).")
 @click.option("--agent", "agent_kind", required=True,
-              help="noop, random, static:S,M,L, threshold, target-tracking, queue or lstm-ppo.")
+              help="autoscaling: noop, random, static:S,M,L, threshold, target-tracking, queue or lstm-ppo. "
+                   "lra-placement: lra-reinforce, lra-reinforce-per-batch, optimum, greedy-ls, greedy, k8s-default, "
+                   "least-loaded, round-robin or random.")
+@click.option("--nodes", type=int, default=9, show_default=True, help="lra-placement: nodes (8 slots each).")
+@click.option("--containers", default="15-48", show_default=True, help="lra-placement: batch size range LO-HI.")
+@click.option("--predictor", type=click.Choice(["forest", "synthetic"]), default="forest", show_default=True,
+              help="lra-placement: the interference model.")
 @click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="Saved policy directory (default for lstm-ppo: the shipped policy).")
 @click.option("--params", "params_json", default=None, help="Baseline parameters as JSON.")
@@ -417,10 +425,32 @@ def train_cmd(agent_kind, workload, window, time_compression, mips_per_core, max
 @click.option("--seeds", default="1-5", show_default=True, help="Episode seeds: 1,2,3 or 1-5.")
 @click.option("--stochastic", is_flag=True, help="Sample actions instead of taking the most likely one.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def evaluate_cmd(agent_kind, policy_dir, params_json, workload, window, time_compression, mips_per_core, max_jobs,
-                 config_path, preset, initial, action_mode, max_steps, seeds, stochastic, as_json) -> None:
-    """Evaluate an agent over several seeded episodes: per-episode and mean ± std of cost,
-    makespan, waits, allocated cores and CPU utilisation."""
+def evaluate_cmd(problem, agent_kind, nodes, containers, predictor, policy_dir, params_json, workload, window,
+                 time_compression, mips_per_core, max_jobs, config_path, preset, initial, action_mode, max_steps, seeds,
+                 stochastic, as_json) -> None:
+    """Evaluate an agent over several seeded episodes. Autoscaling: per-episode and mean ± std of
+    cost, makespan, waits, allocated cores and CPU utilisation. Placement: mean normalised
+    throughput per seeded batch beside the batch's exact optimum."""
+    if problem == "lra-placement":
+        from agents.lra_placement.evaluate import evaluate as evaluate_placement
+
+        try:
+            lo, _, hi = containers.partition("-")
+            res = evaluate_placement(agent_kind, _seeds(seeds), policy_dir=policy_dir, n_nodes=nodes,
+                                     size_range=(int(lo), int(hi or lo)), predictor=predictor)
+        except (ValueError, FileNotFoundError) as exc:
+            _fail(str(exc))
+        if as_json:
+            click.echo(json.dumps(res))
+            return
+        for e in res["episodes"]:
+            click.echo(f"seed {e['seed']}: {e['containers']} containers, score {e['score']:.4f}, optimum "
+                       f"{e['optimum']:.4f} (ratio {e['ratio_to_optimum']:.4f}), {e['seconds']:.2f} s")
+        r = res["summary"]["ratio_to_optimum"]
+        click.echo(f"{agent_kind}: mean ratio to optimum {r['mean']:.4f} ± {r['std']:.4f} over {r['n']} batches")
+        return
+    if problem != "autoscaling":
+        _fail(f"samm evaluate does not support problem {problem!r} yet")
     from agents.evaluate import evaluate
     from agents.factory import make_agent
 
@@ -444,15 +474,18 @@ def evaluate_cmd(agent_kind, policy_dir, params_json, workload, window, time_com
 
 
 @cli.command("tune")
+@click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True)
 @click.option("--agent", "agent_kind", type=click.Choice(["threshold", "target-tracking", "queue"]), required=True)
 @workload_options
 @config_options
 @click.option("--seeds", default="1-3", show_default=True, help="Tuning episode seeds.")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Save the tuned agent here.")
 @click.option("--json", "as_json", is_flag=True)
-def tune_cmd(agent_kind, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
+def tune_cmd(problem, agent_kind, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
              action_mode, max_steps, seeds, out, as_json) -> None:
     """Grid-search a baseline's parameters in simulation (lowest mean total cost)."""
+    if problem != "autoscaling":
+        _fail(f"problem {problem!r} has no tunable baselines (its planners take no parameters to fit)")
     from agents.tune import tune
 
     cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
@@ -617,7 +650,8 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--agent", "agents", multiple=True, default=("lstm-ppo",), show_default=True,
-              help="Hosted agent: NAME (shipped policy or default parameters) or NAME=POLICY_DIR; repeatable.")
+              help="Hosted agent of any problem: NAME (shipped policy or default parameters) or NAME=POLICY_DIR; "
+                   "repeatable (e.g. --agent lstm-ppo --agent lra-reinforce).")
 @click.option("--token-env", default="SAMM_SERVICE__TOKEN", show_default=True,
               help="Environment variable holding the bearer token for policy uploads (unset: uploads disabled).")
 @click.option("--session-ttl", type=float, default=3600.0, show_default=True, help="Seconds before an idle session's state is dropped.")
@@ -628,16 +662,15 @@ def serve(host, port, agents, token_env, session_ttl, store) -> None:
 
     import uvicorn
 
-    from agents.factory import make_agent
+    from agents.registry import make_policy
     from samm.plan.registry import PolicyRegistry
     from samm.plan.service import create_app
-    from sim_bridge.config import SimConfig
 
     registry = PolicyRegistry(store)
     for spec in agents:
         name, _, policy_dir = spec.partition("=")
         try:
-            registry.host(name, make_agent(name, SimConfig(), policy_dir=policy_dir or None), source=policy_dir)
+            registry.host(name, make_policy(name, policy_dir or None), source=policy_dir)
         except (ValueError, FileNotFoundError) as exc:
             _fail(f"--agent {spec}: {exc}")
     token = os.environ.get(token_env) or None

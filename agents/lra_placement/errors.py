@@ -1,0 +1,2 @@
+class Infeasible(RuntimeError):
+    """No placement satisfies the slots and rules."""

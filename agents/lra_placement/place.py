@@ -1,0 +1,465 @@
+"""`samm place`: plan one batch of long-running containers and write what an orchestrator applies.
+
+The paper (Deng et al. 2023, §4) plans a batch ("group") of containers over N nodes and hands the
+plan to the cluster; it does not say in which form. Here a plan becomes three artefacts in one folder:
+
+* `plan.csv` (`node,app,count`, non-zero rows) and `summary.json` (planner, predicted score, per-app
+  score, planning seconds, constraint violations — always 0 — and the number of containers);
+* `docker-compose.yml`: one Swarm service per (app, node) pair, pinned with `node.hostname == <node>`;
+* `kubernetes/`: one Deployment per (app, node) pair, pinned with a required node affinity on
+  `kubernetes.io/hostname`, plus a `kustomization.yaml` listing them (see `orchestrate.py`).
+
+Inputs (both strict, errors name the file, key or line):
+
+* the cluster file (YAML): `nodes:` (names) or `node_count:`, `slots:`, `apps:` ({name, image,
+  optional labels}) and an optional `constraints:` CSV (the format of `Constraints.from_csv`),
+  relative to the YAML file. `data/example-cluster.yaml` documents every key;
+* the batch file: CSV `app,count` or a YAML mapping app -> count (`data/example-batch.csv`).
+
+Apps map to the predictor's apps BY POSITION: the first app of the cluster file is the predictor's
+first app (`predictor.app_names[0]`; for the Metis forest that is Redis), and so on. The names need
+not match; `summary.json` records the mapping. A file with fewer apps than the predictor leaves the
+predictor's remaining apps absent; a file with more apps gets a warning, and its extra apps are
+modelled as interference-free (throughput 1.0, invisible to the others) because the predictor
+knows nothing about them.
+
+`run_place` is the whole verb; the CLI is a thin wrapper: bad input raises `ValueError` with a
+message naming the problem, and the returned `PlaceResult` carries everything the CLI prints.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from agents.lra_placement.cluster import (
+    Batch,
+    Cluster,
+    Constraints,
+    Predictor,
+    check_plan,
+    per_app_score,
+    score,
+)
+from agents.lra_placement.errors import Infeasible
+from agents.lra_placement import orchestrate
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PLANNER = "greedy-ls"
+
+# Node names end up verbatim in `node.hostname == <node>` (Swarm) and as a `kubernetes.io/hostname`
+# label value, so they must be valid Kubernetes label values: <= 63 characters, alphanumeric at both
+# ends, `-_.` inside. App names follow the same character rule (they appear in CSV files and labels);
+# their length is free because resource names are derived from them with `orchestrate.dns1123_label`.
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+
+
+# --- cluster file -------------------------------------------------------------------------------
+class AppSpec(BaseModel):
+    """One application: its name (position = its predictor app) and the image its containers run."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    image: str
+    # Extra labels put on every container of the app (Compose labels, pod template labels).
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(
+                f"app name {v!r} must be letters, digits, '-', '_' or '.', starting and ending alphanumeric")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image_ok(cls, v: str) -> str:
+        if not v or any(ch.isspace() for ch in v):
+            raise ValueError(f"image {v!r} must be a non-empty image reference without spaces")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_ok(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            problem = orchestrate.label_problem(key, value)
+            if problem:
+                raise ValueError(problem)
+        return v
+
+
+class ClusterSpec(BaseModel):
+    """The cluster file. Unknown keys are rejected (a typo must not silently drop a setting)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    nodes: Optional[list[str]] = None
+    node_count: Optional[int] = Field(default=None, ge=1)
+    # 8 slots: the most containers per machine in the Metis data the predictor is fit on.
+    slots: int = Field(default=8, ge=1)
+    apps: list[AppSpec] = Field(min_length=1)
+    constraints: Optional[str] = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_ok(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("nodes must list at least one node")
+        for name in v:
+            if len(name) > 63 or not _NAME.match(name):
+                raise ValueError(
+                    f"node name {name!r} must be a Kubernetes label value: <= 63 letters, digits, '-', '_' or '.',"
+                    " starting and ending alphanumeric"
+                )
+        dupes = sorted({n for n in v if v.count(n) > 1})
+        if dupes:
+            raise ValueError(f"node names appear more than once: {dupes}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_node_source(self) -> "ClusterSpec":
+        if (self.nodes is None) == (self.node_count is None):
+            raise ValueError("give exactly one of `nodes` (a list of names) or `node_count` (a number)")
+        names = [a.name for a in self.apps]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"app names appear more than once: {dupes}")
+        return self
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    """A loaded cluster file: the data model objects plus what the orchestrator files need."""
+
+    path: Path
+    cluster: Cluster
+    apps: tuple[AppSpec, ...]
+    constraints_path: Optional[Path]
+
+    @property
+    def app_names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.apps)
+
+
+def _pydantic_message(path: Path, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (not allowed here)"
+        lines.append(f"{where}: {msg}")
+    return f"{path}: invalid cluster file: " + "; ".join(lines)
+
+
+def load_cluster_file(path: str | Path) -> ClusterFile:
+    """Parse and validate the cluster YAML; ValueError names the file and the offending key."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: cluster file not found") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: the cluster file must be a YAML mapping (nodes/node_count, slots, apps, ...)")
+    try:
+        spec = ClusterSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(_pydantic_message(path, exc)) from None
+    n_nodes = len(spec.nodes) if spec.nodes is not None else spec.node_count
+    cluster = Cluster(n_nodes=n_nodes, slots=spec.slots, node_names=tuple(spec.nodes or ()))
+    constraints_path = None
+    if spec.constraints:
+        constraints_path = (path.parent / spec.constraints).resolve()
+        if not constraints_path.is_file():
+            raise ValueError(f"{path}: constraints: file {constraints_path} not found")
+    return ClusterFile(path=path, cluster=cluster, apps=tuple(spec.apps), constraints_path=constraints_path)
+
+
+# --- batch file ---------------------------------------------------------------------------------
+def _count(value: Any, where: str) -> int:
+    """A container count: a non-negative integer (YAML int, or a CSV cell of digits)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not re.fullmatch(r"[+-]?\d+", text):
+            raise ValueError(f"{where}: count must be a non-negative integer, got {value!r}")
+        value = int(text)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: count must be a non-negative integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{where}: count must be a non-negative integer, got {value}")
+    return value
+
+
+def _batch_rows_csv(path: Path) -> list[tuple[int, Any, Any]]:
+    with open(path, newline="", encoding="utf-8-sig") as fh:  # utf-8-sig: spreadsheets write a BOM
+        reader = csv.reader(fh)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header] != ["app", "count"]:
+            raise ValueError(f"{path}:1: header must be `app,count`, got {header}")
+        rows = []
+        for row in reader:
+            if not row or all(not cell.strip() for cell in row):
+                continue
+            if len(row) != 2:
+                raise ValueError(f"{path}:{reader.line_num}: expected 2 fields `app,count`, got {len(row)}: {row}")
+            rows.append((reader.line_num, row[0].strip(), row[1]))
+    return rows
+
+
+def _batch_rows_yaml(path: Path) -> list[tuple[int, Any, Any]]:
+    # Compose first (not safe_load) to keep each key's line number for the error messages.
+    loader = yaml.SafeLoader(path.read_text())
+    try:
+        node = loader.get_single_node()
+        if node is None or not isinstance(node, yaml.MappingNode):
+            raise ValueError(f"{path}: the batch file must be a YAML mapping app -> count")
+        rows = []
+        for key_node, value_node in node.value:
+            rows.append((key_node.start_mark.line + 1, loader.construct_object(key_node, deep=True),
+                         loader.construct_object(value_node, deep=True)))
+        return rows
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
+def load_batch_file(path: str | Path, app_names: tuple[str, ...], capacity: int) -> Batch:
+    """Parse `app,count` CSV or a YAML mapping into a Batch over `app_names` (apps not listed: 0).
+
+    ValueError names the line for an unknown app, a repeated app, a bad count, and the line at
+    which the running total passes the cluster's capacity."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: batch file not found")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        rows = _batch_rows_csv(path)
+    elif suffix in (".yaml", ".yml"):
+        rows = _batch_rows_yaml(path)
+    else:
+        raise ValueError(f"{path}: batch file must end in .csv (app,count) or .yaml/.yml (app: count)")
+    index = {name: i for i, name in enumerate(app_names)}
+    counts = np.zeros(len(app_names), dtype=np.int64)
+    seen: dict[str, int] = {}
+    total = 0
+    for line, app, value in rows:
+        where = f"{path}:{line}"
+        if not isinstance(app, str) or app not in index:
+            raise ValueError(f"{where}: app {app!r} is not in the cluster file's apps ({', '.join(app_names)})")
+        if app in seen:
+            raise ValueError(f"{where}: app {app!r} already listed at line {seen[app]}")
+        seen[app] = line
+        n = _count(value, where)
+        counts[index[app]] = n
+        total += n
+        if total > capacity:
+            raise ValueError(
+                f"{where}: the batch exceeds the cluster's capacity of {capacity} containers"
+                f" (running total {total} at app {app!r})"
+            )
+    if total == 0:
+        raise ValueError(f"{path}: the batch has no containers")
+    return Batch(counts)
+
+
+# --- predictor ----------------------------------------------------------------------------------
+class PositionalPredictor:
+    """Adapts a predictor to the cluster file's apps by position (see the module docstring).
+
+    compositions (K, A_file) -> (K, A_file): the first min(A_file, A_pred) columns go to the
+    predictor (its remaining apps are absent, 0); the file's extra apps get throughput 1.0 where
+    present, as if they neither suffer nor cause interference."""
+
+    def __init__(self, inner: Predictor, app_names: tuple[str, ...]):
+        self.inner = inner
+        self.app_names = tuple(app_names)
+        self.n_shared = min(len(app_names), len(inner.app_names))
+
+    def throughput(self, compositions: np.ndarray) -> np.ndarray:
+        comps = np.asarray(compositions)
+        k, n_file = comps.shape
+        n_pred = len(self.inner.app_names)
+        inner_comps = np.zeros((k, n_pred), dtype=comps.dtype)
+        inner_comps[:, : self.n_shared] = comps[:, : self.n_shared]
+        tp = np.where(comps > 0, 1.0, 0.0)
+        tp[:, : self.n_shared] = np.asarray(self.inner.throughput(inner_comps), dtype=np.float64)[:, : self.n_shared]
+        return np.where(comps > 0, tp, 0.0)
+
+
+def resolve_predictor(predictor: Predictor | str | None, app_names: tuple[str, ...], slots: int,
+                      warnings: list[str]) -> tuple[Predictor, str, dict[str, Optional[str]]]:
+    """The predictor to plan with (adapted to the file's apps), its description, and the mapping
+    file app -> predictor app (None for an app the predictor does not model)."""
+    if predictor is None:
+        from agents.lra_placement.predictor import default_predictor  # fits or loads the forest: lazy
+
+        inner = default_predictor(slots=slots)  # tabulates every composition a node of `slots` can hold
+    elif isinstance(predictor, str):
+        if predictor != "synthetic":
+            raise ValueError(
+                f"predictor must be None (the default forest), 'synthetic' or a Predictor, got {predictor!r}")
+        from agents.lra_placement.predictor import SyntheticInterference
+
+        inner = SyntheticInterference(n_apps=len(app_names), slots=slots)
+    else:
+        inner = predictor
+    pred_apps = tuple(inner.app_names)
+    if len(app_names) > len(pred_apps):
+        warnings.append(
+            f"the cluster file has {len(app_names)} apps but the predictor models {len(pred_apps)}"
+            f" ({', '.join(pred_apps)}); {', '.join(app_names[len(pred_apps):])} are scored as interference-free"
+        )
+    mapping = {name: (pred_apps[i] if i < len(pred_apps) else None) for i, name in enumerate(app_names)}
+    described = type(inner).__name__
+    if pred_apps == tuple(app_names):
+        return inner, described, mapping
+    return PositionalPredictor(inner, app_names), described, mapping
+
+
+def resolve_planner(planner: str | Callable) -> tuple[Callable, str]:
+    if callable(planner):
+        return planner, getattr(planner, "__name__", "custom")
+    from agents.lra_placement.baselines import PLANNERS
+
+    if planner not in PLANNERS:
+        raise ValueError(f"unknown planner {planner!r}; choose one of: {', '.join(sorted(PLANNERS))}")
+    return PLANNERS[planner], planner
+
+
+# --- the verb -----------------------------------------------------------------------------------
+@dataclass
+class PlaceResult:
+    out_dir: Path
+    planner: str
+    seed: int
+    placement: np.ndarray  # (N, A) containers per node and app
+    node_names: tuple[str, ...]
+    app_names: tuple[str, ...]
+    score: float
+    per_app_score: dict[str, Optional[float]]
+    seconds: float
+    constraint_violations: int
+    n_containers: int
+    plan_id: str
+    predictor: str
+    predictor_apps: dict[str, Optional[str]]
+    files: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """What summary.json holds (JSON-ready)."""
+        return {
+            "planner": self.planner,
+            "seed": self.seed,
+            "plan_id": self.plan_id,
+            "score": self.score,
+            "per_app_score": self.per_app_score,
+            "seconds": self.seconds,
+            "constraint_violations": self.constraint_violations,
+            "n_containers": self.n_containers,
+            "nodes": len(self.node_names),
+            "nodes_used": int((self.placement.sum(axis=1) > 0).sum()),
+            "predictor": self.predictor,
+            "predictor_apps": self.predictor_apps,
+            "warnings": self.warnings,
+        }
+
+
+def write_plan_csv(path: Path, placement: np.ndarray, node_names, app_names) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["node", "app", "count"])
+        for node, app, count in orchestrate.plan_entries(placement, node_names, app_names):
+            w.writerow([node, app, count])
+
+
+def run_place(
+    cluster_file: str | Path,
+    batch_file: str | Path,
+    out_dir: str | Path,
+    planner: str | Callable = DEFAULT_PLANNER,
+    seed: int = 0,
+    predictor: Predictor | str | None = None,
+    constraints: str | Path | None = None,
+) -> PlaceResult:
+    """Plan `batch_file` on `cluster_file` with `planner` and write plan.csv, summary.json,
+    docker-compose.yml and kubernetes/ into `out_dir`.
+
+    planner: a name of `baselines.PLANNERS` (or a callable with the planner signature).
+    predictor: None -> `predictor.default_predictor(slots=slots)` (the forest); "synthetic" ->
+    `SyntheticInterference(n_apps=len(apps), slots=slots)`; or any Predictor.
+    constraints: a constraints CSV that replaces the cluster file's `constraints:` entry.
+    Raises ValueError on bad input, including a batch that no placement can hold under the rules."""
+    spec = load_cluster_file(cluster_file)
+    cluster, app_names = spec.cluster, spec.app_names
+    batch = load_batch_file(batch_file, app_names, cluster.capacity)
+    constraints_path = Path(constraints) if constraints is not None else spec.constraints_path
+    if constraints_path is not None and not constraints_path.is_file():
+        raise ValueError(f"{constraints_path}: constraints file not found")
+    rules = Constraints.from_csv(constraints_path, app_names) if constraints_path else Constraints.none(len(app_names))
+    plan_fn, planner_name = resolve_planner(planner)
+    warnings: list[str] = []
+    model, model_name, mapping = resolve_predictor(predictor, app_names, cluster.slots, warnings)
+    for w in warnings:
+        log.warning(w)
+
+    rng = np.random.default_rng(seed)
+    start = time.perf_counter()
+    try:
+        placement = np.asarray(plan_fn(cluster, batch, rules, model, rng), dtype=np.int64)
+    except Infeasible as exc:
+        raise ValueError(f"no placement of the batch satisfies the slots and rules: {exc}") from exc
+    seconds = time.perf_counter() - start
+    problems = check_plan(placement, batch, cluster, rules)
+    if problems:  # a planner bug, not bad input
+        raise RuntimeError(f"planner {planner_name!r} returned an invalid plan: {'; '.join(problems)}")
+
+    per_app = per_app_score(placement, model)
+    result = PlaceResult(
+        out_dir=Path(out_dir),
+        planner=planner_name,
+        seed=seed,
+        placement=placement,
+        node_names=cluster.node_names,
+        app_names=app_names,
+        score=score(placement, model),
+        per_app_score={a: (None if np.isnan(v) else float(v)) for a, v in zip(app_names, per_app)},
+        seconds=seconds,
+        constraint_violations=rules.violations(placement),
+        n_containers=int(placement.sum()),
+        plan_id=orchestrate.plan_id(placement, cluster.node_names, app_names),
+        predictor=model_name,
+        predictor_apps=mapping,
+        warnings=warnings,
+    )
+    _write_outputs(result, spec)
+    return result
+
+
+def _write_outputs(result: PlaceResult, spec: ClusterFile) -> None:
+    out = result.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    workloads = orchestrate.workloads(result.placement, result.node_names, spec.apps)
+    plan_csv, summary_json, compose = out / "plan.csv", out / "summary.json", out / "docker-compose.yml"
+    write_plan_csv(plan_csv, result.placement, result.node_names, result.app_names)
+    summary_json.write_text(json.dumps(result.summary(), indent=2) + "\n")
+    orchestrate.write_compose(compose, workloads, result.plan_id, result.planner)
+    k8s_files = orchestrate.write_kubernetes(out / "kubernetes", workloads, result.plan_id)
+    result.files = [plan_csv, summary_json, compose, *k8s_files]

@@ -1,0 +1,126 @@
+"""The placement problem's REST operation beside the generic decide route: plan a whole batch.
+
+    POST /v1/agents/{name}/plan
+    {"nodes": ["w1", "w2", ...], "slots": 8, "batch": {"Redis": 4, "MMS": 2},
+     "constraints": [{"app_a": "MMS", "app_b": "ISR", "rule": "anti-affinity"}],
+     "planner": "policy", "seed": 0}
+    -> {"placement": [{"node": "w1", "app": "Redis", "count": 2}, ...], "score": 0.93, ...}
+
+`planner` is `policy` (the hosted policy) or any planner of `baselines.PLANNERS` (the exact
+`optimum` included). Apps are the predictor's (`GET /v1/agents/{name}` lists them under
+`apps`); an unknown app, a batch larger than the cluster, or an impossible batch is a 4xx naming
+the field. The plan is checked (`check_plan`) before it is returned: never a full node or a
+broken rule.
+"""
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import numpy as np
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+from .cluster import Batch, Cluster, Constraints, Rule, check_plan, per_app_score, score
+from .errors import Infeasible
+
+PLANNER_NAMES = ("policy", "optimum", "greedy-ls", "greedy", "k8s-default", "least-loaded", "round-robin", "random")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RuleModel(Strict):
+    app_a: str
+    app_b: str
+    rule: Literal["anti-affinity", "cardinality"]
+    limit: int = Field(default=0, ge=0, le=64)
+
+
+class PlanRequest(Strict):
+    nodes: list[str] = Field(min_length=1, max_length=1024, description="Node names (identical nodes).")
+    slots: int = Field(default=8, ge=1, le=64, description="Containers per node.")
+    batch: dict[str, int] = Field(description="Containers to place per app (the predictor's app names).")
+    constraints: list[RuleModel] = Field(default_factory=list, max_length=256)
+    planner: Literal[PLANNER_NAMES] = "policy"  # type: ignore[valid-type]
+    seed: int = 0
+
+
+class PlacementRow(BaseModel):
+    node: str
+    app: str
+    count: int
+
+
+class PlanResponse(BaseModel):
+    placement: list[PlacementRow]
+    score: float = Field(description="Mean normalised throughput of the batch's containers (predicted).")
+    per_app: dict[str, float | None]
+    seconds: float
+    planner: str
+    policy_version: str | None
+
+
+def build_problem(req: PlanRequest, app_names: tuple[str, ...]) -> tuple[Cluster, Batch, Constraints]:
+    """Request -> the problem objects, or HTTPException(422) naming the field."""
+    if len(set(req.nodes)) != len(req.nodes):
+        raise HTTPException(422, "nodes: node names must be unique")
+    index = {a: i for i, a in enumerate(app_names)}
+    counts = np.zeros(len(app_names), dtype=np.int64)
+    for app, n in req.batch.items():
+        if app not in index:
+            raise HTTPException(422, f"batch.{app}: unknown app; apps are {list(app_names)}")
+        if n < 0:
+            raise HTTPException(422, f"batch.{app}: must be >= 0, got {n}")
+        counts[index[app]] = n
+    if counts.sum() == 0:
+        raise HTTPException(422, "batch: no containers to place")
+    cluster = Cluster(len(req.nodes), req.slots, tuple(req.nodes))
+    if counts.sum() > cluster.capacity:
+        raise HTTPException(422, f"batch: {int(counts.sum())} containers > capacity {cluster.capacity}")
+    rules = []
+    for i, r in enumerate(req.constraints):
+        for key in ("app_a", "app_b"):
+            if getattr(r, key) not in index:
+                raise HTTPException(422, f"constraints[{i}].{key}: unknown app {getattr(r, key)!r}")
+        if r.rule == "cardinality" and r.limit < 1:
+            raise HTTPException(422, f"constraints[{i}].limit: a cardinality limit must be >= 1")
+        rules.append(Rule(index[r.app_a], index[r.app_b], r.rule, r.limit))
+    return cluster, Batch(counts), Constraints(len(app_names), tuple(rules))
+
+
+def add_routes(app: FastAPI, name: str, registry) -> None:
+    def plan(req: PlanRequest) -> PlanResponse:
+        policy = registry.get(name)
+        predictor = policy.predictor_for(req.slots)
+        cluster, batch, constraints = build_problem(req, tuple(predictor.app_names))
+        rng = np.random.default_rng(req.seed)
+        started = time.perf_counter()
+        try:
+            if req.planner == "policy":
+                placement = policy.plan(cluster, batch, constraints, predictor, rng)
+            else:
+                from .baselines import PLANNERS
+
+                placement = PLANNERS[req.planner](cluster, batch, constraints, predictor, rng)
+        except Infeasible as exc:
+            raise HTTPException(422, f"batch: no placement fits the nodes and constraints ({exc})") from None
+        seconds = time.perf_counter() - started
+        problems = check_plan(placement, batch, cluster, constraints)
+        if problems:  # a planner bug must never reach an orchestrator
+            raise HTTPException(500, f"planner {req.planner} produced an invalid plan: {problems}")
+        apps = predictor.app_names
+        rows = [PlacementRow(node=cluster.node_names[n], app=apps[a], count=int(placement[n, a]))
+                for n, a in zip(*np.nonzero(placement))]
+        pa = per_app_score(placement, predictor)
+        return PlanResponse(placement=rows, score=score(placement, predictor),
+                            per_app={apps[a]: (None if np.isnan(v) else float(v)) for a, v in enumerate(pa)},
+                            seconds=round(seconds, 6), planner=req.planner,
+                            policy_version=policy.version if req.planner == "policy" else None)
+
+    plan.__annotations__ = {"req": PlanRequest, "return": PlanResponse}
+    app.add_api_route(f"/v1/agents/{name}/plan", plan, methods=["POST"], response_model=PlanResponse,
+                      summary=f"Plan a batch ({name})",
+                      description="Place a whole batch of containers on identical nodes (the hosted policy, or a "
+                                  "baseline planner, or the exact optimum).")
