@@ -178,6 +178,9 @@ def test_two_loops_deciding_in_the_same_minute_both_act(tmp_path):
     runner = DaemonRunner(daemon, max_iterations=6)
     assert [lp.name for lp in daemon.loops] == ["web", "batch"]
     assert runner.run(install_signals=False) == 0  # closes the daemon
+    assert {r.loop for r in runner.reports} == {"web", "batch"}
+    assert all({"monitor", "analyze", "plan"} <= set(r.stage_ms) for r in runner.reports)
+    assert any("execute" in r.stage_ms for r in runner.reports)
     store = KnowledgeStore(f"sqlite:///{tmp_path}/k.db")
     try:
         web = {d.iteration_key: d for d in store.decisions(loop="web")}

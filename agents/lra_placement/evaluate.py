@@ -35,7 +35,7 @@ def planner_function(agent: str, policy_dir=None):
         policy = PlacementPolicy.load(policy_dir) if policy_dir else PlacementPolicy.load_default()
         return policy.plan
     known = sorted(PLANNERS) + ["lra-reinforce", "lra-reinforce-per-batch"]
-    raise ValueError(f"unknown placement agent {agent!r}; known: {', '.join(known)}")
+    raise ValueError(f"unknown planner {agent!r}; known: {', '.join(known)}")
 
 
 def evaluate(agent: str, seeds, *, policy_dir=None, n_nodes: int = 9, slots: int = 8,

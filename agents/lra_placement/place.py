@@ -336,11 +336,9 @@ def resolve_predictor(predictor: Predictor | str | None, app_names: tuple[str, .
 def resolve_planner(planner: str | Callable) -> tuple[Callable, str]:
     if callable(planner):
         return planner, getattr(planner, "__name__", "custom")
-    from agents.lra_placement.baselines import PLANNERS
+    from agents.lra_placement.evaluate import planner_function
 
-    if planner not in PLANNERS:
-        raise ValueError(f"unknown planner {planner!r}; choose one of: {', '.join(sorted(PLANNERS))}")
-    return PLANNERS[planner], planner
+    return planner_function(planner), planner
 
 
 # --- the verb -----------------------------------------------------------------------------------

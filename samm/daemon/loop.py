@@ -55,6 +55,7 @@ class IterationReport:
     finished: bool = False
     iteration_ms: float = 0.0
     loop: str = "default"
+    stage_ms: dict[str, float] = field(default_factory=dict)  # monitor, analyze, plan, execute
 
     @property
     def acted(self) -> bool:
@@ -115,11 +116,13 @@ class ControlLoop:
     def run_once(self) -> IterationReport:
         started = time.perf_counter()
         outcome = self._monitor()
+        t_monitor = time.perf_counter()
         now = self.clock()
         end = outcome.window_end if math.isfinite(outcome.window_end) else math.floor(now)
         key = f"{int(end)}"
         rep = IterationReport(key, outcome.window_start, outcome.window_end, outcome.status, list(outcome.reasons),
                               finished=outcome.finished, loop=self.name)
+        rep.stage_ms["monitor"] = (t_monitor - started) * 1e3
         if outcome.inventory:
             rep.inventory = {g: {"desired": s.desired, "live": s.live} for g, s in outcome.inventory.items()}
         snapshot_id = self.store.record_snapshot(
@@ -135,7 +138,9 @@ class ControlLoop:
             return self._finish(rep, started)
 
         names = self._feature_names()
+        t0 = time.perf_counter()
         feats = compute_features(outcome.raw, self.fleet, names, warmup_s=self.warmup_s)
+        rep.stage_ms["analyze"] = (time.perf_counter() - t0) * 1e3
         rep.features = {n: float(v) for n, v in zip(names, np.asarray(feats).reshape(-1))}
         obs_id = self.store.record_observation(snapshot_id, rep.features)
 
@@ -145,7 +150,9 @@ class ControlLoop:
             rep.reasons.append("this interval already has a decision; not acting again")
             return self._finish(rep, started)
 
+        t0 = time.perf_counter()
         plan = self.planner.decide(feats)
+        rep.stage_ms["plan"] = (time.perf_counter() - t0) * 1e3
         rep.plan = plan
         rep.decision_id, rep.decided = self.store.record_decision(
             key, agent=self.agent_name, action=plan.action, source=plan.source, policy_version=plan.policy_version,
@@ -154,7 +161,9 @@ class ControlLoop:
         if not rep.decided:
             return self._finish(rep, started)
         if any(plan.deltas.values()):
+            t0 = time.perf_counter()
             self._execute(rep, plan, key, now, outcome.inventory)
+            rep.stage_ms["execute"] = (time.perf_counter() - t0) * 1e3
         return self._finish(rep, started)
 
     # --- stages -------------------------------------------------------------------------------

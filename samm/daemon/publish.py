@@ -29,6 +29,7 @@ class GraphitePublisher:
         pts.append((f"{p}.decision.noop", 0.0 if rep.acted else 1.0, ts))
         pts.append((f"{p}.snapshot.stale", 0.0 if rep.status == "ok" else 1.0, ts))
         pts.append((f"{p}.iteration_ms", rep.iteration_ms, ts))
+        pts += [(f"{p}.stage_ms.{stage}", ms, ts) for stage, ms in getattr(rep, "stage_ms", {}).items()]
         if rep.plan is not None:
             pts.append((f"{p}.decision_ms", rep.plan.latency_ms, ts))
         for a in rep.actions:
