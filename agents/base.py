@@ -21,6 +21,7 @@ import numpy as np
 from samm import __version__
 from sim_bridge.actions import action_names as _action_names
 
+from .report import json_default as _json_default
 from .spaces import space_to_json
 from sim_bridge.config import ActionMode
 
@@ -156,16 +157,6 @@ class Agent(ABC):
                    training=meta.get("training"), version=meta.get("version"))
 
 
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(f"cannot serialise {type(o).__name__}")
-
-
 _REGISTRY: dict[str, type[Agent]] = {}
 
 
@@ -187,17 +178,10 @@ def agent_class(kind: str) -> type[Agent]:
 
 
 def load_agent(directory: str | Path) -> Agent:
+    from .registry import read_metadata
+
     d = Path(directory)
-    meta_path = d / METADATA_FILE
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{d}: no {METADATA_FILE}; not a saved SAMM policy")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{meta_path}: invalid JSON ({exc})") from None
-    for key in ("kind", "feature_names", "action_mode", "type_names"):
-        if key not in meta:
-            raise ValueError(f"{meta_path}: missing {key!r}")
+    meta = read_metadata(d, ("kind", "feature_names", "action_mode", "type_names"))
     return agent_class(meta["kind"])._from_metadata(meta, d)
 
 

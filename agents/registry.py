@@ -93,24 +93,32 @@ def entry(spec: ProblemSpec, what: str) -> Callable:
     return load_entry_point(ref)
 
 
-def load_policy(directory) -> Any:
-    """Load any saved policy: `metadata.json` names its problem (autoscaling when absent, as in
-    policies saved before the platform), whose loader checks the recorded spaces."""
+def read_metadata(directory, required: tuple[str, ...] = ()) -> dict:
+    """A saved policy's `metadata.json` as a dict, or a clear error naming the file."""
     import json
     from pathlib import Path
 
-    d = Path(directory)
-    meta_path = d / "metadata.json"
+    meta_path = Path(directory) / "metadata.json"
     if not meta_path.is_file():
-        raise FileNotFoundError(f"{d}: no metadata.json; not a saved SAMM policy")
+        raise FileNotFoundError(f"{directory}: no metadata.json; not a saved SAMM policy")
     try:
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{meta_path}: invalid JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{meta_path}: must hold a JSON object")
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise ValueError(f"{meta_path}: missing {missing[0]!r}")
+    return meta
+
+
+def load_policy(directory) -> Any:
+    """Load any saved policy: `metadata.json` names its problem (autoscaling when absent, as in
+    policies saved before the platform), whose loader checks the recorded spaces."""
+    meta = read_metadata(directory)
     spec = get_problem(meta.get("problem", "autoscaling"))
-    return entry(spec, "policy_loader")(d)
+    return entry(spec, "policy_loader")(directory)
 
 
 def problem_of_agent(agent: str) -> ProblemSpec:

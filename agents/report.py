@@ -92,17 +92,18 @@ def write_summary(out: Path, summary: Mapping) -> None:
     problems = validate_summary(summary)
     if problems:
         raise ValueError("summary does not follow the schema: " + "; ".join(problems))
-    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default))
+    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default))
 
 
-def _json_default(o):
+def json_default(o):
+    """`json.dumps(default=...)` for numpy values (the one copy: saved policies use it too)."""
     if isinstance(o, (np.integer,)):
         return int(o)
     if isinstance(o, (np.floating,)):
         return float(o)
     if isinstance(o, np.ndarray):
         return o.tolist()
-    return str(o)
+    raise TypeError(f"cannot serialise {type(o).__name__}")
 
 
 def fmt(st: Mapping | None, digits: int = 4) -> str:
