@@ -40,6 +40,10 @@ def make_agent(kind: str, sim: SimConfig, params: dict | None = None, policy_dir
     return cls(action_mode=mode, type_names=type_names, params=params or None)
 
 
-def make_hosted_agent(kind: str, policy_dir: str | Path | None = None) -> Agent:
-    """What `samm serve --agent KIND[=DIR]` hosts: the paper's fleet (S/M/L)."""
-    return make_agent(kind, SimConfig(), policy_dir=policy_dir or None)
+def make_hosted_agent(kind: str, policy_dir: str | Path | None = None, **params) -> Agent:
+    """What `samm serve --agent KIND[=DIR]` hosts: the paper's fleet (S/M/L); `params` are a
+    baseline's parameters (`--agent-param threshold:upper=0.8`, numbers parsed)."""
+    import yaml
+
+    parsed = {k: yaml.safe_load(v) if isinstance(v, str) else v for k, v in params.items()}
+    return make_agent(kind, SimConfig(), params=parsed or None, policy_dir=policy_dir or None)

@@ -133,7 +133,8 @@ def problem_of_agent(agent: str) -> ProblemSpec:
     raise ValueError(f"unknown agent {agent!r}{hint} (known: {', '.join(known)})")
 
 
-def make_policy(agent: str, policy_dir=None) -> Any:
-    """A hostable policy by agent name (and a saved policy directory, if given)."""
+def make_policy(agent: str, policy_dir=None, **params) -> Any:
+    """A hostable policy by agent name (a saved policy directory and problem-specific
+    parameters, e.g. a placement policy's `nodes`, if given)."""
     spec = problem_of_agent(agent)
-    return entry(spec, "make_policy")(agent, policy_dir)
+    return entry(spec, "make_policy")(agent, policy_dir, **params)

@@ -2,8 +2,11 @@
 and the same agent called in-process, in one run.
 
     .venv/bin/python benchmarks/service_latency.py --rate 200 --seconds 60 --json
+    .venv/bin/python benchmarks/service_latency.py --agent lra-reinforce=DIR --rate 200 --seconds 60 --json
 
-Starts `samm serve` (uvicorn) on a free loopback port hosting the shipped LSTM-PPO policy,
+Starts `samm serve` (uvicorn) on a free loopback port hosting the shipped LSTM-PPO policy (or
+`--agent NAME[=POLICY_DIR]` of any problem: its observations are drawn from its observation space,
+with an all-ones action mask where the action space is Discrete),
 sends `decide` requests from one keep-alive stdlib HTTP client at `--rate` per second (open loop: the
 schedule does not wait for slow replies, each request's latency counts from its scheduled send
 time), then times `agent.act` directly for the same observations.
@@ -42,11 +45,34 @@ print(json.dumps({"pauses_over_10ms": len(gaps), "max_pause_ms": max(gaps, defau
 """
 
 
+def sampled_bodies(info: dict, count: int, seed: int = 0) -> list[dict]:
+    """Decide requests drawn from an agent's observation space (GET /v1/agents/{name})."""
+    from agents.spaces import space_from_json
+
+    space = space_from_json(info["observation_space"])
+    space.seed(seed)
+    act = info["action_space"]
+    out = []
+    for i in range(count):
+        body = {"session_id": f"s{i % 50}", "observation": _jsonable(space.sample())}
+        if act["type"] == "Discrete":
+            body["action_mask"] = [1] * act["n"]
+        out.append(body)
+    return out
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    return np.asarray(x).tolist()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--agent", default="lstm-ppo", help="NAME or NAME=POLICY_DIR, as `samm serve --agent`.")
     args = ap.parse_args()
 
     import httpx
@@ -57,7 +83,8 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--port", str(port), "--agent", "lstm-ppo"],
+    name = args.agent.partition("=")[0]
+    proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--port", str(port), "--agent", args.agent],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -74,14 +101,19 @@ def main() -> None:
         headers = {"content-type": "application/json"}
 
         def decide(session: str, row) -> int:
-            body = json.dumps({"session_id": session, "observation": dict(zip(OBSERVATION_NAMES, row.tolist()))})
-            conn.request("POST", "/v1/agents/lstm-ppo/decide", body=body, headers=headers)
+            body = json.dumps({"session_id": session, "observation": dict(zip(OBSERVATION_NAMES, row.tolist()))}
+                              if name == "lstm-ppo" else row)
+            conn.request("POST", f"/v1/agents/{name}/decide", body=body, headers=headers)
             resp = conn.getresponse()
             resp.read()
             return resp.status
 
         n = int(args.rate * args.seconds)
-        obs = rng.random((n, len(OBSERVATION_NAMES))).round(4)
+        if name == "lstm-ppo":
+            obs = rng.random((n, len(OBSERVATION_NAMES))).round(4)
+        else:
+            obs = sampled_bodies(httpx.get(f"{url}/v1/agents/{name}", timeout=5).json(), min(n, 500))
+            obs = [obs[i % len(obs)] for i in range(n)]
         for i in range(200):  # warm-up
             decide("warm", obs[i])
         # An idle process that sleeps 1 ms at a time, alongside: the pauses it sees are the
@@ -104,13 +136,24 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=10)
 
-    agent = make_agent("lstm-ppo", SimConfig())
-    state = agent.initial_state(1)
     inproc = []
-    for i in range(min(n, 5000)):
-        t = time.perf_counter()
-        _, state = agent.act(obs[i : i + 1].astype(np.float32), state)
-        inproc.append(time.perf_counter() - t)
+    if name == "lstm-ppo":
+        agent = make_agent("lstm-ppo", SimConfig())
+        state = agent.initial_state(1)
+        for i in range(min(n, 5000)):
+            t = time.perf_counter()
+            _, state = agent.act(obs[i : i + 1].astype(np.float32), state)
+            inproc.append(time.perf_counter() - t)
+    else:  # the same data plane call the service makes, without HTTP
+        from agents.registry import make_policy
+        from samm.plan import dataplane
+
+        policy = make_policy(name, args.agent.partition("=")[2] or None)
+        state = policy.initial_state()
+        for i in range(min(n, 5000)):
+            t = time.perf_counter()
+            _, state = dataplane.decide(policy, obs[i]["observation"], mask=obs[i].get("action_mask"), state=state)
+            inproc.append(time.perf_counter() - t)
     out = {
         "rest": {"requests": n, "rate_target": args.rate, "rate_achieved": round(achieved, 1), "errors": errors,
                  "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": round(max(lat) * 1000, 3),

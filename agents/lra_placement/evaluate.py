@@ -30,10 +30,9 @@ def planner_function(agent: str, policy_dir=None):
 
         return plan_reinforce
     if agent == "lra-reinforce":
-        from .policy import PlacementPolicy
+        from .hosting import make_policy
 
-        policy = PlacementPolicy.load(policy_dir) if policy_dir else PlacementPolicy.load_default()
-        return policy.plan
+        return make_policy(agent, policy_dir).plan
     known = sorted(PLANNERS) + ["lra-reinforce", "lra-reinforce-per-batch"]
     raise ValueError(f"unknown planner {agent!r}; known: {', '.join(known)}")
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .cluster import Batch, Cluster, Constraints, Rule, check_plan, per_app_score, score
 from .errors import Infeasible
+from .hosting import predictor_for
 
 PLANNER_NAMES = ("policy", "optimum", "greedy-ls", "greedy", "k8s-default", "least-loaded", "round-robin", "random")
 
@@ -93,7 +94,7 @@ def build_problem(req: PlanRequest, app_names: tuple[str, ...]) -> tuple[Cluster
 def add_routes(app: FastAPI, name: str, registry) -> None:
     def plan(req: PlanRequest) -> PlanResponse:
         policy = registry.get(name)
-        predictor = policy.predictor_for(req.slots)
+        predictor = predictor_for(policy, req.slots)
         cluster, batch, constraints = build_problem(req, tuple(predictor.app_names))
         rng = np.random.default_rng(req.seed)
         started = time.perf_counter()

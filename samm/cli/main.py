@@ -656,7 +656,9 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
               help="Environment variable holding the bearer token for policy uploads (unset: uploads disabled).")
 @click.option("--session-ttl", type=float, default=3600.0, show_default=True, help="Seconds before an idle session's state is dropped.")
 @click.option("--store", type=click.Path(file_okay=False), default=None, help="Where uploaded policies are kept.")
-def serve(host, port, agents, token_env, session_ttl, store) -> None:
+@click.option("--agent-param", "agent_params", multiple=True,
+              help="NAME:KEY=VALUE, a hosting parameter of one agent, e.g. lra-reinforce:nodes=81; repeatable.")
+def serve(host, port, agents, token_env, session_ttl, store, agent_params) -> None:
     """Run the Policy Evaluation Service (FastAPI on uvicorn; OpenAPI at /openapi.json)."""
     import os
 
@@ -666,12 +668,19 @@ def serve(host, port, agents, token_env, session_ttl, store) -> None:
     from samm.plan.registry import PolicyRegistry
     from samm.plan.service import create_app
 
+    params: dict[str, dict] = {}
+    for item in agent_params:
+        agent, _, kv = item.partition(":")
+        key, eq, value = kv.partition("=")
+        if not agent or not key or not eq:
+            _fail(f"--agent-param {item!r}: expected NAME:KEY=VALUE")
+        params.setdefault(agent, {})[key] = value
     registry = PolicyRegistry(store)
     for spec in agents:
         name, _, policy_dir = spec.partition("=")
         try:
-            registry.host(name, make_policy(name, policy_dir or None), source=policy_dir)
-        except (ValueError, FileNotFoundError) as exc:
+            registry.host(name, make_policy(name, policy_dir or None, **params.get(name, {})), source=policy_dir)
+        except (ValueError, FileNotFoundError, TypeError) as exc:
             _fail(f"--agent {spec}: {exc}")
     token = os.environ.get(token_env) or None
     import torch
