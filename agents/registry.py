@@ -31,8 +31,9 @@ class ProblemSpec:
     make_policy: str | None = None
     #: "module:attr" of the CLI-facing experiment `run(out_dir, quick, seeds, ...) -> summary dict`
     experiment: str | None = None
-    #: "module:attr" of `train(...)`, if the problem has a trainer
+    #: "module:attr" of `train(...)`, if the problem has a trainer, and the agent it trains
     train: str | None = None
+    learner: str | None = None
     #: "module:attr" of `add_routes(app, name, policy)`: extra REST operations (e.g. a batch plan)
     routes: str | None = None
 
@@ -119,6 +120,11 @@ def load_policy(directory) -> Any:
     meta = read_metadata(directory)
     spec = get_problem(meta.get("problem", "autoscaling"))
     return entry(spec, "policy_loader")(directory)
+
+
+def learner_names() -> list[str]:
+    """The learning agents (what `samm train --agent` accepts)."""
+    return sorted({s.learner for s in (_PROBLEMS[n] for n in problem_names()) if s.learner})
 
 
 def problem_of_agent(agent: str) -> ProblemSpec:

@@ -22,6 +22,7 @@ PROBLEM = register_problem(ProblemSpec(
         "random": "agents.builtin:RandomAgent",
         "static": "agents.builtin:StaticAgent",
     },
+    learner="lstm-ppo",
     default_agent="lstm-ppo",
     policy_loader="agents.base:load_agent",
     make_policy="agents.factory:make_hosted_agent",

@@ -17,6 +17,7 @@ PROBLEM = register_problem(ProblemSpec(
     env_id="samm/LraPlacement-v0",
     env_entry_point="agents.lra_placement.env:LraPlacementEnv",
     agents={"lra-reinforce": "agents.lra_placement.hosting:make_policy"},
+    learner="lra-reinforce",
     default_agent="lra-reinforce",
     policy_loader="agents.lra_placement.policy:PlacementPolicy.load",
     make_policy="agents.lra_placement.hosting:make_policy",

@@ -16,6 +16,12 @@ def _problem_choices() -> list[str]:
     return problem_names()
 
 
+def _learner_choices() -> list[str]:
+    from agents.registry import learner_names
+
+    return learner_names()
+
+
 def _fail(msg: str) -> None:
     click.echo(f"error: {msg}", err=True)
     sys.exit(2)
@@ -372,7 +378,12 @@ def _params(text: str | None) -> dict | None:
 
 
 @cli.command("train")
-@click.option("--agent", "agent_kind", type=click.Choice(["lstm-ppo"]), default="lstm-ppo", show_default=True)
+@click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True)
+@click.option("--agent", "agent_kind", type=click.Choice(_learner_choices()), default=None,
+              help="The problem's learning agent (default: lstm-ppo for autoscaling, lra-reinforce for lra-placement).")
+@click.option("--episodes", type=int, default=None, help="lra-placement: training episodes (batches placed).")
+@click.option("--predictor", default="metis", show_default=True,
+              help="lra-placement: metis (the random forest on Metis's data) or synthetic[:SEED].")
 @workload_options
 @config_options
 @click.option("--timesteps", type=int, default=600_000, show_default=True, help="Environment steps in total.")
@@ -386,11 +397,27 @@ def _params(text: str | None) -> dict | None:
 @click.option("--ppo", "ppo_json", default=None, help="JSON object overriding PPOConfig fields, e.g. '{\"learning_rate\": 1e-4}'.")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu or cuda.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train_cmd(agent_kind, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
+def train_cmd(problem, agent_kind, episodes, predictor, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
               action_mode, max_steps, timesteps, envs, seed, out, resume, eval_every, eval_seeds, ppo_json, device,
               quiet) -> None:
-    """Train an agent in the CloudSim Plus simulation (progress bar, TensorBoard + CSV logs,
-    checkpoints, resume); the policy is saved to <out>/policy."""
+    """Train a problem's learning agent. Autoscaling: LSTM-PPO in the CloudSim Plus simulation
+    (progress bar, TensorBoard + CSV logs, checkpoints, resume; the policy is saved to
+    <out>/policy). Placement: the REINFORCE policy trained across batches (progress bar, CSV log;
+    the policy is saved to <out>)."""
+    from agents.registry import get_problem
+
+    spec = get_problem(problem)
+    if agent_kind is not None and agent_kind != spec.learner:
+        _fail(f"--agent {agent_kind} is not the learning agent of problem {problem!r} ({spec.learner})")
+    if problem == "lra-placement":
+        from agents.lra_placement.train import main as train_placement
+
+        argv = ["--out", out, "--seed", str(seed), "--predictor", predictor]
+        argv += ["--episodes", str(episodes)] if episodes else []
+        argv += ["--quiet"] if quiet else []
+        sys.exit(train_placement(argv))
+    if problem != "autoscaling":
+        _fail(f"samm train does not support problem {problem!r} yet")
     from agents.ppo.config import PPOConfig
     from agents.training import train_lstm_ppo
 
