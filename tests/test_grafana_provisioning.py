@@ -22,6 +22,7 @@ pytestmark = pytest.mark.graphite
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "deploy" / "grafana"
 PLACEHOLDERS = {"<group>": ["S", "M"], "<instance>": ["i-01"], "<name>": list(OBSERVATION_NAMES),
+                "<stage>": ["monitor", "analyze", "plan", "execute"],
                 "<status>": ["succeeded", "failed", "skipped", "dry_run"]}
 NOT_ON_DASHBOARD = {"up"}  # the heartbeat feeds the Monitor stage, not a human
 
