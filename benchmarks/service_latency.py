@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--agent", default="lstm-ppo", help="NAME or NAME=POLICY_DIR, as `samm serve --agent`.")
+    ap.add_argument("--agent-param", action="append", default=[], help="NAME:KEY=VALUE, as `samm serve --agent-param`.")
     args = ap.parse_args()
 
     import httpx
@@ -84,11 +85,13 @@ def main() -> None:
     rng = np.random.default_rng(0)
     port = free_port()
     name = args.agent.partition("=")[0]
-    proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--port", str(port), "--agent", args.agent],
+    extra = [x for p in args.agent_param for x in ("--agent-param", p)]
+    proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--port", str(port), "--agent", args.agent,
+                             *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + 120
         while time.time() < deadline:
             try:
                 if httpx.get(url + "/healthz", timeout=1).status_code == 200:
@@ -148,7 +151,8 @@ def main() -> None:
         from agents.registry import make_policy
         from samm.plan import dataplane
 
-        policy = make_policy(name, args.agent.partition("=")[2] or None)
+        params = dict(p.partition(":")[2].split("=", 1) for p in args.agent_param if p.startswith(name + ":"))
+        policy = make_policy(name, args.agent.partition("=")[2] or None, **params)
         state = policy.initial_state()
         for i in range(min(n, 5000)):
             t = time.perf_counter()
