@@ -43,7 +43,9 @@ def main(argv=None) -> dict:
 
     planners = {"greedy-ls": PLANNERS["greedy-ls"], "optimum": PLANNERS["optimum"]}
     if policy is not None:
-        planners = {"lra-policy": lambda c, b, k, p, r: policy_plan(policy, c, b, k, p, r), **planners}
+        planners = {"lra-policy": lambda c, b, k, p, r: policy_plan(policy, c, b, k, p, r)[0],
+                    "lra-policy + local-search polish": lambda c, b, k, p, r: policy_plan(policy, c, b, k, p, r)[2],
+                    **planners}
 
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in planners}
     for seed in args.seeds:

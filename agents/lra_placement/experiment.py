@@ -214,10 +214,15 @@ def load_trained_policy():
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def policy_plan(policy, cluster, batch, constraints, predictor, rng, fine_tune_s: float = 0.0) -> np.ndarray:
+def policy_plan(policy, cluster, batch, constraints, predictor, rng, fine_tune_s: float = 0.0):
     """The trained policy's plan: best of its greedy and sampled roll-outs; with fine_tune_s > 0 also
-    the paper's per-batch REINFORCE started from the policy for that many seconds."""
-    return policy.plan(cluster, batch, constraints, predictor, rng, fine_tune_s=fine_tune_s)
+    the paper's per-batch REINFORCE started from the policy for that many seconds. Returns
+    (plan, seconds, polished plan, seconds): the polished one is the baselines' local search started
+    from the policy's best few plans (multi-start), in the same call."""
+    t0 = time.perf_counter()
+    polished, details = policy.plan(cluster, batch, constraints, predictor, rng, fine_tune_s=fine_tune_s,
+                                    polish=True, return_details=True)
+    return details["unpolished_plan"], details["unpolished_s"], polished, time.perf_counter() - t0
 
 
 # --- one case ---------------------------------------------------------------------------------------
@@ -286,11 +291,17 @@ def run_case(case: Case, predictor: Predictor, seeds: Sequence[int], budgets: Bu
         curves: list = []
         agents = [(PER_BATCH, per_batch)]
         if policy is not None:
-            agents += [(POLICY, lambda seed=seed, batch=batch: policy_plan(
-                           policy, cluster, batch, constraints, predictor, method_rng(seed, POLICY))),
-                       (POLICY_FINE_TUNED, lambda seed=seed, batch=batch: policy_plan(
-                           policy, cluster, batch, constraints, predictor, method_rng(seed, POLICY_FINE_TUNED),
-                           fine_tune_s=fine_tune_s))]
+            for name, ft in ((POLICY, 0.0), (POLICY_FINE_TUNED, fine_tune_s)):
+                out, _, err = _timed(lambda seed=seed, batch=batch, name=name, ft=ft: policy_plan(
+                    policy, cluster, batch, constraints, predictor, method_rng(seed, name), fine_tune_s=ft))
+                if out is None:
+                    add(name, _record(None, 0.0, batch, cluster, constraints, predictor, err))
+                    add(name + POLISHED, _record(None, 0.0, batch, cluster, constraints, predictor, err))
+                    continue
+                plan, secs, polished, psecs = out
+                add(name, _record(plan, secs, batch, cluster, constraints, predictor))
+                # multi-start local search from the policy's best plans (a hybrid, named so)
+                add(name + POLISHED, _record(polished, psecs, batch, cluster, constraints, predictor))
         for name, plan_fn in agents:
             plan, secs, err = _timed(plan_fn)
             add(name, _record(plan, secs, batch, cluster, constraints, predictor, err))
@@ -636,7 +647,8 @@ def _policy_400(policy, predictor: Predictor, seed: int) -> dict:
     cluster = Cluster(81, 8)
     batch = sample_batch(np.random.default_rng(seed), len(predictor.app_names), (400, 400), None, cluster.capacity)
     constraints = Constraints.none(len(predictor.app_names))
-    plan, secs, err = _timed(lambda: policy_plan(policy, cluster, batch, constraints, predictor, method_rng(seed, POLICY)))
+    out, secs, err = _timed(lambda: policy_plan(policy, cluster, batch, constraints, predictor, method_rng(seed, POLICY)))
+    plan = None if out is None else out[2]  # the policy's plan finished by the multi-start local search (all timed)
     ok = plan is not None and not check_plan(plan, batch, cluster, constraints)
     return {"seconds": secs if ok else None, "valid": ok, "score": score(plan, predictor) if ok else None,
             "error": err}

@@ -204,10 +204,13 @@ class PlacementPolicy:
     # --- a whole batch -----------------------------------------------------------------------
     def plan(self, cluster: Cluster, batch: Batch, constraints: Constraints, predictor: Predictor | None = None,
              rng: np.random.Generator | None = None, samples: int = 64, fine_tune_s: float = 0.0,
-             polish: bool = False, fine_tune: dict | None = None, return_details: bool = False):
+             polish: bool = False, fine_tune: dict | None = None, return_details: bool = False,
+             polish_starts: int = 16):
         """Best of: the greedy roll-out, `samples` sampled roll-outs, (fine_tune_s > 0) the paper's
         per-batch REINFORCE started from this policy for that many seconds, (polish) the baselines'
-        local search from the best of those. Returns the (N, A) placement (and a details dict)."""
+        local search started from each of the `polish_starts` best of those (multi-start: the
+        policy proposes the starting points, the search finishes them). Returns the (N, A)
+        placement (and a details dict)."""
         start = time.perf_counter()
         predictor = predictor if predictor is not None else self.predictor
         if predictor is None:
@@ -232,9 +235,12 @@ class PlacementPolicy:
                 sampled = rollout(problem, self._np, rng, min(chunk, left), record=False)
                 left -= min(chunk, left)
                 runs.append(sampled)
-                if sampled.alive.any():
-                    k = int(np.argmax(np.where(sampled.alive, sampled.rewards, -np.inf)))
-                    candidates.append((float(sampled.rewards[k]), problem.placement(sampled.actions[:, k]), "sampled"))
+                # keep the best few of each chunk: they are the local search's starting points
+                keep = polish_starts if polish else 1
+                for k in np.argsort(-np.where(sampled.alive, sampled.rewards, -np.inf))[:keep]:
+                    if sampled.alive[k]:
+                        candidates.append((float(sampled.rewards[k]), problem.placement(sampled.actions[:, k]),
+                                           "sampled"))
         details["rollout_s"] = time.perf_counter() - start
         if fine_tune_s > 0:
             # the time budget governs (no episode cap unless `fine_tune` sets one)
@@ -249,11 +255,16 @@ class PlacementPolicy:
         if not candidates:
             plan = repair(problem, runs)          # Infeasible when no valid plan exists
             candidates.append((score(plan, predictor), plan, "repaired"))
-        best = max(candidates, key=lambda c: c[0])
-        plan, source = best[1], best[2]
+        candidates.sort(key=lambda c: -c[0])
+        plan, source = candidates[0][1], candidates[0][2]
         details["unpolished_score"] = score(plan, predictor)
+        details["unpolished_plan"] = plan
+        details["unpolished_s"] = time.perf_counter() - start
         if polish:
-            plan = polish_plan(plan, cluster, batch, constraints, predictor, rng)
+            finished = [polish_plan(c[1], cluster, batch, constraints, predictor, rng)
+                        for c in candidates[:max(1, polish_starts)]]
+            plan = max(finished, key=lambda p: score(p, predictor))
+            details["polish_starts"] = len(finished)
         problems = check_plan(plan, batch, cluster, constraints)
         assert not problems, problems
         details |= {"source": source, "score": score(plan, predictor), "seconds": time.perf_counter() - start}
