@@ -266,3 +266,18 @@ def test_fine_tuning_starts_from_the_policy(small_policy):
                                        samples=4, fine_tune_s=0.5, return_details=True)
     assert details["fine_tune_episodes"] > 0
     assert check_plan(plan, batch, cluster, Constraints.none(4)) == []
+
+
+def test_the_shipped_policy_loads_and_plans():
+    from agents.lra_placement.policy import SHIPPED_DIR, plan_policy
+
+    if not (SHIPPED_DIR / "metadata.json").is_file():
+        pytest.skip("no shipped policy")
+    policy = PlacementPolicy.load(SHIPPED_DIR)
+    assert policy.n_apps == 7 and policy.predictor is not None
+    assert (SHIPPED_DIR / "policy.pt").stat().st_size < 400_000
+    pred = SyntheticInterference(n_apps=7, seed=0, slots=8)  # any predictor of 7 apps
+    cluster, batch = Cluster(9, 8), Batch(np.array([6, 5, 5, 5, 5, 5, 5]))
+    constraints = Constraints(7, (Rule(0, 1, "anti-affinity"),))
+    plan = plan_policy(cluster, batch, constraints, pred, np.random.default_rng(0), samples=8)
+    assert check_plan(plan, batch, cluster, constraints) == []
