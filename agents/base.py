@@ -88,7 +88,10 @@ class Agent(ABC):
     @property
     def observation_space(self):
         """The named features: the seven metrics are ratios in [0, 1]; other features (VM counts,
-        queue lengths) are non-negative."""
+        queue lengths) are non-negative. Built once (the service checks bounds on every request)."""
+        cached = self.__dict__.get("_observation_space")
+        if cached is not None and cached.names == (self.feature_names or ("none",)):
+            return cached
         from samm.analyze.metrics import OBSERVATION_NAMES
 
         from .spaces import NamedBox
@@ -96,7 +99,8 @@ class Agent(ABC):
         names = self.feature_names or ("none",)
         low = np.zeros(len(names), np.float32)
         high = np.array([1.0 if n in OBSERVATION_NAMES else np.inf for n in names], np.float32)
-        return NamedBox(names, low, high)
+        self._observation_space = NamedBox(names, low, high)
+        return self._observation_space
 
     @property
     def action_space(self):
