@@ -364,7 +364,8 @@ def worst_case(per_case: dict, method: str, value: Callable[[dict], float]) -> f
 
 
 def compute_targets(per_case: dict, all_runs: dict, policy_400: dict | None) -> tuple[list[Target], dict]:
-    """The brief's five targets, each with the best agent variant for it; plus every variant's figures."""
+    """The five targets (the two quality ones judged on one agent variant, the best over both);
+    plus every variant's figures."""
     variants = _agent_variants(per_case)
     ratio_of = {m: worst_case(per_case, m, lambda s, m=m: _mean(s[m], "ratio")) for m in variants}
     vs_gls = {m: worst_case(per_case, m, lambda s, m=m: _mean(s[m], "score") - _mean(s["greedy-ls"], "score"))
@@ -377,11 +378,14 @@ def compute_targets(per_case: dict, all_runs: dict, policy_400: dict | None) -> 
         m = max(finite, key=finite.get)
         return m, finite[m]
 
+    # ONE agent variant is judged on both quality targets: the one with the largest worst margin
+    # over them (so a target is never met by one variant and the other by another)
+    m, _ = best({k: min(ratio_of[k] - 0.98, vs_gls[k]) for k in variants})
     targets = []
-    m, v = best(ratio_of)
+    v = ratio_of[m] if m is not None else math.nan
     targets.append(Target(f"agent mean score / optimum, worst case ({m or 'no agent'})",
                           None if m is None else round(v, 5), ">= 0.98", bool(m is not None and v >= 0.98)))
-    m, v = best(vs_gls)
+    v = vs_gls[m] if m is not None else math.nan
     targets.append(Target(f"agent - greedy-ls mean score, worst case ({m or 'no agent'})",
                           None if m is None else round(v, 5), ">= 0", bool(m is not None and v >= -1e-12)))
     violations = sum(int(r["violations"]) for recs in all_runs.values() for r in recs)
