@@ -8,14 +8,7 @@ import numpy as np
 
 from .cluster import Cluster, Constraints, check_plan, score
 from .env import sample_batch
-
-
-def resolve_predictor(name: str, slots: int):
-    from .predictor import SyntheticInterference, default_predictor
-
-    if name == "synthetic":
-        return SyntheticInterference(n_apps=7, slots=slots)
-    return default_predictor(slots=slots)
+from .predictor import predictor_by_name
 
 
 def planner_function(agent: str, policy_dir=None):
@@ -40,7 +33,7 @@ def planner_function(agent: str, policy_dir=None):
 def evaluate(agent: str, seeds, *, policy_dir=None, n_nodes: int = 9, slots: int = 8,
              size_range=(15, 48), skew: str | None = None, predictor: str = "forest",
              with_optimum: bool = True) -> dict:
-    pred = resolve_predictor(predictor, slots)
+    pred = predictor_by_name(predictor, slots=slots)
     plan = planner_function(agent, policy_dir)
     cluster = Cluster(n_nodes, slots)
     constraints = Constraints.none(len(pred.app_names))

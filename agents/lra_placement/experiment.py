@@ -127,13 +127,11 @@ QUICK_BUDGETS = Budgets(per_batch_s={9: 3.0, 27: 3.0}, per_batch_episodes=2_000,
 def make_predictor(kind: str, slots: int = 8) -> Predictor:
     """'forest': the paper's random forest on Metis's measurements (cached table); 'synthetic': the
     data-free model (fast, for tests)."""
-    from .predictor import SyntheticInterference, default_predictor
+    from .predictor import predictor_by_name
 
-    if kind == "forest":
-        return default_predictor(slots=slots)
-    if kind == "synthetic":
-        return SyntheticInterference(n_apps=7, seed=0, slots=slots)
-    raise ValueError(f"predictor must be 'forest' or 'synthetic', got {kind!r}")
+    if kind not in ("forest", "synthetic"):
+        raise ValueError(f"predictor must be 'forest' or 'synthetic', got {kind!r}")
+    return predictor_by_name(kind, slots=slots)
 
 
 def example_constraints_path() -> Path:

@@ -20,6 +20,6 @@ def predictor_for(policy, slots: int):
     (fit once on Metis's measurements and cached)."""
     if getattr(policy, "predictor", None) is not None and getattr(policy, "slots", None) == slots:
         return policy.predictor
-    from .evaluate import resolve_predictor
+    from .predictor import predictor_by_name
 
-    return resolve_predictor("forest", slots)
+    return predictor_by_name("forest", slots=slots)

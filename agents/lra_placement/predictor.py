@@ -253,3 +253,20 @@ def default_predictor(cache_dir: str | Path | None = None, seed: int = 0, path: 
     fitted.meta["source_sha256"] = file_sha256(path)
     fitted.save(cached)
     return ForestPredictor.load(cached)
+
+
+_FOREST_BY_SLOTS: dict[int, "Predictor"] = {}
+
+
+def predictor_by_name(name: str, n_apps: int = 7, slots: int = 8):
+    """The one place a predictor is chosen by name (CLI, experiment, service, trainer):
+    'forest' (or 'metis'): the random forest on Metis's data, loaded once per process;
+    'synthetic[:SEED]': the data-free model."""
+    if name in ("forest", "metis"):
+        if slots not in _FOREST_BY_SLOTS:
+            _FOREST_BY_SLOTS[slots] = default_predictor(slots=slots)
+        return _FOREST_BY_SLOTS[slots]
+    if name.split(":", 1)[0] == "synthetic":
+        seed = int(name.split(":", 1)[1]) if ":" in name else 0
+        return SyntheticInterference(n_apps=n_apps, seed=seed, slots=slots)
+    raise ValueError(f"unknown predictor {name!r}: forest (or metis) or synthetic[:SEED]")

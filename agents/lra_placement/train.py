@@ -276,15 +276,13 @@ def _replace(config: TrainConfig, **changes) -> TrainConfig:
 def make_predictor(name: str, n_apps: int = 7, slots: int = 8):
     """'metis': the paper's forest on the Metis data (helper's `default_predictor`);
     'synthetic[:SEED]': the data-free `SyntheticInterference`."""
-    from agents.lra_placement import predictor as predictors
+    from agents.lra_placement.predictor import predictor_by_name
 
-    if name == "metis":
-        return predictors.default_predictor(slots=slots), "metis-forest (default_predictor, 0905-6435, seed 0)"
-    if name.startswith("synthetic"):
-        seed = int(name.split(":", 1)[1]) if ":" in name else 0
-        return (predictors.SyntheticInterference(n_apps=n_apps, seed=seed, slots=slots),
-                f"SyntheticInterference(n_apps={n_apps}, seed={seed}, slots={slots})")
-    raise ValueError(f"unknown predictor {name!r} (metis, synthetic[:SEED])")
+    predictor = predictor_by_name(name, n_apps=n_apps, slots=slots)
+    if name in ("metis", "forest"):
+        return predictor, "metis-forest (default_predictor, 0905-6435, seed 0)"
+    seed = int(name.split(":", 1)[1]) if ":" in name else 0
+    return predictor, f"SyntheticInterference(n_apps={n_apps}, seed={seed}, slots={slots})"
 
 
 def main(argv: list[str] | None = None) -> int:

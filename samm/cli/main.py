@@ -578,11 +578,10 @@ def experiment_run(problem, out, quick, quiet) -> None:
     with more options)."""
     if problem == "autoscaling":
         from agents.experiment import run_paper_experiment
-
         from agents.shipped import shipped_policy_dir
 
-        summary = run_paper_experiment(out, shipped_policy_dir(), 600_000, [1, 2, 3, 4, 5], [101, 102, 103], swf=not quick,
-                                       progress=not quiet, fast_tuning=quick)
+        summary = run_paper_experiment(out, shipped_policy_dir(), 600_000, [1, 2, 3, 4, 5], [101, 102, 103],
+                                       swf=not quick, progress=not quiet, fast_tuning=quick)
         click.echo(json.dumps(summary["targets"]))
         return
     _run_problem_experiment(problem, out, quick=quick, progress=not quiet)
