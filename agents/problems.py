@@ -6,6 +6,7 @@ import importlib
 PACKAGES = (
     "agents.autoscaling",      # VM autoscaling, LSTM-PPO (the main paper)
     "agents.lra_placement",    # long-running container placement (DRL-Scheduler)
+    "agents.oversubscription", # VM oversubscription (C2MARL)
 )
 
 _loaded = False

@@ -377,8 +377,11 @@ def _params(text: str | None) -> dict | None:
     return value
 
 
-@cli.command("train")
-@click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True)
+@cli.command("train", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True,
+              help="Other problems take their own options after these, passed to their trainer, e.g. "
+                   "`samm train --problem oversubscription --out DIR --setting azure --alpha 0.95` "
+                   "(`python -m agents.oversubscription.train --help` lists them).")
 @click.option("--agent", "agent_kind", type=click.Choice(_learner_choices()), default=None,
               help="The problem's learning agent (default: lstm-ppo for autoscaling, lra-reinforce for lra-placement).")
 @click.option("--episodes", type=int, default=None, help="lra-placement: training episodes (batches placed).")
@@ -397,7 +400,8 @@ def _params(text: str | None) -> dict | None:
 @click.option("--ppo", "ppo_json", default=None, help="JSON object overriding PPOConfig fields, e.g. '{\"learning_rate\": 1e-4}'.")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu or cuda.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train_cmd(problem, agent_kind, episodes, predictor, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
+@click.pass_context
+def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
               action_mode, max_steps, timesteps, envs, seed, out, resume, eval_every, eval_seeds, ppo_json, device,
               quiet) -> None:
     """Train a problem's learning agent. Autoscaling: LSTM-PPO in the CloudSim Plus simulation
@@ -417,7 +421,13 @@ def train_cmd(problem, agent_kind, episodes, predictor, workload, window, time_c
         argv += ["--quiet"] if quiet else []
         sys.exit(train_placement(argv))
     if problem != "autoscaling":
-        _fail(f"samm train does not support problem {problem!r} yet")
+        # any other problem: its trainer's own argparse main, with the shared options first
+        from agents.registry import entry
+
+        argv = ["--out", out, "--seed", str(seed)] + (["--episodes", str(episodes)] if episodes else [])
+        sys.exit(entry(spec, "train")(argv + list(ctx.args)))
+    if ctx.args:
+        _fail(f"unknown options for problem autoscaling: {' '.join(ctx.args)}")
     from agents.ppo.config import PPOConfig
     from agents.training import train_lstm_ppo
 
@@ -566,6 +576,24 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
     paper's scale and larger, against the exact optimum; writes report.md, summary.json, PNGs."""
     _run_problem_experiment("lra-placement", out, quick=quick, seeds=_seeds(seeds), predictor=predictor,
                             progress=not quiet)
+
+
+@experiment.command("c2marl")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
+@click.option("--quick", is_flag=True, help="The tiny setting, short training (a smoke run in about a minute).")
+@click.option("--cases", default=None, help="Comma-separated cases: azure-cold, internal-cold, internal-warm (default: all).")
+@click.option("--seeds", default="1-3", show_default=True, help="Training seeds per alpha (the paper: 3).")
+@click.option("--episodes", type=int, default=None, help="Training episodes per run (default: 1800 cold, 1200 warm).")
+@click.option("--test-episodes", type=int, default=None, help="Test episodes per method (default: 300, the paper's).")
+@click.option("--workers", type=int, default=2, show_default=True, help="Training runs in parallel processes.")
+@click.option("--quiet", is_flag=True)
+def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, quiet) -> None:
+    """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
+    satisfaction per safety level) with ours beside them; baselines tuned on training days;
+    writes report.md, summary.json, training-curve PNGs and the trained policies."""
+    _run_problem_experiment("oversubscription", out, quick=quick, seeds=_seeds(seeds),
+                            cases=[c.strip() for c in cases.split(",")] if cases else None,
+                            episodes=episodes, test_episodes=test_episodes, workers=workers, progress=not quiet)
 
 
 @experiment.command("run")
@@ -827,6 +855,10 @@ def config_check(path) -> None:
         sys.exit(2)
     click.echo(cfg.model_dump_json(indent=2))
 
+
+from samm.cli.oversub import testbed_oversub  # noqa: E402  (samm testbed-oversub)
+
+cli.add_command(testbed_oversub)
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

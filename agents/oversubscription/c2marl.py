@@ -1,0 +1,212 @@
+"""C2MARL (§5, Algorithm 1): VDN with a cluster term, double-Q targets and a primal-dual
+multiplier for the chance constraint, read top to bottom.
+
+    per episode:   act epsilon-greedily with each agent's own Q^i; store (s, a, m, r, C_c, s', m')
+    then K times:  minibatch -> TD loss of Eq. 10 on r_lambda = r + lambda (c - C_c(s))   (Eq. 8)
+                   soft target update
+                   lambda <- max(0, lambda - eta (c - U))                                   (Eq. 11)
+
+Where we read the paper (docs/oversubscription.md has the full list):
+* Eq. 10's target sums Q^i over all agents and omits gamma; we discount by gamma (Table 4: 0.9)
+  and mask the next state's agents by m_{t+1}, as Eq. 9 defines Q(s_{t+1}, .).
+* The soft update is printed theta_bar = (1 - tau) theta + tau theta_bar with tau = 0.001: read
+  literally the target copies 99.9 % of the online weights on every update (no target network at
+  all). We read it as the usual Polyak average theta_bar <- tau theta + (1 - tau) theta_bar
+  (`polyak=True`); with K = 120 updates per episode the target then trails the online net by
+  about 8 episodes. `polyak=False` runs the literal print.
+* `constraint="cluster"` is the paper's: the cost of a step is C_c(s) (any PM hot) and the bound
+  c = (1 - alpha) delta. `constraint="pm"` is ours. The constraint it enforces is the PM-level one
+  of Eq. 3 that PM-Hot-R measures: lambda rises while more than (1 - alpha) PMs per episode break
+  their own bound (hot on delta or more steps), U = broken PMs / T against c = (1 - alpha) / T
+  (E[broken PMs] <= 1 - alpha implies Pr(PM k breaks) <= 1 - alpha for every k). The cost lambda
+  multiplies in the reward is dense: each hot PM at a step costs 1 / delta (a hot step uses a
+  third of that PM's allowance). Why: on our traces the cluster is hot on several steps of most
+  episodes even without oversubscription (C-Hot-R 0.85 at Grid-1.0, Azure-like), so the paper's
+  cluster bound admits no oversubscription there; and a cost only at the step a PM breaks is too
+  sparse to learn from in our budget (measured: no learning in 300 episodes).
+* U(theta) (Eq. 5) is estimated as the share of hot-cluster steps in the latest episode, the
+  on-policy estimate of (1/T) sum_t Pr(C_c(s_t)).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from .network import C2MarlNet
+from .settings import RATES
+
+
+@dataclass
+class C2MarlConfig:
+    alpha: float = 0.95               # safety level (paper: 0.75 / 0.85 / 0.95)
+    constraint: str = "cluster"       # "cluster" (the paper, §5.1) or "pm" (ours, see above)
+    gamma: float = 0.9                # Table 4
+    batch_size: int = 10              # Table 4
+    memory: int = 360                 # Table 4: replay capacity in transitions (3 episodes of 120 steps)
+    tau: float = 0.001                # Table 4 "target update factor"
+    polyak: bool = True               # our reading of the printed soft update (see above)
+    lr: float = 1e-3                  # grid-searched by the paper "from 1e-4 to 20"; ours by measurement
+    dual_lr: float = 2.0              # eta_lambda, same search; ours by measurement
+    lambda_init: float = 0.0
+    updates_per_episode: int = 120    # K of Alg. 1 (not given): one per step collected
+    episodes: int = 1800              # cold start (§6.5); warm start uses 1200 (§6.6)
+    eps_start: float = 1.0            # epsilon-greedy (Alg. 1); schedule not given: ours
+    eps_end: float = 0.02
+    eps_decay_frac: float = 0.5       # linear decay over this share of the episodes
+    reward_scale: float = 1.0 / 64.0  # 1/Z of §6.2 ("a large constant", not given): one PM's cores
+    hidden: int = 64
+    grad_clip: float = 10.0
+    seed: int = 0
+    torch_threads: int = 1
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Replay:
+    """The memory of Alg. 1: a ring of the last `capacity` transitions."""
+
+    def __init__(self, capacity: int, obs_dim: int, n_agents: int, rng: np.random.Generator):
+        self.capacity, self.rng = capacity, rng
+        self.obs = np.zeros((capacity, obs_dim), np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), np.float32)
+        self.act = np.zeros((capacity, n_agents), np.int64)
+        self.mask = np.zeros((capacity, n_agents), np.float32)
+        self.next_mask = np.zeros((capacity, n_agents), np.float32)
+        self.reward = np.zeros(capacity, np.float32)
+        self.cost = np.zeros(capacity, np.float32)
+        self.done = np.zeros(capacity, np.float32)
+        self.size = self.pos = 0
+
+    def add(self, obs, act, mask, reward, cost, next_obs, next_mask, done) -> None:
+        i = self.pos
+        self.obs[i], self.act[i], self.mask[i] = obs, act, mask
+        self.reward[i], self.cost[i], self.done[i] = reward, cost, done
+        self.next_obs[i], self.next_mask[i] = next_obs, next_mask
+        self.pos = (i + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def sample(self, n: int) -> dict[str, torch.Tensor]:
+        idx = self.rng.integers(0, self.size, size=n)
+        return {k: torch.as_tensor(getattr(self, k)[idx]) for k in
+                ("obs", "act", "mask", "reward", "cost", "next_obs", "next_mask", "done")}
+
+
+@dataclass
+class EpisodeLog:
+    episode: int
+    epsilon: float
+    reward: float
+    saved_cores: float
+    s_cores: float
+    hot_cluster_steps: int
+    max_pm_hot_steps: int
+    lam: float
+    loss: float
+    seconds: float
+
+
+class C2Marl:
+    def __init__(self, n_agents: int, obs_dim: int, cfg: C2MarlConfig, constraint_bound: float):
+        self.cfg, self.c = cfg, float(constraint_bound)
+        torch.manual_seed(cfg.seed)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.n_agents, self.obs_dim, self.n_actions = n_agents, obs_dim, len(RATES)
+        self.net = C2MarlNet(n_agents, obs_dim, self.n_actions, cfg.hidden)
+        self.target = copy.deepcopy(self.net)
+        for p in self.target.parameters():
+            p.requires_grad_(False)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=cfg.lr)
+        self.replay = Replay(cfg.memory, obs_dim, n_agents, self.rng)
+        self.lam = float(cfg.lambda_init)
+
+    # ---------------------------------------------------------------- acting
+    def greedy(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            q = self.net.agent_q(torch.as_tensor(obs, dtype=torch.float32).unsqueeze(0))[0]
+        return q.argmax(-1).numpy()
+
+    def act(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
+        a = self.greedy(obs)
+        explore = self.rng.random(self.n_agents) < epsilon
+        a[explore] = self.rng.integers(0, self.n_actions, size=int(explore.sum()))
+        return a
+
+    # ---------------------------------------------------------------- learning
+    def update(self) -> float:
+        cfg = self.cfg
+        b = self.replay.sample(cfg.batch_size)
+        r_lambda = b["reward"] + self.lam * (self.c - b["cost"])            # Eq. 8
+        with torch.no_grad():
+            next_a = self.net.agent_q(b["next_obs"]).argmax(-1)              # double Q: online argmax
+            next_q = self.target.agent_q(b["next_obs"]).gather(-1, next_a.unsqueeze(-1)).squeeze(-1)
+            y = self.target.cluster(b["next_obs"]) + (next_q * b["next_mask"]).sum(-1)
+            target = r_lambda + cfg.gamma * (1.0 - b["done"]) * y            # Eq. 10
+        q = self.net.q_total(b["obs"], b["act"], b["mask"])
+        loss = torch.nn.functional.mse_loss(q, target)
+        self.opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.grad_clip)
+        self.opt.step()
+        self._soft_update()
+        return float(loss.detach())
+
+    def _soft_update(self) -> None:
+        tau = self.cfg.tau
+        keep = (1.0 - tau) if self.cfg.polyak else tau  # literal print keeps only tau of the old target
+        with torch.no_grad():
+            for t, o in zip(self.target.parameters(), self.net.parameters()):
+                t.mul_(keep).add_(o, alpha=1.0 - keep)
+
+    def dual_update(self, u_estimate: float) -> None:
+        """Eq. 11: lambda <- max(0, lambda - eta (c - U)); rises while U > c."""
+        self.lam = max(0.0, self.lam - self.cfg.dual_lr * (self.c - u_estimate))
+
+    def state_dict(self) -> dict:
+        return {"net": self.net.state_dict(), "lambda": self.lam, "config": self.cfg.to_json()}
+
+
+def epsilon_at(cfg: C2MarlConfig, episode: int) -> float:
+    decay = max(1, int(cfg.episodes * cfg.eps_decay_frac))
+    frac = min(1.0, episode / decay)
+    return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+
+
+def run_training_episode(agent: C2Marl, sim, setting, episode: int, obs_fn, mask_fn) -> EpisodeLog:
+    """One episode of Alg. 1 (lines 3-16) on an `OversubSim`."""
+    cfg = agent.cfg
+    eps = epsilon_at(cfg, episode)
+    t0 = time.perf_counter()
+    view = sim.reset()
+    obs, mask = obs_fn(view), mask_fn(view).astype(np.float32)
+    total_r = 0.0
+    while view is not None:
+        a = agent.act(obs, eps)
+        rates = np.asarray(RATES)[a]
+        view, res = sim.step(rates)
+        r = res.saved_cores * cfg.reward_scale
+        cost = res.hot_pms / setting.delta_steps if cfg.constraint == "pm" else (1.0 if res.cluster_hot else 0.0)
+        if view is None:
+            next_obs, next_mask, done = obs, np.zeros_like(mask), 1.0
+        else:
+            next_obs, next_mask, done = obs_fn(view), mask_fn(view).astype(np.float32), 0.0
+        agent.replay.add(obs, a, mask, r, cost, next_obs, next_mask, done)
+        total_r += r
+        obs, mask = next_obs, next_mask
+    rec = sim.record
+    if cfg.constraint == "pm":
+        u = float(np.count_nonzero(rec.hot_counts >= setting.delta_steps)) / max(1, rec.steps)
+    else:
+        u = rec.cluster_hot_steps / max(1, rec.steps)
+    losses = []
+    for _ in range(cfg.updates_per_episode):
+        losses.append(agent.update())
+        agent.dual_update(u)
+    return EpisodeLog(episode=episode, epsilon=eps, reward=total_r, saved_cores=float(sum(rec.saved_by_step)),
+                      s_cores=rec.s_cores, hot_cluster_steps=rec.cluster_hot_steps,
+                      max_pm_hot_steps=int(rec.hot_counts.max()), lam=agent.lam,
+                      loss=float(np.mean(losses)) if losses else 0.0, seconds=time.perf_counter() - t0)

@@ -1,0 +1,46 @@
+"""The paper's observation (§6.2 "State"), one implementation for the simulator, the service and the
+live admission path.
+
+State = [cpu^allo, cpu^requested, mem^allo, network^allo] (each an N-vector: every subscriber's live
+reservations and its live requested cores), the request [cpu, mem, network]^request (N-vectors: what
+each subscriber asks for now) and the hour of the day. Every agent sees the whole state (its Q^i is
+its own network, so no agent id is needed); the cluster term Q^c sees the same vector.
+
+Scaling (ours; the paper gives none): cluster-level vectors are divided by the cluster's capacity
+spread over the subscribers, requests by one PM's capacity, so typical values are O(1); the hour is
+one-hot (24), which lets a small network learn hour-specific rates.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .settings import Setting
+
+HOURS = 24
+
+
+def observation_size(setting: Setting) -> int:
+    return 7 * setting.n_subscribers + HOURS
+
+
+def observation(view, setting: Setting) -> np.ndarray:
+    n = setting.n_subscribers
+    cap = np.array([setting.pm_cores, setting.pm_mem_gb, setting.pm_net_gbps])
+    share = cap * setting.n_pms / n
+    out = np.zeros(observation_size(setting), dtype=np.float32)
+    alloc = np.asarray(view.allocated, dtype=np.float64).reshape(n, 3)
+    out[0:n] = alloc[:, 0] / share[0]
+    out[n:2 * n] = np.asarray(view.requested_live, dtype=np.float64) / share[0]
+    out[2 * n:3 * n] = alloc[:, 1] / share[1]
+    out[3 * n:4 * n] = alloc[:, 2] / share[2]
+    req = np.asarray(view.request, dtype=np.float64).reshape(n, 3) / cap
+    out[4 * n:5 * n] = req[:, 0]
+    out[5 * n:6 * n] = req[:, 1]
+    out[6 * n:7 * n] = req[:, 2]
+    out[7 * n + int(view.hour) % HOURS] = 1.0
+    return out
+
+
+def request_mask(view) -> np.ndarray:
+    """m^i_t of Eq. 9: agent i counts only when its subscriber has a request now."""
+    return np.asarray(view.has_request, dtype=bool)

@@ -1,0 +1,11 @@
+"""What `samm serve --agent c2marl[=DIR]` hosts: the shipped C2MARL policy (Azure-like setting,
+alpha = 0.95) or a saved one."""
+from __future__ import annotations
+
+
+def make_policy(agent: str, policy_dir=None):
+    from .policy import OversubPolicy, shipped_policy
+
+    if agent != "c2marl":
+        raise ValueError(f"oversubscription hosts the agent 'c2marl', not {agent!r}")
+    return OversubPolicy.load(policy_dir) if policy_dir else shipped_policy()

@@ -1,0 +1,50 @@
+"""The paper's metrics (§6.4, L225-227) over a set of test episodes.
+
+* PM-Hot-R: "the maximum probability of a PM in the cluster being hot [more] than delta": for each
+  PM the share of episodes in which it was hot on delta or more steps (the constraint asks for
+  fewer than delta), then the maximum over PMs.
+* C-Hot-R (Table 5): the share of episodes in which the cluster (any PM) was hot on delta or more
+  steps.
+* S-Cores = 1 - assigned / requested cores, over the VMs placed in the episode (mean over episodes).
+* Satisfied at alpha: Pr(a PM is hot fewer than delta steps) >= alpha for every PM, i.e.
+  PM-Hot-R <= 1 - alpha.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .settings import ALPHAS
+from .sim import EpisodeRecord
+
+
+def pm_hot_r(records: list[EpisodeRecord], delta: int) -> float:
+    over = np.stack([r.hot_counts >= delta for r in records])  # [E, K]
+    return float(over.mean(axis=0).max()) if len(records) else 0.0
+
+
+def c_hot_r(records: list[EpisodeRecord], delta: int) -> float:
+    return float(np.mean([r.cluster_hot_steps >= delta for r in records])) if records else 0.0
+
+
+def s_cores(records: list[EpisodeRecord]) -> float:
+    return float(np.mean([r.s_cores for r in records])) if records else 0.0
+
+
+def satisfied(pm_hot_rate: float, alpha: float) -> bool:
+    return pm_hot_rate <= 1.0 - alpha + 1e-12
+
+
+def summarise(records: list[EpisodeRecord], delta: int, alphas: Iterable[float] = ALPHAS) -> dict:
+    ph = pm_hot_r(records, delta)
+    return {
+        "pm_hot_r": ph,
+        "c_hot_r": c_hot_r(records, delta),
+        "s_cores": s_cores(records),
+        "satisfied": {f"{a:.2f}": satisfied(ph, a) for a in alphas},
+        "rejected": int(sum(r.rejected for r in records)),
+        "placed": int(sum(r.placed for r in records)),
+        "mean_cluster_hot_steps": float(np.mean([r.cluster_hot_steps for r in records])) if records else 0.0,
+        "episodes": len(records),
+    }

@@ -1,0 +1,69 @@
+"""C2MARL's value networks (Eq. 9): a cluster term Q^c(s^c) plus one Q^i(o^i, .) per subscriber.
+
+The N per-agent networks are separate parameter sets (theta^i of §5.3), evaluated together as one
+batched matmul over a leading agent axis, so nine agents cost one forward pass.
+Sizes are not given by the paper (Table 4 gives only ReLU and Adam): two hidden layers of 64, ours.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class AgentLinear(nn.Module):
+    """N independent linear layers applied to [B, N, in] -> [B, N, out]."""
+
+    def __init__(self, n_agents: int, d_in: int, d_out: int):
+        super().__init__()
+        bound = 1.0 / math.sqrt(d_in)
+        self.weight = nn.Parameter(torch.empty(n_agents, d_in, d_out).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(n_agents, d_out).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("bni,nio->bno", x, self.weight) + self.bias
+
+
+class AgentQ(nn.Module):
+    """Q^i(o^i, a) for every agent i at once: [B, N, obs] -> [B, N, n_actions]."""
+
+    def __init__(self, n_agents: int, obs_dim: int, n_actions: int, hidden: int = 64):
+        super().__init__()
+        self.l1 = AgentLinear(n_agents, obs_dim, hidden)
+        self.l2 = AgentLinear(n_agents, hidden, hidden)
+        self.out = AgentLinear(n_agents, hidden, n_actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.l1(obs))
+        h = torch.relu(self.l2(h))
+        return self.out(h)
+
+
+class ClusterV(nn.Module):
+    """Q^c(s^c): the value of the cluster's state, whatever the agents do now."""
+
+    def __init__(self, state_dim: int, hidden: int = 64):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(state_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, 1))
+
+    def forward(self, s: torch.Tensor) -> torch.Tensor:
+        return self.net(s).squeeze(-1)
+
+
+class C2MarlNet(nn.Module):
+    def __init__(self, n_agents: int, obs_dim: int, n_actions: int, hidden: int = 64):
+        super().__init__()
+        self.n_agents, self.obs_dim, self.n_actions, self.hidden = n_agents, obs_dim, n_actions, hidden
+        self.agents = AgentQ(n_agents, obs_dim, n_actions, hidden)
+        self.cluster = ClusterV(obs_dim, hidden)
+
+    def agent_q(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [B, obs] (every agent sees the whole state, §6.2) -> [B, N, A]."""
+        return self.agents(obs.unsqueeze(1).expand(-1, self.n_agents, -1))
+
+    def q_total(self, obs: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Eq. 9: Q(s, a) = Q^c(s^c) + sum_i m^i Q^i(o^i, a^i)."""
+        q = self.agent_q(obs).gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # [B, N]
+        return self.cluster(obs) + (q * mask).sum(-1)

@@ -1,0 +1,117 @@
+"""A trained C2MARL policy as SAMM hosts it: each agent's greedy action on its own Q^i (the
+decentralised execution of §5.3; Q^c is a training device and is not needed to act).
+
+    policy.rates(view)                 -> [N] rates from RATES (simulator, live admission path)
+    policy.decide(observation_vector)  -> Decision(action=[N] rate indices)   (Policy protocol)
+    policy.save(dir) / OversubPolicy.load(dir)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from agents.policy import Decision
+from agents.spaces import check_spaces, space_from_json, space_to_json
+
+from .features import observation, observation_size
+from .network import C2MarlNet
+from .settings import RATES, SETTINGS, Setting
+
+KIND = "c2marl"
+PROBLEM = "oversubscription"
+FORMAT = 1
+METADATA_FILE = "metadata.json"
+WEIGHTS_FILE = "weights.pt"
+SHIPPED_DIR = Path(__file__).parent / "policies" / "c2marl-azure-0.95"
+
+
+def oversub_spaces(setting: Setting) -> tuple[spaces.Box, spaces.MultiDiscrete]:
+    obs = spaces.Box(low=0.0, high=np.inf, shape=(observation_size(setting),), dtype=np.float32)
+    act = spaces.MultiDiscrete([len(RATES)] * setting.n_subscribers)
+    return obs, act
+
+
+class OversubPolicy:
+    problem = PROBLEM
+    kind = KIND
+    stateful = False
+
+    def __init__(self, net: C2MarlNet, setting: Setting, training: dict | None = None, version: str | None = None):
+        self.net = net.eval()
+        self.setting = setting
+        self.training = training or {}
+        self.version = version or "unversioned"
+        self.observation_space, self.action_space = oversub_spaces(setting)
+
+    def initial_state(self):
+        return None
+
+    def action_indices(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            q = self.net.agent_q(torch.as_tensor(np.asarray(obs, np.float32)).reshape(1, -1))[0]
+        return q.argmax(-1).numpy()
+
+    def rates(self, view) -> np.ndarray:
+        return np.asarray(RATES)[self.action_indices(observation(view, self.setting))]
+
+    def decide(self, observation_vec, state=None, *, mask=None, deterministic: bool = True):
+        a = self.action_indices(observation_vec)
+        return Decision(action=[int(x) for x in a], name="rates " + " ".join(f"{RATES[i]:g}" for i in a),
+                        info={"rates": [RATES[i] for i in a]}), None
+
+    def metadata(self) -> dict:
+        from samm import __version__
+
+        return {"kind": KIND, "problem": PROBLEM, "format": FORMAT, "version": self.version,
+                "samm_version": __version__, "setting": asdict(self.setting), "rates": list(RATES),
+                "hidden": self.net.hidden,
+                "observation_space": space_to_json(self.observation_space),
+                "action_space": space_to_json(self.action_space), "training": self.training}
+
+    def save(self, directory) -> Path:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().clone() for k, v in self.net.state_dict().items()}, d / WEIGHTS_FILE)
+        (d / METADATA_FILE).write_text(json.dumps(self.metadata(), indent=2, default=float))
+        return d
+
+    @classmethod
+    def load(cls, directory) -> "OversubPolicy":
+        d = Path(directory)
+        try:
+            meta = json.loads((d / METADATA_FILE).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{d}: no {METADATA_FILE}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{d / METADATA_FILE}: not JSON ({e})") from None
+        if meta.get("kind") != KIND or meta.get("problem") != PROBLEM:
+            raise ValueError(f"{d}: kind/problem {meta.get('kind')}/{meta.get('problem')} is not {KIND}/{PROBLEM}")
+        if int(meta.get("format", 0)) != FORMAT:
+            raise ValueError(f"{d}: format {meta.get('format')} is not {FORMAT}")
+        try:
+            setting = Setting(**meta["setting"])
+            hidden = int(meta["hidden"])
+            saved_obs = space_from_json(meta["observation_space"])
+            saved_act = space_from_json(meta["action_space"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
+        check_spaces(saved_obs, saved_act, *oversub_spaces(setting), what=str(d))
+        net = C2MarlNet(setting.n_subscribers, observation_size(setting), len(RATES), hidden)
+        try:
+            net.load_state_dict(torch.load(d / WEIGHTS_FILE, map_location="cpu", weights_only=True))
+        except (RuntimeError, FileNotFoundError) as e:
+            raise ValueError(f"{d / WEIGHTS_FILE}: weights do not fit the network in {METADATA_FILE} ({e})") from None
+        return cls(net, setting, meta.get("training"), meta.get("version"))
+
+
+def shipped_policy() -> OversubPolicy:
+    return OversubPolicy.load(SHIPPED_DIR)
+
+
+def default_setting() -> Setting:
+    return SETTINGS["azure"]

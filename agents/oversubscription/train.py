@@ -1,0 +1,160 @@
+"""Train C2MARL on Oversub Gym (Alg. 1), log every episode (CSV + TensorBoard when available), and
+save the greedy policy.
+
+    samm train --problem oversubscription --setting azure --alpha 0.95 --episodes 1800 --out DIR
+    python -m agents.oversubscription.train --setting tiny --episodes 50 --out /tmp/c2
+
+Training episodes replay the training weekdays (`train_usage="logged"`, the paper) or the same
+requests with usage redrawn from the training days' Gaussians (`"redrawn"`, ours; it is what the
+test protocol of L369 does to the held-apart days, so the policy sees the spread it is tested on).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .c2marl import C2Marl, C2MarlConfig, EpisodeLog, run_training_episode
+from .features import observation, observation_size, request_mask
+from .metrics import summarise
+from .policy import OversubPolicy
+from .settings import RATES, Setting, get_setting
+from .sim import OversubSim, run_episode
+
+
+def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, trace_seed: int = 0,
+          warm: bool = False, train_usage: str = "redrawn", out: str | Path | None = None,
+          progress: bool = True, workload_fn=None, trace=None, validate_every: int = 0,
+          validate_episodes: int = 10) -> tuple[OversubPolicy, list[EpisodeLog]]:
+    setting = get_setting(setting)
+    cfg = cfg or C2MarlConfig()
+    torch.set_num_threads(max(1, cfg.torch_threads))
+    if workload_fn is None:
+        if trace is None:
+            from .data import generate_trace
+            trace = generate_trace(setting, trace_seed)
+        if train_usage == "logged":
+            fixed = trace.train_workload(warm=warm)
+            workload_fn = lambda ep: fixed  # noqa: E731
+        elif train_usage == "redrawn":
+            workload_fn = lambda ep: trace.train_redrawn(cfg.seed * 100_003 + ep, warm=warm)  # noqa: E731
+        else:
+            raise ValueError(f"train_usage must be 'logged' or 'redrawn', not {train_usage!r}")
+    agent = C2Marl(setting.n_subscribers, observation_size(setting), cfg, constraint_bound(setting, cfg))
+    obs_fn = lambda v: observation(v, setting)  # noqa: E731
+    logs: list[EpisodeLog] = []
+    writer = _tensorboard(out)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg.episodes, unit="ep", file=sys.stderr, mininterval=1.0, desc=f"c2marl {setting.name} a={cfg.alpha}")
+    sim_cache: dict[int, OversubSim] = {}
+    start = time.perf_counter()
+    for ep in range(cfg.episodes):
+        w = workload_fn(ep)
+        sim = sim_cache.get(id(w))
+        if sim is None:
+            sim = OversubSim(setting, w, warm_start=warm)
+            if train_usage == "logged":
+                sim_cache[id(w)] = sim
+        log = run_training_episode(agent, sim, setting, ep, obs_fn, request_mask)
+        logs.append(log)
+        if writer is not None:
+            for k in ("reward", "s_cores", "hot_cluster_steps", "max_pm_hot_steps", "lam", "loss", "epsilon"):
+                writer.add_scalar(f"train/{k}", getattr(log, k), ep)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(s_cores=f"{log.s_cores:.3f}", hot=log.hot_cluster_steps, lam=f"{agent.lam:.2f}")
+    if bar is not None:
+        bar.close()
+    elapsed = time.perf_counter() - start
+    policy = OversubPolicy(copy_net(agent), setting, training={
+        "config": cfg.to_json(), "trace_seed": trace_seed, "warm": warm, "train_usage": train_usage,
+        "episodes": cfg.episodes, "seconds": elapsed, "final_lambda": agent.lam,
+        "constraint_bound": agent.c})
+    if out is not None:
+        out = Path(out)
+        policy.save(out)
+        write_log(logs, out / "train-log.csv")
+    if writer is not None:
+        writer.close()
+    return policy, logs
+
+
+def constraint_bound(setting: Setting, cfg: C2MarlConfig) -> float:
+    if cfg.constraint == "pm":
+        return (1.0 - cfg.alpha) / setting.episode_steps
+    if cfg.constraint == "cluster":
+        return setting.constraint_bound(cfg.alpha)
+    raise ValueError(f"constraint must be 'cluster' or 'pm', not {cfg.constraint!r}")
+
+
+def copy_net(agent: C2Marl):
+    import copy
+    return copy.deepcopy(agent.net)
+
+
+def _tensorboard(out):
+    if out is None:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except Exception:  # tensorboard is optional
+        return None
+    return SummaryWriter(str(Path(out) / "tb"))
+
+
+def write_log(logs: list[EpisodeLog], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(asdict(logs[0]))) if logs else None
+        if w is None:
+            return
+        w.writeheader()
+        for log in logs:
+            w.writerow(asdict(log))
+
+
+def evaluate_policy(rates_fn, setting: Setting, workloads, warm: bool = False) -> dict:
+    """Greedy roll-outs of `rates_fn(view) -> [N]` over `workloads`; the paper's metrics."""
+    records = []
+    for w in workloads:
+        sim = OversubSim(setting, w, warm_start=warm)
+        records.append(run_episode(sim, rates_fn))
+    return summarise(records, setting.delta_steps)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Train C2MARL (oversubscription) on Oversub Gym.")
+    p.add_argument("--setting", default="azure")
+    p.add_argument("--alpha", type=float, default=0.95)
+    p.add_argument("--episodes", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace-seed", type=int, default=0)
+    p.add_argument("--warm", action="store_true")
+    p.add_argument("--train-usage", choices=("logged", "redrawn"), default="redrawn")
+    p.add_argument("--constraint", choices=("cluster", "pm"), default="cluster",
+                   help="cluster: the paper's per-step cluster bound; pm: ours, PMs breaking their own bound")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--dual-lr", type=float, default=None)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    cfg = C2MarlConfig(alpha=args.alpha, seed=args.seed, constraint=args.constraint)
+    changes = {k: v for k, v in (("episodes", args.episodes), ("lr", args.lr), ("dual_lr", args.dual_lr)) if v is not None}
+    cfg = replace(cfg, **changes)
+    policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,
+                         train_usage=args.train_usage, out=args.out)
+    last = logs[-20:]
+    print(f"last 20 episodes: S-Cores {np.mean([l.s_cores for l in last]):.3f}, hot-cluster steps "
+          f"{np.mean([l.hot_cluster_steps for l in last]):.2f}, lambda {logs[-1].lam:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

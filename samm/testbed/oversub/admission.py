@@ -1,0 +1,533 @@
+"""The admission executor: replays a `Workload` on emulated PMs that share real CPU.
+
+Step k is the wall interval [t0 + k*S, t0 + (k+1)*S). Its admission runs `lead_s` BEFORE the
+step starts, so that the VMs it admits are up and burning from the step's first instant:
+
+  1. VMs whose life ends at k leave: their reservations are freed (the processes keep running
+     until the step starts, with nothing left to burn, then get SIGTERM);
+  2. the step's requests go to the hosted agent over REST (`/admit/batch`: one call per step,
+     one rate per subscriber, the View the simulator builds; or `/admit` per request). A
+     failed call admits without oversubscription (rate 1.0) and records the error;
+  3. each VM reserves rate x cores (and its memory and network) on the PM best fit picks,
+     with `agents.oversubscription.cluster.Cluster`, the simulator's own allocator; a VM no
+     PM can take is rejected;
+  4. each admitted VM becomes a worker process (`vm.py`) in its PM's cgroup, burning
+     usage[v, t] x cores x host_cores_per_pm_core host cores in every step t of its life;
+  5. one decision per request is recorded in the Knowledge store (loop `oversub-<run>`,
+     iteration key `step<k>:vm<row>`: a re-run with the same run name records nothing twice).
+
+At the step's start every live VM's CPU time is sampled (/proc/<pid>/task/*/schedstat, ns): the
+per-subscriber usage rates of the step before, which the REST call sends as `usage_history`
+(the rule baselines need it). The step in flight when the next admission runs is sent as
+measured so far (demand is constant within a step).
+
+Each PM's usage in a step is read back FROM GRAPHITE (the collector's per-second points, the
+window's slots a..b-1). A PM using more than beta x its cores is hot: a hot event is recorded
+as a decision with source "none" and action_name "hot-event" (key `step<k>:hot:pm<j>`; no
+schema change) and posted as a Graphite event (tags oversub, hot, <run>). The simulator's
+prediction for the same placements (sum of usage x cores of the PM's live VMs, `pm_usage`) sits
+beside it in every row.
+
+Warm start (rows with arrive < 0) is not replayed: a live run starts with an empty cluster.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import select
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import requests
+
+from agents.oversubscription.cluster import NO_PM, Cluster, hot, pm_usage
+from agents.oversubscription.features import observation
+from agents.oversubscription.settings import Setting
+from agents.oversubscription.sim import View
+from agents.oversubscription.workload import Workload
+from samm.localproc import popen_tied
+from samm.monitor.graphite_client import GraphiteError, GraphiteSender, RenderClient, post_event
+
+from .cgroups import PmCgroups
+from .collector import pm_metric
+
+log = logging.getLogger(__name__)
+
+PROBLEM = "oversubscription"
+
+
+@dataclass
+class LiveParams:
+    """Timing and scale of a live run. None of these are in the paper: testbed choices."""
+    seconds_per_step: int = 1          # wall seconds per emulated hour; whole seconds (Graphite's finest slot)
+    host_cores_per_pm_core: float = 0.005  # host CPU per emulated core (the run sizes it to its budget)
+    lead_s: float | None = None        # admission starts this long before its step; None: 0.6 x step
+    read_deadline_s: float = 8.0       # give up waiting for a step's Graphite points this long after it ends
+    request_timeout_s: float = 2.0     # REST call timeout
+    admit_mode: str = "batch"          # "batch": one call per step; "per-vm": one call per request
+    slice_s: float = 0.05              # the VM workers' burn slice
+    worker_start_timeout_s: float = 10.0
+    prefix: str = "samm"               # Graphite prefix
+    post_events: bool = True           # hot events as Graphite events too
+
+    def __post_init__(self):
+        if self.seconds_per_step < 1 or int(self.seconds_per_step) != self.seconds_per_step:
+            raise ValueError(f"seconds_per_step must be a whole number >= 1 (Graphite's finest resolution is "
+                             f"1 s), got {self.seconds_per_step}")
+        self.seconds_per_step = int(self.seconds_per_step)
+        if self.admit_mode not in ("batch", "per-vm"):
+            raise ValueError(f"admit_mode must be 'batch' or 'per-vm', got {self.admit_mode!r}")
+        if self.lead_s is None:
+            self.lead_s = 0.6 * self.seconds_per_step
+        if not 0 < self.lead_s < self.seconds_per_step:
+            raise ValueError(f"lead_s must be in (0, seconds_per_step), got {self.lead_s}")
+        if not self.host_cores_per_pm_core > 0:
+            raise ValueError("host_cores_per_pm_core must be positive")
+
+
+@dataclass
+class VmProcess:
+    row: int
+    pm: int
+    proc: subprocess.Popen
+    cpu_ns_at_step: int = 0      # its CPU time when the current step began
+
+
+@dataclass
+class StepRecord:
+    step: int
+    hour: int
+    start: float                 # epoch of the step's start
+    requests: int = 0
+    placed: int = 0
+    rejected: int = 0
+    fallbacks: int = 0
+    requested_cores: float = 0.0  # of the VMs placed at this step
+    assigned_cores: float = 0.0
+    live_vms: int = 0
+    rates: list = field(default_factory=list)      # per request, arrival order
+    subscribers: list = field(default_factory=list)
+    placements: list = field(default_factory=list)  # per request (NO_PM: rejected)
+    admit_ms: float = 0.0        # the REST round trip(s)
+    late_s: float = 0.0          # how late the admission finished (after the step began)
+    pm_reserved: list = field(default_factory=list)
+    pm_sim: list = field(default_factory=list)      # the simulator's usage for the same placements
+    pm_used: list = field(default_factory=list)     # measured, from Graphite (NaN: no point)
+    pm_points: list = field(default_factory=list)
+    pm_hot: list = field(default_factory=list)
+    graphite_status: str = "pending"
+    sub_usage_rate: list = field(default_factory=list)  # measured per subscriber (NaN: none live)
+
+
+def proc_cpu_ns(pid: int) -> int | None:
+    """CPU time of every thread of `pid` (ns; /proc/<pid>/task/*/schedstat), None when gone.
+    /proc/<pid>/stat counts clock ticks (10 ms): too coarse for a VM burning ~10 ms a second."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    except OSError:
+        return None
+    return total
+
+
+class AdmissionExecutor:
+    """One live replay of `workload` on `setting`'s PMs (their cgroups: `cgroups`)."""
+
+    def __init__(self, setting: Setting, workload: Workload, *, agent: str, service_url: str, store, run: str,
+                 cgroups: PmCgroups, sender: GraphiteSender, render: RenderClient, render_url: str | None = None,
+                 params: LiveParams | None = None, worker_log: Path | None = None,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+        if workload.n_subscribers != setting.n_subscribers:
+            raise ValueError(f"workload has {workload.n_subscribers} subscribers, setting {setting.name!r} "
+                             f"has {setting.n_subscribers}")
+        if cgroups.n_pms != setting.n_pms:
+            raise ValueError(f"{cgroups.n_pms} PM cgroups for {setting.n_pms} PMs")
+        self.setting, self.w = setting, workload
+        self.agent, self.url, self.store, self.run_name = agent, service_url.rstrip("/"), store, run
+        self.loop = f"oversub-{run}"
+        self.cg, self.sender, self.render, self.render_url = cgroups, sender, render, render_url
+        self.p = params or LiveParams()
+        self.scale = self.p.host_cores_per_pm_core
+        self.worker_log = worker_log
+        self.clock, self.sleep = clock, sleep
+        self.http = requests.Session()
+        self.cluster = Cluster.for_setting(setting)
+        self.pm_of = np.full(workload.n_vms, NO_PM, dtype=np.int64)
+        self.assigned = np.zeros(workload.n_vms)
+        self.procs: dict[int, VmProcess] = {}
+        self.leaving: list[VmProcess] = []  # departed at the coming step: stopped once it starts
+        self.records: list[StepRecord] = []
+        self.history: list[np.ndarray] = []  # measured usage rate per subscriber, one row per finished step
+        self.decisions_created = 0   # admission decisions (one per request)
+        self.decisions_existing = 0  # ... already recorded by an earlier run with the same keys
+        self.hot_events = 0          # hot PM-steps detected
+        self.hot_events_created = 0  # ... recorded now (not by an earlier run)
+        self.worker_failures = 0
+        self.failed_rows: set[int] = set()  # admitted, but the worker never started
+        self.t0: float | None = None
+
+    # ------------------------------------------------------------------ the run
+    def step_start(self, k: int) -> float:
+        return self.t0 + k * self.p.seconds_per_step
+
+    def _sleep_until(self, t: float) -> None:
+        while True:
+            left = t - self.clock()
+            if left <= 0:
+                return
+            self.sleep(min(left, 0.2))
+
+    def run(self, steps: int, t0: float) -> list[StepRecord]:
+        """Replay steps 0..steps-1 with step 0 starting at epoch `t0` (a whole second)."""
+        w = self.w
+        steps = min(int(steps), w.steps)
+        self.t0 = float(t0)
+        order = w.order()
+        self._arrivals = [order[w.arrive[order] == k] for k in range(steps)]
+        try:
+            for k in range(steps):
+                self._sleep_until(self.step_start(k) - self.p.lead_s)
+                self.admit_step(k)
+                self._sleep_until(self.step_start(k))
+                self.begin_step(k)
+                # idle until the next admission: read the finished steps back from Graphite
+                self.read_pending(until=self.step_start(k + 1) - self.p.lead_s - 0.05)
+            self._sleep_until(self.step_start(steps))
+            self.begin_step(steps)
+        finally:
+            self.stop_all()
+        self.read_pending(until=None)
+        return self.records
+
+    # ------------------------------------------------------------------ admission
+    def _state(self, hour: int) -> dict:
+        n = self.setting.n_subscribers
+        live = np.flatnonzero(self.pm_of != NO_PM)
+        alloc = np.zeros((n, 3))
+        res = np.stack([self.assigned[live], self.w.mem[live], self.w.net[live]], axis=1)
+        np.add.at(alloc, self.w.sub[live], res)
+        rl = np.bincount(self.w.sub[live], weights=self.w.cores[live], minlength=n)
+        hist = [[None if not np.isfinite(v) else float(v) for v in row] for row in self._history_for_request()]
+        return {"hour": int(hour), "allocated": alloc.tolist(), "requested_live": rl.tolist(), "usage_history": hist}
+
+    def _history_for_request(self) -> list[np.ndarray]:
+        """Finished steps' measured usage rates, plus the step in flight as measured so far."""
+        rows = list(self.history)
+        k = len(self.records)  # records exist for every admitted step
+        if k and len(rows) < k:
+            rows.append(self._measure_rates(k - 1, now=self.clock(), final=False))
+        return rows
+
+    def _request(self, v: int) -> dict:
+        return {"subscriber": int(self.w.sub[v]), "cores": float(self.w.cores[v]), "mem_gb": float(self.w.mem[v]),
+                "net_gbps": float(self.w.net[v])}
+
+    def _post(self, path: str, body: dict) -> tuple[dict | None, str | None]:
+        url = f"{self.url}/v1/agents/{self.agent}/{path}"
+        try:
+            r = self.http.post(url, json=body, timeout=self.p.request_timeout_s)
+        except requests.RequestException as exc:
+            return None, f"POST {url} failed: {type(exc).__name__}: {exc}"
+        if r.status_code != 200:
+            return None, f"POST {url} answered HTTP {r.status_code}: {r.text[:300]}"
+        try:
+            return r.json(), None
+        except ValueError as exc:
+            return None, f"POST {url} returned invalid JSON: {exc}"
+
+    def _decide(self, rows: np.ndarray, hour: int, state: dict):
+        """Rate, error and policy version per request (rate 1.0 where the call failed), and in
+        per-vm mode the placements too (each request sees the state the ones before it left)."""
+        n = len(rows)
+        if self.p.admit_mode == "batch":
+            body = state | {"requests": [self._request(v) for v in rows]}
+            reply, err = self._post("admit/batch", body)
+            if reply is not None:
+                try:
+                    rates = [float(d["rate"]) for d in reply["decisions"]]
+                    if len(rates) != n or not all(0 < r <= 1 for r in rates):
+                        raise ValueError(f"{len(rates)} rates for {n} requests: {rates}")
+                    return rates, [None] * n, [reply.get("policy_version")] * n, None
+                except (KeyError, TypeError, ValueError) as exc:
+                    err = f"admit/batch reply not understood: {exc}"
+            return [1.0] * n, [err] * n, [None] * n, None
+        rates, errs, versions, placements = [], [], [], []
+        for i, v in enumerate(rows):
+            reply, err = self._post("admit", (state if i == 0 else self._state(hour)) | self._request(v))
+            rate, version = 1.0, None
+            if reply is not None:
+                try:
+                    rate, version = float(reply["rate"]), reply.get("policy_version")
+                    if not 0 < rate <= 1:
+                        raise ValueError(f"rate {rate} outside (0, 1]")
+                except (KeyError, TypeError, ValueError) as exc:
+                    rate, err = 1.0, f"admit reply not understood: {exc}"
+            rates.append(rate)
+            errs.append(err)
+            versions.append(version)
+            placements.append(self._place(v, rate))
+        return rates, errs, versions, placements
+
+    def _place(self, v: int, rate: float) -> int:
+        """Best fit, exactly as the simulator's `_place`."""
+        cores = float(self.w.cores[v]) * rate
+        pm = self.cluster.allocate(cores, float(self.w.mem[v]), float(self.w.net[v]))
+        if pm != NO_PM:
+            self.pm_of[v] = pm
+            self.assigned[v] = cores
+        return pm
+
+    def _depart(self, k: int) -> None:
+        w = self.w
+        gone = np.flatnonzero((w.depart == k) & (self.pm_of != NO_PM))
+        for v in gone:
+            pm = int(self.pm_of[v])
+            self.cluster.release(pm, float(self.assigned[v]), float(w.mem[v]), float(w.net[v]))
+            self.pm_of[v] = NO_PM
+            if v in self.procs:
+                self.leaving.append(self.procs.pop(v))
+
+    def admit_step(self, k: int) -> StepRecord:
+        w, s = self.w, self.setting
+        hour = int((w.start_hour + k) % 24)
+        self._depart(k)
+        rows = self._arrivals[k]
+        rec = StepRecord(step=k, hour=hour, start=self.step_start(k), requests=len(rows))
+        pre_state = self._state(hour)  # what a batch decision saw: recorded with each decision
+        started = time.perf_counter()
+        rates, errors, versions, placements = self._decide(rows, hour, pre_state) if len(rows) else ([], [], [], [])
+        rec.admit_ms = (time.perf_counter() - started) * 1e3
+        if placements is None:  # batch: place in arrival order once the step's rates are known
+            placements = [self._place(v, r) for v, r in zip(rows, rates)]
+        self._start_workers(k, [v for v, pm in zip(rows, placements) if pm != NO_PM])
+        placements = [int(self.pm_of[v]) if pm != NO_PM else NO_PM for v, pm in zip(rows, placements)]
+        rec.rates, rec.subscribers, rec.placements = list(rates), [int(w.sub[v]) for v in rows], placements
+        rec.rejected = sum(pm == NO_PM for pm in placements)
+        rec.placed = len(rows) - rec.rejected
+        rec.fallbacks = sum(e is not None for e in errors)
+        rec.requested_cores = float(sum(w.cores[v] for v, pm in zip(rows, placements) if pm != NO_PM))
+        rec.assigned_cores = float(sum(self.assigned[v] for v, pm in zip(rows, placements) if pm != NO_PM))
+        live = np.flatnonzero(self.pm_of != NO_PM)
+        rec.live_vms = len(live)
+        rec.pm_reserved = (self.cluster.capacity[0] - self.cluster.free[:, 0]).tolist()
+        rec.pm_sim = pm_usage(self.pm_of[live], w.usage[live, k] * w.cores[live], s.n_pms).tolist()
+        self.records.append(rec)
+        self._record_decisions(rec, rows, rates, errors, versions, pre_state)
+        for j, reserved in enumerate(rec.pm_reserved):
+            self.sender.send(pm_metric(self.p.prefix, self.run_name, j, "reserved_cores"), reserved, rec.start)
+        self.sender.flush()
+        rec.late_s = max(0.0, self.clock() - rec.start)
+        if rec.late_s > 0:
+            log.warning("step %d: admission finished %.3f s after the step began (lead %.2f s too short?)",
+                        k, rec.late_s, self.p.lead_s)
+        return rec
+
+    def _record_decisions(self, rec: StepRecord, rows, rates, errors, versions, state: dict) -> None:
+        s = self.setting
+        n = s.n_subscribers
+        req = np.zeros((n, 3))
+        for v in rows:
+            req[self.w.sub[v]] += (self.w.cores[v], self.w.mem[v], self.w.net[v])
+        view = View(t=rec.step, hour=rec.hour, request=req, has_request=req[:, 0] > 0,
+                    allocated=np.asarray(state["allocated"]), requested_live=np.asarray(state["requested_live"]),
+                    usage_history=np.zeros((0, n)), vm_rows=np.asarray(rows))
+        features = observation(view, s).tolist()
+        for v, rate, err, version, pm in zip(rows, rates, errors, versions, rec.placements):
+            v = int(v)
+            placed = pm != NO_PM
+            reason = err
+            if not placed:
+                why = ("its worker process did not start" if v in self.failed_rows
+                       else "rejected: no PM can take its reservation")
+                reason = (reason + "; " if reason else "") + why
+            _, created = self.store.record_decision(
+                f"step{rec.step}:vm{v}", agent=self.agent, loop=self.loop, problem=PROBLEM,
+                source="fallback" if err else "agent", policy_version=version,
+                action={"rate": rate, "reserved_cores": rate * float(self.w.cores[v]), "pm": pm if placed else None},
+                action_name="admit" if placed else "reject", reason=reason,
+                observation={"step": rec.step, "request": self._request(v), "features": features})
+            if created:
+                self.decisions_created += 1
+            else:
+                self.decisions_existing += 1
+
+    # ------------------------------------------------------------------ workers
+    def _worker_args(self, v: int, k: int) -> list[str]:
+        w = self.w
+        last = min(int(w.depart[v]), w.steps)
+        demand = w.usage[v, k:last].astype(np.float64) * float(w.cores[v]) * self.scale
+        return [sys.executable, "-m", "samm.testbed.oversub.vm", "--t0", repr(self.t0),
+                "--seconds-per-step", str(self.p.seconds_per_step), "--first-step", str(k),
+                "--demand", ",".join(f"{d:.9g}" for d in demand), "--slice", str(self.p.slice_s)]
+
+    def _start_workers(self, k: int, rows: list[int]) -> None:
+        """Start every worker first (their interpreters come up in parallel), then move each
+        into its PM's cgroup and let it go."""
+        err = open(self.worker_log, "ab") if self.worker_log else subprocess.DEVNULL
+        started = []
+        try:
+            for v in rows:
+                p = popen_tied(self._worker_args(v, k), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=err, text=True, bufsize=1)
+                started.append((v, p))
+        finally:
+            if err is not subprocess.DEVNULL:
+                err.close()
+        deadline = time.monotonic() + self.p.worker_start_timeout_s
+        for v, p in started:
+            pm = int(self.pm_of[v])
+            try:
+                self._handshake(p, deadline)
+                self.cg.add(p.pid, pm)
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            except Exception as exc:  # noqa: BLE001 - the VM fails, the run goes on
+                self.worker_failures += 1
+                self.failed_rows.add(int(v))
+                log.error("VM %d: worker did not start (%s); its reservation is released", v, exc)
+                _stop(p)
+                self.cluster.release(pm, float(self.assigned[v]), float(self.w.mem[v]), float(self.w.net[v]))
+                self.pm_of[v] = NO_PM
+                continue
+            self.procs[v] = VmProcess(v, pm, p, proc_cpu_ns(p.pid) or 0)
+
+    @staticmethod
+    def _handshake(p: subprocess.Popen, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([p.stdout], [], [], max(0.0, left))
+        line = p.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            raise RuntimeError(f"no 'ready' from pid {p.pid} (exit code {p.poll()}, said {line.strip()!r})")
+
+    def stop_all(self) -> None:
+        for vp in list(self.procs.values()) + self.leaving:
+            self.cg.release(vp.proc.pid)
+            _stop(vp.proc)
+        self.procs.clear()
+        self.leaving.clear()
+
+    # ------------------------------------------------------------------ measurement
+    def _measure_rates(self, step: int, now: float, final: bool) -> np.ndarray:
+        """Per-subscriber usage rate (used / requested cores) of the VMs live in `step`, from its
+        start to `now`; `final` (the step is over) makes `now` the next step's base."""
+        n = self.setting.n_subscribers
+        used, req = np.zeros(n), np.zeros(n)
+        span = max(now - self.step_start(step), 1e-6)
+        for vp in list(self.procs.values()) + self.leaving:
+            ns = proc_cpu_ns(vp.proc.pid)
+            if ns is None:
+                continue
+            if self.w.arrive[vp.row] <= step:  # VMs admitted for the next step are not in it yet
+                sub = int(self.w.sub[vp.row])
+                used[sub] += (ns - vp.cpu_ns_at_step) / 1e9 / span / self.scale
+                req[sub] += float(self.w.cores[vp.row])
+            if final:
+                vp.cpu_ns_at_step = ns
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(req > 0, used / req, np.nan)
+
+    def begin_step(self, k: int) -> None:
+        """Step k has just begun: close step k-1's per-VM measurement, stop the VMs that left."""
+        now = self.clock()
+        if k > 0:
+            rates = self._measure_rates(k - 1, now=now, final=True)
+            self.history.append(rates)
+            self.records[k - 1].sub_usage_rate = rates.tolist()
+        else:
+            for vp in self.procs.values():
+                vp.cpu_ns_at_step = proc_cpu_ns(vp.proc.pid) or 0
+        for vp in self.leaving:
+            self.cg.release(vp.proc.pid)  # it has left its PM: its exit is not the PM's CPU
+            _stop(vp.proc)
+        self.leaving.clear()
+
+    def read_pending(self, until: float | None) -> None:
+        """Read finished steps' PM usage from Graphite, oldest first, until the wall time
+        `until` (None: until all are read, waiting up to each one's deadline)."""
+        for rec in self.records:
+            if rec.graphite_status != "pending":
+                continue
+            end = rec.start + self.p.seconds_per_step
+            while True:
+                now = self.clock()
+                if now < end + 0.05:  # its last second is not reported yet
+                    if until is None:
+                        self._sleep_until(end + 0.05)
+                        continue
+                    return
+                done = self._read_step(rec, give_up=now > end + self.p.read_deadline_s)
+                if done:
+                    break
+                if until is not None and self.clock() > until:
+                    return
+                self.sleep(0.1)
+
+    def _read_step(self, rec: StepRecord, give_up: bool) -> bool:
+        """One render of the step's window; True when the record is final."""
+        s, S = self.setting, self.p.seconds_per_step
+        a, b = int(round(rec.start)), int(round(rec.start)) + S
+        target = pm_metric(self.p.prefix, self.run_name, "*")
+        try:
+            series = self.render.render(target, a - 1, b - 1)
+        except GraphiteError as exc:
+            log.warning("step %d: Graphite read failed: %s", rec.step, exc)
+            series = []
+        points: dict[int, list[float]] = {}
+        for sr in series:
+            parts = sr.target.split(".")
+            try:
+                pm = int(parts[parts.index("pm") + 1])
+            except (ValueError, IndexError):
+                continue
+            points[pm] = [v for v, ts in sr.values() if a <= ts < b]
+        complete = all(len(points.get(j, [])) >= S for j in range(s.n_pms))
+        if not complete and not give_up:
+            return False
+        rec.pm_points = [len(points.get(j, [])) for j in range(s.n_pms)]
+        rec.pm_used = [float(np.mean(points[j])) if points.get(j) else math.nan for j in range(s.n_pms)]
+        rec.graphite_status = "ok" if complete else ("partial" if any(rec.pm_points) else "stale")
+        used = np.array(rec.pm_used)
+        rec.pm_hot = [bool(h) for h in hot(np.nan_to_num(used, nan=0.0), s.pm_cores, s.beta)]
+        for j in np.flatnonzero(rec.pm_hot):
+            self._record_hot(rec, int(j))
+        return True
+
+    def _record_hot(self, rec: StepRecord, pm: int) -> None:
+        s = self.setting
+        used = rec.pm_used[pm]
+        why = f"PM {pm} used {used:.2f} cores > beta x B = {s.beta * s.pm_cores:.2f} in step {rec.step}"
+        _, created = self.store.record_decision(
+            f"step{rec.step}:hot:pm{pm}", agent=self.agent, loop=self.loop, problem=PROBLEM, source="none",
+            action={"pm": pm, "used_cores": used, "threshold": s.beta * s.pm_cores, "step": rec.step,
+                    "reserved_cores": rec.pm_reserved[pm], "sim_cores": rec.pm_sim[pm]},
+            action_name="hot-event", reason=why, observation={"step": rec.step, "hour": rec.hour})
+        self.hot_events += 1
+        self.hot_events_created += int(created)
+        if created and self.p.post_events and self.render_url:
+            post_event(self.render_url, what=f"hot PM {pm}", tags=["oversub", "hot", self.run_name], data=why,
+                       when=rec.start, timeout_s=1.0)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+    for f in (p.stdin, p.stdout):
+        try:
+            if f:
+                f.close()
+        except OSError:
+            pass

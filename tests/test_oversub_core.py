@@ -1,0 +1,129 @@
+"""Oversubscription core: best fit and hotness on hand-made clusters, the metrics on a
+hand-checkable run, the primal-dual multiplier, the Gymnasium env and policy persistence."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.oversubscription.c2marl import C2Marl, C2MarlConfig
+from agents.oversubscription.cluster import NO_PM, Cluster, hot, pm_usage
+from agents.oversubscription.features import observation, observation_size
+from agents.oversubscription.metrics import pm_hot_r, summarise
+from agents.oversubscription.settings import SETTINGS, Setting
+from agents.oversubscription.sim import OversubSim, run_episode
+from agents.oversubscription.workload import Workload
+
+from oversub_toy import toy_workload
+
+
+def test_best_fit_picks_the_tightest_pm_where_memory_and_network_fit():
+    c = Cluster(3, cores=10, mem=100, net=10)
+    c.free[:] = [[6, 100, 10], [3, 100, 10], [4, 5, 10]]
+    assert c.best_fit(3, 1, 1) == 1           # leaves 0 cores: tightest
+    assert c.best_fit(4, 10, 1) == 0          # PM 2 has 4 cores but not the memory
+    assert c.best_fit(4, 1, 1) == 2           # ties broken by fewest cores left
+    assert c.best_fit(7, 1, 1) == NO_PM
+    pm = c.allocate(3, 1, 1)
+    assert pm == 1 and np.allclose(c.free[1], [0, 99, 9])
+    c.release(1, 3, 1, 1)
+    assert np.allclose(c.free[1], [3, 100, 10])
+
+
+def test_hotness_is_use_above_beta_of_capacity():
+    used = pm_usage(np.array([0, 0, 1, 2]), np.array([20.0, 19.0, 38.4, 39.0]), 3)
+    assert used.tolist() == [39.0, 38.4, 39.0]
+    assert hot(used, 64, 0.6).tolist() == [True, False, True]   # 0.6 * 64 = 38.4, strictly above is hot
+
+
+def _one_pm_setting(**kw):
+    base = dict(name="hand", n_subscribers=1, n_pms=2, pm_cores=10, pm_mem_gb=100, pm_net_gbps=10,
+                episode_steps=4, delta_steps=2)
+    base.update(kw)
+    return Setting(**base)
+
+
+def test_metrics_on_a_hand_checkable_run():
+    # two VMs of 10 cores at step 0, living 4 steps; usage 0.3 then 0.4 then 0.3 then 0.4
+    u = np.array([[0.3, 0.4, 0.3, 0.4]] * 2, np.float32)
+    w = Workload(n_subscribers=1, steps=4, sub=[0, 0], arrive=[0, 0], depart=[9, 9], cores=[10, 10],
+                 mem=[1, 1], net=[1, 1], usage=u)
+    s = _one_pm_setting()
+    sim = OversubSim(s, w)
+    rec = run_episode(sim, lambda v: np.array([0.5]))
+    # rate 0.5: both VMs (5 reserved cores each) share PM 0; its use is 6, 8, 6, 8 cores;
+    # hot above 0.6 * 10 = 6 -> steps 1 and 3 -> 2 hot steps = delta -> the PM breaks the constraint
+    assert rec.hot_counts.tolist() == [2, 0]
+    assert rec.s_cores == pytest.approx(0.5)
+    m = summarise([rec], s.delta_steps)
+    assert m["pm_hot_r"] == 1.0 and m["c_hot_r"] == 1.0 and not m["satisfied"]["0.75"]
+    rec1 = run_episode(sim, lambda v: np.array([1.0]))
+    # no oversubscription: one VM per PM, 3-4 cores used each, never hot
+    assert rec1.hot_counts.tolist() == [0, 0] and rec1.s_cores == 0.0
+    assert pm_hot_r([rec, rec1, rec1, rec1], 2) == pytest.approx(0.25)
+    assert summarise([rec, rec1, rec1, rec1], 2)["satisfied"] == {"0.75": True, "0.85": False, "0.95": False}
+
+
+def test_departures_free_reservations_and_rejections_are_counted():
+    u = np.full((3, 4), 0.1, np.float32)
+    w = Workload(n_subscribers=1, steps=4, sub=[0, 0, 0], arrive=[0, 0, 2], depart=[2, 9, 9],
+                 cores=[10, 10, 10], mem=[1, 1, 1], net=[1, 1, 1], usage=u)
+    sim = OversubSim(_one_pm_setting(n_pms=1), w)
+    rec = run_episode(sim, lambda v: np.array([1.0]))
+    assert rec.rejected == 1          # the second VM finds no room at step 0
+    assert rec.placed == 2            # the third fits once the first has left at step 2
+
+
+def test_dual_variable_rises_while_violated_and_falls_when_held():
+    agent = C2Marl(2, 10, C2MarlConfig(dual_lr=0.5, lambda_init=1.0), constraint_bound=0.01)
+    agent.dual_update(0.5)
+    assert agent.lam == pytest.approx(1.0 + 0.5 * 0.49)
+    up = agent.lam
+    agent.dual_update(0.0)
+    assert agent.lam < up
+    for _ in range(1000):
+        agent.dual_update(0.0)
+    assert agent.lam == 0.0            # projected onto lambda >= 0
+
+
+def test_observation_layout():
+    s = SETTINGS["tiny"]
+    sim = OversubSim(s, toy_workload())
+    v = sim.reset()
+    o = observation(v, s)
+    assert o.shape == (observation_size(s),)
+    n = s.n_subscribers
+    assert o[7 * n + v.hour] == 1.0 and o[7 * n:].sum() == 1.0
+    assert np.allclose(o[4 * n:5 * n], v.request[:, 0] / s.pm_cores)
+
+
+def test_training_is_seeded_saved_and_reloaded(tmp_path):
+    from agents.oversubscription.policy import OversubPolicy
+    from agents.oversubscription.train import train
+
+    s = SETTINGS["tiny"]
+    ws = [toy_workload(seed=i) for i in range(3)]
+    cfg = C2MarlConfig(episodes=12, seed=3, updates_per_episode=20)
+    p1, l1 = train(s, cfg, workload_fn=lambda ep: ws[ep % 3], progress=False, out=tmp_path / "p")
+    p2, l2 = train(s, cfg, workload_fn=lambda ep: ws[ep % 3], progress=False)
+    assert [x.reward for x in l1] == [x.reward for x in l2]
+    assert (tmp_path / "p" / "train-log.csv").is_file()
+    loaded = OversubPolicy.load(tmp_path / "p")
+    v = OversubSim(s, ws[0]).reset()
+    assert np.array_equal(loaded.rates(v), p1.rates(v))
+    with pytest.raises(ValueError, match="metadata"):
+        OversubPolicy.load(tmp_path)
+
+
+def test_env_passes_gymnasium_checker():
+    from gymnasium.utils.env_checker import check_env
+    from agents.oversubscription.env import OversubscriptionEnv
+
+    env = OversubscriptionEnv("tiny", workload_fn=lambda rng: toy_workload(seed=int(rng.integers(100))))
+    check_env(env, skip_render_check=True)
+    obs, info = env.reset(seed=1)
+    total, done = 0.0, False
+    while not done:
+        obs, r, done, trunc, info = env.step(np.zeros(3, np.int64))   # rate 0.2 everywhere
+        total += r
+    assert info["episode_record"].steps == SETTINGS["tiny"].episode_steps
+    assert total > 0
