@@ -127,3 +127,21 @@ def test_env_passes_gymnasium_checker():
         total += r
     assert info["episode_record"].steps == SETTINGS["tiny"].episode_steps
     assert total > 0
+
+
+def test_compiled_best_fit_matches_the_reference_loop():
+    from agents.oversubscription.cluster import _place_batch_py
+
+    rng = np.random.default_rng(0)
+    c1 = Cluster(20, cores=64, mem=256, net=20)
+    c2 = Cluster(20, cores=64, mem=256, net=20)
+    cores = rng.choice([2.0, 4.0, 8.0, 30.0], size=300) * rng.choice([0.2, 0.5, 1.0], size=300)
+    mem = rng.choice([4.0, 16.0, 64.0], size=300)
+    net = rng.uniform(0.5, 4.0, size=300)
+    fast = c1.allocate_many(cores, mem, net)
+    slow = np.array([c2.allocate(c, m, n) for c, m, n in zip(cores, mem, net)])
+    assert np.array_equal(fast, slow)
+    assert (fast == NO_PM).any() and (fast != NO_PM).any()
+    ref = _place_batch_py(Cluster(20, 64, 256, 20)._free, cores, mem, net, np.empty(300, np.int64))
+    assert np.array_equal(ref, fast)
+    assert np.all(c1.free >= -1e-9)

@@ -47,7 +47,6 @@ PAPER_TABLES = {
                    "C2MARL-0.95": ("0.0±0.0", "10.4±0.2", None)},
 }
 PAPER_TABLE_OF = {"internal-cold": "Tables 1 and 5", "internal-warm": "Table 2", "azure-cold": "Table 3"}
-FIXED_GRIDS = (0.2, 0.4, 0.6, 1.0)
 
 
 @dataclass(frozen=True)
@@ -107,9 +106,9 @@ def test_specs(trace, n: int, warm: bool) -> list[tuple[int, int]]:
 
 def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, progress: bool = True,
              cfg_overrides: dict | None = None, keep_policies: Path | None = None) -> dict:
+    from .baselines import make_rule
     from .data import generate_trace
     from .tuning import evaluate_rule, tune_all
-    from .baselines import make_rule
 
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
@@ -118,12 +117,11 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     rows: dict[str, list[dict]] = {}
     tuned = {}
     t0 = time.perf_counter()
-    for rho in FIXED_GRIDS:
-        rows[f"Grid-{rho:g}" if rho < 1 else "Grid-1.0"] = [evaluate_rule(make_rule("grid", trace, rho=rho), setting, tests, case.warm)]
-    tuning = tune_all(setting, trace, alpha=0.95, episodes=budget.tune_episodes, warm=case.warm, seeds=budget.seeds)
-    for name, result in tuning.items():
-        tuned[name] = {"params": result["params"], "train_metrics": result.get("train_metrics")}
-        rows[name] = [evaluate_rule(rule, setting, tests, case.warm) for rule in result["rules"]]
+    # every rule tuned on training days only (the fixed Grid-rho rows have one "combination")
+    results, ctx = tune_all(setting, trace, 0.95, episodes=budget.tune_episodes, warm=case.warm)
+    for name, res in results.items():
+        tuned[name] = {"params": res.params, "safe_on_training_days": res.safe, "training_days": res.metrics}
+        rows[name] = [evaluate_rule(make_rule(name, ctx, **res.params), setting, tests, case.warm)]
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
     jobs = [(case, a, s, episodes, trace_seed, specs, cfg_overrides or {}) for a in budget.alphas for s in budget.seeds]

@@ -9,6 +9,10 @@ its own network, so no agent id is needed); the cluster term Q^c sees the same v
 Scaling (ours; the paper gives none): cluster-level vectors are divided by the cluster's capacity
 spread over the subscribers, requests by one PM's capacity, so typical values are O(1); the hour is
 one-hot (24), which lets a small network learn hour-specific rates.
+
+`features="usage"` (ours, an ablation; the paper's state has no usage) appends, per subscriber, the
+last observed usage rate of its live VMs and the highest over the last 24 observed hours: what the
+MA / SL / N-sigma rules see.
 """
 from __future__ import annotations
 
@@ -19,15 +23,20 @@ from .settings import Setting
 HOURS = 24
 
 
-def observation_size(setting: Setting) -> int:
-    return 7 * setting.n_subscribers + HOURS
+FEATURE_SETS = ("paper", "usage")
 
 
-def observation(view, setting: Setting) -> np.ndarray:
+def observation_size(setting: Setting, features: str = "paper") -> int:
+    if features not in FEATURE_SETS:
+        raise ValueError(f"features must be one of {FEATURE_SETS}, not {features!r}")
+    return 7 * setting.n_subscribers + HOURS + (2 * setting.n_subscribers if features == "usage" else 0)
+
+
+def observation(view, setting: Setting, features: str = "paper") -> np.ndarray:
     n = setting.n_subscribers
     cap = np.array([setting.pm_cores, setting.pm_mem_gb, setting.pm_net_gbps])
     share = cap * setting.n_pms / n
-    out = np.zeros(observation_size(setting), dtype=np.float32)
+    out = np.zeros(observation_size(setting, features), dtype=np.float32)
     alloc = np.asarray(view.allocated, dtype=np.float64).reshape(n, 3)
     out[0:n] = alloc[:, 0] / share[0]
     out[n:2 * n] = np.asarray(view.requested_live, dtype=np.float64) / share[0]
@@ -38,6 +47,15 @@ def observation(view, setting: Setting) -> np.ndarray:
     out[5 * n:6 * n] = req[:, 1]
     out[6 * n:7 * n] = req[:, 2]
     out[7 * n + int(view.hour) % HOURS] = 1.0
+    if features == "usage":
+        hist = np.asarray(view.usage_history, dtype=np.float64).reshape(-1, n)
+        base = 7 * n + HOURS
+        if len(hist):
+            out[base:base + n] = np.nan_to_num(hist[-1], nan=0.0)
+            recent = hist[-24:]
+            with np.errstate(all="ignore"):
+                peak = np.where(np.isnan(recent).all(axis=0), 0.0, np.nanmax(np.where(np.isnan(recent), -1, recent), axis=0))
+            out[base + n:base + 2 * n] = np.maximum(peak, 0.0)
     return out
 
 

@@ -30,8 +30,8 @@ WEIGHTS_FILE = "weights.pt"
 SHIPPED_DIR = Path(__file__).parent / "policies" / "c2marl-azure-0.95"
 
 
-def oversub_spaces(setting: Setting) -> tuple[spaces.Box, spaces.MultiDiscrete]:
-    obs = spaces.Box(low=0.0, high=np.inf, shape=(observation_size(setting),), dtype=np.float32)
+def oversub_spaces(setting: Setting, features: str = "paper") -> tuple[spaces.Box, spaces.MultiDiscrete]:
+    obs = spaces.Box(low=0.0, high=np.inf, shape=(observation_size(setting, features),), dtype=np.float32)
     act = spaces.MultiDiscrete([len(RATES)] * setting.n_subscribers)
     return obs, act
 
@@ -41,12 +41,14 @@ class OversubPolicy:
     kind = KIND
     stateful = False
 
-    def __init__(self, net: C2MarlNet, setting: Setting, training: dict | None = None, version: str | None = None):
+    def __init__(self, net: C2MarlNet, setting: Setting, training: dict | None = None, version: str | None = None,
+                 features: str = "paper"):
         self.net = net.eval()
         self.setting = setting
+        self.features = features
         self.training = training or {}
         self.version = version or "unversioned"
-        self.observation_space, self.action_space = oversub_spaces(setting)
+        self.observation_space, self.action_space = oversub_spaces(setting, features)
 
     def initial_state(self):
         return None
@@ -57,7 +59,7 @@ class OversubPolicy:
         return q.argmax(-1).numpy()
 
     def rates(self, view) -> np.ndarray:
-        return np.asarray(RATES)[self.action_indices(observation(view, self.setting))]
+        return np.asarray(RATES)[self.action_indices(observation(view, self.setting, self.features))]
 
     def decide(self, observation_vec, state=None, *, mask=None, deterministic: bool = True):
         a = self.action_indices(observation_vec)
@@ -69,7 +71,7 @@ class OversubPolicy:
 
         return {"kind": KIND, "problem": PROBLEM, "format": FORMAT, "version": self.version,
                 "samm_version": __version__, "setting": asdict(self.setting), "rates": list(RATES),
-                "hidden": self.net.hidden,
+                "features": self.features, "hidden": self.net.hidden,
                 "observation_space": space_to_json(self.observation_space),
                 "action_space": space_to_json(self.action_space), "training": self.training}
 
@@ -96,17 +98,18 @@ class OversubPolicy:
         try:
             setting = Setting(**meta["setting"])
             hidden = int(meta["hidden"])
+            features = str(meta.get("features", "paper"))
             saved_obs = space_from_json(meta["observation_space"])
             saved_act = space_from_json(meta["action_space"])
         except (KeyError, TypeError) as e:
             raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
-        check_spaces(saved_obs, saved_act, *oversub_spaces(setting), what=str(d))
-        net = C2MarlNet(setting.n_subscribers, observation_size(setting), len(RATES), hidden)
+        check_spaces(saved_obs, saved_act, *oversub_spaces(setting, features), what=str(d))
+        net = C2MarlNet(setting.n_subscribers, observation_size(setting, features), len(RATES), hidden)
         try:
             net.load_state_dict(torch.load(d / WEIGHTS_FILE, map_location="cpu", weights_only=True))
         except (RuntimeError, FileNotFoundError) as e:
             raise ValueError(f"{d / WEIGHTS_FILE}: weights do not fit the network in {METADATA_FILE} ({e})") from None
-        return cls(net, setting, meta.get("training"), meta.get("version"))
+        return cls(net, setting, meta.get("training"), meta.get("version"), features=features)
 
 
 def shipped_policy() -> OversubPolicy:

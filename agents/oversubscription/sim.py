@@ -99,6 +99,9 @@ class OversubSim:
         self.assigned = np.zeros(w.n_vms, dtype=np.float64)
         self.record = EpisodeRecord(hot_counts=np.zeros(self.setting.n_pms, dtype=np.int64))
         self.usage_history = np.full((self.T, self.n), np.nan)
+        # hot PM-steps blamed on each VM: a hot PM's step is shared by its VMs in proportion to the
+        # cores they were NOT reserved (requested - assigned); a VM at rate 1 takes no blame
+        self.blame = np.zeros(self.w.n_vms)
         if self.warm_start:
             for v in self._pre:
                 self._place(v, self.warm_rate)
@@ -174,6 +177,12 @@ class OversubSim:
         per_pm = pm_usage(self.pm_of[live], used_v, s.n_pms)
         hot_mask = hot(per_pm, s.pm_cores, s.beta)
         n_hot = int(hot_mask.sum())
+        if n_hot:
+            pms = self.pm_of[live]
+            over = w.cores[live] - self.assigned[live]
+            total = np.bincount(pms, weights=over, minlength=s.n_pms)
+            on_hot = hot_mask[pms] & (total[pms] > 1e-9)
+            self.blame[live[on_hot]] += over[on_hot] / total[pms[on_hot]]
         subs = w.sub[live]
         req_by_sub = np.bincount(subs, weights=w.cores[live], minlength=self.n)
         use_by_sub = np.bincount(subs, weights=used_v, minlength=self.n)

@@ -46,8 +46,8 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             workload_fn = lambda ep: trace.train_redrawn(cfg.seed * 100_003 + ep, warm=warm)  # noqa: E731
         else:
             raise ValueError(f"train_usage must be 'logged' or 'redrawn', not {train_usage!r}")
-    agent = C2Marl(setting.n_subscribers, observation_size(setting), cfg, constraint_bound(setting, cfg))
-    obs_fn = lambda v: observation(v, setting)  # noqa: E731
+    agent = C2Marl(setting.n_subscribers, observation_size(setting, cfg.features), cfg, constraint_bound(setting, cfg))
+    obs_fn = lambda v: observation(v, setting, cfg.features)  # noqa: E731
     logs: list[EpisodeLog] = []
     writer = _tensorboard(out)
     bar = None
@@ -74,7 +74,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - start
-    policy = OversubPolicy(copy_net(agent), setting, training={
+    policy = OversubPolicy(copy_net(agent), setting, features=cfg.features, training={
         "config": cfg.to_json(), "trace_seed": trace_seed, "warm": warm, "train_usage": train_usage,
         "episodes": cfg.episodes, "seconds": elapsed, "final_lambda": agent.lam,
         "constraint_bound": agent.c})
@@ -88,11 +88,11 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
 
 
 def constraint_bound(setting: Setting, cfg: C2MarlConfig) -> float:
-    if cfg.constraint == "pm":
+    if cfg.constraint in ("pm", "attributed"):
         return (1.0 - cfg.alpha) / setting.episode_steps
     if cfg.constraint == "cluster":
         return setting.constraint_bound(cfg.alpha)
-    raise ValueError(f"constraint must be 'cluster' or 'pm', not {cfg.constraint!r}")
+    raise ValueError(f"constraint must be 'cluster', 'pm' or 'attributed', not {cfg.constraint!r}")
 
 
 def copy_net(agent: C2Marl):
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--trace-seed", type=int, default=0)
     p.add_argument("--warm", action="store_true")
     p.add_argument("--train-usage", choices=("logged", "redrawn"), default="redrawn")
-    p.add_argument("--constraint", choices=("cluster", "pm"), default="cluster",
+    p.add_argument("--constraint", choices=("cluster", "pm", "attributed"), default="cluster",
                    help="cluster: the paper's per-step cluster bound; pm: ours, PMs breaking their own bound")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--dual-lr", type=float, default=None)
