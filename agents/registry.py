@@ -114,6 +114,22 @@ def read_metadata(directory, required: tuple[str, ...] = ()) -> dict:
     return meta
 
 
+def read_policy_metadata(directory, kind: str, problem: str, fmt: int) -> dict:
+    """A saved policy's metadata, checked to be of this kind, problem and format (ValueError
+    naming what differs)."""
+    from pathlib import Path
+
+    try:
+        meta = read_metadata(directory)
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
+    if meta.get("kind") != kind or meta.get("problem") != problem:
+        raise ValueError(f"{directory}: kind/problem {meta.get('kind')}/{meta.get('problem')} is not {kind}/{problem}")
+    if int(meta.get("format", 0)) != fmt:
+        raise ValueError(f"{Path(directory) / 'metadata.json'}: format {meta.get('format')} is not {fmt}")
+    return meta
+
+
 def load_policy(directory) -> Any:
     """Load any saved policy: `metadata.json` names its problem (autoscaling when absent, as in
     policies saved before the platform), whose loader checks the recorded spaces."""

@@ -297,3 +297,24 @@ def test_cli_runs_a_short_live_replay(tmp_path):
     assert s["graphite_status"]["ok"] == 3
     assert {p.name for p in out.iterdir()} >= {"steps.csv", "summary.json", "usage.png", "knowledge.db"}
     assert our_groups() == []
+
+
+def test_shipped_c2marl_policy_admits_live(graphite, tmp_path):
+    """The shipped C2MARL policy served in process decides every request of a short Azure-like
+    replay on real cgroups: every decision is recorded under the agent, every rate is one of the
+    paper's six, and the placements are the simulator's."""
+    cgroups_or_skip()
+    from agents.oversubscription.settings import RATES
+    from samm.testbed.oversub.run import OversubRunOptions, run_oversub
+
+    url = f"sqlite:///{tmp_path / 'knowledge.db'}"
+    res = run_oversub(OversubRunOptions(agent="c2marl", setting="azure", pms=3, steps=3, max_vms=10, seed=1,
+                                        out_dir=str(tmp_path / "run"), knowledge_url=url), graphite=graphite)
+    s = res.summary
+    assert s["requests"] > 0 and s["decisions_created"] == s["requests"] and s["fallbacks"] == 0
+    assert s["sim_placements_match"] is True
+    with KnowledgeStore(url) as store:
+        admits = [d for d in store.decisions(loop=res.loop) if d.action_name in ("admit", "reject")]
+    assert admits and all(d.agent == "c2marl" for d in admits)
+    assert all(any(abs(d.action["rate"] - r) < 1e-9 for r in RATES) for d in admits if d.action.get("pm") is not None)
+    assert our_groups() == []

@@ -310,17 +310,10 @@ class PlacementPolicy:
         """Load a saved policy; ValueError when the directory is not an lra-reinforce policy, is
         inconsistent, or its spaces differ from the given ones. `n_nodes` rebinds the (node-shared)
         network to another cluster size first; `predictor` replaces the stored table."""
+        from agents.registry import read_policy_metadata
+
         d = Path(directory)
-        try:
-            meta = json.loads((d / METADATA_FILE).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{d}: no {METADATA_FILE}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{d / METADATA_FILE}: not JSON ({e})") from None
-        if meta.get("kind") != KIND or meta.get("problem") != PROBLEM:
-            raise ValueError(f"{d}: kind/problem {meta.get('kind')}/{meta.get('problem')} is not {KIND}/{PROBLEM}")
-        if int(meta.get("format", 0)) != FORMAT:
-            raise ValueError(f"{d}: format {meta.get('format')} is not {FORMAT}")
+        meta = read_policy_metadata(d, KIND, PROBLEM, FORMAT)
         try:
             config = ScorerConfig.from_json(meta["network"])
             app_names = tuple(meta["app_names"])

@@ -115,6 +115,18 @@ class Cluster:
         return float(self.n_pms * self.capacity[0] - self._free[0].sum())
 
 
+def place_vm(cluster: "Cluster", workload, v: int, rate: float, pm_of: np.ndarray, assigned: np.ndarray) -> int:
+    """Best fit for VM row `v` of `workload` at `rate`: reserve rate x its cores and all its memory
+    and network, record its PM and reservation in `pm_of` / `assigned`; NO_PM when none fits.
+    The simulator and the live admission executor both place through here."""
+    cores = float(workload.cores[v]) * rate
+    pm = cluster.allocate(cores, float(workload.mem[v]), float(workload.net[v]))
+    if pm != NO_PM:
+        pm_of[v] = pm
+        assigned[v] = cores
+    return pm
+
+
 def pm_usage(pms: np.ndarray, used_cores: np.ndarray, n_pms: int) -> np.ndarray:
     """Cores actually used on each PM: the sum of its VMs' use (a VM may use up to its requested
     cores, beyond its reservation, as oversubscription allows)."""

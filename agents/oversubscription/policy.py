@@ -16,6 +16,7 @@ import torch
 from gymnasium import spaces
 
 from agents.policy import Decision
+from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
 from .features import observation, observation_size
@@ -85,16 +86,7 @@ class OversubPolicy:
     @classmethod
     def load(cls, directory) -> "OversubPolicy":
         d = Path(directory)
-        try:
-            meta = json.loads((d / METADATA_FILE).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{d}: no {METADATA_FILE}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{d / METADATA_FILE}: not JSON ({e})") from None
-        if meta.get("kind") != KIND or meta.get("problem") != PROBLEM:
-            raise ValueError(f"{d}: kind/problem {meta.get('kind')}/{meta.get('problem')} is not {KIND}/{PROBLEM}")
-        if int(meta.get("format", 0)) != FORMAT:
-            raise ValueError(f"{d}: format {meta.get('format')} is not {FORMAT}")
+        meta = read_policy_metadata(d, KIND, PROBLEM, FORMAT)
         try:
             setting = Setting(**meta["setting"])
             hidden = int(meta["hidden"])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cluster import NO_PM, Cluster, hot, pm_usage
+from .cluster import NO_PM, Cluster, hot, place_vm, pm_usage
 from .settings import Setting
 from .workload import Workload
 
@@ -112,12 +112,7 @@ class OversubSim:
         return self.t >= self.T
 
     def _place(self, v: int, rate: float) -> int:
-        cores = float(self.w.cores[v]) * rate
-        pm = self.cluster.allocate(cores, float(self.w.mem[v]), float(self.w.net[v]))
-        if pm != NO_PM:
-            self.pm_of[v] = pm
-            self.assigned[v] = cores
-        return pm
+        return place_vm(self.cluster, self.w, v, rate, self.pm_of, self.assigned)
 
     def _depart(self, t: int) -> None:
         w = self.w

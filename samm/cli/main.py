@@ -425,6 +425,7 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
         from agents.registry import entry
 
         argv = ["--out", out, "--seed", str(seed)] + (["--episodes", str(episodes)] if episodes else [])
+        argv += ["--quiet"] if quiet else []
         sys.exit(entry(spec, "train")(argv + list(ctx.args)))
     if ctx.args:
         _fail(f"unknown options for problem autoscaling: {' '.join(ctx.args)}")

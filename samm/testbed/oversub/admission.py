@@ -45,7 +45,7 @@ from typing import Callable
 import numpy as np
 import requests
 
-from agents.oversubscription.cluster import NO_PM, Cluster, hot, pm_usage
+from agents.oversubscription.cluster import NO_PM, Cluster, hot, place_vm, pm_usage
 from agents.oversubscription.features import observation
 from agents.oversubscription.settings import Setting
 from agents.oversubscription.sim import View
@@ -278,13 +278,8 @@ class AdmissionExecutor:
         return rates, errs, versions, placements
 
     def _place(self, v: int, rate: float) -> int:
-        """Best fit, exactly as the simulator's `_place`."""
-        cores = float(self.w.cores[v]) * rate
-        pm = self.cluster.allocate(cores, float(self.w.mem[v]), float(self.w.net[v]))
-        if pm != NO_PM:
-            self.pm_of[v] = pm
-            self.assigned[v] = cores
-        return pm
+        """Best fit through the simulator's own `place_vm`."""
+        return place_vm(self.cluster, self.w, v, rate, self.pm_of, self.assigned)
 
     def _depart(self, k: int) -> None:
         w = self.w

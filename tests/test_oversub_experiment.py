@@ -1,0 +1,44 @@
+"""`samm experiment c2marl` and `samm train --problem oversubscription` end to end on the tiny setting."""
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from agents.report import validate_summary
+from samm.cli.main import cli
+
+
+def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path):
+    from agents.oversubscription.experiment import run
+
+    summary = run(tmp_path, quick=True, seeds=[1], episodes=15, test_episodes=3, workers=1, progress=False)
+    assert validate_summary(summary) == []
+    report = (tmp_path / "report.md").read_text()
+    for row in ("Grid-0.2", "Grid-1.0", "MA", "SL", "NSigma", "Percentile", "Max", "BorgDefault",
+                "C2MARL-0.75", "C2MARL-0.85", "C2MARL-0.95"):
+        assert f"| {row} |" in report
+    assert (tmp_path / "training-tiny-cold.png").stat().st_size > 10_000
+    methods = summary["methods"]
+    # Grid-rho saves exactly 1 - rho of the requested cores
+    assert abs(methods["tiny-cold/Grid-0.4"]["s_cores"]["mean"] - 0.6) < 1e-9
+    assert any(t["name"].startswith("tiny-cold: C2MARL-0.95 S-Cores") for t in summary["targets"])
+    assert (tmp_path / "policies" / "tiny-cold-a0.95-s1" / "metadata.json").is_file()
+
+
+def test_train_verb_passes_problem_options_through(tmp_path):
+    out = tmp_path / "c2"
+    res = CliRunner().invoke(cli, ["train", "--problem", "oversubscription", "--out", str(out), "--seed", "2",
+                                   "--episodes", "3", "--setting", "tiny", "--alpha", "0.85",
+                                   "--constraint", "attributed"])
+    assert res.exit_code == 0, res.output
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["problem"] == "oversubscription" and meta["training"]["config"]["alpha"] == 0.85
+    assert meta["training"]["config"]["constraint"] == "attributed"
+    bad = CliRunner().invoke(cli, ["train", "--problem", "oversubscription", "--out", str(out), "--setting", "nope"])
+    assert bad.exit_code != 0
+
+
+def test_experiment_verb_has_help():
+    res = CliRunner().invoke(cli, ["experiment", "c2marl", "--help"])
+    assert res.exit_code == 0 and "Tables 1, 2, 3 and 5" in res.output
