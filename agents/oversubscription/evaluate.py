@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .metrics import summarise
-from .sim import OversubSim, run_episode
+from .train import evaluate_policy
 
 
 def evaluate_saved(policy_dir, episodes: int = 40, trace_seed: int = 0, test_seed: int = 100,
@@ -24,8 +23,7 @@ def evaluate_saved(policy_dir, episodes: int = 40, trace_seed: int = 0, test_see
     for split, workloads in (
             ("test", [trace.test_workload(i % trace.n_test_blocks, test_seed + i, warm=warm) for i in range(episodes)]),
             ("training_days", [trace.train_redrawn(7000 + i, warm=warm) for i in range(max(1, episodes // 2))])):
-        records = [run_episode(OversubSim(s, w, warm_start=warm), policy.rates) for w in workloads]
-        out[split] = summarise(records, s.delta_steps)
+        out[split] = evaluate_policy(policy.rates, s, workloads, warm=warm)
     return out
 
 

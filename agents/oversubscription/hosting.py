@@ -1,5 +1,8 @@
 """What `samm serve --agent c2marl[=DIR]` hosts: the shipped C2MARL policy (Azure-like setting,
-alpha = 0.95) or a saved one."""
+alpha = 0.95) or a saved one.
+
+The shipped policy is safe on its training week but breaks alpha = 0.95 on held-apart weeks
+(docs/oversubscription.md): it is there to exercise the live path, not to admit real VMs."""
 from __future__ import annotations
 
 

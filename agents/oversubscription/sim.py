@@ -123,7 +123,7 @@ class OversubSim:
             self.cluster.release_many(self.pm_of[gone], res)
             self.pm_of[gone] = NO_PM
 
-    def live_mask(self, t: int | None = None) -> np.ndarray:
+    def live_mask(self) -> np.ndarray:
         return self.pm_of != NO_PM
 
     def view(self) -> View:

@@ -12,6 +12,7 @@ with replacement (`"bootstrap"`, ours: `bootstrap_vms`). Only training days are 
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import sys
 import time
@@ -79,7 +80,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - start
-    policy = OversubPolicy(copy_net(agent), setting, features=cfg.features, training={
+    policy = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features, training={
         "config": cfg.to_json(), "trace_seed": trace_seed, "warm": warm, "train_usage": train_usage,
         "episodes": cfg.episodes, "seconds": elapsed, "final_lambda": agent.lam,
         "constraint_bound": agent.c})
@@ -107,11 +108,6 @@ def constraint_bound(setting: Setting, cfg: C2MarlConfig) -> float:
     if cfg.constraint == "cluster":
         return setting.constraint_bound(cfg.alpha)
     raise ValueError(f"constraint must be 'cluster', 'pm' or 'attributed', not {cfg.constraint!r}")
-
-
-def copy_net(agent: C2Marl):
-    import copy
-    return copy.deepcopy(agent.net)
 
 
 def _tensorboard(out):
