@@ -7,6 +7,7 @@ PACKAGES = (
     "agents.autoscaling",      # VM autoscaling, LSTM-PPO (the main paper)
     "agents.lra_placement",    # long-running container placement (DRL-Scheduler)
     "agents.oversubscription", # VM oversubscription (C2MARL)
+    "agents.deferrable_jobs",  # deferrable-job scheduling (OSDEC)
 )
 
 _loaded = False

@@ -1,0 +1,63 @@
+"""What one episode replays: the jobs (one row each, in submission order) and the capacity left
+for deferrable jobs in each slot. Produced by `data.py` (or by hand in tests), consumed by the
+simulator, the heuristics and the live driver."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Episode:
+    cores: np.ndarray      # [J] int, c_i
+    duration: np.ndarray   # [J] int slots, d_i >= 1
+    earliest: np.ndarray   # [J] int slot, e_i
+    latest: np.ndarray     # [J] int slot, l_i >= e_i
+    submit: np.ndarray     # [J] int slot, g_i <= e_i; rows sorted by (submit, earliest)
+    capacity: np.ndarray   # [T] int cores left after on-demand use, C_t
+
+    def __post_init__(self):
+        n = len(self.cores)
+        for name in ("duration", "earliest", "latest", "submit"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"episode: {name} has {len(getattr(self, name))} rows, cores has {n}")
+        if n:
+            if (self.cores < 1).any():
+                raise ValueError("episode: every job needs at least one core")
+            if (self.duration < 1).any():
+                raise ValueError("episode: every job lasts at least one slot")
+            if (self.submit > self.earliest).any() or (self.earliest > self.latest).any():
+                raise ValueError("episode: each job needs submit <= earliest <= latest")
+            if (np.diff(self.submit) < 0).any():
+                raise ValueError("episode: jobs must be in submission order")
+        if len(self.capacity) < 1 or not np.isfinite(self.capacity).all() or (self.capacity < 0).any():
+            raise ValueError("episode: capacity must be a non-empty series of cores >= 0")
+
+    @property
+    def n_jobs(self) -> int:
+        return len(self.cores)
+
+    @property
+    def slots(self) -> int:
+        return len(self.capacity)
+
+    @property
+    def revenue(self) -> np.ndarray:
+        """r_i = c_i * d_i (§3.1)."""
+        return self.cores * self.duration
+
+    @classmethod
+    def from_rows(cls, rows, capacity) -> "Episode":
+        """rows of (cores, duration, earliest, latest, submit), in any order."""
+        a = np.asarray(sorted(rows, key=lambda r: (r[4], r[2])), dtype=np.int64).reshape(-1, 5)
+        cap = np.asarray(capacity, dtype=np.float64)
+        if not np.isfinite(cap).all():
+            raise ValueError("episode: capacity must be a non-empty series of cores >= 0")
+        return cls(cores=a[:, 0], duration=a[:, 1], earliest=a[:, 2], latest=a[:, 3], submit=a[:, 4],
+                   capacity=cap.astype(np.int64))
+
+    def realtime(self) -> "Episode":
+        """Table 2's real-time variant: every job must start in the slot it is submitted."""
+        return Episode(cores=self.cores, duration=self.duration, earliest=self.submit.copy(),
+                       latest=self.submit.copy(), submit=self.submit, capacity=self.capacity)

@@ -1,0 +1,285 @@
+"""`samm experiment osdec --out DIR`: the paper's Tables 1, 2 and 4, ours beside theirs.
+
+* Table 1 (the `default` setting): the heuristics (each tuned on training episodes only) and
+  every Table 1 variant (REINFORCE, PPO with a fixed-length MLP, PointerNet, PPO+Att, +Aux_H,
+  +Aux_L, OSDEC), each trained from scratch per seed; utilisation, delay penalty, violation
+  penalty (the column the paper's table hides) and total reward on held-apart test episodes.
+* Table 2: deferrable (`default`) vs real-time (`realtime`: every job starts in its submission
+  slot) for the heuristics and OSDEC.
+* Table 4: the six sensitivity settings (core cases 1-3, duration cases 1-3) for the heuristics
+  and OSDEC.
+Every learned row is a mean over seeds with its std (each seed's value is the mean over the test
+episodes); the heuristics are deterministic, so their std is over nothing (n = 1), as in the
+paper. Training curves (greedy validation reward) are written as PNG.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from agents.report import Target, experiment_summary, fmt, markdown_table, stats, write_summary
+
+from .osdec import VARIANTS, OsdecConfig
+from .settings import TABLE4
+
+METRICS = ("total_reward", "utilisation", "delay_penalty", "violation_penalty", "missed")
+HEURISTICS = ("fifo", "sjf", "tetris", "edf", "least-slack", "easy-backfill")
+PAPER_HEURISTICS = ("fifo", "sjf", "tetris")
+TABLE1_ORDER = ("reinforce", "ppo", "pointer", "ppo-att", "ppo-att-auxh", "ppo-att-auxl", "osdec")
+
+# the paper's figures (osdec-deferrable-scheduling.txt L209-L232, L295; Table 4 has no std)
+PAPER_TABLE1 = {
+    "fifo": (3602.45, -193.64, 3408.82), "sjf": (3386.66, -112.06, 3274.66), "tetris": (3689.65, -282.42, 3407.20),
+    "reinforce": (3560.23, -121.64, 3301.06), "ppo": (3596.25, -218.74, 3377.48),
+    "pointer": (3583.60, -205.76, 3377.91), "ppo-att": (3495.20, -95.66, 3387.22),
+    "ppo-att-auxh": (3706.87, -101.28, 3444.00), "ppo-att-auxl": (3737.47, -240.42, 3466.22),
+    "osdec": (3761.24, -250.25, 3475.37),
+}
+PAPER_TABLE2 = {"fifo": (3611.01, 3449.22), "sjf": (3398.76, 3298.38), "tetris": (3696.79, 3503.01),
+                "reinforce": (3567.80, 3360.28), "ppo": (3589.87, 3384.50), "pointer": (3576.02, 3398.82),
+                "ppo-att": (3525.43, 3340.77), "ppo-att-auxh": (3708.02, 3411.08),
+                "ppo-att-auxl": (3744.02, 3442.96), "osdec": (3781.17, 3521.23)}
+PAPER_TABLE4 = {
+    "fifo": (3651.49, 7469.07, 5009.48, 8693.60, 5536.08, 3467.29),
+    "sjf": (3518.63, 5771.45, 4412.64, 7633.65, 5032.28, 3340.02),
+    "tetris": (3856.63, 9144.62, 5537.23, 9475.69, 5923.69, 3633.64),
+    "osdec": (3884.28, 9200.82, 5565.89, 9593.68, 5853.81, 3631.21),
+}
+
+
+@dataclass(frozen=True)
+class Budget:
+    seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
+    steps: int = 40_960               # slots of experience per training run (20 PPO iterations)
+    test_episodes: int = 100          # §5.3.3: 100 trajectories
+    tune_episodes: int = 20
+    validation_episodes: int = 8
+    d_model: int = 32
+    variants: tuple[str, ...] = TABLE1_ORDER
+    settings: tuple[str, ...] = ("default", "realtime", *TABLE4)
+
+
+FULL = Budget()
+QUICK = Budget(seeds=(1, 2), steps=4_096, test_episodes=4, tune_episodes=2, validation_episodes=2,
+               variants=("ppo", "osdec"), settings=("tiny",))
+
+
+def _evaluate(results) -> dict:
+    return {"total_reward": float(np.mean([r.total_reward for r in results])),
+            "utilisation": float(np.mean([r.utilisation for r in results])),
+            "delay_penalty": float(np.mean([r.delay_penalty for r in results])),
+            "violation_penalty": float(np.mean([r.violation_penalty for r in results])),
+            "missed": float(np.mean([r.missed for r in results]))}
+
+
+def _train_one(job) -> dict:
+    setting, variant, seed, budget, keep = job
+    from .data import episodes
+    from .train import run_greedy, train
+
+    cfg = OsdecConfig(variant=variant, seed=seed, total_steps=budget.steps, d_model=budget.d_model,
+                      ff=2 * budget.d_model, eval_episodes=budget.validation_episodes, eval_every=4)
+    t0 = time.perf_counter()
+    model, logs = train(setting, cfg, progress=False)
+    seconds = time.perf_counter() - t0
+    res = run_greedy(model, model_setting(setting), episodes(setting, "test", budget.test_episodes, seed=1))
+    if keep is not None and variant == "osdec":
+        from .policy import OsdecPolicy
+
+        OsdecPolicy(model, cfg, model_setting(setting), version=f"osdec-{setting}-seed{seed}",
+                    training={"steps": budget.steps, "seconds": round(seconds, 1), "seed": seed,
+                              "validation_reward": max((r["eval_reward"] for r in logs if "eval_reward" in r),
+                                                       default=None)}).save(Path(keep) / f"osdec-{setting}-seed{seed}")
+    curve = [(r["steps"], r["eval_reward"]) for r in logs if "eval_reward" in r]
+    return {"setting": setting, "variant": variant, "seed": seed, "train_seconds": seconds, "curve": curve,
+            **_evaluate(res)}
+
+
+def model_setting(name):
+    from .settings import get_setting
+
+    return get_setting(name)
+
+
+def run_heuristics(setting: str, budget: Budget) -> dict[str, dict]:
+    from .data import episodes
+    from .tuning import evaluate_rule, tune_all
+
+    tuned = tune_all(setting, budget.tune_episodes, 0)
+    test = episodes(setting, "test", budget.test_episodes, seed=1)
+    return {name: {"params": params, **_evaluate(evaluate_rule(name, params, test))} for name, params in tuned.items()}
+
+
+def run(out, quick: bool = False, seeds: Sequence[int] | None = None, steps: int | None = None,
+        settings: Sequence[str] | None = None, variants: Sequence[str] | None = None, test_episodes: int | None = None,
+        workers: int = 2, progress: bool = True) -> dict:
+    started = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = QUICK if quick else FULL
+    changes = {"seeds": tuple(int(s) for s in seeds) if seeds else None, "steps": steps,
+               "settings": tuple(settings) if settings else None, "variants": tuple(variants) if variants else None,
+               "test_episodes": test_episodes}
+    budget = replace(budget, **{k: v for k, v in changes.items() if v})
+    bad = [v for v in budget.variants if v not in VARIANTS]
+    if bad:
+        raise ValueError(f"unknown variant {bad[0]!r}; choose from {sorted(VARIANTS)}")
+    table1_setting = "tiny" if quick else "default"
+    heur = {s: run_heuristics(s, budget) for s in budget.settings}
+    keep = out / "policies"
+    jobs = [(table1_setting, v, s, budget, keep) for v in budget.variants for s in budget.seeds]
+    jobs += [(st, "osdec", s, budget, keep) for st in budget.settings if st != table1_setting for s in budget.seeds]
+    runs = _run_jobs(jobs, workers, progress)
+    (out / "runs.json").write_text(json.dumps(runs, indent=1))
+    (out / "heuristics.json").write_text(json.dumps(heur, indent=1))
+    figures = _curves(runs, out, table1_setting)
+    summary = _summarise(runs, heur, budget, table1_setting, figures, time.perf_counter() - started, quick)
+    write_summary(out, summary)
+    (out / "report.md").write_text(_report(summary))
+    return summary
+
+
+def _run_jobs(jobs, workers: int, progress: bool) -> list[dict]:
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), unit="run", file=sys.stderr, desc="osdec")
+    runs = []
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for r in pool.map(_train_one, jobs):
+                runs.append(r)
+                bar and bar.update(1)
+    else:
+        for j in jobs:
+            runs.append(_train_one(j))
+            bar and bar.update(1)
+    bar and bar.close()
+    return runs
+
+
+def _rows(runs, setting, variant) -> list[dict]:
+    return [r for r in runs if r["setting"] == setting and r["variant"] == variant]
+
+
+def _summarise(runs, heur, budget: Budget, t1: str, figures, wall: float, quick: bool) -> dict:
+    methods: dict[str, dict[str, list]] = {}
+    for setting, rules in heur.items():
+        for name, row in rules.items():
+            methods[f"{setting}/{name}"] = {k: [row[k]] for k in METRICS}
+    for setting in {r["setting"] for r in runs}:
+        for variant in {r["variant"] for r in runs if r["setting"] == setting}:
+            rows = _rows(runs, setting, variant)
+            methods[f"{setting}/{variant}"] = {**{k: [r[k] for r in rows] for k in METRICS},
+                                               "train_seconds": [r["train_seconds"] for r in rows]}
+    targets = []
+    wins = []
+    for setting in budget.settings:
+        ours = methods.get(f"{setting}/osdec")
+        if not ours or setting == "realtime":
+            continue
+        best_name = max(heur[setting], key=lambda n: heur[setting][n]["total_reward"])
+        best = heur[setting][best_name]["total_reward"]
+        mean = stats(ours["total_reward"])["mean"]
+        wins.append((setting, mean > best, mean, best, best_name))
+    default = [w for w in wins if w[0] == t1]
+    if default:
+        s, ok, mean, best, name = default[0]
+        targets.append(Target(f"OSDEC total reward above every heuristic on {s} (best: {name})",
+                              round(mean / best, 4), "> 1.0 x best heuristic", bool(ok)))
+    t4 = [w for w in wins if w[0] in TABLE4]
+    if t4:
+        n_ok = sum(w[1] for w in t4)
+        targets.append(Target("Table 4 settings where OSDEC beats every heuristic", n_ok, f">= 5 of {len(t4)}",
+                               bool(n_ok >= min(5, len(t4)))))
+    secs = [r["train_seconds"] for r in runs if r["variant"] == "osdec"]
+    if secs:
+        targets.append(Target("OSDEC training time per run (s, 2-core machine)", round(max(secs), 1), "<= 1800",
+                              bool(max(secs) <= 1800)))
+    paper = {**{k: {"utilisation": v[0], "delay_penalty": v[1], "total_reward": v[2]} for k, v in PAPER_TABLE1.items()}}
+    for k, v in PAPER_TABLE2.items():
+        paper.setdefault(k, {})["table2_deferrable_utilisation"] = v[0]
+        paper[k]["table2_realtime_utilisation"] = v[1]
+    for k, v in PAPER_TABLE4.items():
+        for s, x in zip(TABLE4, v):
+            paper.setdefault(k, {})[f"table4_{s}_total_reward"] = x
+    return experiment_summary(
+        "deferrable-jobs", {"title": "OSDEC: online scheduling of deferrable jobs", "file": "osdec-deferrable-scheduling.txt"},
+        {"quick": quick, "table1_setting": t1, "settings": list(budget.settings), "seeds": list(budget.seeds),
+         "steps_per_run": budget.steps, "test_episodes": budget.test_episodes, "d_model": budget.d_model,
+         "heuristic_params": {s: {n: r["params"] for n, r in rules.items()} for s, rules in heur.items()}},
+        methods, paper, targets, figures, wall,
+        wins=[{"setting": s, "osdec": m, "best_heuristic": n, "best_heuristic_reward": b, "osdec_wins": ok}
+              for s, ok, m, b, n in wins])
+
+
+def _curves(runs, out: Path, setting: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for variant in TABLE1_ORDER:
+        rows = [r for r in _rows(runs, setting, variant) if r["curve"]]
+        if not rows:
+            continue
+        n = min(len(r["curve"]) for r in rows)
+        steps = [rows[0]["curve"][i][0] for i in range(n)]
+        mean = np.mean([[r["curve"][i][1] for i in range(n)] for r in rows], axis=0)
+        ax.plot(steps, mean, label=variant)
+    ax.set_xlabel("slots of experience")
+    ax.set_ylabel("greedy validation reward (train-split episodes)")
+    ax.set_title(f"Training curves, {setting} setting (mean over seeds)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "training-curves.png", dpi=110)
+    plt.close(fig)
+    return ["training-curves.png"]
+
+
+def _report(summary: dict) -> str:
+    m, t1 = summary["methods"], summary["setting"]["table1_setting"]
+    paper = summary["paper_figures"]
+    lines = [f"# OSDEC experiment ({'quick' if summary['setting']['quick'] else 'full'})", ""]
+    rows = []
+    for name in (*HEURISTICS, *TABLE1_ORDER):
+        st = m.get(f"{t1}/{name}")
+        if not st:
+            continue
+        p = paper.get(name, {})
+        rows.append([name, fmt(st["utilisation"], 1), fmt(st["delay_penalty"], 1), fmt(st["violation_penalty"], 1),
+                     fmt(st["total_reward"], 1), p.get("total_reward", "–")])
+    lines += [f"## Table 1 ({t1})", "", markdown_table(
+        ["method", "utilisation", "delay", "violation", "total reward", "paper total"], rows), ""]
+    if f"realtime/osdec" in m:
+        rows = []
+        for name in (*HEURISTICS, "osdec"):
+            a, b = m.get(f"{t1}/{name}"), m.get(f"realtime/{name}")
+            if a and b:
+                p = paper.get(name, {})
+                rows.append([name, fmt(a["utilisation"], 1), fmt(b["utilisation"], 1), fmt(a["total_reward"], 1),
+                             fmt(b["total_reward"], 1), p.get("table2_deferrable_utilisation", "–"),
+                             p.get("table2_realtime_utilisation", "–")])
+        lines += ["## Table 2 (deferrable vs real-time)", "", markdown_table(
+            ["method", "util. deferrable", "util. real-time", "total deferrable", "total real-time",
+             "paper deferrable", "paper real-time"], rows), ""]
+    t4 = [s for s in TABLE4 if f"{s}/osdec" in m]
+    if t4:
+        rows = []
+        for name in (*HEURISTICS, "osdec"):
+            rows.append([name] + [fmt(m.get(f"{s}/{name}", {}).get("total_reward"), 1) for s in t4])
+            if name in PAPER_TABLE4:
+                rows.append([f"{name} (paper)"] + [paper[name].get(f"table4_{s}_total_reward", "–") for s in t4])
+        lines += ["## Table 4 (total reward)", "", markdown_table(["method", *t4], rows), ""]
+    lines += ["## Targets", ""] + [f"- {t['name']}: {t['value']} ({t['goal']}) — {'met' if t['met'] else 'NOT met'}"
+                                   for t in summary["targets"]]
+    return "\n".join(lines) + "\n"

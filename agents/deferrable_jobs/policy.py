@@ -1,0 +1,156 @@
+"""What SAMM hosts for the deferrable-jobs problem: a policy scores the eligible jobs of a slot
+and the prefix rule (rules.py) turns the scores into the jobs to start.
+
+    policy.scores(view, history)   -> [len(shown eligible)] confidence scores (higher = sooner)
+    policy.schedule(view, history) -> job rows to start      (simulator, service, live loop)
+    policy.decide(observation)     -> Decision(action=scores) (the Policy protocol: env observations)
+    policy.save(dir) / OsdecPolicy.load(dir)
+
+`history` is the window of slot summaries the auxiliary tasks read (features.SummaryHistory);
+the caller keeps it (the env, the service per session, the live loop). A heuristic rule is a
+policy too (`RulePolicy`), so the service and the live loop host either.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from agents.policy import Decision
+from agents.registry import read_policy_metadata
+from agents.spaces import check_spaces, space_from_json, space_to_json
+
+from .env import DeferrableJobsEnv
+from .features import SummaryHistory, job_tokens, slot_summary
+from .osdec import OsdecConfig, OsdecModel
+from .rules import prefix_select
+from .settings import Setting, get_setting
+
+KIND = "osdec"
+PROBLEM = "deferrable-jobs"
+FORMAT = 1
+METADATA_FILE = "metadata.json"
+WEIGHTS_FILE = "weights.pt"
+SHIPPED_DIR = Path(__file__).parent / "policies" / "osdec-default"
+
+
+def deferrable_spaces(setting: Setting) -> tuple[spaces.Dict, spaces.Box]:
+    env = DeferrableJobsEnv.__new__(DeferrableJobsEnv)
+    DeferrableJobsEnv.__init__(env, setting, episode=None)
+    return env.observation_space, env.action_space
+
+
+class OsdecPolicy:
+    problem = PROBLEM
+    kind = KIND
+    stateful = False
+
+    def __init__(self, model: OsdecModel, cfg: OsdecConfig, setting: Setting, training: dict | None = None,
+                 version: str | None = None):
+        self.model = model.eval()
+        self.cfg = cfg
+        self.setting = setting
+        self.training = training or {}
+        self.version = version or "unversioned"
+        self.observation_space, self.action_space = deferrable_spaces(setting)
+
+    def initial_state(self):
+        return None
+
+    def _mu(self, tokens: np.ndarray, mask: np.ndarray, history: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            tok = torch.as_tensor(np.asarray(tokens, np.float32))[None]
+            m = torch.as_tensor(np.asarray(mask).astype(bool))[None]
+            extra = self.model.aux_features(torch.as_tensor(np.asarray(history, np.float32))[None])
+            mu, _, _ = self.model(tok, m, extra)
+        return mu[0].numpy()
+
+    def scores(self, view, history: SummaryHistory) -> tuple[np.ndarray, np.ndarray]:
+        """(eligible rows shown to the policy, their scores). Pushes this slot's summary."""
+        tok, mask, shown = job_tokens(view, self.setting)
+        hist = history.push(slot_summary(view, self.setting))
+        return shown, self._mu(tok, mask, hist)[: len(shown)]
+
+    def schedule(self, view, history: SummaryHistory) -> np.ndarray:
+        shown, scores = self.scores(view, history)
+        return shown[prefix_select(scores, view.episode.cores[shown], view.free)]
+
+    def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
+        mu = self._mu(observation["tokens"], observation["mask"], observation["history"])
+        return Decision(action=[float(x) for x in mu], name="scores",
+                        info={"eligible_shown": int(np.asarray(observation["tokens"])[:, 0].sum())}), None
+
+    def metadata(self) -> dict:
+        from samm import __version__
+
+        return {"kind": KIND, "problem": PROBLEM, "format": FORMAT, "version": self.version,
+                "samm_version": __version__, "setting": asdict(self.setting), "config": asdict(self.cfg),
+                "observation_space": space_to_json(self.observation_space),
+                "action_space": space_to_json(self.action_space), "training": self.training}
+
+    def save(self, directory) -> Path:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save({k: v.detach().clone() for k, v in self.model.state_dict().items()}, d / WEIGHTS_FILE)
+        (d / METADATA_FILE).write_text(json.dumps(self.metadata(), indent=2, default=float))
+        return d
+
+    @classmethod
+    def load(cls, directory) -> "OsdecPolicy":
+        d = Path(directory)
+        meta = read_policy_metadata(d, KIND, PROBLEM, FORMAT)
+        try:
+            setting = Setting(**{k: tuple(v) if isinstance(v, list) else v for k, v in meta["setting"].items()})
+            known = {f.name for f in fields(OsdecConfig)}
+            cfg = OsdecConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                 for k, v in meta["config"].items() if k in known})
+            saved_obs = space_from_json(meta["observation_space"])
+            saved_act = space_from_json(meta["action_space"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
+        check_spaces(saved_obs, saved_act, *deferrable_spaces(setting), what=str(d))
+        model = OsdecModel.build(cfg, setting)
+        try:
+            model.load_state_dict(torch.load(d / WEIGHTS_FILE, map_location="cpu", weights_only=True))
+        except (RuntimeError, FileNotFoundError) as e:
+            raise ValueError(f"{d / WEIGHTS_FILE}: weights do not fit the network in {METADATA_FILE} ({e})") from None
+        return cls(model, cfg, setting, meta.get("training"), meta.get("version"))
+
+
+class RulePolicy:
+    """A heuristic of baselines.py behind the same interface (it ignores the history)."""
+    problem = PROBLEM
+    stateful = False
+
+    def __init__(self, name: str, setting: Setting | str = "default", **params):
+        from .baselines import make_rule
+
+        self.kind = name
+        self.rule = make_rule(name, **params)
+        self.params = params
+        self.setting = get_setting(setting)
+        self.version = f"{name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
+        self.observation_space, self.action_space = deferrable_spaces(self.setting)
+
+    def initial_state(self):
+        return None
+
+    def schedule(self, view, history: SummaryHistory | None = None) -> np.ndarray:
+        if history is not None:
+            history.push(slot_summary(view, self.setting))
+        return np.asarray(self.rule(view), dtype=np.int64)
+
+    def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
+        raise NotImplementedError(f"{self.kind} schedules whole slots: use POST /v1/agents/{self.kind}/schedule")
+
+    def metadata(self) -> dict:
+        return {"kind": self.kind, "problem": PROBLEM, "version": self.version, "params": self.params,
+                "setting": asdict(self.setting)}
+
+
+def shipped_policy() -> OsdecPolicy:
+    return OsdecPolicy.load(SHIPPED_DIR)
