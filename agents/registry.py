@@ -36,6 +36,12 @@ class ProblemSpec:
     learner: str | None = None
     #: "module:attr" of `add_routes(app, name, policy)`: extra REST operations (e.g. a batch plan)
     routes: str | None = None
+    #: "module:attr" of the pydantic model of a daemon loop entry `{problem: NAME, ...}` in
+    #: `samm run`'s `loops:` (unknown keys rejected), and of `build_loop(cfg, loop_config, store,
+    #: closers) -> loop` (an object with name, config, run_once() -> IterationReport, recover(),
+    #: last_progress), so a problem brings its own MAPE-K loop without editing the daemon
+    loop_config: str | None = None
+    build_loop: str | None = None
 
     def agent_names(self) -> list[str]:
         return sorted(self.agents)

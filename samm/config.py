@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "SAMM_"
 
@@ -138,15 +138,33 @@ class AutoscalingLoop(Strict):
         return self
 
 
-#: Loop sections, one model per problem, chosen by `problem` (each problem validates its own).
-LoopConfig = AutoscalingLoop
+#: Loop sections, one model per problem, chosen by `problem`: autoscaling's is above; every other
+#: problem's comes from its package (`ProblemSpec.loop_config`), so adding a problem edits no config.
+LoopConfig = Any
+
+
+def loop_model(entry: Any) -> BaseModel:
+    """One `loops:` entry validated by its problem's model (`problem` defaults to autoscaling)."""
+    if isinstance(entry, BaseModel):
+        return entry
+    if not isinstance(entry, dict):
+        raise ValueError(f"each loop must be a mapping, got {type(entry).__name__}")
+    problem = entry.get("problem", "autoscaling")
+    if problem == "autoscaling":
+        return AutoscalingLoop.model_validate(entry)
+    from agents.registry import get_problem, load_entry_point
+
+    spec = get_problem(str(problem))  # ValueError naming close matches
+    if not spec.loop_config:
+        raise ValueError(f"problem {problem!r} has no daemon loop (it runs through `samm serve` and its own CLI)")
+    return load_entry_point(spec.loop_config).model_validate(entry)
 
 
 class SammConfig(Strict):
     """Either `loops: [...]` (several control loops) or today's single-loop keys at the top level
     (`groups`, `agent`, `executor`, `timing`, `simulation`), which load as one loop named `default`."""
 
-    loops: list[LoopConfig] | None = Field(default=None, min_length=1)
+    loops: list[Any] | None = Field(default=None, min_length=1)
     groups: list[GroupConfig] | None = Field(default=None, min_length=1)
     graphite: GraphiteConfig = GraphiteConfig()
     agent: AgentConfig = AgentConfig()
@@ -155,6 +173,15 @@ class SammConfig(Strict):
     knowledge: KnowledgeConfig = KnowledgeConfig()
     service: ServiceConfig = ServiceConfig()
     simulation: SimulationConfig = SimulationConfig()
+
+    @field_validator("loops", mode="before")
+    @classmethod
+    def _loop_models(cls, v):
+        if v is None:
+            return v
+        if not isinstance(v, list):
+            raise ValueError("loops must be a list of loop mappings")
+        return [loop_model(entry) for entry in v]
 
     @model_validator(mode="after")
     def _loops(self) -> "SammConfig":

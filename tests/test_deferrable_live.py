@@ -8,7 +8,6 @@ import sqlite3
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from agents.deferrable_jobs.data import make_episode
@@ -123,6 +122,14 @@ def test_replayed_slot_releases_nothing_new_and_keeps_one_decision(tmp_path):
     d = store.decision("slot0", loop="deferrable-t")
     assert d.problem == "deferrable-jobs" and d.action["start"] == [1, 2] and "deadline" in d.reason
     assert [j.id for j in q.deferrable_at(1).running] == [1]  # 2 lasted one slot
+    # a crash between the decision and the release: the replay releases what was decided
+    real_release = q.release
+    q.release = lambda ids, slot: (_ for _ in ()).throw(RuntimeError("crash"))
+    with pytest.raises(RuntimeError):
+        DeferrableLoop(q, FixedAgent([3]), store, params=LoopParams(loop="deferrable-t")).tick(1, 10)
+    q.release = real_release
+    replay = DeferrableLoop(q, FixedAgent([]), store, params=LoopParams(loop="deferrable-t")).tick(1, 10)
+    assert replay.released == [3] and not replay.decision_created
     store.close()
     q.close()
 

@@ -7,7 +7,8 @@ jobs and capacity an episode replays) and `data` (Alibaba 2017 jobs, datacenter 
 summaries), `env` (Gymnasium), `network` + `osdec` + `train` (the agent, its Table 1 variants,
 Algorithm 1), `policy` (what is hosted), `baselines` + `tuning` (FIFO, SJF, Tetris, EDF, least
 slack, EASY backfilling, tuned on training episodes), `experiment` (`samm experiment osdec`),
-`service` (the REST schedule operation).
+`service` (the REST schedule operation), `live` (the scheduling loop over the job queue) and
+`daemon_loop` (that loop in `samm run`'s `loops:`).
 """
 from agents.registry import ProblemSpec, register_problem
 
@@ -27,4 +28,6 @@ PROBLEM = register_problem(ProblemSpec(
     experiment="agents.deferrable_jobs.experiment:run",
     train="agents.deferrable_jobs.train:main",
     routes="agents.deferrable_jobs.service:add_routes",
+    loop_config="agents.deferrable_jobs.daemon_loop:DeferrableLoopConfig",
+    build_loop="agents.deferrable_jobs.daemon_loop:build_loop",
 ))

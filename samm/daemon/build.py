@@ -105,6 +105,15 @@ def build_daemon(cfg: SammConfig, *, executor: Executor | None = None, store: Kn
     try:
         for i, lp in enumerate(cfg.control_loops()):
             first = i == 0
+            if getattr(lp, "problem", "autoscaling") != "autoscaling":
+                # a problem's own loop (ProblemSpec.build_loop): it brings its monitor, plan and execute
+                from agents.registry import entry, get_problem
+
+                loop = entry(get_problem(lp.problem), "build_loop")(cfg, lp, store, closers)
+                loop.config = lp
+                loops.append(loop)
+                executors.append(getattr(loop, "executor", None))
+                continue
             loop, ex, system = _build_loop(cfg, lp, store, closers, executor=executor if first else None,
                                            planner=planner if first else None, clock=clock if first else None)
             loops.append(loop)

@@ -33,7 +33,8 @@ class DaemonRunner:
         self.daemon = daemon
         self.cfg: SammConfig = daemon.cfg
         self.loops = daemon.loops
-        self.max_iterations = max_iterations or self.loops[0].config.simulation.max_iterations
+        first = getattr(self.loops[0].config, "simulation", None)
+        self.max_iterations = max_iterations or getattr(first, "max_iterations", None)
         self.on_iteration = on_iteration
         self.stop_event = threading.Event()
         self.reports: list[IterationReport] = []
@@ -117,7 +118,7 @@ class DaemonRunner:
         for loop in self.loops:
             lp = loop.config
             log.info("samm loop %s running: problem %s, executor %s, agent %s, every %.3g s", loop.name,
-                     lp.problem, lp.executor.kind, lp.agent.name, lp.timing.interval_s)
+                     lp.problem, lp.executor.kind, lp.agent.name, lp.timing.interval_s)  # every loop config has these
         try:
             while not self.stop_event.wait(0.5):
                 pass

@@ -20,6 +20,20 @@ jobs wider than its free cores instead (not the simulator's rule).
 
 Times: `submitted_at`, `*_started_at`, `finished_at`, `wait_s` are in WORKLOAD seconds (the
 testbed's scaled clock, (wall - t0) x compression); `lease_expires` is wall time.
+
+Deferrable jobs (the deferrable-jobs problem, OSDEC; `submit_deferrable`): optional columns
+`earliest`, `latest`, `duration_slots`, `submit_slot`, `released_slot`, all in SLOTS of the
+scheduling loop (not seconds), and `defer_state`:
+* NULL: an ordinary job, leased FIFO as above (today's behaviour, unchanged);
+* 'pending': waiting for the scheduler. Its `state` is 'waiting' but no worker may lease it:
+  `lease` only takes jobs whose `defer_state` is NULL or 'released';
+* 'released': the scheduler started it at `released_slot` (`release`); from then on it is an
+  ordinary waiting job that the next worker with room leases. `release` only moves 'pending'
+  jobs inside their window, in one transaction, so a job is released at most once ("none runs
+  twice"; a lost lease still re-queues it like any job, counted in `requeues`);
+* 'dropped': its latest start passed unreleased (`drop_expired`). Its `state` becomes 'done'
+  with no `completed_by`, so `all_done` sees it resolved.
+The columns are added to an existing file on open (ALTER TABLE ADD COLUMN when missing).
 """
 from __future__ import annotations
 
@@ -35,6 +49,12 @@ from typing import Iterable, Sequence
 log = logging.getLogger(__name__)
 
 WAITING, LEASED, DONE = "waiting", "leased", "done"
+PENDING, RELEASED, DROPPED = "pending", "released", "dropped"  # defer_state of a deferrable job
+
+#: deferrable-job columns, added to files created before them (all NULL for an ordinary job)
+_DEFERRABLE_COLUMNS = (("earliest", "INTEGER"), ("latest", "INTEGER"), ("duration_slots", "INTEGER"),
+                       ("submit_slot", "INTEGER"), ("released_slot", "INTEGER"), ("defer_state", "TEXT"))
+_LEASABLE = "(defer_state IS NULL OR defer_state = 'released')"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -81,6 +101,38 @@ class Job:
     ram_gb: float
     submitted_at: float
     attempt: int
+
+
+@dataclass(frozen=True)
+class DeferrableJob:
+    """A deferrable job as the scheduling loop sees it; every time is a slot."""
+
+    id: int
+    cores: int
+    duration: int           # slots
+    earliest: int
+    latest: int
+    submitted: int          # submission slot
+    released: int | None    # the slot the scheduler started it in (None: not yet)
+    state: str              # the job's lease state: waiting / leased / done
+
+    def remaining(self, slot: int) -> int:
+        """Slots left to run at `slot`, this one included (0 when not released or finished)."""
+        return 0 if self.released is None else max(0, self.released + self.duration - slot)
+
+
+@dataclass(frozen=True)
+class DeferrableSnapshot:
+    """The deferrable jobs at one slot, each list in id order."""
+
+    slot: int
+    eligible: list[DeferrableJob]   # pending, submitted, earliest <= slot <= latest
+    future: list[DeferrableJob]     # pending, submitted, slot < earliest
+    running: list[DeferrableJob]    # released, released + duration > slot
+
+    @property
+    def running_cores(self) -> int:
+        return sum(j.cores for j in self.running)
 
 
 @dataclass(frozen=True)
@@ -153,7 +205,19 @@ class JobQueue:
         self._db.execute("PRAGMA synchronous = NORMAL")
         with self._lock:  # several processes may create the schema at once: one transaction each
             self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+        self._upgrade_schema()
         self._warned_no_clock = False
+
+    def _upgrade_schema(self) -> None:
+        """Add the deferrable-job columns to a file made before them (checked inside the write
+        transaction, so processes opening the file together add each column once)."""
+        with self._write() as db:
+            have = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+            for name, kind in _DEFERRABLE_COLUMNS:
+                if name not in have:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+            db.execute("CREATE INDEX IF NOT EXISTS jobs_defer ON jobs (defer_state, earliest) "
+                       "WHERE defer_state IS NOT NULL")
 
     # ------------------------------------------------------------------ plumbing
     class _Txn:
@@ -239,6 +303,85 @@ class JobQueue:
                            "VALUES (?, ?, ?, ?, ?, ?)", rows)
             return db.total_changes - before
 
+    # ------------------------------------------------------------------ deferrable jobs
+    def submit_deferrable(self, jobs: Iterable[tuple]) -> int:
+        """`(job_id, cores, duration_slots, earliest, latest, submit_slot, runtime_s, submitted_at)`
+        rows (slots for the window, workload seconds for the run time and the submission), queued
+        'pending' in one transaction; existing ids are left untouched. Returns how many were new."""
+        rows = []
+        for j in jobs:
+            if len(j) != 8:
+                raise ValueError("a deferrable job row is (job_id, cores, duration_slots, earliest, latest, "
+                                 f"submit_slot, runtime_s, submitted_at); got {j!r}")
+            job_id, cores, dur, earliest, latest, sub = (int(x) for x in j[:6])
+            runtime_s, submitted_at = float(j[6]), float(j[7])
+            if job_id < 0 or cores < 1 or dur < 1 or not runtime_s >= 0 or not (0 <= sub <= earliest <= latest):
+                raise ValueError(f"deferrable job {job_id}: needs id >= 0, cores >= 1, duration >= 1 slot, "
+                                 f"runtime_s >= 0 and 0 <= submit <= earliest <= latest (got {j!r})")
+            rows.append((job_id, cores, runtime_s, submitted_at, submitted_at, dur, earliest, latest, sub))
+        if not rows:
+            return 0
+        with self._write() as db:
+            before = db.total_changes
+            db.executemany("INSERT OR IGNORE INTO jobs (id, cores, runtime_s, submitted_at, enqueued_at, "
+                           "duration_slots, earliest, latest, submit_slot, defer_state) "
+                           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending')", rows)
+            return db.total_changes - before
+
+    _DEFER_COLS = "id, cores, duration_slots, earliest, latest, submit_slot, released_slot, state"
+
+    def deferrable_at(self, slot: int) -> DeferrableSnapshot:
+        """The eligible, future (submitted, not yet eligible) and running deferrable jobs at
+        `slot`, read in one statement. A job counts as running from its release slot for its
+        duration in slots, whatever its worker is doing: the schedule reserves its cores."""
+        t = int(slot)
+        rows = self._read(
+            f"SELECT {self._DEFER_COLS} FROM jobs WHERE (defer_state = 'pending' AND submit_slot <= ? "
+            "AND latest >= ?) OR (defer_state = 'released' AND released_slot + duration_slots > ?) ORDER BY id",
+            (t, t, t))
+        eligible, future, running = [], [], []
+        for r in rows:
+            job = DeferrableJob(*r)
+            if job.released is not None:
+                running.append(job)
+            elif job.earliest <= t:
+                eligible.append(job)
+            else:
+                future.append(job)
+        return DeferrableSnapshot(t, eligible, future, running)
+
+    def deferrable_jobs(self) -> list[DeferrableJob]:
+        """Every deferrable job, in id order."""
+        return [DeferrableJob(*r) for r in self._read(
+            f"SELECT {self._DEFER_COLS} FROM jobs WHERE defer_state IS NOT NULL ORDER BY id")]
+
+    def release(self, job_ids: Iterable[int], slot: int) -> list[int]:
+        """Let workers lease these jobs, started at `slot`, in one transaction. Only a job still
+        'pending' whose window holds `slot` moves: a job released (or dropped) once is never
+        released again, so replaying a slot releases nothing new. Returns the ids released now."""
+        ids = sorted({int(j) for j in job_ids})
+        if not ids:
+            return []
+        t = int(slot)
+        out = []
+        with self._write() as db:
+            for job_id in ids:
+                if db.execute("UPDATE jobs SET defer_state = 'released', released_slot = ? WHERE id = ? AND "
+                              "defer_state = 'pending' AND submit_slot <= ? AND earliest <= ? AND latest >= ?",
+                              (t, job_id, t, t, t)).rowcount == 1:
+                    out.append(job_id)
+        return out
+
+    def drop_expired(self, slot: int, clock_now: float | None = None) -> list[int]:
+        """Drop the pending jobs whose latest start is `slot` or earlier (the end of `slot`:
+        none of them can start any more). Returns their ids."""
+        with self._write() as db:
+            ids = [r[0] for r in db.execute("SELECT id FROM jobs WHERE defer_state = 'pending' AND latest <= ? "
+                                            "ORDER BY id", (int(slot),))]
+            db.executemany("UPDATE jobs SET defer_state = 'dropped', state = 'done', finished_at = ? WHERE id = ?",
+                           [(clock_now, i) for i in ids])
+        return ids
+
     # ------------------------------------------------------------------ workers
     def lease(self, worker_id: str, free_cores: int, now_wall: float, lease_s: float, clock_now: float,
               backfill: bool = False) -> list[Job]:
@@ -250,7 +393,7 @@ class JobQueue:
         if not lease_s > 0:
             raise ValueError(f"lease_s must be positive, got {lease_s}")
         # cheap read first: 30 idle workers polling must not serialise on the write lock
-        head = self._read("SELECT cores FROM jobs WHERE state = 'waiting' ORDER BY id LIMIT 1")
+        head = self._read(f"SELECT cores FROM jobs WHERE state = 'waiting' AND {_LEASABLE} ORDER BY id LIMIT 1")
         expired = self._read("SELECT 1 FROM jobs WHERE state = 'leased' AND lease_expires < ? LIMIT 1", (now_wall,))
         if not expired and (not head or (head[0][0] > free_cores and not backfill)):
             return []
@@ -260,7 +403,7 @@ class JobQueue:
             free = int(free_cores)
             picked = []
             for row in db.execute("SELECT id, cores, runtime_s, ram_gb, submitted_at, enqueued_at, attempts "
-                                  "FROM jobs WHERE state = 'waiting' ORDER BY id"):
+                                  f"FROM jobs WHERE state = 'waiting' AND {_LEASABLE} ORDER BY id"):
                 if row[1] <= free:
                     picked.append(row)
                     free -= row[1]

@@ -1,0 +1,179 @@
+"""The deferrable-jobs problem's loop in the SAMM daemon (`samm run`), declared in the config as
+
+    loops:
+      - name: batch
+        problem: deferrable-jobs
+        queue: {path: /var/lib/samm/jobs.sqlite}       # the durable job queue (samm/testbed/jobqueue.py)
+        capacity: {kind: graphite, target: "sumSeries(ondemand.*.cores)", fleet_cores: 80}
+        agent: {name: osdec}                           # or {name: tetris, params: {eps: 16}}, or mode: http
+        timing: {interval_s: 900}                      # one slot
+        executor: {kind: jobqueue, dry_run: false}
+
+Each iteration is one slot: Monitor reads C_t (fixed cores, or the fleet minus the on-demand
+cores Graphite reports), then `live.DeferrableLoop.tick` plans (the hosted agent, the deadline
+guard) and executes (releases the chosen jobs in the queue), recording one decision per slot in
+the knowledge store, idempotently. No capacity reading (Graphite down, no data, NaN) is the safe
+default: C_t = 0 for that slot, so nothing starts, and the decision says why.
+
+The daemon finds this module through `ProblemSpec.loop_config` / `build_loop`; it holds no
+deferrable-jobs code of its own.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Callable, Literal
+
+from pydantic import Field, model_validator
+
+from samm.config import LOOP_NAME, Strict
+
+log = logging.getLogger(__name__)
+
+
+class QueueConfig(Strict):
+    path: str = Field(min_length=1, description="SQLite file of the durable job queue")
+
+
+class CapacityConfig(Strict):
+    kind: Literal["fixed", "graphite"] = "fixed"
+    cores: float | None = Field(default=None, ge=0, description="fixed: C_t every slot")
+    target: str | None = Field(default=None, description="graphite: a series of the on-demand cores in use")
+    fleet_cores: float | None = Field(default=None, gt=0, description="graphite: C_t = fleet_cores - on-demand")
+    lookback_s: float = Field(default=600.0, gt=0, description="graphite: the newest point within this window")
+
+    @model_validator(mode="after")
+    def _complete(self) -> "CapacityConfig":
+        if self.kind == "fixed" and self.cores is None:
+            raise ValueError("capacity kind 'fixed' needs capacity.cores")
+        if self.kind == "graphite" and (not self.target or self.fleet_cores is None):
+            raise ValueError("capacity kind 'graphite' needs capacity.target and capacity.fleet_cores")
+        return self
+
+
+class SchedulingAgentConfig(Strict):
+    name: str = "osdec"
+    policy_dir: str | None = None
+    params: dict = Field(default_factory=dict)
+    mode: Literal["in-process", "http"] = "in-process"
+    service_url: str | None = None
+    timeout_s: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _http(self) -> "SchedulingAgentConfig":
+        if self.mode == "http" and not self.service_url:
+            raise ValueError("agent.mode 'http' needs agent.service_url")
+        return self
+
+
+class SlotTiming(Strict):
+    interval_s: float = Field(default=900.0, gt=0, description="one slot (the policy's slot length)")
+    misfire_grace_s: float = Field(default=30.0, ge=0)
+    slot_zero_unix: float = Field(default=0.0, description="wall time of slot 0 (the queue's slot numbers)")
+
+
+class JobQueueExecutor(Strict):
+    kind: Literal["jobqueue"] = "jobqueue"
+    dry_run: bool = False
+
+
+class DeferrableLoopConfig(Strict):
+    name: str = Field(pattern=LOOP_NAME)
+    problem: Literal["deferrable-jobs"] = "deferrable-jobs"
+    queue: QueueConfig
+    capacity: CapacityConfig
+    agent: SchedulingAgentConfig = SchedulingAgentConfig()
+    timing: SlotTiming = SlotTiming()
+    executor: JobQueueExecutor = JobQueueExecutor()
+    guard: bool = Field(default=True, description="start jobs at their latest start that still fit")
+
+
+def graphite_capacity(client, cap: CapacityConfig, now: Callable[[], float]) -> Callable[[], tuple[float | None, str | None]]:
+    def read() -> tuple[float | None, str | None]:
+        from samm.monitor.graphite_client import GraphiteError
+
+        t = int(now())
+        try:
+            series = client.render(cap.target, t - int(cap.lookback_s), t)
+        except GraphiteError as e:
+            return None, f"capacity unknown ({e}); starting nothing"
+        values = [v for s in series for v, _ in s.values() if math.isfinite(v)]
+        if not values:
+            return None, f"capacity unknown (no finite point of {cap.target!r} in {cap.lookback_s:g} s); starting nothing"
+        return max(0.0, cap.fleet_cores - values[-1]), None
+    return read
+
+
+class DeferrableControlLoop:
+    """The daemon-facing wrapper: `run_once()` = one slot at the clock's current slot."""
+
+    def __init__(self, name: str, config: DeferrableLoopConfig, inner, capacity: Callable, clock: Callable[[], float]):
+        self.name = name
+        self.config = config
+        self.inner = inner
+        self.capacity = capacity
+        self.clock = clock
+        self.executor = None
+        self.last_progress = time.monotonic()
+
+    def current_slot(self) -> int:
+        t = self.config.timing
+        return int((self.clock() - t.slot_zero_unix) // t.interval_s)
+
+    def recover(self) -> list[str]:
+        return []  # a replayed slot re-applies its recorded decision (live.DeferrableLoop.tick)
+
+    def run_once(self):
+        from samm.daemon.loop import IterationReport
+
+        started = time.perf_counter()
+        slot = self.current_slot()
+        cap, note = self.capacity()
+        t = self.config.timing
+        t_monitor = time.perf_counter()
+        rec = self.inner.tick(slot, 0.0 if cap is None else cap, note)
+        rep = IterationReport(f"slot{slot}", t.slot_zero_unix + slot * t.interval_s,
+                              t.slot_zero_unix + (slot + 1) * t.interval_s, "ok" if note is None else "no-capacity",
+                              [x for x in (note, rec.error) if x], loop=self.name)
+        rep.decided = rec.decision_created
+        rep.features = {"capacity": rec.capacity, "free": rec.free, "eligible": float(rec.eligible),
+                        "running_cores": float(rec.running_cores), "violation": rec.violation}
+        rep.actions = [{"group": "jobqueue", "status": "succeeded" if rec.released else "skipped",
+                        "key": f"{self.name}:slot{slot}", "target": rec.released,
+                        "detail": f"released {rec.released} (deadline {rec.deadline}), dropped {rec.dropped}",
+                        "error": rec.error}]
+        rep.stage_ms = {"monitor": (t_monitor - started) * 1e3, "plan+execute": (time.perf_counter() - t_monitor) * 1e3}
+        rep.iteration_ms = (time.perf_counter() - started) * 1e3
+        self.last_progress = time.monotonic()
+        return rep
+
+
+def build_loop(cfg, lp: DeferrableLoopConfig, store, closers: list, clock: Callable[[], float] | None = None):
+    from samm.monitor.graphite_client import GraphiteSender, RenderClient
+    from samm.testbed.jobqueue import JobQueue
+
+    from .hosting import make_policy
+    from .live import DeferrableLoop, HttpAgent, InProcessAgent, LoopParams
+
+    clock = clock or time.time
+    queue = JobQueue(lp.queue.path)
+    closers.append(queue.close)
+    a = lp.agent
+    if a.mode == "http":
+        agent = HttpAgent(a.service_url, a.name, a.timeout_s)
+    else:
+        agent = InProcessAgent(make_policy(a.name, a.policy_dir, **a.params), a.name)
+    sender = None
+    if cfg.graphite.publish:
+        sender = GraphiteSender(cfg.graphite.carbon_host, cfg.graphite.carbon_port)
+        closers.append(sender.close)
+    if lp.capacity.kind == "fixed":
+        fixed = float(lp.capacity.cores)
+        capacity = lambda: (fixed, None)  # noqa: E731
+    else:
+        capacity = graphite_capacity(RenderClient(cfg.graphite.render_url, cfg.graphite.timeout_s), lp.capacity, clock)
+    params = LoopParams(loop=lp.name, session=lp.name, guard=lp.guard, dry_run=lp.executor.dry_run,
+                        prefix=cfg.graphite.prefix)
+    inner = DeferrableLoop(queue, agent, store=store, sender=sender, params=params)
+    return DeferrableControlLoop(lp.name, lp, inner, capacity, clock)

@@ -1,0 +1,94 @@
+"""`samm testbed-deferrable`: the deferrable-jobs (OSDEC) live path on the testbed.
+
+A separate command, like `samm testbed-oversub`; `samm/cli/main.py` registers it with
+`cli.add_command(testbed_deferrable)`. The run itself is samm/testbed/deferrable/run.py.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+def _params(values: tuple[str, ...]) -> dict:
+    out = {}
+    for v in values:
+        k, sep, x = v.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"expected KEY=VALUE, got {v!r}", param_hint="--agent-param")
+        out[k] = float(x)
+    return out
+
+
+@click.command("testbed-deferrable")
+@click.option("--setting", type=click.Choice(["tiny", "default"]), default="tiny", show_default=True,
+              help="The deferrable-jobs setting whose episode is replayed.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Episode seed.")
+@click.option("--split", type=click.Choice(["train", "test"]), default="test", show_default=True)
+@click.option("--slots", type=int, default=None, help="Replay only the first N slots (default: the whole episode).")
+@click.option("--slot-seconds", type=float, default=0.5, show_default=True, help="Wall seconds per slot.")
+@click.option("--agent", default="fifo", show_default=True,
+              help="fifo, tetris, osdec (or another heuristic of agents/deferrable_jobs/baselines.py).")
+@click.option("--policy", "policy_dir", type=click.Path(file_okay=False), default=None,
+              help="A saved OSDEC policy directory (default: the shipped one).")
+@click.option("--agent-param", multiple=True, help="KEY=VALUE for a heuristic (e.g. eps=16), repeatable.")
+@click.option("--service-url", default=None, help="Ask this `samm serve` instead of hosting the agent in process.")
+@click.option("--request-timeout", type=float, default=2.0, show_default=True, help="REST call timeout (s).")
+@click.option("--workers", type=int, default=3, show_default=True, help="Worker processes (the fleet's VMs).")
+@click.option("--worker-cores", type=int, default=None,
+              help="Cores per worker (default: max(fleet / workers rounded up, widest job)).")
+@click.option("--knowledge-url", default=None, help="Knowledge store URL (default: sqlite under --out).")
+@click.option("--graphite", default=None, help="carbon HOST:PORT for the per-slot counters (default: none).")
+@click.option("--run-name", default=None, help="Names the Knowledge loop deferrable-<run> (default: random).")
+@click.option("--no-guard", is_flag=True, help="Disable the deadline guard (the agent alone decides).")
+@click.option("--out", type=click.Path(file_okay=False), default="deferrable-run", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def testbed_deferrable(setting, seed, split, slots, slot_seconds, agent, policy_dir, agent_param, service_url,
+                       request_timeout, workers, worker_cores, knowledge_url, graphite, run_name, no_guard, out,
+                       as_json) -> None:
+    """Replay a deferrable-jobs episode live: worker processes lease jobs from a SQLite queue,
+    a scheduling loop asks the hosted agent each slot which eligible jobs start on the fleet's
+    leftover cores (C_t from the episode), a deadline guard starts jobs at their latest start
+    that still fit, and every slot's decision goes to the Knowledge store. Writes slots.csv and
+    summary.json (live vs simulator on the same episode) under --out."""
+    import logging
+
+    from samm.testbed.deferrable.run import DeferrableRunOptions, run_deferrable
+
+    if slot_seconds <= 0 or workers < 1 or (slots is not None and slots < 1):
+        click.echo("error: --slot-seconds must be > 0, --workers and --slots >= 1", err=True)
+        sys.exit(2)
+    out_dir = Path(out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    opts = DeferrableRunOptions(setting=setting, seed=seed, split=split, slots=slots, slot_seconds=slot_seconds,
+                                agent=agent, policy_dir=policy_dir, agent_params=_params(agent_param),
+                                service_url=service_url, request_timeout_s=request_timeout, workers=workers,
+                                worker_cores=worker_cores, knowledge_url=knowledge_url, graphite=graphite,
+                                out_dir=str(out_dir), run_name=run_name, guard=not no_guard)
+    try:
+        res = run_deferrable(opts)
+    except (ValueError, FileNotFoundError) as exc:
+        click.echo(f"error: testbed-deferrable: {exc}", err=True)
+        sys.exit(2)
+    s = res.summary
+    if as_json:
+        click.echo(json.dumps(s, default=float))
+        return
+    lv, sm, sg, ph = s["live"], s["sim"], s["sim_guarded"], s["physical"]
+    click.echo(f"run {s['run']}: {s['slots']} slots x {s['slot_seconds']} s, agent {s['agent']} ({s['via']}), "
+               f"{s['jobs']} jobs, {s['workers']} workers x {s['worker_cores']} cores")
+    for name, r in (("live", lv), ("simulator", sm), ("simulator + guard", sg)):
+        click.echo(f"{name:>18}: utilisation {r['utilisation']:.0f}, started {r['started']}, missed {r['missed']}, "
+                   f"violation slots {r['violation_slots']}, reward {r['total_reward']:.0f}")
+    click.echo(f"deadline-rescued {lv['deadline_rescued']}, agent errors {lv['errors']}; same start slot as the "
+               f"simulator for {s['same_start_slots_as_sim']}/{s['jobs']} jobs "
+               f"({s['same_start_slots_as_sim_guarded']} with the guard)")
+    click.echo(f"workers: {ph['completed']}/{ph['released']} released jobs completed, max attempts "
+               f"{ph['max_attempts']}, start lag mean {ph['start_lag_s_mean'] or 0:.3f} s max "
+               f"{ph['start_lag_s_max'] or 0:.3f} s")
+    click.echo(f"wrote {res.files['slots']}, {res.files['summary']}; {s['decisions']} decisions in "
+               f"{res.knowledge_url} (loop {res.loop})")

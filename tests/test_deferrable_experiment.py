@@ -1,0 +1,42 @@
+"""`samm experiment osdec --quick`: the summary follows the shared schema, the tables carry the
+paper's figures beside ours, and the CLI's evaluate verb runs a heuristic on test episodes."""
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from agents.deferrable_jobs.experiment import PAPER_TABLE1, run
+from agents.report import validate_summary
+from samm.cli.main import cli
+
+
+def test_quick_experiment_writes_a_valid_summary_and_report(tmp_path):
+    summary = run(tmp_path, quick=True, workers=1, progress=False)
+    assert validate_summary(summary) == []
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert validate_summary(on_disk) == []
+    methods = summary["methods"]
+    for name in ("tiny/fifo", "tiny/sjf", "tiny/tetris", "tiny/easy-backfill", "tiny/osdec", "tiny/ppo"):
+        assert methods[name]["total_reward"]["n"] >= 1, name
+    assert methods["tiny/osdec"]["total_reward"]["n"] == 2           # one per seed
+    assert summary["paper_figures"]["osdec"]["total_reward"] == PAPER_TABLE1["osdec"][2]
+    report = (tmp_path / "report.md").read_text()
+    assert "## Table 1 (tiny)" in report and "3475.37" in report
+    assert (tmp_path / "training-curves.png").stat().st_size > 1000
+    assert (tmp_path / "policies" / "osdec-tiny-seed1" / "weights.pt").is_file()
+    # the total is the sum of its parts, per method
+    for name, m in methods.items():
+        parts = m["utilisation"]["mean"] + m["delay_penalty"]["mean"] + m["violation_penalty"]["mean"]
+        assert abs(parts - m["total_reward"]["mean"]) < 1e-6, name
+
+
+def test_evaluate_verb_runs_a_heuristic_and_rejects_bad_parameters():
+    runner = CliRunner()
+    r = runner.invoke(cli, ["evaluate", "--problem", "deferrable-jobs", "--agent", "sjf", "--seeds", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["summary"]["total_reward"]["n"] == 1 and out["episodes"][0]["jobs"] > 0
+    r = runner.invoke(cli, ["evaluate", "--problem", "deferrable-jobs", "--agent", "fifo", "--seeds", "1",
+                            "--params", '{"margin": 0.9}'])
+    assert r.exit_code != 0 and "margin" in r.output
