@@ -45,3 +45,33 @@ class Policy(Protocol):
                deterministic: bool = True) -> tuple[Decision, Any]: ...
 
     def metadata(self) -> dict: ...
+
+
+def save_torch_policy(directory, module, metadata: dict, weights_file: str = "weights.pt",
+                      metadata_file: str = "metadata.json"):
+    """Write a torch policy as SAMM saves them: its weights and its `metadata.json`."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from agents.report import json_default
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.detach().clone() for k, v in module.state_dict().items()}, d / weights_file)
+    (d / metadata_file).write_text(json.dumps(metadata, indent=2, default=json_default))
+    return d
+
+
+def load_torch_weights(directory, module, weights_file: str = "weights.pt", metadata_file: str = "metadata.json") -> None:
+    """Load saved weights into `module`; a ValueError naming the files when they do not fit."""
+    from pathlib import Path
+
+    import torch
+
+    d = Path(directory)
+    try:
+        module.load_state_dict(torch.load(d / weights_file, map_location="cpu", weights_only=True))
+    except (RuntimeError, FileNotFoundError) as e:
+        raise ValueError(f"{d / weights_file}: weights do not fit the network in {metadata_file} ({e})") from None

@@ -27,7 +27,7 @@ from typing import Callable, Literal
 
 from pydantic import Field, model_validator
 
-from samm.config import LOOP_NAME, Strict
+from samm.config import LOOP_NAME, AgentConfig, Strict
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +52,11 @@ class CapacityConfig(Strict):
         return self
 
 
-class SchedulingAgentConfig(Strict):
+class SchedulingAgentConfig(AgentConfig):
+    """The daemon's agent section (name, policy_dir, params, mode, service_url), with the
+    deferrable-jobs agent as default and the HTTP call's timeout."""
     name: str = "osdec"
-    policy_dir: str | None = None
-    params: dict = Field(default_factory=dict)
-    mode: Literal["in-process", "http"] = "in-process"
-    service_url: str | None = None
     timeout_s: float = Field(default=2.0, gt=0)
-
-    @model_validator(mode="after")
-    def _http(self) -> "SchedulingAgentConfig":
-        if self.mode == "http" and not self.service_url:
-            raise ValueError("agent.mode 'http' needs agent.service_url")
-        return self
 
 
 class SlotTiming(Strict):

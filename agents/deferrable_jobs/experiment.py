@@ -15,15 +15,14 @@ paper. Training curves (greedy validation reward) are written as PNG.
 from __future__ import annotations
 
 import json
-import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from agents.parallel import map_runs
 from agents.report import Target, experiment_summary, fmt, markdown_table, stats, write_summary
 
 from .osdec import VARIANTS, OsdecConfig
@@ -136,7 +135,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, steps: int
     keep = out / "policies"
     jobs = [(table1_setting, v, s, budget, keep) for v in budget.variants for s in budget.seeds]
     jobs += [(st, "osdec", s, budget, keep) for st in budget.settings if st != table1_setting for s in budget.seeds]
-    runs = _run_jobs(jobs, workers, progress)
+    runs = map_runs(_train_one, jobs, workers, progress, desc="osdec")
     (out / "runs.json").write_text(json.dumps(runs, indent=1))
     (out / "heuristics.json").write_text(json.dumps(heur, indent=1))
     figures = _curves(runs, out, table1_setting)
@@ -144,26 +143,6 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, steps: int
     write_summary(out, summary)
     (out / "report.md").write_text(_report(summary))
     return summary
-
-
-def _run_jobs(jobs, workers: int, progress: bool) -> list[dict]:
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(jobs), unit="run", file=sys.stderr, desc="osdec")
-    runs = []
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for r in pool.map(_train_one, jobs):
-                runs.append(r)
-                bar and bar.update(1)
-    else:
-        for j in jobs:
-            runs.append(_train_one(j))
-            bar and bar.update(1)
-    bar and bar.close()
-    return runs
 
 
 def _rows(runs, setting, variant) -> list[dict]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .features import AUX_TARGETS, HISTORY, SUMMARY_FEATURES, TOKEN_FEATURES, n_tokens
+from .features import AUX_TARGETS, SUMMARY_FEATURES, TOKEN_FEATURES, n_tokens
 from .network import AUX_DIM, AttentionNet, AuxModule, MlpNet, PointerNet
 from .settings import GAMMA, Setting
 

@@ -12,7 +12,6 @@ policy too (`RulePolicy`), so the service and the live loop host either.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from agents.policy import Decision
+from agents.policy import Decision, load_torch_weights, save_torch_policy
 from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
@@ -93,11 +92,7 @@ class OsdecPolicy:
                 "action_space": space_to_json(self.action_space), "training": self.training}
 
     def save(self, directory) -> Path:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().clone() for k, v in self.model.state_dict().items()}, d / WEIGHTS_FILE)
-        (d / METADATA_FILE).write_text(json.dumps(self.metadata(), indent=2, default=float))
-        return d
+        return save_torch_policy(directory, self.model, self.metadata(), WEIGHTS_FILE, METADATA_FILE)
 
     @classmethod
     def load(cls, directory) -> "OsdecPolicy":
@@ -114,10 +109,7 @@ class OsdecPolicy:
             raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
         check_spaces(saved_obs, saved_act, *deferrable_spaces(setting), what=str(d))
         model = OsdecModel.build(cfg, setting)
-        try:
-            model.load_state_dict(torch.load(d / WEIGHTS_FILE, map_location="cpu", weights_only=True))
-        except (RuntimeError, FileNotFoundError) as e:
-            raise ValueError(f"{d / WEIGHTS_FILE}: weights do not fit the network in {METADATA_FILE} ({e})") from None
+        load_torch_weights(d, model, WEIGHTS_FILE, METADATA_FILE)
         return cls(model, cfg, setting, meta.get("training"), meta.get("version"))
 
 

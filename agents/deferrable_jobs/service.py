@@ -215,19 +215,6 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
 def create_app(name: str, policy_or_registry: Any) -> FastAPI:
     """A FastAPI app serving only the schedule route (tests, the live loop's in-process service);
     `samm serve` mounts the same route on the Policy Evaluation Service."""
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from agents.problem_service import standalone_app
 
-    app = FastAPI(title=f"SAMM deferrable-job scheduling ({name})")
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, exc: RequestValidationError):
-        parts = [f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-        return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
-
-    @app.get("/healthz")
-    async def healthz() -> dict:
-        return {"status": "ok", "agent": name}
-
-    add_routes(app, name, policy_or_registry)
-    return app
+    return standalone_app(f"SAMM deferrable-job scheduling ({name})", name, policy_or_registry, add_routes)

@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import csv
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from agents.train_log import tensorboard_writer
 
 from .data import episodes as make_episodes
 from .env import DeferrableJobsEnv
@@ -94,7 +96,7 @@ def train(setting="default", cfg: OsdecConfig | None = None, *, out=None, progre
     ep_returns: list[float] = []
     ep_ret = np.zeros(E)
     best = (-np.inf, None)
-    writer = _tensorboard(out)
+    writer = tensorboard_writer(out)
     bar = _progress(iters, progress)
     t0 = time.time()
     for it in range(iters):
@@ -257,16 +259,6 @@ def _aux_update(model, aux_opt, cfg, b, gen) -> float:
             aux_opt.step()
             losses.append(loss.item())
     return float(np.mean(losses)) if losses else float("nan")
-
-
-def _tensorboard(out):
-    if out is None:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # tensorboard is optional
-        return None
-    return SummaryWriter(str(Path(out) / "tb"))
 
 
 def _progress(total: int, enabled: bool):

@@ -13,16 +13,15 @@ Writes report.md, summary.json (agents/report.py schema), training-curve PNGs an
 from __future__ import annotations
 
 import json
-import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from agents.report import Target, experiment_summary, fmt, markdown_table, stats, write_summary
+from agents.parallel import map_runs
+from agents.report import Target, experiment_summary, markdown_table, write_summary
 
 from .c2marl import C2MarlConfig
 from .settings import ALPHAS, RATES, get_setting
@@ -125,21 +124,7 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
     jobs = [(case, a, s, episodes, trace_seed, specs, cfg_overrides or {}) for a in budget.alphas for s in budget.seeds]
-    results = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(jobs), unit="run", file=sys.stderr, desc=f"c2marl {case.key}")
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for r in pool.map(_train_one, jobs):
-                results.append(r)
-                bar and bar.update(1)
-    else:
-        for j in jobs:
-            results.append(_train_one(j))
-            bar and bar.update(1)
-    bar and bar.close()
+    results = map_runs(_train_one, jobs, workers, progress, desc=f"c2marl {case.key}")
     curves = {}
     for r in results:
         rows.setdefault(f"C2MARL-{r['alpha']:.2f}", []).append(r["metrics"] | {"train_seconds": r["train_seconds"]})

@@ -7,7 +7,6 @@ decentralised execution of §5.3; Q^c is a training device and is not needed to 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from agents.policy import Decision
+from agents.policy import Decision, load_torch_weights, save_torch_policy
 from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
@@ -77,11 +76,7 @@ class OversubPolicy:
                 "action_space": space_to_json(self.action_space), "training": self.training}
 
     def save(self, directory) -> Path:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        torch.save({k: v.detach().clone() for k, v in self.net.state_dict().items()}, d / WEIGHTS_FILE)
-        (d / METADATA_FILE).write_text(json.dumps(self.metadata(), indent=2, default=float))
-        return d
+        return save_torch_policy(directory, self.net, self.metadata(), WEIGHTS_FILE, METADATA_FILE)
 
     @classmethod
     def load(cls, directory) -> "OversubPolicy":
@@ -97,10 +92,7 @@ class OversubPolicy:
             raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
         check_spaces(saved_obs, saved_act, *oversub_spaces(setting, features), what=str(d))
         net = C2MarlNet(setting.n_subscribers, observation_size(setting, features), len(RATES), hidden)
-        try:
-            net.load_state_dict(torch.load(d / WEIGHTS_FILE, map_location="cpu", weights_only=True))
-        except (RuntimeError, FileNotFoundError) as e:
-            raise ValueError(f"{d / WEIGHTS_FILE}: weights do not fit the network in {METADATA_FILE} ({e})") from None
+        load_torch_weights(d, net, WEIGHTS_FILE, METADATA_FILE)
         return cls(net, setting, meta.get("training"), meta.get("version"), features=features)
 
 

@@ -231,22 +231,7 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
 
 def create_app(name: str, policy_or_registry: Any) -> FastAPI:
     """A FastAPI app serving only the admit routes (tests, the live testbed's in-process
-    service). `samm serve` mounts the same routes on the Policy Evaluation Service instead.
-    Validation errors name the field and never echo the input (a NaN in the body could not be
-    written back as JSON)."""
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    service). `samm serve` mounts the same routes on the Policy Evaluation Service instead."""
+    from agents.problem_service import standalone_app
 
-    app = FastAPI(title=f"SAMM oversubscription admission ({name})")
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request, exc: RequestValidationError):
-        parts = [f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-        return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
-
-    @app.get("/healthz")
-    async def healthz() -> dict:
-        return {"status": "ok", "agent": name}
-
-    add_routes(app, name, policy_or_registry)
-    return app
+    return standalone_app(f"SAMM oversubscription admission ({name})", name, policy_or_registry, add_routes)

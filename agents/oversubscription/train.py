@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from agents.train_log import tensorboard_writer
+
 from .c2marl import C2Marl, C2MarlConfig, EpisodeLog, run_training_episode
 from .features import observation, observation_size, request_mask
 from .metrics import summarise
@@ -55,7 +57,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     agent = C2Marl(setting.n_subscribers, observation_size(setting, cfg.features), cfg, constraint_bound(setting, cfg))
     obs_fn = lambda v: observation(v, setting, cfg.features)  # noqa: E731
     logs: list[EpisodeLog] = []
-    writer = _tensorboard(out)
+    writer = tensorboard_writer(out)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -108,16 +110,6 @@ def constraint_bound(setting: Setting, cfg: C2MarlConfig) -> float:
     if cfg.constraint == "cluster":
         return setting.constraint_bound(cfg.alpha)
     raise ValueError(f"constraint must be 'cluster', 'pm' or 'attributed', not {cfg.constraint!r}")
-
-
-def _tensorboard(out):
-    if out is None:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except Exception:  # tensorboard is optional
-        return None
-    return SummaryWriter(str(Path(out) / "tb"))
 
 
 def write_log(logs: list[EpisodeLog], path: Path) -> None:

@@ -1,0 +1,30 @@
+"""A stand-alone FastAPI app for one problem's extra REST operations (tests, a live testbed's
+in-process service); `samm serve` mounts the same routes on the Policy Evaluation Service.
+
+Validation errors are 422s that name the field and never echo the input (a NaN in the body
+could not be written back as JSON)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from fastapi import FastAPI
+
+
+def standalone_app(title: str, name: str, policy_or_registry: Any,
+                   add_routes: Callable[[FastAPI, str, Any], None]) -> FastAPI:
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI(title=title)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        parts = [f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok", "agent": name}
+
+    add_routes(app, name, policy_or_registry)
+    return app
