@@ -28,3 +28,16 @@ def standalone_app(title: str, name: str, policy_or_registry: Any,
 
     add_routes(app, name, policy_or_registry)
     return app
+
+
+def hosted_policy(source: Any, name: str, operation: str):
+    """`source` is the policy itself (it has `operation`, e.g. "schedule") or a registry holding
+    it under `name` (what `samm serve` passes, so an uploaded version takes effect at once)."""
+    from fastapi import HTTPException
+
+    if hasattr(source, operation):
+        return source
+    policy = source.get(name)
+    if policy is None:
+        raise HTTPException(404, f"no hosted agent {name!r}")
+    return policy

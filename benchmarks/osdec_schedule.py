@@ -14,15 +14,12 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
-import subprocess
 import sys
 import time
 
-import httpx
 import numpy as np
 
-from samm.localproc import free_port
+from samm.localproc import start_samm_serve
 
 
 def pct(xs, q):
@@ -54,19 +51,9 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     name = args.agent.partition("=")[0]
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--port", str(port), "--agent", args.agent],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
     reqs = bodies(args.eligible, 200)
+    proc, url, port = start_samm_serve(["--agent", args.agent])
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         headers = {"content-type": "application/json"}
         encoded = [json.dumps(b) for b in reqs]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import os
 
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import time
 
 import numpy as np
 
-from samm.localproc import free_port
+from samm.localproc import start_samm_serve
 
 
 def pct(xs, q):
@@ -83,21 +82,10 @@ def main() -> None:
     from sim_bridge.config import SimConfig
 
     rng = np.random.default_rng(0)
-    port = free_port()
     name = args.agent.partition("=")[0]
     extra = [x for p in args.agent_param for x in ("--agent-param", p)]
-    proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--port", str(port), "--agent", args.agent,
-                             *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    url = f"http://127.0.0.1:{port}"
+    proc, url, port = start_samm_serve(["--agent", args.agent, *extra])
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         # the load generator: stdlib http.client on one keep-alive connection (httpx itself
         # adds ~1 ms per request, which would be measured as service latency)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)

@@ -103,3 +103,27 @@ def popen_tied(args: list[str], sig: int = signal.SIGTERM, **kw) -> subprocess.P
     if not ok:
         raise value
     return value
+
+
+def start_samm_serve(serve_args: list[str], timeout_s: float = 120.0) -> tuple[subprocess.Popen, str, int]:
+    """`samm serve --port P <serve_args>` on a free loopback port, started and answering
+    /healthz: (process, base URL, port). The caller terminates the process."""
+    import sys
+    import time
+    import urllib.request
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--port", str(port), *serve_args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"samm serve {' '.join(serve_args)} exited with {proc.returncode}") from None
+            time.sleep(0.2)
+    return proc, url, port

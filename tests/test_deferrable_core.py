@@ -235,3 +235,21 @@ def test_every_setting_is_well_formed():
         assert s.name == name
         for probs in (s.core_probs, s.duration_probs):
             assert probs is None or abs(sum(probs) - 1) < 1e-9
+
+
+def test_generic_decide_route_says_a_heuristic_answers_only_its_schedule_route(tmp_path):
+    from samm.plan.registry import PolicyRegistry
+    from samm.plan.service import create_app as create_service
+
+    reg = PolicyRegistry(tmp_path / "store")
+    reg.host("tetris", RulePolicy("tetris", "tiny", eps=16))
+    c = TestClient(create_service(reg))
+    s = get_setting("tiny")
+    from agents.deferrable_jobs.features import HISTORY, SUMMARY_FEATURES, TOKEN_FEATURES, n_tokens
+
+    obs = {"tokens": [[0.0] * len(TOKEN_FEATURES)] * n_tokens(s), "mask": [0] * n_tokens(s),
+           "history": [[0.0] * len(SUMMARY_FEATURES)] * HISTORY}
+    r = c.post("/v1/agents/tetris/decide", json={"session_id": "s", "observation": obs})
+    assert r.status_code == 501 and "/schedule" in r.text
+    r = c.post("/v1/agents/tetris/schedule", json=body())
+    assert r.status_code == 200 and r.json()["start"]

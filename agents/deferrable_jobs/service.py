@@ -157,12 +157,9 @@ class Sessions:
 
 
 def _policy_of(source, name: str):
-    if hasattr(source, "schedule"):
-        return source
-    policy = source.get(name)
-    if policy is None:
-        raise HTTPException(404, f"no hosted agent {name!r}")
-    return policy
+    from agents.problem_service import hosted_policy
+
+    return hosted_policy(source, name, "schedule")
 
 
 def schedule(policy, req: ScheduleRequest, history: SummaryHistory) -> tuple[list, dict, float]:

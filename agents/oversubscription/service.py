@@ -178,13 +178,9 @@ def decide_rates(policy, view: View, name: str) -> tuple[np.ndarray, float]:
 
 
 def _policy_of(source, name: str):
-    """`source` is the policy itself or a registry holding it under `name`."""
-    if hasattr(source, "rates"):
-        return source
-    policy = source.get(name)
-    if policy is None:
-        raise HTTPException(404, f"no hosted agent {name!r}")
-    return policy
+    from agents.problem_service import hosted_policy
+
+    return hosted_policy(source, name, "rates")
 
 
 def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:

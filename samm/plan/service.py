@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import logging
 import math
 import time
 
@@ -25,6 +26,8 @@ from . import dataplane
 from .registry import PolicyRegistry, PolicyRejected, _is_autoscaler
 from .schemas import decide_models
 from .sessions import SessionStore
+
+log = logging.getLogger(__name__)
 
 SESSION_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 AGENT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
@@ -299,6 +302,11 @@ def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, session
                                         deterministic=req.deterministic, state=state)
         except dataplane.InvalidInput as exc:
             raise HTTPException(422, str(exc)) from None
+        except NotImplementedError as exc:  # e.g. a heuristic that only answers its problem's own route
+            raise HTTPException(501, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - a failing policy is a 500 naming it, never a dropped connection
+            log.exception("agent %s failed to decide", name)
+            raise HTTPException(500, f"agent {name!r} failed: {type(exc).__name__}: {exc}") from None
         if stateful:
             sessions.store(name, req.session_id, p, state)
         latency.labels(name).observe(time.perf_counter() - started)
