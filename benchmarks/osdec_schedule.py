@@ -66,6 +66,13 @@ def main() -> None:
 
         for i in range(50):
             call(i)
+        # an idle process sleeping 1 ms at a time beside the run: the pauses it sees are the machine's
+        import subprocess
+
+        from service_latency import PAUSE_PROBE
+
+        probe = subprocess.Popen([sys.executable, "-c", PAUSE_PROBE, str(args.seconds)], stdout=subprocess.PIPE,
+                                 text=True)
         n = int(args.rate * args.seconds)
         lat, errors = [], 0
         start = time.perf_counter()
@@ -78,6 +85,7 @@ def main() -> None:
             lat.append(time.perf_counter() - due)
         achieved = n / (time.perf_counter() - start)
         conn.close()
+        pauses = json.loads(probe.communicate(timeout=30)[0])
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -97,6 +105,7 @@ def main() -> None:
     out = {"eligible_per_request": args.eligible,
            "rest": {"requests": n, "rate_target": args.rate, "rate_achieved": round(achieved, 1), "errors": errors,
                     "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": round(max(lat) * 1000, 3)},
+           "machine_pauses": pauses,
            "in_process": {"calls": len(inproc), "p50_ms": pct(inproc, 50), "p99_ms": pct(inproc, 99)}}
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
 

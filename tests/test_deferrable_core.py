@@ -41,6 +41,18 @@ def test_prefix_rule_takes_the_longest_fitting_prefix_highest_score_first():
         prefix_select(np.zeros(2), np.zeros(3), 1)
 
 
+def test_skip_mapping_packs_past_misfits_and_lets_negative_scores_wait():
+    from agents.deferrable_jobs.rules import select_by_scores
+
+    scores = np.array([0.1, 0.9, 0.5, -0.2])
+    cores = np.array([1, 4, 5, 1])
+    # highest first: job1 (4) fits 6, job2 (5) does not -> skipped, job0 (1) fits; job3 waits (score < 0)
+    assert select_by_scores(scores, cores, 6, "skip").tolist() == [1, 0]
+    assert select_by_scores(scores, cores, 6, "prefix").tolist() == [1]
+    with pytest.raises(ValueError, match="mapping"):
+        select_by_scores(scores, cores, 6, "bogus")
+
+
 def test_order_select_stops_or_skips_misfits():
     cores = np.array([2, 5, 1])
     assert order_select(np.array([0, 1, 2]), cores, 4).tolist() == [0]

@@ -31,6 +31,19 @@ def test_quick_experiment_writes_a_valid_summary_and_report(tmp_path):
         assert abs(parts - m["total_reward"]["mean"]) < 1e-6, name
 
 
+def test_a_skip_mapping_run_merges_an_earlier_run_into_one_report(tmp_path):
+    first = tmp_path / "paper"
+    run(first, quick=True, workers=1, progress=False, variants=["ppo"], seeds=[1])
+    summary = run(tmp_path / "skip", quick=True, workers=1, progress=False, variants=["osdec"], seeds=[1],
+                  mapping="skip", merge=[str(first)])
+    assert validate_summary(summary) == []
+    assert {"tiny/ppo", "tiny/osdec+skip"} <= set(summary["methods"])
+    assert summary["steps_per_row"]["ppo"] == summary["steps_per_row"]["osdec+skip"] == 4096
+    names = [t["name"] for t in summary["targets"]]
+    assert any(n.startswith("osdec+skip:") for n in names) and not any(n.startswith("osdec:") for n in names)
+    assert (tmp_path / "skip" / "policies" / "osdec+skip-tiny-seed1" / "metadata.json").is_file()
+
+
 def test_evaluate_verb_runs_a_heuristic_and_rejects_bad_parameters():
     runner = CliRunner()
     r = runner.invoke(cli, ["evaluate", "--problem", "deferrable-jobs", "--agent", "sjf", "--seeds", "1", "--json"])

@@ -3,7 +3,7 @@
 Observation: {"tokens": [N, F] job tokens, "mask": [N] present tokens, "history": [H, S] slot
 summaries} (features.py). Action: one confidence score per eligible token (the first
 `max_eligible` of the padded vector; the rest are ignored); `rules.prefix_select` turns them into
-the jobs to start (§4.1.2). Reward: Eq. 6 in the paper's units; `info` splits it into
+the jobs to start (§4.1.2), or our "skip" mapping (`rules.select_by_scores`) when asked. Reward: Eq. 6 in the paper's units; `info` splits it into
 utilisation, delay and violation penalties. Each reset draws a new episode of the chosen split.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from gymnasium import spaces
 from .data import make_episode
 from .episode import Episode
 from .features import HISTORY, SUMMARY_FEATURES, TOKEN_FEATURES, SummaryHistory, job_tokens, n_tokens, slot_summary
-from .rules import prefix_select
+from .rules import select_by_scores
 from .settings import get_setting
 from .sim import DeferrableSim
 
@@ -25,8 +25,10 @@ SCORE_BOUND = 5.0
 class DeferrableJobsEnv(gym.Env):
     metadata = {"render_modes": []}
 
-    def __init__(self, setting="tiny", split: str = "train", episode: Episode | None = None):
+    def __init__(self, setting="tiny", split: str = "train", episode: Episode | None = None,
+                 mapping: str = "prefix"):
         self.setting = get_setting(setting)
+        self.mapping = mapping
         self.split = split
         self.fixed_episode = episode
         s = self.setting
@@ -63,7 +65,7 @@ class DeferrableJobsEnv(gym.Env):
             raise RuntimeError("call reset() first")
         scores = np.asarray(action, dtype=np.float64).reshape(-1)[: len(self._eligible)]
         view_free = self.sim.view().free
-        rows = self._eligible[prefix_select(scores, self.sim.ep.cores[self._eligible], view_free)]
+        rows = self._eligible[select_by_scores(scores, self.sim.ep.cores[self._eligible], view_free, self.mapping)]
         res = self.sim.step(rows)
         info = {"utilisation": res.utilisation, "delay_penalty": res.delay_penalty,
                 "violation_penalty": res.violation_penalty, "started": len(rows), "missed": res.missed}

@@ -32,6 +32,8 @@ METRICS = ("total_reward", "utilisation", "delay_penalty", "violation_penalty", 
 HEURISTICS = ("fifo", "sjf", "tetris", "edf", "least-slack", "easy-backfill")
 PAPER_HEURISTICS = ("fifo", "sjf", "tetris")
 TABLE1_ORDER = ("reinforce", "ppo", "pointer", "ppo-att", "ppo-att-auxh", "ppo-att-auxl", "osdec")
+#: OSDEC under the paper's action mapping and under ours (rules.select_by_scores)
+OSDEC_ROWS = ("osdec", "osdec+skip")
 
 # the paper's figures (osdec-deferrable-scheduling.txt L209-L232, L295; Table 4 has no std)
 PAPER_TABLE1 = {
@@ -63,6 +65,7 @@ class Budget:
     d_model: int = 32
     variants: tuple[str, ...] = TABLE1_ORDER
     settings: tuple[str, ...] = ("default", "realtime", *TABLE4)
+    mapping: str = "prefix"           # the action mapping of every learned row ("skip": ours, rules.py)
 
 
 FULL = Budget()
@@ -84,21 +87,29 @@ def _train_one(job) -> dict:
     from .train import run_greedy, train
 
     cfg = OsdecConfig(variant=variant, seed=seed, total_steps=budget.steps, d_model=budget.d_model,
-                      ff=2 * budget.d_model, eval_episodes=budget.validation_episodes, eval_every=4)
+                      ff=2 * budget.d_model, eval_episodes=budget.validation_episodes, eval_every=4,
+                      mapping=budget.mapping)
     t0 = time.perf_counter()
     model, logs = train(setting, cfg, progress=False)
     seconds = time.perf_counter() - t0
-    res = run_greedy(model, model_setting(setting), episodes(setting, "test", budget.test_episodes, seed=1))
+    res = run_greedy(model, model_setting(setting), episodes(setting, "test", budget.test_episodes, seed=1),
+                     budget.mapping)
+    name = row_name(variant, budget.mapping)
     if keep is not None and variant == "osdec":
         from .policy import OsdecPolicy
 
         OsdecPolicy(model, cfg, model_setting(setting), version=f"osdec-{setting}-seed{seed}",
                     training={"steps": budget.steps, "seconds": round(seconds, 1), "seed": seed,
                               "validation_reward": max((r["eval_reward"] for r in logs if "eval_reward" in r),
-                                                       default=None)}).save(Path(keep) / f"osdec-{setting}-seed{seed}")
+                                                       default=None)}).save(Path(keep) / f"{name}-{setting}-seed{seed}")
     curve = [(r["steps"], r["eval_reward"]) for r in logs if "eval_reward" in r]
-    return {"setting": setting, "variant": variant, "seed": seed, "train_seconds": seconds, "curve": curve,
-            **_evaluate(res)}
+    return {"setting": setting, "variant": name, "seed": seed, "train_seconds": seconds, "curve": curve,
+            "steps": budget.steps, **_evaluate(res)}
+
+
+def row_name(variant: str, mapping: str) -> str:
+    """A learned row's name: the Table 1 variant, `+skip` under our action mapping."""
+    return variant if mapping == "prefix" else f"{variant}+{mapping}"
 
 
 def model_setting(name):
@@ -118,14 +129,16 @@ def run_heuristics(setting: str, budget: Budget) -> dict[str, dict]:
 
 def run(out, quick: bool = False, seeds: Sequence[int] | None = None, steps: int | None = None,
         settings: Sequence[str] | None = None, variants: Sequence[str] | None = None, test_episodes: int | None = None,
-        workers: int = 2, progress: bool = True) -> dict:
+        workers: int = 2, progress: bool = True, mapping: str | None = None, merge: Sequence[str] = ()) -> dict:
+    """`merge`: earlier experiment folders whose learned runs (runs.json) join this report, e.g.
+    the paper-mapping ablations beside a run of our mapping; same test episodes, same heuristics."""
     started = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     budget = QUICK if quick else FULL
     changes = {"seeds": tuple(int(s) for s in seeds) if seeds else None, "steps": steps,
                "settings": tuple(settings) if settings else None, "variants": tuple(variants) if variants else None,
-               "test_episodes": test_episodes}
+               "test_episodes": test_episodes, "mapping": mapping}
     budget = replace(budget, **{k: v for k, v in changes.items() if v})
     bad = [v for v in budget.variants if v not in VARIANTS]
     if bad:
@@ -136,6 +149,13 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, steps: int
     jobs = [(table1_setting, v, s, budget, keep) for v in budget.variants for s in budget.seeds]
     jobs += [(st, "osdec", s, budget, keep) for st in budget.settings if st != table1_setting for s in budget.seeds]
     runs = map_runs(_train_one, jobs, workers, progress, desc="osdec")
+    for folder in merge:
+        earlier = json.loads((Path(folder) / "runs.json").read_text())
+        old_steps = json.loads((Path(folder) / "summary.json").read_text())["setting"].get("steps_per_run")
+        for r in earlier:
+            r.setdefault("steps", old_steps)
+        mine = {(r["setting"], r["variant"]) for r in runs}
+        runs += [r for r in earlier if (r["setting"], r["variant"]) not in mine]
     (out / "runs.json").write_text(json.dumps(runs, indent=1))
     (out / "heuristics.json").write_text(json.dumps(heur, indent=1))
     figures = _curves(runs, out, table1_setting)
@@ -159,30 +179,33 @@ def _summarise(runs, heur, budget: Budget, t1: str, figures, wall: float, quick:
             rows = _rows(runs, setting, variant)
             methods[f"{setting}/{variant}"] = {**{k: [r[k] for r in rows] for k in METRICS},
                                                "train_seconds": [r["train_seconds"] for r in rows]}
-    targets = []
-    wins = []
-    for setting in budget.settings:
-        ours = methods.get(f"{setting}/osdec")
-        if not ours or setting == "realtime":
-            continue
-        best_name = max(heur[setting], key=lambda n: heur[setting][n]["total_reward"])
-        best = heur[setting][best_name]["total_reward"]
-        mean = stats(ours["total_reward"])["mean"]
-        wins.append((setting, mean > best, mean, best, best_name))
-    default = [w for w in wins if w[0] == t1]
-    if default:
-        s, ok, mean, best, name = default[0]
-        targets.append(Target(f"OSDEC total reward above every heuristic on {s} (best: {name})",
-                              round(mean / best, 4), "> 1.0 x best heuristic", bool(ok)))
-    t4 = [w for w in wins if w[0] in TABLE4]
-    if t4:
-        n_ok = sum(w[1] for w in t4)
-        targets.append(Target("Table 4 settings where OSDEC beats every heuristic", n_ok, f">= 5 of {len(t4)}",
-                               bool(n_ok >= min(5, len(t4)))))
-    secs = [r["train_seconds"] for r in runs if r["variant"] == "osdec"]
-    if secs:
-        targets.append(Target("OSDEC training time per run (s, 2-core machine)", round(max(secs), 1), "<= 1800",
-                              bool(max(secs) <= 1800)))
+    targets, wins = [], []
+    for row in OSDEC_ROWS:
+        won = []
+        for setting in budget.settings:
+            ours = methods.get(f"{setting}/{row}")
+            if not ours or setting == "realtime":
+                continue
+            best_name = max(heur[setting], key=lambda n: heur[setting][n]["total_reward"])
+            best = heur[setting][best_name]["total_reward"]
+            mean = stats(ours["total_reward"])["mean"]
+            won.append((setting, mean > best, mean, best, best_name))
+            wins.append({"row": row, "setting": setting, "osdec": mean, "best_heuristic": best_name,
+                         "best_heuristic_reward": best, "osdec_wins": bool(mean > best)})
+        default = [w for w in won if w[0] == t1]
+        if default:
+            st, ok, mean, best, name = default[0]
+            targets.append(Target(f"{row}: total reward above every heuristic on {st} (best: {name})",
+                                  round(mean / best, 4), "> 1.0 x best heuristic", bool(ok)))
+        t4 = [w for w in won if w[0] in TABLE4]
+        if t4:
+            n_ok = sum(w[1] for w in t4)
+            targets.append(Target(f"{row}: Table 4 settings where it beats every heuristic", n_ok,
+                                  f">= 5 of {len(t4)}", bool(n_ok >= min(5, len(t4)))))
+        secs = [r["train_seconds"] for r in runs if r["variant"] == row]
+        if secs:
+            targets.append(Target(f"{row}: training time per run (s, 2-core machine)", round(max(secs), 1),
+                                  "<= 1800", bool(max(secs) <= 1800)))
     paper = {**{k: {"utilisation": v[0], "delay_penalty": v[1], "total_reward": v[2]} for k, v in PAPER_TABLE1.items()}}
     for k, v in PAPER_TABLE2.items():
         paper.setdefault(k, {})["table2_deferrable_utilisation"] = v[0]
@@ -195,9 +218,8 @@ def _summarise(runs, heur, budget: Budget, t1: str, figures, wall: float, quick:
         {"quick": quick, "table1_setting": t1, "settings": list(budget.settings), "seeds": list(budget.seeds),
          "steps_per_run": budget.steps, "test_episodes": budget.test_episodes, "d_model": budget.d_model,
          "heuristic_params": {s: {n: r["params"] for n, r in rules.items()} for s, rules in heur.items()}},
-        methods, paper, targets, figures, wall,
-        wins=[{"setting": s, "osdec": m, "best_heuristic": n, "best_heuristic_reward": b, "osdec_wins": ok}
-              for s, ok, m, b, n in wins])
+        methods, paper, targets, figures, wall, wins=wins,
+        steps_per_row={r["variant"]: r.get("steps", budget.steps) for r in runs})
 
 
 def _curves(runs, out: Path, setting: str) -> list[str]:
@@ -207,7 +229,7 @@ def _curves(runs, out: Path, setting: str) -> list[str]:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for variant in TABLE1_ORDER:
+    for variant in (*TABLE1_ORDER, *[f"{v}+skip" for v in TABLE1_ORDER]):
         rows = [r for r in _rows(runs, setting, variant) if r["curve"]]
         if not rows:
             continue
@@ -230,18 +252,19 @@ def _report(summary: dict) -> str:
     paper = summary["paper_figures"]
     lines = [f"# OSDEC experiment ({'quick' if summary['setting']['quick'] else 'full'})", ""]
     rows = []
-    for name in (*HEURISTICS, *TABLE1_ORDER):
+    for name in (*HEURISTICS, *TABLE1_ORDER, *[f"{v}+skip" for v in TABLE1_ORDER]):
         st = m.get(f"{t1}/{name}")
         if not st:
             continue
         p = paper.get(name, {})
-        rows.append([name, fmt(st["utilisation"], 1), fmt(st["delay_penalty"], 1), fmt(st["violation_penalty"], 1),
+        steps = summary.get("steps_per_row", {}).get(name)
+        rows.append([name + (f" ({steps // 1000}k steps)" if steps else ""), fmt(st["utilisation"], 1), fmt(st["delay_penalty"], 1), fmt(st["violation_penalty"], 1),
                      fmt(st["total_reward"], 1), p.get("total_reward", "–")])
     lines += [f"## Table 1 ({t1})", "", markdown_table(
         ["method", "utilisation", "delay", "violation", "total reward", "paper total"], rows), ""]
-    if f"realtime/osdec" in m:
+    if any(f"realtime/{r}" in m for r in OSDEC_ROWS):
         rows = []
-        for name in (*HEURISTICS, "osdec"):
+        for name in (*HEURISTICS, *OSDEC_ROWS):
             a, b = m.get(f"{t1}/{name}"), m.get(f"realtime/{name}")
             if a and b:
                 p = paper.get(name, {})
@@ -251,10 +274,12 @@ def _report(summary: dict) -> str:
         lines += ["## Table 2 (deferrable vs real-time)", "", markdown_table(
             ["method", "util. deferrable", "util. real-time", "total deferrable", "total real-time",
              "paper deferrable", "paper real-time"], rows), ""]
-    t4 = [s for s in TABLE4 if f"{s}/osdec" in m]
+    t4 = [s for s in TABLE4 if any(f"{s}/{r}" in m for r in OSDEC_ROWS)]
     if t4:
         rows = []
-        for name in (*HEURISTICS, "osdec"):
+        for name in (*HEURISTICS, *OSDEC_ROWS):
+            if not any(f"{s}/{name}" in m for s in t4):
+                continue
             rows.append([name] + [fmt(m.get(f"{s}/{name}", {}).get("total_reward"), 1) for s in t4])
             if name in PAPER_TABLE4:
                 rows.append([f"{name} (paper)"] + [paper[name].get(f"table4_{s}_total_reward", "–") for s in t4])

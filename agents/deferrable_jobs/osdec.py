@@ -15,6 +15,8 @@ from .features import AUX_TARGETS, SUMMARY_FEATURES, TOKEN_FEATURES, n_tokens
 from .network import AUX_DIM, AttentionNet, AuxModule, MlpNet, PointerNet
 from .settings import GAMMA, Setting
 
+SKIP_INIT_BIAS = 0.5  # tanh(0.5) = 0.46: most jobs start at first under "skip", despite the noise
+
 #: Table 1's rows: network, auxiliary information used, algorithm
 VARIANTS = {
     "osdec": ("attention", ("low", "high"), "ppo"),
@@ -51,12 +53,15 @@ class OsdecConfig:
     layers: int = 2
     ff: int = 128
     reward_scale: float | None = None  # learning reward = paper reward x scale; None = 1 / fleet cores (ours)
+    mapping: str = "prefix"            # the action mapping: "prefix" (§4.1.2) or "skip" (ours, rules.py)
     eval_every: int = 10               # iterations between greedy evaluations (§5.3.1 evaluates every iteration)
     eval_episodes: int = 8
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
             raise ValueError(f"unknown variant {self.variant!r}; choose from {sorted(VARIANTS)}")
+        if self.mapping not in ("prefix", "skip"):
+            raise ValueError(f"unknown action mapping {self.mapping!r}; choose 'prefix' or 'skip'")
         if self.batch_size % self.n_envs:
             raise ValueError("batch_size must be a multiple of n_envs")
 
@@ -94,6 +99,12 @@ class OsdecModel(nn.Module):
             net = MlpNet(F, N, M, extra)
         else:
             net = PointerNet(F, M, extra)
+        if cfg.mapping == "skip":
+            # under "skip" a negative score waits: start from a policy that starts what fits (ours)
+            head = net.mu[-1] if isinstance(net.mu, nn.Sequential) else net.mu if isinstance(net.mu, nn.Linear) else None
+            if head is not None:
+                with torch.no_grad():
+                    head.bias.fill_(SKIP_INIT_BIAS)
         return cls(net, aux, cfg.aux, cfg.aux_coef_low, cfg.aux_coef_high)
 
     @torch.no_grad()

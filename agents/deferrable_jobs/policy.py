@@ -26,7 +26,7 @@ from agents.spaces import check_spaces, space_from_json, space_to_json
 from .env import DeferrableJobsEnv
 from .features import SummaryHistory, job_tokens, slot_summary
 from .osdec import OsdecConfig, OsdecModel
-from .rules import prefix_select
+from .rules import select_by_scores
 from .settings import Setting, get_setting
 
 KIND = "osdec"
@@ -57,11 +57,16 @@ class OsdecPolicy:
         self.version = version or "unversioned"
         self.observation_space, self.action_space = deferrable_spaces(setting)
 
+    @property
+    def mapping(self) -> str:
+        """How scores become starts: "prefix" (the paper's) or "skip" (ours; rules.py)."""
+        return self.cfg.mapping
+
     def initial_state(self):
         return None
 
     def _mu(self, tokens: np.ndarray, mask: np.ndarray, history: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
+        with torch.inference_mode():
             tok = torch.as_tensor(np.asarray(tokens, np.float32))[None]
             m = torch.as_tensor(np.asarray(mask).astype(bool))[None]
             extra = self.model.aux_features(torch.as_tensor(np.asarray(history, np.float32))[None])
@@ -76,7 +81,7 @@ class OsdecPolicy:
 
     def schedule(self, view, history: SummaryHistory) -> np.ndarray:
         shown, scores = self.scores(view, history)
-        return shown[prefix_select(scores, view.episode.cores[shown], view.free)]
+        return shown[select_by_scores(scores, view.episode.cores[shown], view.free, self.mapping)]
 
     def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
         mu = self._mu(observation["tokens"], observation["mask"], observation["history"])

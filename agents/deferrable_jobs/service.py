@@ -19,16 +19,19 @@ policy is a 500 naming the agent: the caller's safe default is to start nothing 
 """
 from __future__ import annotations
 
+import json
 import time
 from collections import OrderedDict
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .episode import Episode
 from .features import SummaryHistory
+from .rules import select_by_scores
 from .sim import View
 
 MAX_JOBS = 5_000
@@ -119,7 +122,9 @@ def build_view(req: ScheduleRequest, slots: int) -> tuple[View, list]:
     object.__setattr__(ep, "earliest", a[:, 2])
     object.__setattr__(ep, "latest", a[:, 3])
     object.__setattr__(ep, "submit", a[:, 4])
-    object.__setattr__(ep, "capacity", np.full(t + 1, int(req.capacity), dtype=np.int64))
+    # one value: the View carries C_t (a series as long as the slot number would cost megabytes when
+    # slots count from the Unix epoch, as the daemon's may)
+    object.__setattr__(ep, "capacity", np.full(1, int(req.capacity), dtype=np.int64))
     n_e, n_r = len(req.eligible), len(req.running)
     elig = np.arange(n_e)
     if n_e > 1:
@@ -169,7 +174,8 @@ def schedule(policy, req: ScheduleRequest, history: SummaryHistory) -> tuple[lis
     shown, scores = (policy.scores(view, history) if hasattr(policy, "scores")
                      else (np.zeros(0, np.int64), np.zeros(0)))
     if hasattr(policy, "scores"):
-        rows = shown[_prefix(scores, view.episode.cores[shown], view.free)]
+        rows = shown[select_by_scores(scores, view.episode.cores[shown], view.free,
+                                      getattr(policy, "mapping", "prefix"))]
     else:
         rows = policy.schedule(view, history)
     chosen = [ids[int(r)] for r in rows]
@@ -179,34 +185,42 @@ def schedule(policy, req: ScheduleRequest, history: SummaryHistory) -> tuple[lis
     return chosen, {str(ids[int(r)]): float(s) for r, s in zip(shown, scores)}, view.free
 
 
-def _prefix(scores, cores, free):
-    from .rules import prefix_select
-
-    return prefix_select(scores, cores, free)
-
-
 def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
     sessions = Sessions()
 
-    async def schedule_route(req: ScheduleRequest) -> ScheduleResponse:
+    # The body is parsed by pydantic-core straight from the bytes and the answer written with
+    # json.dumps: with 200+ jobs per request FastAPI's own body and response handling cost more
+    # than the decision (measured in docs/benchmarks.md). The models still define the contract
+    # and the OpenAPI schema.
+    async def schedule_route(request: Request) -> Response:
         policy = _policy_of(policy_or_registry, name)
+        try:
+            req = ScheduleRequest.model_validate_json(await request.body())
+        except ValidationError as e:
+            parts = [f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err.get('msg')}" for err in e.errors()]
+            return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
         t0 = time.perf_counter()
         try:
             history = sessions.get(req.session)
             start, scores, free = schedule(policy, req, history)
         except ValueError as e:
-            raise HTTPException(422, str(e)) from None
+            return JSONResponse(status_code=422, content={"detail": str(e)})
         except Exception as e:  # noqa: BLE001 - a failed policy is the caller's "start nothing"
-            raise HTTPException(500, f"agent {name!r} failed: {type(e).__name__}: {e}") from None
+            return JSONResponse(status_code=500, content={"detail": f"agent {name!r} failed: {type(e).__name__}: {e}"})
         ms = (time.perf_counter() - t0) * 1000
-        return ScheduleResponse(start=start, scores=scores, free=free, agent=name,
-                                policy_version=getattr(policy, "version", None), latency_ms=round(ms, 4))
+        body = {"start": start, "scores": scores, "free": free, "agent": name,
+                "policy_version": getattr(policy, "version", None), "latency_ms": round(ms, 4)}
+        return Response(content=json.dumps(body), media_type="application/json")
 
-    schedule_route.__annotations__ = {"req": ScheduleRequest, "return": ScheduleResponse}
     app.add_api_route(f"/v1/agents/{name}/schedule", schedule_route, methods=["POST"],
                       response_model=ScheduleResponse, summary=f"Jobs to start this slot ({name})",
                       description="Scores the eligible jobs and starts the longest prefix, highest score first, "
-                                  "that fits the free cores (OSDEC §4.1.2).")
+                                  "that fits the free cores (OSDEC §4.1.2), or packs past misfits under the "
+                                  "policy's `skip` mapping.",
+                      openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                          "schema": ScheduleRequest.model_json_schema()}}}},
+                      responses={422: {"description": "Invalid request: the detail names the field"},
+                                 500: {"description": "The agent failed; start nothing this slot"}})
 
 
 def create_app(name: str, policy_or_registry: Any) -> FastAPI:

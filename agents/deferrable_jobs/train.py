@@ -8,7 +8,7 @@ the state (§4.2.2). Rewards are scaled by 1/fleet cores for learning only (ours
 per-slot rewards are tens of core-slots, too large for a value net at Table 3's learning rates);
 every figure we report is in the paper's units.
 
-    python -m agents.deferrable_jobs.train --setting default --variant osdec --out runs/osdec
+    python -m agents.deferrable_jobs.train --setting default --variant osdec --mapping skip --out runs/osdec
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from .env import DeferrableJobsEnv
 from .episode import Episode
 from .features import AUX_TARGETS, SummaryHistory, job_tokens, slot_summary
 from .osdec import OsdecConfig, OsdecModel, eligible_mask, gaussian_logp
-from .rules import prefix_select
+from .rules import select_by_scores
 from .settings import SETTINGS, Setting, get_setting
 from .sim import DeferrableSim, EpisodeResult
 
@@ -42,7 +42,7 @@ def _stack(obs: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tok, mask, hist
 
 
-def run_greedy(model: OsdecModel, setting: Setting, eps: list[Episode]) -> list[EpisodeResult]:
+def run_greedy(model: OsdecModel, setting: Setting, eps: list[Episode], mapping: str = "prefix") -> list[EpisodeResult]:
     """Roll `model` out without exploration noise (the mean score) on every episode, in lockstep."""
     sims = [DeferrableSim(ep) for ep in eps]
     hists = [SummaryHistory() for _ in eps]
@@ -59,7 +59,7 @@ def run_greedy(model: OsdecModel, setting: Setting, eps: list[Episode]) -> list[
             mu, _, _ = model(tok, mask, model.aux_features(hist))
         for k, i in enumerate(live):
             rows = feats[k][2]
-            pick = prefix_select(mu[k, : len(rows)].numpy(), sims[i].ep.cores[rows], views[k].free)
+            pick = select_by_scores(mu[k, : len(rows)].numpy(), sims[i].ep.cores[rows], views[k].free, mapping)
             sims[i].step(rows[pick])
         assert mu.shape[1] == M
     model.train()
@@ -85,7 +85,7 @@ def train(setting="default", cfg: OsdecConfig | None = None, *, out=None, progre
                             {"params": model.value_parameters(), "lr": cfg.lr_value[0]}], eps=1e-5)
     aux_opt = torch.optim.Adam(model.aux.parameters(), lr=cfg.lr_aux[0]) if model.aux is not None else None
     scale = cfg.reward_scale if cfg.reward_scale is not None else 1.0 / setting.fleet_cores
-    envs = [DeferrableJobsEnv(setting, "train") for _ in range(cfg.n_envs)]
+    envs = [DeferrableJobsEnv(setting, "train", mapping=cfg.mapping) for _ in range(cfg.n_envs)]
     obs = [env.reset(seed=int(rng.integers(2**31 - 1)))[0] for env in envs]
     val_eps = make_episodes(setting, "train", cfg.eval_episodes, seed=VALIDATION_SEED)
 
@@ -143,7 +143,7 @@ def train(setting="default", cfg: OsdecConfig | None = None, *, out=None, progre
         row = {"iteration": it + 1, "steps": (it + 1) * S * E, "seconds": round(time.time() - t0, 1),
                "train_reward": float(np.mean(ep_returns[-E:])) if ep_returns else float("nan"), **stats}
         if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == iters):
-            res = run_greedy(model, setting, val_eps)
+            res = run_greedy(model, setting, val_eps, cfg.mapping)
             row["eval_reward"] = float(np.mean([r.total_reward for r in res]))
             if row["eval_reward"] > best[0]:
                 best = (row["eval_reward"], {k: v.clone() for k, v in model.state_dict().items()})
@@ -285,12 +285,14 @@ def main(argv=None) -> int:
     p.add_argument("--setting", default="default", choices=sorted(SETTINGS))
     p.add_argument("--variant", default="osdec", choices=sorted(VARIANTS))
     p.add_argument("--steps", type=int, default=None, help="slots of experience (default: OsdecConfig.total_steps)")
+    p.add_argument("--mapping", choices=("prefix", "skip"), default="prefix",
+                   help="action mapping: prefix (the paper's) or skip (ours; what the shipped policy uses)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="directory for the saved policy, progress.csv and TensorBoard")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    cfg = OsdecConfig(variant=args.variant, seed=args.seed)
+    cfg = OsdecConfig(variant=args.variant, seed=args.seed, mapping=args.mapping)
     if args.steps:
         cfg = replace(cfg, total_steps=args.steps)
     model, logs = train(args.setting, cfg, out=args.out, progress=not args.quiet, threads=args.threads)

@@ -626,9 +626,15 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
               help="Comma-separated Table 1 variants (default: all: reinforce, ppo, pointer, ppo-att, "
                    "ppo-att-auxh, ppo-att-auxl, osdec).")
 @click.option("--test-episodes", type=int, default=None, help="Test episodes per method (default: 100, the paper's).")
+@click.option("--mapping", type=click.Choice(["prefix", "skip"]), default="prefix", show_default=True,
+              help="Action mapping of the learned rows: prefix (the paper's) or skip (ours: pack past misfits, "
+                   "negative scores wait); skip rows are named VARIANT+skip.")
+@click.option("--merge", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="An earlier `samm experiment osdec` folder whose learned runs join this report (repeatable).")
 @click.option("--workers", type=int, default=2, show_default=True, help="Training runs in parallel processes.")
 @click.option("--quiet", is_flag=True)
-def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes, workers, quiet) -> None:
+def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes, mapping, merge, workers,
+                     quiet) -> None:
     """Deferrable-job scheduling (OSDEC): the paper's Table 1 (with its ablations), Table 2
     (deferrable vs real-time) and Table 4 (six sensitivity settings), ours beside theirs;
     heuristics tuned on training episodes; writes report.md, summary.json, training curves and
@@ -636,7 +642,8 @@ def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes
     split = (lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None)
     _run_problem_experiment("deferrable-jobs", out, quick=quick, seeds=_seeds(seeds) if not quick or seeds != "1-5"
                             else None, steps=steps, settings=split(settings), variants=split(variants),
-                            test_episodes=test_episodes, workers=workers, progress=not quiet)
+                            test_episodes=test_episodes, mapping=mapping, merge=list(merge), workers=workers,
+                            progress=not quiet)
 
 
 @experiment.command("run")
@@ -784,8 +791,14 @@ def serve(host, port, agents, token_env, session_ttl, store, agent_params) -> No
 
     torch.set_num_threads(1)  # one decision at a time is tiny: extra threads only contend
     click.echo(f"serving {registry.names()} on http://{host}:{port} (uploads {'enabled' if token else 'disabled'})", err=True)
-    uvicorn.run(create_app(registry, token=token, session_ttl_s=session_ttl), host=host, port=port,
-                log_level="warning", access_log=False)
+    app = create_app(registry, token=token, session_ttl_s=session_ttl)
+    import gc
+
+    # everything loaded so far (torch, the policies) lives as long as the process: keep it out of
+    # the collector's full passes, which otherwise stall a decision for tens of milliseconds
+    gc.collect()
+    gc.freeze()
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
 @cli.command("collect")
