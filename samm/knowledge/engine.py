@@ -103,7 +103,7 @@ def make_engine(url: str | URL, *, foreign_keys: bool = True, busy_timeout_s: fl
         cur = dbapi_conn.cursor()
         try:
             cur.execute(f"PRAGMA busy_timeout = {busy_ms}")
-            cur.execute("PRAGMA journal_mode = WAL")
+            _wal(cur, busy_timeout_s)
             cur.execute("PRAGMA synchronous = NORMAL")  # durable across crashes in WAL mode
             cur.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
         finally:
@@ -117,3 +117,23 @@ def make_engine(url: str | URL, *, foreign_keys: bool = True, busy_timeout_s: fl
         conn.exec_driver_sql(f"BEGIN {mode}")
 
     return engine
+
+
+def _wal(cur, busy_timeout_s: float) -> None:
+    """Switch the database to WAL once. Switching needs the database to itself, and SQLite
+    answers "database is locked" at once, without its busy handler, while another process is
+    in a transaction (processes opening a fresh database together, one of them migrating): retry
+    within the busy timeout instead of failing the connection."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
