@@ -92,13 +92,13 @@ class Agent(ABC):
         cached = self.__dict__.get("_observation_space")
         if cached is not None and cached.names == (self.feature_names or ("none",)):
             return cached
-        from samm.analyze.metrics import OBSERVATION_NAMES
+        from samm.analyze.features import feature_bounds
 
         from .spaces import NamedBox
 
         names = self.feature_names or ("none",)
         low = np.zeros(len(names), np.float32)
-        high = np.array([1.0 if n in OBSERVATION_NAMES else np.inf for n in names], np.float32)
+        high = np.array([feature_bounds(n)[1] for n in names], np.float32)
         self._observation_space = NamedBox(names, low, high)
         return self._observation_space
 

@@ -64,3 +64,81 @@ def install(candidate_dir, target_dir) -> None:
     if target.exists():
         os.replace(target, previous)
     os.replace(tmp, target)
+
+
+# -- gating on the generalisation suite (paired windows and seeds) ---------------------------------
+SUITE_WINDOW_TOLERANCE = 1.05
+
+
+def suite_gate(pairs: list[dict], margin: float = 0.0, tolerance: float = SUITE_WINDOW_TOLERANCE,
+               max_p: float | None = None) -> dict:
+    """The suite's promotion rule on paired episodes, plain numbers only. Each pair is
+    {"window", "seed", "candidate", "incumbent"} (total costs, $) with optional
+    "candidate_all_jobs"/"incumbent_all_jobs" (bools: every job finished in that episode).
+
+    Promote iff the geometric mean of the per-pair ratios candidate/incumbent is <= 1 - margin,
+    no window's ratio (the geometric mean of its pairs) exceeds `tolerance`, and the candidate
+    finished every job in every pair where the incumbent did. Ratios, not savings in $, so a
+    heavy window cannot buy a loss on a light one; the per-window cap refuses a policy that is
+    better on average but worse somewhere. The one-sided sign test is reported (and required
+    only when `max_p` is given): with a handful of windows it is weak evidence either way."""
+    if not pairs:
+        raise ValueError("no pairs to compare")
+    rows, by_window = [], {}
+    for p in pairs:
+        c, i = float(p["candidate"]), float(p["incumbent"])
+        if not (c > 0 and i > 0):
+            raise ValueError(f"costs must be positive, got {p}")
+        r = c / i
+        rows.append({**p, "ratio": r})
+        by_window.setdefault(p["window"], []).append(math.log(r))
+    logs = [math.log(r["ratio"]) for r in rows]
+    geo = math.exp(sum(logs) / len(logs))
+    windows = {w: math.exp(sum(v) / len(v)) for w, v in by_window.items()}
+    worst_w = max(windows, key=windows.__getitem__)
+    lost_jobs = [{"window": r["window"], "seed": r["seed"]} for r in rows
+                 if r.get("incumbent_all_jobs", True) and not r.get("candidate_all_jobs", True)]
+    wins = sum(r["ratio"] < 1 for r in rows)
+    losses = sum(r["ratio"] > 1 for r in rows)
+    p = sign_test_p(wins, losses)
+    checks = {"geomean": geo <= 1.0 - margin, "windows": windows[worst_w] <= tolerance, "jobs": not lost_jobs}
+    if max_p is not None:
+        checks["sign_test"] = p <= max_p
+    rule = (f"promote iff the geometric-mean paired cost ratio candidate/incumbent <= {1.0 - margin:.4g}, "
+            f"no window's ratio > {tolerance:.4g}, and the candidate finishes every job wherever the incumbent does"
+            + (f", and one-sided sign-test p <= {max_p}" if max_p is not None else ""))
+    return {
+        "pairs": rows,
+        "geomean_ratio": round(geo, 6),
+        "window_ratios": {w: round(v, 6) for w, v in windows.items()},
+        "worst_window": worst_w, "worst_window_ratio": round(windows[worst_w], 6),
+        "jobs_lost": lost_jobs,
+        "wins": wins, "losses": losses, "ties": len(rows) - wins - losses,
+        "sign_test_p": round(p, 4),
+        "checks": checks,
+        "rule": rule,
+        "promote": all(checks.values()),
+    }
+
+
+def compare_on_suite(candidate_dir, incumbent_dir, sim: SimConfig, workloads: list[Workload], seeds=None,
+                     margin: float = 0.0, tolerance: float = SUITE_WINDOW_TOLERANCE, max_p: float | None = None,
+                     max_steps: int | None = None) -> dict:
+    """Candidate and incumbent on every suite window and seed (default: the suite's seeds and
+    step cap), paired by (window, seed), judged by `suite_gate`."""
+    from .generalisation import SUITE_MAX_STEPS, SUITE_SEEDS, run_together
+
+    seeds = [int(s) for s in (seeds or SUITE_SEEDS)]
+    cand, inc = load_agent(candidate_dir), load_agent(incumbent_dir)
+    pairs = []
+    for wl in workloads:
+        ec, ei = run_together(sim, wl, [cand, inc], seeds, max_steps=max_steps or SUITE_MAX_STEPS)
+        for a, b in zip(ec, ei):
+            pairs.append({"window": wl.name, "seed": int(a["seed"]), "candidate": float(a["total_cost"]),
+                          "incumbent": float(b["total_cost"]),
+                          "candidate_all_jobs": a["jobs_finished"] == a["jobs_total"],
+                          "incumbent_all_jobs": b["jobs_finished"] == b["jobs_total"]})
+    verdict = suite_gate(pairs, margin, tolerance, max_p)
+    return {"candidate": {"dir": str(candidate_dir), "version": cand.version},
+            "incumbent": {"dir": str(incumbent_dir), "version": inc.version},
+            "seeds": seeds, "windows": [w.name for w in workloads], **verdict}

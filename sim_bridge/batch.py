@@ -18,12 +18,13 @@ from .errors import SimulatorError
 from .gateway import Gateway, shared_gateway
 from .workloads import Workload
 
-HEADER = 16
+HEADER = 21
 TYPE_FIELDS = 4
 VM_FIELDS = 5
 (H_CLOCK, H_STEP, H_TERMINATED, H_APPLIED, H_COOLDOWN, H_SUBMITTED, H_SUBMITTED_INT, H_WAITING,
  H_WAITING_INT, H_FINISHED, H_RUNNING_JOBS, H_VM_COST, H_WAIT_JOB_S, H_REQUEUED, H_BUSY_CORE_S,
- H_LOST_CORE_S) = range(HEADER)
+ H_LOST_CORE_S, H_WAITING_CORES, H_RUNNING_CORES, H_HEAD_CORES, H_MAX_FREE_CORES,
+ H_SINCE_ACTION_S) = range(HEADER)
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,7 @@ class SimStep:
     def row(self, i: int) -> "SimStep":
         sl = slice(i, i + 1)
         r = self.raw
-        return SimStep(self.header[sl], self.types[sl], RawSnapshot(
-            r.vm_type[sl], r.vm_state[sl], r.vm_cpu_busy[sl], r.vm_ram_used_gb[sl], r.vm_running_for_s[sl],
-            r.jobs_submitted_total[sl], r.jobs_submitted_interval[sl], r.jobs_waiting_now[sl],
-            r.jobs_waiting_interval[sl], r.jobs_running[sl]))
+        return SimStep(self.header[sl], self.types[sl], r.select(sl))
 
 
 def decode_records(buf: bytes, n_types: int, n_slots: int) -> SimStep:
@@ -107,12 +105,26 @@ def decode_records(buf: bytes, n_types: int, n_slots: int) -> SimStep:
         jobs_waiting_now=header[:, H_WAITING],
         jobs_waiting_interval=header[:, H_WAITING_INT],
         jobs_running=header[:, H_RUNNING_JOBS],
+        jobs_waiting_cores=header[:, H_WAITING_CORES],
+        jobs_running_cores=header[:, H_RUNNING_CORES],
+        head_job_cores=header[:, H_HEAD_CORES],
+        since_action_s=header[:, H_SINCE_ACTION_S],
     )
     return SimStep(header, types, raw)
 
 
+def check_core_cap(workload: Workload, config: SimConfig) -> None:
+    too_big = int(workload.cores.max())
+    if too_big > config.job_core_cap:
+        raise ValueError(
+            f"workload {workload.name!r} has a {too_big}-core job but jobs may use at most "
+            f"{config.job_core_cap} cores (cap it when loading: `core_cap`)"
+        )
+
+
 class SimBatch:
-    """`n_envs` simulations of one workload under one config, hosted by one JVM."""
+    """`n_envs` simulations under one config, hosted by one JVM; every env starts with the same
+    workload and `set_workload` gives one env another (training on a workload distribution)."""
 
     def __init__(self, config: SimConfig, workload: Workload, n_envs: int, gateway: Gateway | None = None,
                  fast: bool = True):
@@ -120,12 +132,7 @@ class SimBatch:
         call; both return the same bytes."""
         if n_envs < 1:
             raise ValueError("n_envs must be at least 1")
-        too_big = int(workload.cores.max())
-        if too_big > config.job_core_cap:
-            raise ValueError(
-                f"workload {workload.name!r} has a {too_big}-core job but jobs may use at most "
-                f"{config.job_core_cap} cores (cap it when loading: `core_cap`)"
-            )
+        check_core_cap(workload, config)
         self.config = config
         self.workload = workload
         self.n_envs = n_envs
@@ -135,6 +142,15 @@ class SimBatch:
         self._id = self.gateway.call("createBatch", config.java_json(), self._workload_id, n_envs)
         self._closed = False
         self.fast = fast
+        self.workloads = [workload] * n_envs
+
+    def set_workload(self, env: int, workload: Workload) -> None:
+        """Env `env` replays `workload` from its next reset on."""
+        if not 0 <= int(env) < self.n_envs:
+            raise ValueError(f"env index must be within [0, {self.n_envs})")
+        check_core_cap(workload, self.config)
+        self.gateway.call("setEnvWorkload", self._id, int(env), bytearray(workload.pack()))
+        self.workloads[int(env)] = workload
 
     @property
     def n_types(self) -> int:

@@ -78,6 +78,9 @@ class SimConfig(StrictModel):
     max_job_cores: int | None = Field(default=None, ge=1)
     # Java threads stepping the envs of one batch in parallel (0 = one per CPU).
     threads: int = Field(default=0, ge=0)
+    # The head-of-line liveness guard (samm/plan/liveness.py) on every decision: add a VM able
+    # to host a queued job that no VM of the fleet can host; never remove the last such VM.
+    liveness_guard: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> "SimConfig":

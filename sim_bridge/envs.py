@@ -4,8 +4,23 @@
 Both turn the gateway's raw snapshots into the paper's seven metrics with the shared analyzer
 (`samm.analyze`), so the daemon and the simulator observe the world the same way.
 
-Reward per step = -(VM cost of the interval) - penalty × waiting job-seconds of the interval.
+Reward per step (`reward="cost"`, the paper's) = -(VM cost of the interval) - penalty × waiting
+job-seconds of the interval. `reward="waste"` charges only what a policy can avoid: the VM cost
+of the interval minus its busy core-seconds at the cheapest price per core-second, plus the work
+thrown away by removals at that price, plus the waiting penalty. Over a whole episode the two
+returns differ by a constant of the workload (its work at that price), so they rank policies
+alike; but with discounting, `cost` pays a policy for postponing work (a job run later is
+cheaper in discounted terms), which on long real-trace jobs taught the agent to leave work
+queued, and `waste` does not.
+
+Either may be divided by the episode's workload's reference cost (`reward_scale="work"`: the
+work's core-hours at the cheapest price per core-hour, the cost of a perfectly packed fleet that
+never idles), so that workloads whose costs differ by orders of magnitude weigh alike.
 `terminated` when every job has finished; `truncated` at `config.max_steps`.
+
+Observations are a named feature set (`samm.analyze.features`): `paper` (the seven metrics) or
+`extended`. `CloudSimVectorEnv(..., sampler=...)` draws a new workload for every episode of every
+env from a workload distribution (`sim_bridge.workloads.mix`).
 """
 from __future__ import annotations
 
@@ -17,11 +32,14 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from samm.analyze import N_METRICS, OBSERVATION_NAMES, compute_metrics
+from samm.analyze import OBSERVATION_NAMES, compute_metrics
+from samm.analyze.features import compute_features, feature_bounds, feature_set
 from samm.analyze.metrics import allocated_cores
+from samm.plan.liveness import guard_head_of_line
 
 from .actions import action_masks, action_names, action_space, to_deltas
-from .batch import H_FINISHED, H_REQUEUED, H_RUNNING_JOBS, H_STEP, H_WAITING, SimBatch, SimStep
+from .batch import (H_BUSY_CORE_S, H_FINISHED, H_LOST_CORE_S, H_REQUEUED, H_RUNNING_JOBS, H_STEP, H_WAITING,
+                    SimBatch, SimStep)
 from .config import SimConfig
 from .gateway import Gateway
 from .workloads import SwfTransform, Workload, load_workload
@@ -44,20 +62,51 @@ def _as_workload(workload: str | Workload, config: SimConfig, swf: SwfTransform 
     return load_workload(workload, transform, core_cap=config.job_core_cap)
 
 
-def observation_space() -> spaces.Box:
-    return spaces.Box(0.0, 1.0, shape=(N_METRICS,), dtype=np.float32)
+REWARD_SCALES = ("none", "work")
+REWARD_KINDS = ("cost", "waste")
+
+
+def observation_space(names=OBSERVATION_NAMES) -> spaces.Box:
+    bounds = np.array([feature_bounds(n) for n in names], dtype=np.float32)
+    return spaces.Box(bounds[:, 0], bounds[:, 1], shape=(len(names),), dtype=np.float32)
+
+
+def feature_names_of(features: str | tuple | list, config: SimConfig) -> tuple[str, ...]:
+    """A feature set's name (`paper`, `extended`) or explicit feature names."""
+    from samm.analyze import FleetSpec
+
+    if isinstance(features, str):
+        return feature_set(features, FleetSpec.from_vm_types(config.vm_types))
+    return tuple(features)
+
+
+def cheapest_core_second(config: SimConfig) -> float:
+    return min(t.price_per_hour / t.cores for t in config.vm_types) / 3600.0
+
+
+def reference_cost(workload: Workload, config: SimConfig) -> float:
+    """The work's core-hours at the cheapest price per core-hour: what a fleet that is always
+    fully busy would cost (a lower bound on any policy's VM cost, ignoring boot time)."""
+    return max(workload.core_seconds(config.host_mips) * cheapest_core_second(config), 1e-6)
 
 
 class StepDecoder:
     """Turns decoded snapshots into observations, rewards and infos (shared by both envs)."""
 
-    def __init__(self, config: SimConfig, batch: SimBatch):
+    def __init__(self, config: SimConfig, batch: SimBatch, features=OBSERVATION_NAMES):
         self.config = config
         self.fleet = batch.fleet
         self.names = action_names(config.action_mode, self.fleet.names)
+        self.features = tuple(features)
 
     def observations(self, s: SimStep) -> np.ndarray:
-        return compute_metrics(s.raw, self.fleet, warmup_s=self.config.warmup_s)
+        metrics = compute_metrics(s.raw, self.fleet, warmup_s=self.config.warmup_s)
+        if self.features == OBSERVATION_NAMES:
+            return metrics
+        obs = compute_features(s.raw, self.fleet, self.features, self.config.warmup_s, metrics=metrics,
+                               step_seconds=self.config.step_seconds)
+        # the simulator always knows every counter; NaN here would be a bridge bug
+        return np.nan_to_num(obs, nan=0.0)
 
     def rewards(self, s: SimStep) -> np.ndarray:
         return -(s.vm_cost + self.config.penalty_per_job_second * s.wait_job_seconds)
@@ -92,22 +141,24 @@ class CloudSimEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, config: SimConfig | dict | None = None, workload: str | Workload = "seed-1551",
-                 swf: SwfTransform | dict | None = None, gateway: Gateway | None = None):
+                 swf: SwfTransform | dict | None = None, gateway: Gateway | None = None,
+                 features: str | tuple = "paper"):
         self.config = _as_config(config)
         self.workload = _as_workload(workload, self.config, swf)
-        self.observation_space = observation_space()
+        self.observation_names = feature_names_of(features, self.config)
+        self.observation_space = observation_space(self.observation_names)
         self.action_space = action_space(self.config.action_mode, self.config.n_types)
         self._gateway = gateway
         self._batch: SimBatch | None = None
         self._decoder: StepDecoder | None = None
         self._needs_reset = True
-        self.observation_names = OBSERVATION_NAMES
+        self._last: SimStep | None = None
 
     @property
     def batch(self) -> SimBatch:
         if self._batch is None:
             self._batch = SimBatch(self.config, self.workload, 1, gateway=self._gateway)
-            self._decoder = StepDecoder(self.config, self._batch)
+            self._decoder = StepDecoder(self.config, self._batch, self.observation_names)
         return self._batch
 
     @property
@@ -118,6 +169,7 @@ class CloudSimEnv(gym.Env):
         super().reset(seed=seed)
         sim_seed = int(self.np_random.integers(SEED_SPACE))
         s = self.batch.reset([0], [sim_seed])
+        self._last = s
         self._needs_reset = False
         return self._emit(s)[0], self._emit_info(s)
 
@@ -125,7 +177,10 @@ class CloudSimEnv(gym.Env):
         if self._needs_reset:
             raise RuntimeError("call reset() before step() (and after an episode ends)")
         deltas = to_deltas(self.config.action_mode, np.asarray(action)[None], self.config.n_types)
+        if self.config.liveness_guard and self._last is not None:
+            deltas, _ = guard_head_of_line(deltas, self._last.raw, self._decoder.fleet)
         s = self.batch.step(deltas)
+        self._last = s
         obs = self._emit(s)[0]
         reward = float(self._decoder.rewards(s)[0])
         terminated = bool(s.terminated[0])
@@ -162,18 +217,62 @@ class CloudSimVectorEnv(VectorEnv):
 
     def __init__(self, num_envs: int = 8, config: SimConfig | dict | None = None,
                  workload: str | Workload = "seed-1551", swf: SwfTransform | dict | None = None,
-                 gateway: Gateway | None = None):
+                 gateway: Gateway | None = None, features: str | tuple = "paper", sampler=None,
+                 reward_scale: str = "none", reward: str = "cost"):
+        """`sampler`: anything with `sample() -> Workload` (a workload distribution's sampler);
+        each env then replays a fresh sample every episode, drawn in reset order (so a seeded
+        sampler makes the whole run reproducible). `workload` is only the first placeholder."""
+        if reward_scale not in REWARD_SCALES:
+            raise ValueError(f"reward_scale must be one of {REWARD_SCALES}, got {reward_scale!r}")
+        if reward not in REWARD_KINDS:
+            raise ValueError(f"reward must be one of {REWARD_KINDS}, got {reward!r}")
+        self.reward = reward
         self.config = _as_config(config)
-        self.workload = _as_workload(workload, self.config, swf)
+        self.sampler = sampler
+        self.workload = sampler.sample() if sampler is not None else _as_workload(workload, self.config, swf)
         self.num_envs = int(num_envs)
-        self.single_observation_space = observation_space()
+        self.observation_names = feature_names_of(features, self.config)
+        self.single_observation_space = observation_space(self.observation_names)
         self.single_action_space = action_space(self.config.action_mode, self.config.n_types)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.batch = SimBatch(self.config, self.workload, self.num_envs, gateway=gateway)
-        self._decoder = StepDecoder(self.config, self.batch)
+        self._decoder = StepDecoder(self.config, self.batch, self.observation_names)
         self._rng = np.random.default_rng()
-        self.observation_names = OBSERVATION_NAMES
+        self.reward_scale = reward_scale
+        self._scale = np.full(self.num_envs, self._scale_of(self.workload))
+        self._lost = np.zeros(self.num_envs)  # lost core-seconds so far, per env (the header's is a total)
+        self._last_raw = None  # the snapshot the next decisions are taken on (for the liveness guard)
+        self._first_reset = True
+
+    def _rewards(self, s: SimStep) -> np.ndarray:
+        r = self._decoder.rewards(s)
+        if self.reward == "waste":
+            price = cheapest_core_second(self.config)
+            lost = s.header[:, H_LOST_CORE_S]
+            r = r + price * (s.header[:, H_BUSY_CORE_S] - (lost - self._lost))
+            self._lost = lost.copy()
+        return r * self._scale
+
+    def _scale_of(self, workload: Workload) -> float:
+        return 1.0 / reference_cost(workload, self.config) if self.reward_scale == "work" else 1.0
+
+    def _new_workloads(self, envs) -> None:
+        """Before a reset: the sampler's next workloads for these envs (the first reset of env 0
+        keeps the workload drawn at construction)."""
+        if self.sampler is None:
+            return
+        for i in envs:
+            if self._first_reset and i == 0:
+                continue
+            w = self.sampler.sample()
+            self.batch.set_workload(int(i), w)
+            self._scale[i] = self._scale_of(w)
+        self._first_reset = False
+
+    @property
+    def workload_names(self) -> list[str]:
+        return [w.name for w in self.batch.workloads]
 
     def _draw_seeds(self, n: int) -> np.ndarray:
         return self._rng.integers(SEED_SPACE, size=n, dtype=np.int64)
@@ -189,15 +288,21 @@ class CloudSimVectorEnv(VectorEnv):
             if seed is not None:
                 self._rng = np.random.default_rng(int(seed))
             seeds = self._draw_seeds(self.num_envs)
+        self._new_workloads(range(self.num_envs))
         s = self.batch.reset(np.arange(self.num_envs), seeds)
+        self._lost[:] = 0.0
+        self._last_raw = s.raw
         obs = self._decoder.observations(s)
         return obs, self._infos(s)
 
     def step(self, actions):
         deltas = to_deltas(self.config.action_mode, actions, self.config.n_types)
+        if self.config.liveness_guard and self._last_raw is not None:
+            deltas, _ = guard_head_of_line(deltas, self._last_raw, self._decoder.fleet)
         s = self.batch.step(deltas)
+        self._last_raw = s.raw
         obs = self._decoder.observations(s)
-        rewards = self._decoder.rewards(s)
+        rewards = self._rewards(s)
         terminated = s.terminated.copy()
         truncated = (~terminated) & (s.header[:, H_STEP] >= self.config.max_steps)
         infos = self._infos(s)
@@ -210,7 +315,10 @@ class CloudSimVectorEnv(VectorEnv):
             infos["_final_obs"] = done.copy()
             infos["final_info"] = {k: v for k, v in infos.items() if not k.startswith(("final", "_final"))}
             infos["_final_info"] = done.copy()
+            self._new_workloads(idx)
             r = self.batch.reset(idx, self._draw_seeds(len(idx)))
+            self._lost[idx] = 0.0
+            self._last_raw = self._last_raw.with_rows(idx, r.raw)
             obs[idx] = self._decoder.observations(r)
             mask = self._decoder.masks(r)
             infos["action_mask"] = infos["action_mask"].copy()

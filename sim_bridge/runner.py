@@ -15,6 +15,7 @@ import numpy as np
 from samm.analyze import compute_metrics
 from samm.analyze.features import compute_features
 from samm.analyze.metrics import allocated_cores
+from samm.plan.liveness import guard_head_of_line
 
 from .actions import to_deltas
 from .batch import H_REQUEUED, H_STEP, SimBatch
@@ -37,14 +38,22 @@ class EpisodeTrace:
     reward: list[float] = field(default_factory=list)
 
 
-def run_episodes(config: SimConfig, workload: Workload, agent, seeds, deterministic: bool = True,
+def run_episodes(config: SimConfig, workload: Workload | list[Workload], agent, seeds, deterministic: bool = True,
                  traces: bool = False, gateway: Gateway | None = None, max_steps: int | None = None) -> list[dict]:
+    """One episode per seed, all in one batch. `workload` may be a list with one workload per
+    seed (episode i replays workload i), so many workloads run in one batched pass."""
     seeds = [int(s) for s in seeds]
     n = len(seeds)
+    workloads = list(workload) if isinstance(workload, (list, tuple)) else [workload] * n
+    if len(workloads) != n:
+        raise ValueError(f"{len(workloads)} workloads for {n} seeds: give one per seed")
     cap = max_steps or config.max_steps
     started = time.perf_counter()
-    batch = SimBatch(config, workload, n, gateway=gateway)
+    batch = SimBatch(config, workloads[0], n, gateway=gateway)
     try:
+        for i, w in enumerate(workloads):
+            if w is not workloads[0]:
+                batch.set_workload(i, w)
         s = batch.reset(np.arange(n), seeds)
         state = agent.initial_state(n)
         alive = np.ones(n, dtype=bool)
@@ -57,10 +66,13 @@ def run_episodes(config: SimConfig, workload: Workload, agent, seeds, determinis
         names = tuple(agent.feature_names)
         obs = compute_metrics(s.raw, batch.fleet, config.warmup_s)
         while alive.any():
-            feats = (compute_features(s.raw, batch.fleet, names, config.warmup_s, metrics=obs) if names
+            feats = (compute_features(s.raw, batch.fleet, names, config.warmup_s, metrics=obs,
+                                      step_seconds=config.step_seconds) if names
                      else np.zeros((n, 0), dtype=np.float32))
             decisions, state = agent.act(feats, state, deterministic)
             deltas = to_deltas(agent.action_mode, decisions.actions, config.n_types)
+            if config.liveness_guard:
+                deltas, _ = guard_head_of_line(deltas, s.raw, batch.fleet)
             deltas[~alive] = 0
             s = batch.step(deltas)
             obs = compute_metrics(s.raw, batch.fleet, config.warmup_s)
@@ -98,7 +110,7 @@ def run_episodes(config: SimConfig, workload: Workload, agent, seeds, determinis
         arrived = j[:, 0] <= steps[i] * config.step_seconds
         waits = j[arrived, 3]
         r = {
-            "workload": workload.name,
+            "workload": workloads[i].name,
             "seed": seeds[i],
             "steps": int(steps[i]),
             "terminated": bool(terminated[i]),

@@ -62,7 +62,7 @@ def publish_window(sender, prefix: str, window_end: int, instances=(), queue: di
     series written (for `wait_for_points`)."""
     import math
 
-    from samm.monitor.collector import InstanceReporter, QueueReporter
+    from samm.monitor.collector import QUEUE_METRICS, InstanceReporter, QueueReporter
 
     n = 0
     for group, inst, cpu, ram, first_seen in instances:
@@ -79,6 +79,6 @@ def publish_window(sender, prefix: str, window_end: int, instances=(), queue: di
         if queue_before is not None:
             q.report(**queue_before, ts=window_end - interval_s - step_s, flush=False)
         q.report(**queue, ts=window_end - step_s, flush=False)
-        n += 5
+        n += sum(1 for k in QUEUE_METRICS if queue.get(k) is not None)
     sender.flush()
     return n

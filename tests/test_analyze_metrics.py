@@ -102,5 +102,5 @@ def test_vectorised_over_a_batch_equals_one_by_one():
                         rng.integers(0, 50, e).astype(float))
     together = compute_metrics(batch, FLEET)
     for i in range(e):
-        one = RawSnapshot(*(getattr(batch, f)[i] for f in batch.__dataclass_fields__))
+        one = batch.select(i)
         np.testing.assert_allclose(compute_metrics(one, FLEET), together[i], rtol=1e-6)

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from sim_bridge.gateway import Gateway
+from sim_bridge.batch import HEADER
 
 pytestmark = pytest.mark.jvm
 
@@ -102,4 +103,4 @@ def test_step_channel_matches_py4j_step_and_rejects_strangers():
 
         with pytest.raises(SimulatorError, match="unknown batch"):
             gw.step_channel().step(9999, b"\x00" * 9)
-        assert fast.step(np.zeros((3, 3))).header.shape == (3, 16)
+        assert fast.step(np.zeros((3, 3))).header.shape == (3, HEADER)

@@ -165,3 +165,15 @@ def test_unknown_java_config_key_is_rejected():
     with pytest.raises(SimulatorError, match="cooldwn_s"):
         gw.call("createBatch", bad, wid, 1)
     gw.call("closeWorkload", wid)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 4, 8])
+def test_a_multi_core_job_runs_for_its_run_time(cores):
+    """`length_mi` is MI on EACH core: a job of 3600 s x 4400 MIPS takes 3600 s however many cores
+    it holds (it once finished `cores` times sooner: the gateway divided the length by them)."""
+    from sim_bridge.workloads import Workload
+
+    w = Workload("wide", np.array([0.0]), np.array([3600.0 * 4400.0]), np.array([cores], np.int32), np.array([1.0]))
+    cfg = SimConfig(action_mode="per-type").with_initial([1, 1, 1])
+    r = run_episodes(cfg, w, make_builtin_policy("noop", "per-type", ("S", "M", "L")), [1])[0]
+    assert r["terminated"] and r["makespan_s"] == pytest.approx(3600.0, abs=0.5)

@@ -142,9 +142,11 @@ def ppo_update(net: LstmActorCritic, opt: optim.Optimizer, buf: RolloutBuffer, c
 
 def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str | Path | None = None,
           resume: bool = False, progress: bool = True,
-          on_update: Callable[[int, LstmActorCritic, RunningMeanStd | None], bool | None] | None = None) -> TrainResult:
+          on_update: Callable[[int, LstmActorCritic, RunningMeanStd | None], bool | None] | None = None,
+          init: tuple[dict, RunningMeanStd | None] | None = None) -> TrainResult:
     """Train an LSTM actor-critic. `make_envs(num_envs, seed)` builds the vector env.
-    `on_update(update, net, obs_rms)` may return True to stop early."""
+    `on_update(update, net, obs_rms)` may return True to stop early. `init`: (network state
+    dict, observation normaliser) of a policy to start from (fine-tuning) instead of scratch."""
     cfg.validate()
     out = Path(out_dir) if out_dir else None
     if out:
@@ -165,13 +167,17 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     discrete = isinstance(envs.single_action_space, spaces.Discrete)
 
     net = LstmActorCritic(obs_dim, nvec, cfg.lstm_hidden).to(device)
-    if cfg.initial_noop_prob > 0:
+    if init is not None:
+        net.load_state_dict(init[0])
+    elif cfg.initial_noop_prob > 0:
         # no-op: action 0 of a Discrete space (the paper's "nothing"), 1 (keep) of each per-type dim
         net.bias_towards((0,) if discrete else (1,) * len(nvec), cfg.initial_noop_prob)
     # on CPU the parameters live in one buffer (see flat_params); on GPUs cuDNN wants its own layout
     flat = FlatParams(net) if device.type == "cpu" else None
     opt = optim.Adam([flat.param] if flat else net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
     obs_rms = RunningMeanStd((obs_dim,)) if cfg.norm_obs else None
+    if init is not None and init[1] is not None and cfg.norm_obs:
+        obs_rms = RunningMeanStd.from_dict(init[1].to_dict())
     ret_rms = RunningMeanStd(()) if cfg.norm_reward else None
     start_update, global_step = 0, 0
 

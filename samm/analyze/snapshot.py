@@ -60,7 +60,32 @@ class RawSnapshot:
     jobs_waiting_now: np.ndarray  # (B...) queued at the end of the interval
     jobs_waiting_interval: np.ndarray  # (B...) of the interval's arrivals, still queued at its end
     jobs_running: np.ndarray  # (B...) running at the end of the interval
+    # What queue-based rules see (the `extended` feature set); None where the source cannot
+    # tell (an older Graphite schema): features built on them are then NaN, and the daemon's
+    # feature validation refuses to act on NaN.
+    jobs_waiting_cores: np.ndarray | None = None  # (B...) Σ cores of the queued jobs
+    jobs_running_cores: np.ndarray | None = None  # (B...) Σ cores of the running jobs
+    head_job_cores: np.ndarray | None = None  # (B...) cores of the head-of-line job, 0 = empty queue
+    since_action_s: np.ndarray | None = None  # (B...) seconds since the last applied action, -1 = none yet
 
     @property
     def batch_shape(self) -> tuple[int, ...]:
         return self.jobs_waiting_now.shape
+
+    def with_rows(self, index, other: "RawSnapshot") -> "RawSnapshot":
+        """A copy whose batch rows `index` come from `other` (rows of a reset, say)."""
+        out = {}
+        for f in self.__dataclass_fields__:
+            mine, theirs = getattr(self, f), getattr(other, f)
+            if mine is None or theirs is None:
+                out[f] = None
+                continue
+            arr = np.array(mine, copy=True)
+            arr[index] = theirs
+            out[f] = arr
+        return RawSnapshot(**out)
+
+    def select(self, index) -> "RawSnapshot":
+        """The snapshot of some batch rows (`index` on the leading axis)."""
+        return RawSnapshot(**{f: None if getattr(self, f) is None else np.asarray(getattr(self, f))[index]
+                              for f in self.__dataclass_fields__})

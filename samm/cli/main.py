@@ -399,11 +399,27 @@ def _params(text: str | None) -> dict | None:
               help="Seeds of the periodic evaluations that pick the saved snapshot (keep them apart from the final evaluation seeds).")
 @click.option("--ppo", "ppo_json", default=None, help="JSON object overriding PPOConfig fields, e.g. '{\"learning_rate\": 1e-4}'.")
 @click.option("--device", default="auto", show_default=True, help="auto (CUDA when present), cpu or cuda.")
+@click.option("--workload-mix", "mix_path", default=None,
+              help="Train on a workload distribution: a mix YAML (docs/workloads.md) or `default` (the shipped mix); "
+                   "each episode replays a fresh sample. Replaces --workload.")
+@click.option("--features", type=click.Choice(["paper", "extended"]), default=None,
+              help="Observation: the paper's seven metrics, or those plus the queue features the rules see "
+                   "(default: extended with --workload-mix or --init-policy of an extended policy, else paper).")
+@click.option("--reward", "reward_kind", type=click.Choice(["cost", "waste"]), default=None,
+              help="cost: -(VM cost + waiting penalty) per step (the paper); waste: only avoidable cost (idle cores, "
+                   "lost work, waiting), same ranking of policies, no incentive to postpone work (default with a mix).")
+@click.option("--reward-scale", type=click.Choice(["none", "work"]), default=None,
+              help="work: divide rewards by the episode's workload's work cost, so every workload weighs alike "
+                   "(default with a mix or with windows of a trace).")
+@click.option("--init-policy", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Start from this lstm-ppo policy (fine-tuning, e.g. the shipped one on your own trace) instead of scratch.")
+@click.option("--validation", "n_validation", type=int, default=12, show_default=True,
+              help="With a mix or trace windows: training-split workloads that pick the saved snapshot.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_context
 def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
               action_mode, max_steps, timesteps, envs, seed, out, resume, eval_every, eval_seeds, ppo_json, device,
-              quiet) -> None:
+              mix_path, features, reward_kind, reward_scale, init_policy, n_validation, quiet) -> None:
     """Train a problem's learning agent. Autoscaling: LSTM-PPO in the CloudSim Plus simulation
     (progress bar, TensorBoard + CSV logs, checkpoints, resume; the policy is saved to
     <out>/policy). Placement: the REINFORCE policy trained across batches (progress bar, CSV log;
@@ -433,21 +449,53 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
     from agents.training import train_lstm_ppo
 
     cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
-    wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
     overrides = _params(ppo_json) or {}
+    plan = _training_plan(cfg, workload, window, time_compression, mips_per_core, max_jobs, mix_path, features,
+                          reward_kind, reward_scale, init_policy, n_validation, seed)
     try:
         ppo = PPOConfig(**{"total_timesteps": timesteps, "num_envs": envs, "seed": seed, "eval_every": eval_every,
-                           "device": device, **overrides}).validate()
+                           "device": device, **plan.ppo_defaults, **overrides}).validate()
     except (TypeError, ValueError) as exc:
         _fail(f"invalid PPO settings: {exc}")
-    _, summary = train_lstm_ppo(cfg, wl, ppo, out, resume=resume, progress=not quiet, eval_seeds=_seeds(eval_seeds))
+    try:
+        _, summary = train_lstm_ppo(cfg, plan.workload, ppo, out, resume=resume, progress=not quiet,
+                                    eval_seeds=_seeds(eval_seeds), features=plan.features,
+                                    sampler_factory=plan.sampler_factory, reward_scale=plan.reward_scale,
+                                    reward=plan.reward, validation=plan.validation, init_policy=init_policy,
+                                    training_info=plan.info)
+    except ValueError as exc:
+        _fail(str(exc))
     click.echo(json.dumps(summary))
+
+
+def _training_plan(cfg, workload, window, time_compression, mips_per_core, max_jobs, mix_path, features, reward_kind,
+                   reward_scale, init_policy, n_validation, seed):
+    """What `samm train` trains on: one workload (the paper), a workload mix, or random windows of
+    the user's own trace (fine-tuning); with the defaults each of these wants."""
+    from agents.training import TrainingPlan
+
+    try:
+        return TrainingPlan.build(cfg, workload=workload, workload_loader=lambda: _workload(
+            workload, cfg, window, time_compression, mips_per_core, max_jobs), mix_path=mix_path, features=features,
+            reward=reward_kind, reward_scale=reward_scale, init_policy=init_policy, n_validation=n_validation,
+            seed=seed)
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
 
 
 @cli.command("evaluate")
 @click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True,
               help="The problem (its agents and simulator).")
-@click.option("--agent", "agent_kind", required=True,
+@click.option("--suite", type=click.Choice(["generalisation"]), default=None,
+              help="autoscaling: run a whole suite instead of one agent. `generalisation`: the policy (--policy, "
+                   "default the shipped one) and the three rules tuned on the training split, over the fixed "
+                   "test-split windows plus seed-1551, 3 seeds each; cost relative to the best rule per window.")
+@click.option("--rules", "rules_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="--suite: tuned-rules JSON (default: agents/policies/generalisation-rules.json).")
+@click.option("--retune", is_flag=True, help="--suite: tune the rules on the training split now (minutes).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="--suite: write suite.json, suite.md (and tuned rules with --retune) here.")
+@click.option("--agent", "agent_kind", default=None,
               help="autoscaling: noop, random, static:S,M,L, threshold, target-tracking, queue or lstm-ppo. "
                    "lra-placement: lra-reinforce, lra-reinforce-per-batch, optimum, greedy-ls, greedy, k8s-default, "
                    "least-loaded, round-robin or random.")
@@ -463,13 +511,22 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
 @click.option("--seeds", default="1-5", show_default=True, help="Episode seeds: 1,2,3 or 1-5.")
 @click.option("--stochastic", is_flag=True, help="Sample actions instead of taking the most likely one.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def evaluate_cmd(problem, agent_kind, nodes, containers, predictor, policy_dir, params_json, workload, window,
-                 time_compression, mips_per_core, max_jobs, config_path, preset, initial, action_mode, max_steps, seeds,
-                 stochastic, as_json) -> None:
+def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes, containers, predictor, policy_dir,
+                 params_json, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
+                 action_mode, max_steps, seeds, stochastic, as_json) -> None:
     """Evaluate an agent over several seeded episodes. Autoscaling: per-episode and mean ± std of
-    cost, makespan, waits, allocated cores and CPU utilisation. Placement: mean normalised
-    throughput per seeded batch beside the batch's exact optimum. Deferrable jobs (`--agent osdec`
-    or a heuristic, e.g. tetris): total reward and its parts on held-apart test episodes."""
+    cost, makespan, waits, allocated cores and CPU utilisation; or a whole suite (`--suite
+    generalisation`). Placement: mean normalised throughput per seeded batch beside the batch's
+    exact optimum. Deferrable jobs (`--agent osdec` or a heuristic, e.g. tetris): total reward and
+    its parts on held-apart test episodes."""
+    if suite is not None:
+        if problem != "autoscaling":
+            _fail("--suite applies to problem autoscaling")
+        _suite_cmd(_sim_config(config_path, preset, initial, action_mode or "per-type", max_steps), policy_dir,
+                   rules_path, retune, out_dir, as_json)
+        return
+    if agent_kind is None:
+        _fail("--agent is required (or --suite)")
     if problem == "lra-placement":
         from agents.lra_placement.evaluate import evaluate as evaluate_placement
 
@@ -529,6 +586,35 @@ def evaluate_cmd(problem, agent_kind, nodes, containers, predictor, policy_dir, 
                                           if isinstance(v, dict) and k in ("total_cost", "vm_cost", "wait_penalty", "makespan_s")))
 
 
+def _suite_cmd(cfg, policy_dir, rules_path, retune, out_dir, as_json) -> None:
+    from agents.generalisation import run_suite, suite_json, suite_markdown, suite_workloads
+    from agents.generalisation_agents import suite_agents
+    from agents.generalisation_stats import check_targets
+
+    out = Path(out_dir) if out_dir else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    try:
+        agents, provenance = suite_agents(cfg, policy_dir, rules_path=rules_path, retune=retune,
+                                          write_to=out / "rules.json" if (out and retune) else None,
+                                          progress=not as_json)
+        workloads = suite_workloads(cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    result = run_suite(agents, cfg, workloads, progress=not as_json)
+    result["provenance"] = provenance
+    result["targets"] = check_targets(result)
+    if out:
+        (out / "suite.json").write_text(suite_json(result))
+        (out / "suite.md").write_text(suite_markdown(result) + "\n")
+    if as_json:
+        click.echo(suite_json(result))
+        return
+    click.echo(suite_markdown(result))
+    click.echo(f"\npolicy: {provenance['policy']} ({provenance['policy_version']}); rules: {provenance['rules']}")
+    click.echo("targets: " + json.dumps(result["targets"], default=str))
+
+
 @cli.command("tune")
 @click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True)
 @click.option("--agent", "agent_kind", type=click.Choice(["threshold", "target-tracking", "queue"]), required=True)
@@ -568,7 +654,7 @@ def experiment() -> None:
 @click.option("--seeds", default="1-5", show_default=True, help="Evaluation seeds.")
 @click.option("--tune-seeds", default="101-103", show_default=True, help="Baseline tuning seeds.")
 @click.option("--ppo", "ppo_json", default=None, help="JSON object overriding PPOConfig fields.")
-@click.option("--no-swf", is_flag=True, help="Skip the real-trace windows.")
+@click.option("--no-swf", is_flag=True, help="Skip the generalisation suite (test-split windows of real traces).")
 @click.option("--fast-tuning", is_flag=True, help="Halve every baseline grid (for smoke runs).")
 @click.option("--quiet", is_flag=True)
 def experiment_paper(out, policy_dir, timesteps, seeds, tune_seeds, ppo_json, no_swf, fast_tuning, quiet) -> None:
@@ -728,19 +814,36 @@ def policy() -> None:
 @click.option("--seeds", default="1-10", show_default=True, help="Paired episode seeds.")
 @click.option("--margin", type=float, default=0.02, show_default=True, help="Required mean paired cost saving.")
 @click.option("--max-p", type=float, default=0.1, show_default=True, help="Largest one-sided sign-test p-value.")
+@click.option("--suite", type=click.Choice(["generalisation"]), default=None,
+              help="Gate on the generalisation suite instead of one workload: pairs by (window, seed) over the test "
+                   "windows and seed-1551 (seeds 1-3 unless --seeds is given); promote iff the geometric-mean paired "
+                   "cost ratio <= 1 - margin, no window's ratio above --window-tolerance, and no job left unfinished "
+                   "where the incumbent finished them all.")
+@click.option("--window-tolerance", type=float, default=1.05, show_default=True,
+              help="--suite: the largest cost ratio candidate/incumbent allowed on any one window.")
 @click.option("--install", "install_to", type=click.Path(file_okay=False), default=None,
               help="On promotion, atomically replace this directory with the candidate.")
 def policy_promote(candidate, incumbent, workload, window, time_compression, mips_per_core, max_jobs, config_path,
-                   preset, initial, action_mode, max_steps, seeds, margin, max_p, install_to) -> None:
+                   preset, initial, action_mode, max_steps, seeds, margin, max_p, suite, window_tolerance,
+                   install_to) -> None:
     """Evaluate candidate and incumbent on the same workloads and seeds; promote only if the
-    candidate is cheaper by the margin on paired episodes. Prints the evidence; exit status 0
-    when promoted, 3 when not."""
-    from agents.promote import compare, install
+    candidate is cheaper by the margin on paired episodes (one workload, or the generalisation
+    suite's windows with --suite). Prints the evidence; exit status 0 when promoted, 3 when not."""
+    from agents.promote import compare, compare_on_suite, install
 
-    cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
-    wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
     try:
-        res = compare(candidate, incumbent, cfg, wl, _seeds(seeds), margin, max_p)
+        if suite:
+            from agents.generalisation import suite_workloads
+
+            cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
+            seed_list = _seeds(seeds) if click.get_current_context().get_parameter_source("seeds").name != "DEFAULT" \
+                else None
+            res = compare_on_suite(candidate, incumbent, cfg, suite_workloads(cfg), seed_list, margin=margin,
+                                   tolerance=window_tolerance)
+        else:
+            cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
+            wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
+            res = compare(candidate, incumbent, cfg, wl, _seeds(seeds), margin, max_p)
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     if res["promote"] and install_to:

@@ -170,6 +170,7 @@ def _build_loop(cfg: SammConfig, lp: LoopConfig, store: KnowledgeStore, closers:
     loop = ControlLoop(groups=lp.groups, fleet=fleet, monitor=monitor, planner=planner, executor=executor,
                        store=store, agent_name=lp.agent.name, warmup_s=lp.timing.warmup_s,
                        cooldown_s=lp.timing.cooldown_s, dry_run=lp.executor.dry_run,
-                       clock=clock or time.time, publisher=publisher, name=lp.name)
+                       clock=clock or time.time, publisher=publisher, name=lp.name,
+                       interval_s=lp.timing.interval_s)
     loop.config = lp
     return loop, executor, system

@@ -16,6 +16,8 @@ record. Safety rules, in order:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 import time
@@ -26,6 +28,7 @@ import numpy as np
 
 from samm.analyze import FleetSpec
 from samm.analyze.features import compute_features
+from samm.plan.liveness import guard_head_of_line
 from samm.analyze.metrics import OBSERVATION_NAMES
 from samm.execute.base import ActionResult, Executor
 from samm.execute.guard import idempotency_key, plan_scaling
@@ -65,7 +68,8 @@ class IterationReport:
 class ControlLoop:
     def __init__(self, *, groups, fleet: FleetSpec, monitor: Monitor, planner, executor: Executor,
                  store: KnowledgeStore, agent_name: str, warmup_s: float, cooldown_s: float, dry_run: bool = False,
-                 clock: Callable[[], float] = time.time, publisher=None, name: str = DEFAULT_LOOP):
+                 clock: Callable[[], float] = time.time, publisher=None, name: str = DEFAULT_LOOP,
+                 interval_s: float = 60.0, liveness_guard: bool = True):
         self.name = name  # the loop's name: its decisions, actions and cool-downs are its own
         # idempotency keys are global: loops other than `default` prefix theirs with their name
         self.action_prefix = "" if name == DEFAULT_LOOP else f"{name}/"
@@ -79,6 +83,8 @@ class ControlLoop:
         self.agent_name = agent_name
         self.warmup_s = float(warmup_s)
         self.cooldown_s = float(cooldown_s)
+        self.interval_s = float(interval_s)
+        self.liveness_guard = liveness_guard
         self.dry_run = dry_run
         self.clock = clock
         self.publisher = publisher
@@ -139,10 +145,22 @@ class ControlLoop:
 
         names = self._feature_names()
         t0 = time.perf_counter()
-        feats = compute_features(outcome.raw, self.fleet, names, warmup_s=self.warmup_s)
+        raw = self._with_action_age(outcome.raw, end)
+        feats = compute_features(raw, self.fleet, names, warmup_s=self.warmup_s, step_seconds=self.interval_s)
         rep.stage_ms["analyze"] = (time.perf_counter() - t0) * 1e3
         rep.features = {n: float(v) for n, v in zip(names, np.asarray(feats).reshape(-1))}
-        obs_id = self.store.record_observation(snapshot_id, rep.features)
+        # JSON has no NaN (PostgreSQL refuses it): an unknown feature is stored as null
+        obs_id = self.store.record_observation(snapshot_id, {n: (v if math.isfinite(v) else None)
+                                                             for n, v in rep.features.items()})
+
+        unknown = [n for n, v in rep.features.items() if not math.isfinite(v)]
+        if unknown:  # e.g. an exporter without the queue's core counts under an `extended` policy
+            rep.decision_id, rep.decided = self.store.record_decision(
+                key, agent=self.agent_name, action=None, source="none", action_name="nothing (features unknown)",
+                reason=f"feature(s) {', '.join(unknown)} unknown in this snapshot (see docs/metric-naming.md)",
+                observation_id=obs_id, loop=self.name)
+            log.warning("iteration %s: feature(s) %s unknown, no scaling action", key, ", ".join(unknown))
+            return self._finish(rep, started)
 
         existing = self.store.decision(key, loop=self.name)
         if existing is not None:  # a restart inside the interval: never decide (or act) twice
@@ -151,7 +169,7 @@ class ControlLoop:
             return self._finish(rep, started)
 
         t0 = time.perf_counter()
-        plan = self.planner.decide(feats)
+        plan = self._guarded(self.planner.decide(feats), raw)
         rep.stage_ms["plan"] = (time.perf_counter() - t0) * 1e3
         rep.plan = plan
         rep.decision_id, rep.decided = self.store.record_decision(
@@ -174,6 +192,33 @@ class ControlLoop:
             log.exception("monitor failed")
             now = self.clock()
             return MonitorOutcome(math.nan, math.floor(now), "stale", [f"monitor failed: {type(exc).__name__}: {exc}"])
+
+    def _with_action_age(self, raw, window_end: float):
+        """The snapshot plus the seconds since this loop last acted (the knowledge store knows,
+        across restarts); the simulator reports the same counter."""
+        if raw.since_action_s is not None:
+            return raw
+        try:
+            last = [g.last_action_at for g in self.store.group_states(self.name).values() if g.last_action_at is not None]
+        except Exception:  # noqa: BLE001 - a feature that reads it is then NaN, and nothing is done
+            return raw
+        since = window_end - max(last) if last else -1.0
+        return dataclasses.replace(raw, since_action_s=np.asarray(max(since, 0.0) if last else -1.0))
+
+    def _guarded(self, plan: PlanOutcome, raw) -> PlanOutcome:
+        """The head-of-line liveness guard (samm/plan/liveness.py), as in the simulator."""
+        if not self.liveness_guard or raw.head_job_cores is None:
+            return plan
+        order = list(self.fleet.names)
+        deltas = np.array([[plan.deltas.get(g, 0) for g in order]])
+        guarded, changed = guard_head_of_line(deltas, raw, self.fleet)
+        if not changed[0]:
+            return plan
+        new = {g: int(d) for g, d in zip(order, guarded[0])}
+        why = (f"liveness guard: a {int(raw.head_job_cores)}-core job heads the queue and no VM of the fleet can "
+               f"host it; deltas {plan.deltas} -> {new}")
+        log.warning(why)
+        return dataclasses.replace(plan, deltas=new, reason="; ".join(r for r in (plan.reason, why) if r))
 
     def _feature_names(self) -> tuple[str, ...]:
         names = getattr(self.planner, "feature_names", None)

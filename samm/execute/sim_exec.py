@@ -10,6 +10,8 @@ the one with least lost work); `ScaleRequest.victim` is therefore advisory here.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from samm.analyze import RawSnapshot
@@ -73,10 +75,8 @@ class SimulatedSystem:
 
     def snapshot(self) -> RawSnapshot:
         """The last interval's raw snapshot, unbatched (batch shape ())."""
-        r = self.last.raw
-        return RawSnapshot(r.vm_type[0], r.vm_state[0], r.vm_cpu_busy[0], r.vm_ram_used_gb[0], r.vm_running_for_s[0],
-                           r.jobs_submitted_total[0], r.jobs_submitted_interval[0], r.jobs_waiting_now[0],
-                           r.jobs_waiting_interval[0], r.jobs_running[0])
+        # the loop adds the seconds since its last action from the knowledge store, in its own clock
+        return dataclasses.replace(self.last.raw.select(0), since_action_s=None)
 
     def counts(self) -> np.ndarray:
         """Live VMs per type including the deltas queued for the next interval."""

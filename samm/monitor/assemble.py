@@ -17,6 +17,8 @@ Mapping (one snapshot, batch shape ``()``):
   last value in the window; ``jobs_submitted_interval`` = the `submitted_total` delta over
   the window; ``jobs_waiting_interval`` = `waiting_submitted_this_minute` at the window's end.
   Missing values are NaN (the analyzer counts them as 0; the reading is stale anyway).
+* ``jobs_waiting_cores`` / ``jobs_running_cores`` / ``head_job_cores`` = the optional queue
+  series of the same names at the window's end; None when the exporter sends none.
 
 Status: the reading's, made ``partial`` when an inventory instance that reported before went
 silent (it is counted as booting: its load is unknown), when the inventory lacks a group, or
@@ -56,6 +58,11 @@ class AssembledSnapshot:
 
 def _nan(x: float | None) -> np.ndarray:
     return np.asarray(math.nan if x is None else float(x), dtype=np.float64)
+
+
+def _opt(x: float | None) -> np.ndarray | None:
+    """An optional counter: None (unknown to this exporter) stays None."""
+    return None if x is None else np.asarray(float(x), dtype=np.float64)
 
 
 def _short(items: list[str], n: int = 5) -> str:
@@ -135,7 +142,9 @@ def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStat
     snap = RawSnapshot(vm_type=vm_type, vm_state=vm_state, vm_cpu_busy=vm_cpu, vm_ram_used_gb=vm_ram,
                        vm_running_for_s=vm_age, jobs_submitted_total=_nan(q.submitted_total),
                        jobs_submitted_interval=_nan(q.submitted_interval), jobs_waiting_now=_nan(q.waiting),
-                       jobs_waiting_interval=_nan(q.waiting_interval), jobs_running=_nan(q.running))
+                       jobs_waiting_interval=_nan(q.waiting_interval), jobs_running=_nan(q.running),
+                       jobs_waiting_cores=_opt(q.waiting_cores), jobs_running_cores=_opt(q.running_cores),
+                       head_job_cores=_opt(q.head_job_cores))
     return AssembledSnapshot(snap, tuple(slots), status, tuple(reasons))
 
 

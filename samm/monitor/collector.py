@@ -19,7 +19,8 @@ from .graphite_client import GraphiteSender, sanitize
 log = logging.getLogger(__name__)
 
 INSTANCE_METRICS = ("cpu_percent", "ram_used_gb", "up")
-QUEUE_METRICS = ("submitted_total", "waiting", "running", "completed_total", "waiting_submitted_this_minute")
+QUEUE_METRICS = ("submitted_total", "waiting", "running", "completed_total", "waiting_submitted_this_minute",
+                 "waiting_cores", "running_cores", "head_job_cores")
 GB = 1e9
 
 
@@ -59,12 +60,18 @@ class QueueReporter:
         self._paths = {m: queue_path(prefix, m) for m in QUEUE_METRICS}
 
     def report(self, submitted_total: float, waiting: float, running: float, completed_total: float,
-               waiting_submitted_this_minute: float, ts: float | None = None, flush: bool = True) -> None:
+               waiting_submitted_this_minute: float, ts: float | None = None, flush: bool = True,
+               waiting_cores: float | None = None, running_cores: float | None = None,
+               head_job_cores: float | None = None) -> None:
+        """The core counts are optional (exporters that predate them send none); policies on
+        the `extended` features need them."""
         ts = time.time() if ts is None else ts
         values = dict(submitted_total=submitted_total, waiting=waiting, running=running,
-                      completed_total=completed_total, waiting_submitted_this_minute=waiting_submitted_this_minute)
+                      completed_total=completed_total, waiting_submitted_this_minute=waiting_submitted_this_minute,
+                      waiting_cores=waiting_cores, running_cores=running_cores, head_job_cores=head_job_cores)
         for m in QUEUE_METRICS:
-            self.sender.send(self._paths[m], values[m], ts)
+            if values[m] is not None:
+                self.sender.send(self._paths[m], values[m], ts)
         if flush:
             self.sender.flush()
 

@@ -46,6 +46,9 @@ _RANK = {"ok": 0, "partial": 1, "stale": 2}
 REQUIRED_QUEUE = ("submitted_total", "waiting", "waiting_submitted_this_minute")
 OPTIONAL_QUEUE = ("running", "completed_total")
 COUNTERS = ("submitted_total", "completed_total")
+# Core counts for the `extended` features: absent from older exporters, so not even `partial`
+# when missing (a policy that reads them sees NaN and the loop does nothing).
+CORE_QUEUE = ("waiting_cores", "running_cores", "head_job_cores")
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ class QueueReading:
     running: float | None = None
     completed_total: float | None = None
     waiting_interval: float | None = None  # waiting_submitted_this_minute at the window's end
+    waiting_cores: float | None = None
+    running_cores: float | None = None
+    head_job_cores: float | None = None
 
 
 @dataclass(frozen=True)
@@ -316,4 +322,5 @@ class GraphiteSource:
                                       "interval arrivals estimated from the window alone (a lower bound)")
         return QueueReading(submitted_total=last, submitted_interval=interval, waiting=last_in_window("waiting"),
                             running=last_in_window("running"), completed_total=last_in_window("completed_total"),
-                            waiting_interval=last_in_window("waiting_submitted_this_minute"))
+                            waiting_interval=last_in_window("waiting_submitted_this_minute"),
+                            **{m: last_in_window(m) for m in CORE_QUEUE})

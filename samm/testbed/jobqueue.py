@@ -144,6 +144,9 @@ class QueueCounters:
     running: int
     completed_total: int
     waiting_submitted_this_minute: int
+    waiting_cores: int = 0
+    running_cores: int = 0
+    head_job_cores: int = 0  # the next job a worker would lease (lowest id); 0 = none waiting
 
 
 @dataclass(frozen=True)
@@ -504,7 +507,10 @@ class JobQueue:
         row = self._read(
             "SELECT COUNT(*), "
             "COALESCE(SUM(state = 'waiting'), 0), COALESCE(SUM(state = 'leased'), 0), COALESCE(SUM(state = 'done'), 0), "
-            "COALESCE(SUM(state = 'waiting' AND submitted_at >= ? AND submitted_at <= ?), 0) FROM jobs",
+            "COALESCE(SUM(state = 'waiting' AND submitted_at >= ? AND submitted_at <= ?), 0), "
+            "COALESCE(SUM(CASE WHEN state = 'waiting' THEN cores END), 0), "
+            "COALESCE(SUM(CASE WHEN state = 'leased' THEN cores END), 0), "
+            f"COALESCE((SELECT cores FROM jobs WHERE state = 'waiting' AND {_LEASABLE} ORDER BY id LIMIT 1), 0) FROM jobs",
             (interval_start, clock_now))[0]
         return QueueCounters(*(int(x) for x in row))
 

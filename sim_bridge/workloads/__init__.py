@@ -24,3 +24,20 @@ def load_workload(spec: str | Path, transform: SwfTransform | None = None, core_
 
 
 __all__ = ["BUILTIN", "SwfTransform", "Workload", "load_swf", "load_workload", "read_swf_table", "seed_1551", "seed_1551_short"]
+
+# Workload distributions for training (issue 11): see docs/workloads.md, "Workload mixes".
+from .mix import (  # noqa: E402
+    TEST_TRACES,
+    TEST_WINDOWS,
+    TRAIN_TRACES,
+    WindowSpec,
+    WorkloadMix,
+    WorkloadSampler,
+    build_window,
+    load_mix,
+    offered_load,
+    pwa_dir,
+)
+
+__all__ += ["TEST_TRACES", "TEST_WINDOWS", "TRAIN_TRACES", "WindowSpec", "WorkloadMix", "WorkloadSampler",
+            "build_window", "load_mix", "offered_load", "pwa_dir"]

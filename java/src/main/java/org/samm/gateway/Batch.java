@@ -89,6 +89,18 @@ final class Batch implements AutoCloseable {
         return out;
     }
 
+    /**
+     * Gives env {@code env} another workload (training on a distribution of workloads): the env is
+     * rebuilt around it and must be reset before its next step.
+     */
+    synchronized void setWorkload(int env, Workload w) {
+        if (env < 0 || env >= envs.length) {
+            throw new IllegalArgumentException("env index " + env + " out of range [0, " + envs.length + ")");
+        }
+        cfg.checkWorkload(w);
+        envs[env] = new SimEnv(cfg, w);
+    }
+
     /** Resets one env (used by the Java bench loop). */
     synchronized void resetOne(int env, long seed) {
         envs[env].reset(seed);

@@ -59,7 +59,9 @@ public final class Config {
     public final int maxCores;
     /** Largest RAM (GB) of any type. */
     public final double maxRamGb;
-    /** Snapshot record length in doubles: 16 + 4T + 5V. */
+    /** Header doubles of a snapshot record (docs/bridge-protocol.md). */
+    public static final int HEADER_DOUBLES = 21;
+    /** Snapshot record length in doubles: 21 + 4T + 5V. */
     public final int recordDoubles;
 
     private Config(List<VmType> vmTypes, double hostMips, double stepSeconds, double bootMin, double bootMax,
@@ -82,7 +84,7 @@ public final class Config {
         this.nSlots = slots;
         this.maxCores = mc;
         this.maxRamGb = mr;
-        this.recordDoubles = 16 + 4 * nTypes + 5 * nSlots;
+        this.recordDoubles = HEADER_DOUBLES + 4 * nTypes + 5 * nSlots;
     }
 
     /** Parses and validates a configuration; throws IllegalArgumentException with a clear message. */

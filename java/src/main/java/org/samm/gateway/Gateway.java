@@ -64,6 +64,11 @@ public final class Gateway {
         return id;
     }
 
+    /** Packs a workload (as {@link #loadWorkload}) straight into one env of a batch; reset it next. */
+    public void setEnvWorkload(int batchId, int env, byte[] packed) {
+        batch(batchId).setWorkload(env, Workload.unpack(packed));
+    }
+
     public String reset(int batchId, byte[] request) {
         return b64(batch(batchId).reset(request));
     }

@@ -100,6 +100,7 @@ final class SimEnv {
     private int finished;
     private int running;
     private int runCores;
+    private int queuedCores;
     private long requeuedTotal;
     private double lostCoreSec;
     private double lastAppliedActionTime;
@@ -301,6 +302,7 @@ final class SimEnv {
         finished = 0;
         running = 0;
         runCores = 0;
+        queuedCores = 0;
         requeuedTotal = 0;
         lostCoreSec = 0;
         lastAppliedActionTime = Double.NEGATIVE_INFINITY;
@@ -533,6 +535,7 @@ final class SimEnv {
             jState[j] = QUEUED;
             jEnq[j] = now;
             queue.add(j);
+            queuedCores += wl.cores[j];
             submittedInterval++;
         }
 
@@ -612,6 +615,7 @@ final class SimEnv {
             }
             if (best == null) break;
             queue.poll();
+            queuedCores -= c;
             startJob(j, best, now);
         }
         if (!pendingCloudlets.isEmpty()) {
@@ -632,7 +636,9 @@ final class SimEnv {
         jStart[j] = now;
         jState[j] = RUNNING;
         jVm[j] = r;
-        final long perPe = Math.max(1L, Math.round(wl.lengthMi[j] / c));
+        // the workload gives MI per core (every core of the job runs that long), as CloudSim Plus
+        // takes a cloudlet's length per PE
+        final long perPe = Math.max(1L, Math.round(wl.lengthMi[j]));
         final JobCloudlet cl = new JobCloudlet(j, perPe, c, cpuModel);
         cl.setUtilizationModelRam(UtilizationModel.NULL);
         cl.setUtilizationModelBw(UtilizationModel.NULL);
@@ -745,6 +751,7 @@ final class SimEnv {
             jVm[j] = null;
             jCl[j] = null;
             queue.add(j);
+            queuedCores += wl.cores[j];
         }
         r.jobs.clear();
         r.used = 0;
@@ -791,7 +798,18 @@ final class SimEnv {
         s[13] = requeuedTotal;
         s[14] = busyInt;
         s[15] = lostCoreSec;
-        int o = 16;
+        // what queue-based rules see: work in cores, head-of-line blocking, time since the last action
+        s[16] = queuedCores;
+        s[17] = runCores;
+        s[18] = queue.isEmpty() ? 0 : wl.cores[queue.peek()];
+        int maxFree = 0;
+        for (int i = 0, m = live.size(); i < m; i++) {
+            final VmRec r = live.get(i);
+            if (r.running && r.cores - r.used > maxFree) maxFree = r.cores - r.used;
+        }
+        s[19] = maxFree;
+        s[20] = lastAppliedActionTime == Double.NEGATIVE_INFINITY ? -1.0 : Math.max(0.0, now - lastAppliedActionTime);
+        int o = Config.HEADER_DOUBLES;
         for (int ty = 0; ty < nt; ty++) {
             final Config.VmType type = cfg.vmTypes.get(ty);
             final int count = typeRunning[ty] + typeBooting[ty];

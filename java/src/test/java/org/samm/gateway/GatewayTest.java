@@ -25,7 +25,8 @@ import static org.samm.gateway.TestSupport.resetRequest;
 class GatewayTest {
     static final int T = 3;
     static final int V = 30;
-    static final int R = 16 + 4 * T + 5 * V;
+    static final int H = Config.HEADER_DOUBLES;
+    static final int R = H + 4 * T + 5 * V;
 
     static Gateway gw;
     static int paperId;
@@ -220,19 +221,19 @@ class GatewayTest {
             s = doubles(gw.step(b, add)); // t0 = 0: applied
             assertEquals(1.0, s[3]);
             assertEquals(1.0, s[4]);
-            assertEquals(2, s[16] + s[17]);
+            assertEquals(2, s[H] + s[H + 1]);
             s = doubles(gw.step(b, add)); // t0 = 60: blocked
             assertEquals(0.0, s[3]);
             assertEquals(1.0, s[4]);
-            assertEquals(2, s[16] + s[17]);
+            assertEquals(2, s[H] + s[H + 1]);
             s = doubles(gw.step(b, new byte[]{0, -1, 0})); // t0 = 120: blocked (removals too)
             assertEquals(0.0, s[3]);
             assertEquals(0.0, s[4], "t1=180 is not < 0+180: the next action is allowed");
-            assertEquals(1, s[20] + s[21]);
+            assertEquals(1, s[H + 4] + s[H + 5]);
             s = doubles(gw.step(b, add)); // t0 = 180: allowed again
             assertEquals(1.0, s[3]);
             assertEquals(1.0, s[4]);
-            assertEquals(3, s[16] + s[17]);
+            assertEquals(3, s[H] + s[H + 1]);
             s = doubles(gw.step(b, new byte[T])); // no action: not applied, still cooling down
             assertEquals(0.0, s[3]);
             assertEquals(1.0, s[4]);
@@ -249,29 +250,29 @@ class GatewayTest {
             double[] s = doubles(gw.step(b, new byte[]{127, 127, 127}));
             assertEquals(1.0, s[3]);
             for (int i = 0; i < T; i++) {
-                assertEquals(10, s[16 + 4 * i] + s[17 + 4 * i], "type " + i);
-                assertEquals(0.0, s[18 + 4 * i]); // can_add
-                assertEquals(1.0, s[19 + 4 * i]); // can_remove
+                assertEquals(10, s[H + 4 * i] + s[H + 1 + 4 * i], "type " + i);
+                assertEquals(0.0, s[H + 2 + 4 * i]); // can_add
+                assertEquals(1.0, s[H + 3 + 4 * i]); // can_remove
             }
             s = doubles(gw.step(b, new byte[]{5, 1, 1}));
             assertEquals(0.0, s[3], "nothing can be added at max");
             // all 30 slots used, in creation order (types 0,1,2 initial, then 9 S, 9 M, 9 L)
             for (int j = 0; j < V; j++) {
-                assertTrue(s[16 + 4 * T + 5 * j] >= 0);
+                assertTrue(s[H + 4 * T + 5 * j] >= 0);
             }
             s = doubles(gw.step(b, new byte[]{-128, -128, -128}));
             assertEquals(1.0, s[3]);
-            assertEquals(1, s[16] + s[17]);
-            assertEquals(0, s[20] + s[21]);
-            assertEquals(0, s[24] + s[25]);
-            assertEquals(0.0, s[19]); // S at min: can_remove = 0
-            assertEquals(1.0, s[18]);
+            assertEquals(1, s[H] + s[H + 1]);
+            assertEquals(0, s[H + 4] + s[H + 5]);
+            assertEquals(0, s[H + 8] + s[H + 9]);
+            assertEquals(0.0, s[H + 3]); // S at min: can_remove = 0
+            assertEquals(1.0, s[H + 2]);
             s = doubles(gw.step(b, new byte[]{-1, -1, -1}));
             assertEquals(0.0, s[3]);
-            assertEquals(1, s[16] + s[17]);
+            assertEquals(1, s[H] + s[H + 1]);
             // empty slots last
-            assertEquals(0.0, s[16 + 4 * T]);
-            assertEquals(-1.0, s[16 + 4 * T + 5]);
+            assertEquals(0.0, s[H + 4 * T]);
+            assertEquals(-1.0, s[H + 4 * T + 5]);
         } finally {
             gw.closeBatch(b);
         }
@@ -283,10 +284,10 @@ class GatewayTest {
         try {
             double[] s = doubles(gw.reset(b, resetRequest(new int[]{0}, new long[]{5})));
             // the initial S, M, L slots
-            assertEquals(0.0, s[16 + 4 * T]);
-            assertEquals(1.0, s[16 + 4 * T + 1]);
-            assertEquals(1.0, s[16 + 4 * T + 5]);
-            assertEquals(2.0, s[16 + 4 * T + 10]);
+            assertEquals(0.0, s[H + 4 * T]);
+            assertEquals(1.0, s[H + 4 * T + 1]);
+            assertEquals(1.0, s[H + 4 * T + 5]);
+            assertEquals(2.0, s[H + 4 * T + 10]);
             double waitSum = 0, busySum = 0;
             for (int k = 0; k < 31; k++) { // up to t = 1860: batch 1 arrived at 1800, 14 jobs running
                 s = doubles(gw.step(b, new byte[T]));
@@ -296,9 +297,14 @@ class GatewayTest {
             assertEquals(1860.0, s[0]);
             assertEquals(14, s[10]);
             assertEquals(86, s[7]);
-            final double ramL = s[16 + 4 * T + 10 + 3];
+            final double ramL = s[H + 4 * T + 10 + 3];
             assertEquals(8 * 0.5, ramL, 1e-9);
-            assertEquals(1.0, s[16 + 4 * T + 10 + 2], 1e-9, "the L VM is fully busy");
+            assertEquals(1.0, s[H + 4 * T + 10 + 2], 1e-9, "the L VM is fully busy");
+            assertEquals(86, s[16], "queued cores");
+            assertEquals(14, s[17], "running cores");
+            assertEquals(1, s[18], "head-of-line job cores");
+            assertEquals(0, s[19], "no free core on any running VM");
+            assertEquals(-1.0, s[20], "no action applied yet");
             s = doubles(gw.step(b, new byte[]{0, 0, -1})); // remove the L VM (8 running jobs, 60 s each)
             waitSum += s[12];
             busySum += s[14];
@@ -307,7 +313,9 @@ class GatewayTest {
             assertEquals(8 * 60.0, s[15], 1e-6);
             assertEquals(6, s[10]);
             assertEquals(94, s[7]); // 86 + 8 re-queued
-            assertEquals(0, s[24] + s[25]);
+            assertEquals(94, s[16], "queued cores include the re-queued jobs");
+            assertEquals(60.0, s[20], 1e-9, "seconds since the applied removal");
+            assertEquals(0, s[H + 8] + s[H + 9]);
             while (s[2] == 0) {
                 s = doubles(gw.step(b, new byte[T]));
                 waitSum += s[12];
@@ -348,8 +356,8 @@ class GatewayTest {
                 if (s[0] == 360.0) {
                     assertEquals(1, s[10]);
                     assertEquals(1, s[7]);
-                    assertEquals(1.0, s[16 + 4 + 3], 1e-12, "ram of the running job");
-                    assertEquals(1.0, s[16 + 4 + 2], 1e-12, "cpu busy over the whole interval");
+                    assertEquals(1.0, s[H + 4 + 3], 1e-12, "ram of the running job");
+                    assertEquals(1.0, s[H + 4 + 2], 1e-12, "cpu busy over the whole interval");
                 }
             }
             final double[] js = doubles(gw.jobStats(b, 0));
@@ -372,16 +380,16 @@ class GatewayTest {
         try {
             gw.reset(b, resetRequest(new int[]{0}, new long[]{21}));
             double[] s = doubles(gw.step(b, new byte[]{0, 0, 1})); // request an L at t=0
-            assertEquals(1.0, s[25], "booting");
-            assertEquals(0.0, s[24]);
+            assertEquals(1.0, s[H + 9], "booting");
+            assertEquals(0.0, s[H + 8]);
             assertEquals((0.2 + 0.8) / 60, s[11], 1e-12);
-            final int slot = 16 + 4 * T + 5; // second VM
+            final int slot = H + 4 * T + 5; // second VM
             assertEquals(2.0, s[slot]);
             assertEquals(0.0, s[slot + 1]);
             assertEquals(-1.0, s[slot + 4]);
             s = doubles(gw.step(b, new byte[T]));
             // boot took U(70, 97) s: at t=120 it is running for 120 - delay
-            assertEquals(1.0, s[24]);
+            assertEquals(1.0, s[H + 8]);
             assertEquals(1.0, s[slot + 1]);
             final double runFor = s[slot + 4];
             assertTrue(runFor > 120 - 97 - 1e-9 && runFor < 120 - 70 + 1e-9, "running_for " + runFor);
@@ -398,9 +406,9 @@ class GatewayTest {
         try {
             gw.reset(b, resetRequest(new int[]{0}, new long[]{1}));
             double[] s = doubles(gw.step(b, new byte[]{0, -1, -1}));
-            assertEquals(1, s[16] + s[17] + s[20] + s[21] + s[24] + s[25]);
+            assertEquals(1, s[H] + s[H + 1] + s[H + 4] + s[H + 5] + s[H + 8] + s[H + 9]);
             s = doubles(gw.step(b, new byte[]{127, 127, 127}));
-            assertEquals(30, s[16] + s[17] + s[20] + s[21] + s[24] + s[25]);
+            assertEquals(30, s[H] + s[H + 1] + s[H + 4] + s[H + 5] + s[H + 8] + s[H + 9]);
         } finally {
             gw.closeBatch(b);
         }
@@ -500,6 +508,28 @@ class GatewayTest {
                 assertTrue(accepted.getTcpNoDelay());
                 assertNotEquals(0, client.getLocalPort());
             }
+        }
+    }
+
+    @Test
+    void envWorkloadCanBeReplacedBetweenEpisodes() {
+        final int b = gw.createBatch(config(1, 0, 0, 0, 1), paperId, 2);
+        try {
+            // one 4-core job behind nothing: it cannot start on the lone 2-core S VM
+            final Workload small = Workload.of(new double[]{0.0, 30.0}, new double[]{4400.0 * 60, 4400.0 * 60},
+                new int[]{4, 1}, new double[]{1.0, 0.5});
+            gw.setEnvWorkload(b, 1, small.pack());
+            gw.reset(b, resetRequest(new int[]{0, 1}, new long[]{1, 2}));
+            double[] s = doubles(gw.step(b, new byte[2 * T]));
+            final double[] env1 = java.util.Arrays.copyOfRange(s, R, 2 * R);
+            assertEquals(2, env1[5], "env 1 replays the small workload");
+            assertEquals(5, env1[16], "queued cores: the 4-core head and the 1-core job behind it");
+            assertEquals(4, env1[18], "head-of-line job cores");
+            assertEquals(2, env1[19], "largest free slot: the idle S VM");
+            assertEquals(0, s[5], "env 0 still replays the paper's workload (first batch at 1800 s)");
+            assertThrows(IllegalArgumentException.class, () -> gw.setEnvWorkload(b, 2, small.pack()));
+        } finally {
+            gw.closeBatch(b);
         }
     }
 }
