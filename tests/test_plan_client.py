@@ -34,9 +34,12 @@ def service(tmp_path_factory):
     t.join(10)
 
 
+N_FEATURES = len(make_agent("lstm-ppo", SimConfig()).feature_names)  # the shipped policy's
+
+
 def observations(n=12, seed=0):
     rng = np.random.default_rng(seed)
-    return rng.uniform(0, 1, size=(n, 7)).astype(np.float32)
+    return rng.uniform(0, 1, size=(n, N_FEATURES)).astype(np.float32)
 
 
 def test_http_and_in_process_decide_alike_with_recurrent_state(service):
@@ -57,10 +60,10 @@ def test_unreachable_service_falls_back_to_doing_nothing():
 
 
 def test_bad_observation_and_unknown_agent_fall_back(service):
-    out = HttpPlanner(service, "no-such-agent", session_id="x").decide(np.zeros(7))
+    out = HttpPlanner(service, "no-such-agent", session_id="x").decide(np.zeros(N_FEATURES))
     assert out.source == "fallback" and "does not host" in out.reason
-    out = HttpPlanner(service, "lstm-ppo", session_id="x").decide(np.full(7, 5.0))  # out of [0, 1]: HTTP 422
+    out = HttpPlanner(service, "lstm-ppo", session_id="x").decide(np.full(N_FEATURES, 50.0))  # out of bounds: HTTP 422
     assert out.source == "fallback" and "422" in out.reason
     local = InProcessPlanner(make_agent("lstm-ppo", SimConfig()))
-    out = local.decide(np.array([np.nan] * 7))
+    out = local.decide(np.array([np.nan] * N_FEATURES))
     assert out.source == "fallback" and "non-finite" in out.reason

@@ -17,7 +17,9 @@ from samm.plan.sessions import SessionStore
 from sim_bridge.config import SimConfig
 
 TOKEN = "s3cret-token"
-OBS = {n: 0.2 for n in OBSERVATION_NAMES}
+# the shipped policy's features (since issue 11 the `extended` set: the seven metrics first)
+SHIPPED_FEATURES = tuple(make_agent("lstm-ppo", SimConfig()).feature_names)
+OBS = {n: 0.2 for n in SHIPPED_FEATURES}
 
 
 @pytest.fixture()
@@ -42,7 +44,8 @@ def test_lists_agents_and_decides(client):
     assert r.status_code == 200
     names = {a["name"]: a for a in r.json()["agents"]}
     assert set(names) == {"lstm-ppo", "threshold"}
-    assert names["lstm-ppo"]["feature_names"] == list(OBSERVATION_NAMES)
+    assert names["lstm-ppo"]["feature_names"] == list(SHIPPED_FEATURES)
+    assert list(SHIPPED_FEATURES[:7]) == list(OBSERVATION_NAMES)
     r = client.post("/v1/agents/lstm-ppo/decide", json={"session_id": "a", "observation": OBS})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -63,7 +66,7 @@ def test_recurrent_state_is_per_session_and_resettable(client, app):
     expect = []
     for o in seq:
         client.post("/v1/agents/lstm-ppo/decide", json={"session_id": "b", "observation": OBS})
-        d, state = agent.act(np.array([[o[n] for n in OBSERVATION_NAMES]], np.float32), state)
+        d, state = agent.act(np.array([[o[n] for n in SHIPPED_FEATURES]], np.float32), state)
         expect.append(float(d.values[0]))
     client.post("/v1/agents/lstm-ppo/sessions/a/reset")
     values_again = [client.post("/v1/agents/lstm-ppo/decide", json={"session_id": "a", "observation": o}).json()["value"] for o in seq]
@@ -109,14 +112,14 @@ def test_nan_and_unknown_agent(client):
 
 def test_upload_needs_a_token_validates_and_rolls_back(client, tmp_path):
     v0 = client.get("/v1/agents").json()["agents"][0]["policy_version"]
-    new = LstmPpoAgent(action_mode="per-type", version="candidate-1")
+    new = LstmPpoAgent(SHIPPED_FEATURES, action_mode="per-type", version="candidate-1")
     new.save(tmp_path / "cand")
     body = {"files": files_of(tmp_path / "cand")}
     assert client.put("/v1/agents/lstm-ppo/policy", json=body).status_code == 401
     assert client.put("/v1/agents/lstm-ppo/policy", json=body, headers={"authorization": "Bearer wrong"}).status_code == 403
     auth = {"authorization": f"Bearer {TOKEN}"}
     # a policy for another action space is rejected and the current one stays
-    LstmPpoAgent(action_mode="paper", version="wrong-space").save(tmp_path / "bad")
+    LstmPpoAgent(SHIPPED_FEATURES, action_mode="paper", version="wrong-space").save(tmp_path / "bad")
     r = client.put("/v1/agents/lstm-ppo/policy", json={"files": files_of(tmp_path / "bad")}, headers=auth)
     assert r.status_code == 422 and "action_mode" in r.json()["detail"]
     corrupt = dict(body["files"], **{"policy.pt": base64.b64encode(b"garbage").decode()})

@@ -106,3 +106,88 @@ def test_paper_experiment_writes_its_report(tmp_path):
     for fig in summary["figures"]:
         assert (tmp_path / fig).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert any(f.startswith("fig11_") for f in summary["figures"])
+
+
+def _small_mix(tmp_path):
+    """A mix of the two generators only (no trace parsing): small, fast samples."""
+    import yaml
+
+    doc = {"name": "tiny", "load": [0.3, 0.6], "span_h": [0.5, 1.0], "min_jobs": 20, "max_jobs": 200,
+           "sources": [{"kind": "batch", "weight": 1.0, "batches": [2, 4], "run_s": [60.0, 240.0]},
+                       {"kind": "poisson", "weight": 1.0, "run_median_s": [60.0, 240.0]}]}
+    path = tmp_path / "mix.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_training_on_a_mix_is_reproducible_and_fine_tunes(tmp_path):
+    """Training on a workload distribution: same seed, same run; the saved policy reads the
+    extended features and records the mix; fine-tuning starts from its weights exactly."""
+    import torch
+
+    from agents.training import TrainingPlan
+
+    sim = SimConfig(action_mode="per-type")
+    plan = TrainingPlan.build(sim, workload="seed-1551", workload_loader=None, mix_path=_small_mix(tmp_path),
+                              n_validation=2)
+    assert plan.features == "extended" and plan.reward == "waste" and plan.reward_scale == "work"
+    assert len(plan.validation.workloads) == 3 and plan.validation.workloads[-1].name == "seed-1551"
+    ppo = dict(num_envs=4, num_steps=32, bptt_chunk=8, num_minibatches=2, total_timesteps=4096,
+               max_episode_steps=60, seed=3, eval_every=2)
+
+    def run(out, **kw):
+        kw = {"features": plan.features, **kw}
+        return train_lstm_ppo(sim, plan.workload, PPOConfig(**ppo), tmp_path / out, progress=False,
+                              sampler_factory=plan.sampler_factory, reward=plan.reward,
+                              reward_scale=plan.reward_scale, validation=plan.validation, training_info=plan.info, **kw)
+
+    a, sa = run("a")
+    b, _ = run("b")
+    for (ka, va), (kb, vb) in zip(a.net.state_dict().items(), b.net.state_dict().items()):
+        assert torch.equal(va, vb), ka
+    assert len(a.feature_names) == 18 and sa["evaluations"] and "score" in sa["evaluations"][0]
+    meta = json.loads((tmp_path / "a" / "policy" / "metadata.json").read_text())
+    assert meta["training"]["workload_mix"] == "tiny" and meta["training"]["reward"] == "waste"
+
+    # fine-tuning: zero updates' worth of steps is not allowed, so compare the start of training
+    from agents.ppo.train import train as ppo_train
+
+    started = {}
+
+    def make_envs(n, seed):
+        from sim_bridge.envs import CloudSimVectorEnv
+
+        return CloudSimVectorEnv(n, sim, plan.workload, features="extended", sampler=plan.sampler_factory(sim, seed))
+
+    def on_update(update, net, obs_rms):
+        return True
+
+    init = (a.net.state_dict(), a.obs_rms)
+    res = ppo_train(PPOConfig(**{**ppo, "total_timesteps": 128, "learning_rate": 0.0, "anneal_lr": False}),
+                    make_envs, None, progress=False, on_update=on_update, init=init)
+    for k, v in a.net.state_dict().items():
+        assert torch.allclose(res.net.state_dict()[k], v), k
+    with pytest.raises(ValueError, match="features"):
+        run("c", features="paper", init_policy=tmp_path / "a" / "policy")
+
+
+def test_fine_tuning_plan_samples_windows_of_the_users_trace(tmp_path):
+    """`samm train --init-policy DIR --workload THEIR.swf`: random windows of that trace, as they
+    are, with the policy's own features; the window stream is reproducible for a seed."""
+    from agents.ppo.agent import LstmPpoAgent
+    from agents.training import FINE_TUNE_PPO_DEFAULTS, TrainingPlan
+    from sim_bridge.envs import feature_names_of
+    from sim_bridge.workloads import load_workload
+
+    sim = SimConfig(action_mode="per-type")
+    LstmPpoAgent(feature_names_of("extended", sim), "per-type", ("S", "M", "L")).save(tmp_path / "start")
+    trace = load_workload("seed-1551")  # stands in for the user's trace: any workload will do
+    plan = TrainingPlan.build(sim, workload="their.swf", workload_loader=lambda: trace, init_policy=tmp_path / "start",
+                              n_validation=3)
+    assert plan.features == "extended" and plan.ppo_defaults == FINE_TUNE_PPO_DEFAULTS
+    a, b = plan.sampler_factory(sim, 7), plan.sampler_factory(sim, 7)
+    for _ in range(5):
+        wa, wb = a.sample(), b.sample()
+        assert wa.digest() == wb.digest() and wa.n_jobs >= 20
+        assert wa.arrival_s[0] >= 0 and wa.arrival_s[-1] < 24 * 3600
+    assert plan.info["fine_tune_trace"] == "seed-1551" and len(plan.validation.workloads) == 3

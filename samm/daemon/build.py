@@ -150,7 +150,10 @@ def _build_loop(cfg: SammConfig, lp: LoopConfig, store: KnowledgeStore, closers:
         executor = SimExecutor(system)
         monitor = SimMonitor(system, fleet, executor)
         clock = clock or (lambda: system.clock)
+        # a simulated interval is the simulator's step, whatever the wall time between iterations
+        feature_interval_s = simcfg.step_seconds
     else:
+        feature_interval_s = lp.timing.interval_s
         executor = executor or make_executor(lp)
         closers.append(executor.close)
         g = cfg.graphite
@@ -171,6 +174,6 @@ def _build_loop(cfg: SammConfig, lp: LoopConfig, store: KnowledgeStore, closers:
                        store=store, agent_name=lp.agent.name, warmup_s=lp.timing.warmup_s,
                        cooldown_s=lp.timing.cooldown_s, dry_run=lp.executor.dry_run,
                        clock=clock or time.time, publisher=publisher, name=lp.name,
-                       interval_s=lp.timing.interval_s)
+                       interval_s=feature_interval_s)
     loop.config = lp
     return loop, executor, system

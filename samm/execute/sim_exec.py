@@ -10,8 +10,6 @@ the one with least lost work); `ScaleRequest.victim` is therefore advisory here.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from samm.analyze import RawSnapshot
@@ -75,8 +73,7 @@ class SimulatedSystem:
 
     def snapshot(self) -> RawSnapshot:
         """The last interval's raw snapshot, unbatched (batch shape ())."""
-        # the loop adds the seconds since its last action from the knowledge store, in its own clock
-        return dataclasses.replace(self.last.raw.select(0), since_action_s=None)
+        return self.last.raw.select(0)
 
     def counts(self) -> np.ndarray:
         """Live VMs per type including the deltas queued for the next interval."""
