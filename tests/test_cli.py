@@ -102,3 +102,36 @@ def test_promote_uses_paired_episodes(tmp_path):
     assert (live / "policy.pt").exists() and (tmp_path / "live.previous" / "metadata.json").exists()
     res = CliRunner().invoke(cli, args + ["--candidate", str(weak), "--incumbent", str(shipped_policy_dir())])
     assert res.exit_code == 3 and not json.loads(res.output)["promote"]
+
+
+@pytest.mark.jvm
+def test_train_on_a_workload_mix_then_refuse_a_mismatched_fine_tune(tmp_path):
+    """`samm train --workload-mix FILE`: a policy on the extended features that records its mix;
+    fine-tuning it with the paper's features is refused with a message naming the mismatch."""
+    import yaml
+
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(yaml.safe_dump({"name": "cli-tiny", "load": [0.3, 0.6], "span_h": [0.5, 1.0], "max_jobs": 200,
+                                   "sources": [{"kind": "batch", "weight": 1.0, "batches": [2, 3],
+                                                "run_s": [60.0, 240.0]}]}))
+    ppo = json.dumps({"num_steps": 32, "bptt_chunk": 8, "num_minibatches": 2})
+    res = CliRunner().invoke(cli, ["train", "--workload-mix", str(mix), "--timesteps", "256", "--envs", "4",
+                                   "--validation", "1", "--eval-every", "1", "--ppo", ppo, "--out",
+                                   str(tmp_path / "run"), "--quiet"])
+    assert res.exit_code == 0, res.output
+    meta = json.loads((tmp_path / "run" / "policy" / "metadata.json").read_text())
+    assert len(meta["feature_names"]) == 18 and meta["training"]["workload_mix"] == "cli-tiny"
+    assert meta["training"]["reward"] == "waste" and meta["training"]["ppo"]["max_episode_steps"] == 600
+    res = CliRunner().invoke(cli, ["train", "--init-policy", str(tmp_path / "run" / "policy"), "--features", "paper",
+                                   "--workload", "seed-1551-short", "--timesteps", "256", "--envs", "4", "--ppo", ppo,
+                                   "--out", str(tmp_path / "ft"), "--quiet"])
+    assert res.exit_code != 0 and "features" in res.output
+
+
+def test_workload_mix_with_a_test_trace_is_refused(tmp_path):
+    import yaml
+
+    mix = tmp_path / "mix.yaml"
+    mix.write_text(yaml.safe_dump({"sources": [{"kind": "swf", "traces": ["KTH-SP2-1996-2.1-cln.swf.gz"]}]}))
+    res = CliRunner().invoke(cli, ["train", "--workload-mix", str(mix), "--out", str(tmp_path / "x"), "--quiet"])
+    assert res.exit_code != 0 and "KTH-SP2-1996-2.1-cln.swf.gz" in res.output
