@@ -29,12 +29,11 @@ def tuned_rules(sim: SimConfig, rules_path: str | Path | None = None, retune: bo
         raise FileNotFoundError(f"tuned-rules file {path} not found")
     workloads = training_workloads(sim, n=n_workloads)
     tuned = tune_rules(sim, workloads, progress=progress)
-    source = "tuned now on the training split"
-    if write_to:
-        out = write_rules_json(write_to, tuned, sim, workloads, n_workloads=n_workloads)
-        source += f" (written to {out})"
-    return rules_from_json(write_to, sim) if write_to else {
-        kind: _agent(sim, kind, r["params"]) for kind, r in tuned.items()}, source
+    agents = {kind: _agent(sim, kind, r["params"]) for kind, r in tuned.items()}
+    if not write_to:
+        return agents, "tuned now on the training split"
+    out = write_rules_json(write_to, tuned, sim, workloads, n_workloads=n_workloads)
+    return agents, f"tuned now on the training split (written to {out})"
 
 
 def _agent(sim: SimConfig, kind: str, params: dict) -> Agent:

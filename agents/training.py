@@ -104,8 +104,8 @@ class TrainingPlan:
         if init_policy is not None and features is None:
             start = load_agent(init_policy)
             if isinstance(start, LstmPpoAgent):
-                features = "extended" if tuple(start.feature_names) == feature_names_of("extended", sim) else \
-                    ("paper" if tuple(start.feature_names) == feature_names_of("paper", sim) else tuple(start.feature_names))
+                named = {feature_names_of(n, sim): n for n in ("paper", "extended")}
+                features = named.get(tuple(start.feature_names), tuple(start.feature_names))
         reference = make_agent(REFERENCE_RULE[0], sim, REFERENCE_RULE[1])
         if mix_path is not None:
             mix = load_mix(None if mix_path == "default" else mix_path)

@@ -195,3 +195,22 @@ def test_run_suite_small_real_run(tmp_path):
     assert [p["candidate"] for p in v["pairs"]] == pytest.approx(win["agents"]["static"]["costs"])
     assert [p["incumbent"] for p in v["pairs"]] == pytest.approx(win["agents"]["queue"]["costs"])
     assert v["promote"] == (v["geomean_ratio"] <= 1.0 and v["worst_window_ratio"] <= 1.05 and not v["jobs_lost"])
+
+
+def test_suite_agents_are_the_shipped_policy_and_the_shipped_tuned_rules():
+    import json
+
+    from agents.generalisation_agents import SHIPPED_RULES, suite_agents
+    from sim_bridge.config import SimConfig
+
+    sim = SimConfig(action_mode="per-type")
+    agents, provenance = suite_agents(sim)
+    assert list(agents) == ["lstm-ppo", "threshold", "target-tracking", "queue"]
+    doc = json.loads(SHIPPED_RULES.read_text())
+    for kind in ("threshold", "target-tracking", "queue"):
+        for k, v in doc["rules"][kind]["params"].items():
+            assert agents[kind].params[k] == v
+    assert provenance["rules"] == str(SHIPPED_RULES)
+    assert len(agents["lstm-ppo"].feature_names) == 18
+    with pytest.raises(ValueError, match="tuned for sim config"):
+        suite_agents(sim.model_copy(update={"cooldown_s": 60.0}))
