@@ -1,0 +1,89 @@
+"""The paper's per-service observation rows (Table 1), one implementation for the simulator, the
+testbed loop and the service.
+
+A row of one second: the 11 per-service counters of observation.SERVICE_FIELDS, the 12
+end-to-end latency percentiles and the QoS target, requests/s and failures/s (26 numbers, the
+paper's count), then the previous action (the cores set for the second, as a share of the cap).
+Counters are put on comparable scales here (log1p of rates, CPU as a share of the cap, latency
+as a share of the QoS target, capped at 10); the agent then standardises them with one global
+mean and variance vector as the paper does (`sac.Standardiser`).
+
+`FrameStack` keeps the k = 5 most recent rows per service (Table 2) and appends the one-hot
+service id once (the paper stacks it with every frame; it never changes, so once is the same
+information). Unknown latency (NaN) reads as 0: a controller never acts on such a second
+(the loop's guard), but the row must stay finite.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .observation import FIELD, StepMeasurement
+
+N_NUMERIC = 26
+ROW = N_NUMERIC + 1            # + the previous action
+LAT_CAP = 10.0
+_LOG_FIELDS = ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rss_bytes", "cache_bytes",
+               "page_faults", "io_bytes", "io_ops")
+
+
+def feature_row_block(per_service: np.ndarray, latency_ms: np.ndarray, requests: np.ndarray,
+                      failures: np.ndarray, qos_ms: float, prev_action: np.ndarray,
+                      caps: np.ndarray) -> np.ndarray:
+    """Rows for E copies at once: per_service (E, M, 11), latency_ms (E, 12), requests and
+    failures (E,), prev_action (E, M) in [0, 1] -> (E, M, ROW) float32."""
+    E, M, _ = per_service.shape
+    out = np.empty((E, M, ROW), dtype=np.float32)
+    for j, name in enumerate(_LOG_FIELDS):
+        out[..., j] = np.log1p(np.maximum(per_service[..., FIELD[name]], 0.0))
+    j = len(_LOG_FIELDS)
+    out[..., j] = per_service[..., FIELD["cpu_used"]] / caps
+    out[..., j + 1] = per_service[..., FIELD["cpu_limit"]] / caps
+    j += 2
+    lat = np.nan_to_num(latency_ms / qos_ms, nan=0.0, posinf=LAT_CAP)
+    out[..., j:j + 12] = np.minimum(lat, LAT_CAP)[:, None, :]
+    j += 12
+    out[..., j] = qos_ms / 1000.0
+    out[..., j + 1] = np.log1p(np.maximum(requests, 0.0))[:, None]
+    out[..., j + 2] = np.log1p(np.maximum(failures, 0.0))[:, None]
+    out[..., j + 3] = prev_action
+    assert j + 4 == ROW
+    return out
+
+
+def feature_rows(m: StepMeasurement, prev_action: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """One copy: (M, ROW)."""
+    return feature_row_block(m.per_service[None], m.latency_ms[None], np.array([m.requests_per_s]),
+                             np.array([m.failures_per_s]), m.qos_ms, np.asarray(prev_action)[None],
+                             caps)[0]
+
+
+class FrameStack:
+    """The last k rows per service for E copies, plus the one-hot id: (E, M, k*ROW + id_width)."""
+
+    def __init__(self, n_envs: int, n_services: int, k: int = 5, id_width: int | None = None):
+        self.E, self.M, self.k = n_envs, n_services, k
+        self.id_width = id_width or n_services
+        if self.id_width < n_services:
+            raise ValueError(f"id width {self.id_width} is below the {n_services} services")
+        self.frames = np.zeros((n_envs, n_services, k, ROW), dtype=np.float32)
+        self.ids = np.zeros((n_services, self.id_width), dtype=np.float32)
+        self.ids[np.arange(n_services), np.arange(n_services)] = 1.0
+
+    @property
+    def width(self) -> int:
+        return self.k * ROW + self.id_width
+
+    def reset(self, rows: np.ndarray, envs=None) -> np.ndarray:
+        idx = slice(None) if envs is None else envs
+        self.frames[idx] = rows[:, :, None, :] if envs is None else rows[:, :, None, :]
+        return self.observation()
+
+    def push(self, rows: np.ndarray) -> np.ndarray:
+        self.frames = np.roll(self.frames, -1, axis=2)
+        self.frames[:, :, -1, :] = rows
+        return self.observation()
+
+    def observation(self) -> np.ndarray:
+        flat = self.frames.reshape(self.E, self.M, self.k * ROW)
+        ids = np.broadcast_to(self.ids, (self.E, self.M, self.id_width))
+        return np.concatenate([flat, ids], axis=2)

@@ -1,0 +1,261 @@
+"""A vectorised queueing-network simulator of a microservice application, one step = one second.
+
+E independent copies of one application step together (NumPy over (envs, services)), so a batch
+of episodes costs little more than one. Per second and per copy:
+
+1. **Load (closed loop).** N users think for Exp(1/rate) and wait for their response; the
+   response-time law gives the request rate X = N / (Z + R), R the previous second's mean
+   end-to-end latency, so a slow application gets fewer requests, as under Locust. Requests of
+   each type arrive Poisson(X · mix).
+2. **Work.** A service's calls are its requests' expected visits (cache misses included); their
+   CPU work is the calls times the mean CPU per call, with the spread of a sum of exponentials.
+3. **CPU limit and backlog (fluid).** A service serves at most min(limit, workers) core-seconds
+   per second; what it cannot serve stays as backlog for the next second, so under-allocation
+   keeps hurting after it ends. Work queued for longer than the timeout fails (failures/s).
+4. **Latency.** Each call's sojourn = network hop + the wait behind the backlog + the M/M/c wait
+   of that second (Erlang C with c = ceil(limit) servers of speed limit/c, utilisation capped
+   below 1, the backlog covering overload) + an Exp service time at that speed. K requests per
+   copy are drawn, stratified over the types, and composed along their call graphs (sequential
+   stages add, parallel calls take the slowest, detached calls are not waited for); the paper's
+   latency percentiles of the second come from these K.
+
+`validate` in tests compares a single service with the exact M/M/c formulas. What the
+simulator does not model (documented in docs/microservice-cores.md): CFS throttling bursts within
+a period, memory limits, network contention, and cold caches.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
+from .topology import CallNode, Topology
+
+#: requests drawn per copy and second to estimate the latency percentiles
+DEFAULT_SAMPLES = 256
+#: the M/M/c term is evaluated at most at this utilisation; beyond, the fluid backlog takes over
+RHO_CAP = 0.97
+
+
+@dataclass(frozen=True)
+class _Node:
+    service: int
+    p: float
+    detached: bool
+    stages: tuple[tuple[int, ...], ...]   # indices into the type's node list
+
+
+def _compile(req: CallNode, index: dict[str, int]) -> list[_Node]:
+    """A request type's call tree as a post-order list (children before parents; root last)."""
+    nodes: list[_Node] = []
+
+    def walk(node: CallNode) -> int:
+        stages = tuple(tuple(walk(child) for child in stage) for stage in node.stages)
+        nodes.append(_Node(index[node.call], node.p, node.detached, stages))
+        return len(nodes) - 1
+    walk(req)
+    return nodes
+
+
+def erlang_c(c: np.ndarray, a: np.ndarray, c_max: int) -> np.ndarray:
+    """Probability of waiting in M/M/c with c servers (integer array) and offered load a = λ/μ
+    (Erlangs, a < c), by the Erlang B recursion, vectorised."""
+    b = np.ones_like(a)
+    out = np.zeros_like(a)
+    for k in range(1, c_max + 1):
+        b = a * b / (k + a * b)
+        out = np.where(c == k, b, out)
+    rho = a / np.maximum(c, 1)
+    return out / (1.0 - rho * (1.0 - out))
+
+
+class MicroserviceSim:
+    """E copies of one application. `reset(users)` starts them; `step(cores)` advances one second
+    and returns per-copy `StepMeasurement`s plus the raw arrays."""
+
+    def __init__(self, topology: Topology, n_envs: int = 1, seed: int | None = None,
+                 samples: int = DEFAULT_SAMPLES):
+        self.topo = topology
+        self.E = int(n_envs)
+        self.M = topology.n_services
+        self.K = int(samples)
+        self.rng = np.random.default_rng(seed)
+        specs = list(topology.services.values())
+        self.cpu_s = np.array([s.cpu_ms for s in specs]) / 1000.0           # mean CPU seconds per call
+        self.workers = np.array([s.workers for s in specs], dtype=np.float64)
+        self.caps = topology.caps
+        self.rss = np.array([s.rss_mb for s in specs]) * 2**20
+        self.kb = np.array([s.kb_per_call for s in specs]) * 1024.0
+        self.io_kb = np.array([s.io_kb_per_call for s in specs]) * 1024.0
+        self.is_db = np.array([s.kind == "db" for s in specs])
+        self.hop = topology.hop_ms / 1000.0
+        self.timeout = topology.timeout_s
+        self.think = 1.0 / topology.rate_per_user
+        index = {name: i for i, name in enumerate(topology.services)}
+        self.programs = [_compile(r, index) for r in topology.requests.values()]
+        self.visits = topology.visits                                       # (types, M)
+        self.mix = topology.mix
+        self._fanout = self._children_per_call()
+        # stratified samples per request type (at least one of each type with weight)
+        k = np.floor(self.mix * self.K).astype(int)
+        k[np.argmax(self.mix)] += self.K - k.sum()
+        self.k_per_type = k
+        self.c_max = int(np.ceil(self.workers.max()))
+        self.users = np.zeros(self.E)
+        self.limit = np.tile(self.caps, (self.E, 1))
+        self.backlog = np.zeros((self.E, self.M))
+        self.mean_latency = np.zeros(self.E)
+        self.t = 0
+
+    def _children_per_call(self) -> np.ndarray:
+        """Expected downstream calls one call of each service makes (for its sent packets)."""
+        out = np.zeros(self.M)
+        calls = np.zeros(self.M)
+        for prog, w in zip(self.programs, self.mix):
+            reach = {len(prog) - 1: 1.0}
+            for i in range(len(prog) - 1, -1, -1):
+                node = prog[i]
+                p_here = reach.get(i, 0.0) * node.p
+                calls[node.service] += w * p_here
+                for stage in node.stages:
+                    for child in stage:
+                        reach[child] = p_here
+                        out[node.service] += w * p_here * prog[child].p
+        return np.divide(out, calls, out=np.zeros_like(out), where=calls > 0)
+
+    # -- episode control ---------------------------------------------------------------------
+    def reset(self, users) -> None:
+        self.users = np.broadcast_to(np.asarray(users, dtype=np.float64), (self.E,)).copy()
+        self.limit = np.tile(self.caps, (self.E, 1))
+        self.backlog = np.zeros((self.E, self.M))
+        self.mean_latency = np.full(self.E, self.hop * 4)
+        self.t = 0
+
+    def set_users(self, users) -> None:
+        self.users = np.broadcast_to(np.asarray(users, dtype=np.float64), (self.E,)).copy()
+
+    # -- one second --------------------------------------------------------------------------
+    def step(self, cores: np.ndarray) -> "SimStep":
+        rng = self.rng
+        E, M = self.E, self.M
+        limit = np.clip(np.asarray(cores, dtype=np.float64).reshape(E, M), 1e-3, None)
+        self.limit = limit
+        # 1. closed-loop load
+        rate = self.users / (self.think + self.mean_latency)                     # (E,)
+        arrivals = rng.poisson(rate[:, None] * self.mix[None, :])                # (E, types)
+        requests = arrivals.sum(axis=1).astype(np.float64)
+        calls = arrivals @ self.visits                                           # (E, M) expected calls
+        # 2. work with the spread of a sum of exponentials
+        mean_work = calls * self.cpu_s
+        noise = rng.standard_normal((E, M)) * np.sqrt(np.maximum(calls, 1.0)) * self.cpu_s
+        work = np.maximum(mean_work + noise, 0.0)
+        # 3. fluid backlog under the CPU limit
+        capacity = np.minimum(limit, self.workers)                               # core-seconds/s
+        before = self.backlog
+        total = before + work
+        served = np.minimum(total, capacity)
+        after = total - served
+        # work that would wait past the timeout fails
+        cap_backlog = capacity * self.timeout
+        dropped = np.maximum(after - cap_backlog, 0.0)
+        after = after - dropped
+        self.backlog = after
+        dropped_calls = dropped / self.cpu_s
+        # a request fails when any of its calls is dropped: the worst service's share of its calls
+        share = np.divide(dropped_calls, np.maximum(calls, 1e-9))
+        failures = np.minimum(np.max(np.minimum(share, 1.0), axis=1) * requests, requests)
+        # 4. per-call latency distribution of this second
+        servers = np.minimum(np.ceil(capacity - 1e-9), self.workers).clip(1, None)
+        speed = capacity / servers                                               # cores per server
+        lam = calls                                                              # calls/s
+        a = np.minimum(lam * self.cpu_s / speed, RHO_CAP * servers)              # offered Erlangs
+        p_wait = erlang_c(servers.astype(int), a, self.c_max)
+        mu = speed / self.cpu_s                                                  # per-server rate
+        wait_rate = np.maximum(servers * mu - lam, (1 - RHO_CAP) * servers * mu)
+        backlog_wait = 0.5 * (before + after) / capacity
+        lat = self._sample_latency(backlog_wait, p_wait, wait_rate, self.cpu_s / speed)  # (E, K) s
+        lat = np.minimum(lat, self.timeout)
+        fail_mask = failures > 0
+        if fail_mask.any():
+            # failed requests count at the timeout, as a load generator records them
+            n_fail = np.minimum(np.round(failures / np.maximum(requests, 1) * self.K), self.K).astype(int)
+            for e in np.nonzero(fail_mask)[0]:
+                if n_fail[e]:
+                    lat[e, :n_fail[e]] = self.timeout
+        self.mean_latency = lat.mean(axis=1)
+        pct = np.percentile(lat, PERCENTILES, axis=1).T * 1000.0                  # (E, 12) ms
+        no_req = requests <= 0
+        pct[no_req] = np.nan
+        self.t += 1
+        # per-service counters of the second (Table 1)
+        sojourn = backlog_wait + p_wait / wait_rate + self.cpu_s / speed
+        inflight = lam * sojourn
+        feats = np.zeros((E, M, len(SERVICE_FIELDS)))
+        down = calls * self._fanout
+        feats[..., FIELD["rx_packets"]] = calls + down
+        feats[..., FIELD["tx_packets"]] = calls + down
+        feats[..., FIELD["rx_bytes"]] = (calls + down) * self.kb
+        feats[..., FIELD["tx_bytes"]] = (calls + down) * self.kb
+        feats[..., FIELD["rss_bytes"]] = self.rss + inflight * 2**18
+        feats[..., FIELD["cache_bytes"]] = np.where(self.is_db, self.io_kb * 1000.0, 0.0) + 2**22
+        feats[..., FIELD["page_faults"]] = calls * 0.5
+        feats[..., FIELD["cpu_used"]] = served
+        feats[..., FIELD["cpu_limit"]] = limit
+        feats[..., FIELD["io_bytes"]] = calls * self.io_kb
+        feats[..., FIELD["io_ops"]] = np.where(self.io_kb > 0, calls, 0.0)
+        return SimStep(t=self.t, per_service=feats, latency_ms=pct, requests=requests,
+                       failures=failures, backlog=after.copy(), qos_ms=self.topo.qos_ms)
+
+    def _sample_latency(self, backlog_wait, p_wait, wait_rate, service_mean) -> np.ndarray:
+        """K end-to-end latencies per copy (seconds), stratified over request types."""
+        rng = self.rng
+        E = self.E
+        out = np.empty((E, self.K))
+        col = 0
+        for prog, k in zip(self.programs, self.k_per_type):
+            if k <= 0:
+                continue
+            node_lat: list[np.ndarray] = []
+            for node in prog:
+                s = node.service
+                waits = rng.random((E, k)) < p_wait[:, s:s + 1]
+                wq = np.where(waits, rng.exponential(1.0, (E, k)) / wait_rate[:, s:s + 1], 0.0)
+                svc = rng.exponential(1.0, (E, k)) * service_mean[:, s:s + 1]
+                own = 2 * self.hop + backlog_wait[:, s:s + 1] + wq + svc
+                for stage in node.stages:
+                    waited = [node_lat[c] for c in stage if not prog[c].detached]
+                    if waited:
+                        own = own + (np.maximum.reduce(waited) if len(waited) > 1 else waited[0])
+                if node.p < 1.0:
+                    own = np.where(rng.random((E, k)) < node.p, own, 0.0)
+                node_lat.append(own)
+            out[:, col:col + k] = node_lat[-1]
+            col += k
+        return out
+
+
+@dataclass
+class SimStep:
+    """One second of E copies: per-service counters (E, M, fields), latency percentiles (E, 12)
+    in ms, requests and failures per copy, and the backlog left (E, M) core-seconds."""
+    t: int
+    per_service: np.ndarray
+    latency_ms: np.ndarray
+    requests: np.ndarray
+    failures: np.ndarray
+    backlog: np.ndarray
+    qos_ms: float
+
+    @property
+    def p99_ms(self) -> np.ndarray:
+        return self.latency_ms[:, PERCENTILES.index(99)]
+
+    @property
+    def cpu_used(self) -> np.ndarray:
+        return self.per_service[..., FIELD["cpu_used"]]
+
+    def measurement(self, e: int, services: tuple[str, ...]) -> StepMeasurement:
+        return StepMeasurement(services=services, per_service=self.per_service[e],
+                               latency_ms=self.latency_ms[e], requests_per_s=float(self.requests[e]),
+                               failures_per_s=float(self.failures[e]), qos_ms=self.qos_ms, t=float(self.t))

@@ -1,0 +1,162 @@
+"""Applications as YAML: services, the calls of each request type, and the paper's load.
+
+The simulator and the real-container testbed read the same file, so the testbed's application and
+its simulated twin cannot drift apart.
+
+    name: hotel
+    qos_ms: 200                    # the paper's QoS target on the end-to-end p99 of each second
+    users: [500, 3500]             # the paper's user range (Table 2)
+    rate_per_user: 1.0             # requests/s per user: exponential think time of mean 1/rate
+    services:
+      frontend: {cpu_ms: 0.5, workers: 64, cap: 6}
+      memcached-rate: {cpu_ms: 0.06, cap: 2, kind: cache}
+      ...
+    requests:
+      search:
+        weight: 0.6
+        call: frontend             # a node: the service it calls, then its stages in order;
+        stages:                    # a stage is a list of nodes called in parallel
+          - [{call: search, stages: [[{call: geo}], [{call: rate}]]}]
+          - [{call: profile, stages: [[{call: memcached-profile}], [{call: mongodb-profile, p: 0.1}]]}]
+
+A node's latency = its own service's sojourn + the sum over its stages of the slowest node of
+the stage. `p` is the probability that the call happens at all (a cache miss to the database).
+`detached: true` marks an asynchronous call (through a message queue): it loads its service and
+its own calls, but the caller does not wait for it. `cpu_ms` is the mean CPU time of one call (exponentially distributed), `workers` its concurrency
+(threads) and `cap` the paper's hand-set per-service maximum u^(i) (cores). Unknown keys are
+rejected.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TOPOLOGY_DIR = Path(__file__).parent / "topologies"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServiceSpec(_Strict):
+    cpu_ms: float = Field(gt=0, description="mean CPU time per call, ms")
+    workers: int = Field(default=32, ge=1, description="concurrent calls the service can serve")
+    cap: float = Field(gt=0, description="u^(i): the most cores the service may get")
+    kind: Literal["logic", "cache", "db", "frontend"] = "logic"
+    rss_mb: float = Field(default=60.0, ge=0, description="resident memory at rest")
+    kb_per_call: float = Field(default=2.0, ge=0, description="network payload per call, KiB each way")
+    io_kb_per_call: float = Field(default=0.0, ge=0, description="disk IO per call (databases)")
+
+
+class CallNode(_Strict):
+    call: str
+    p: float = Field(default=1.0, gt=0, le=1)
+    #: an asynchronous call (a message queue): it loads its service but is not waited for
+    detached: bool = False
+    stages: list[list["CallNode"]] = Field(default_factory=list)
+
+
+class RequestType(CallNode):
+    weight: float = Field(gt=0)
+
+
+class Topology(_Strict):
+    name: str
+    qos_ms: float = Field(gt=0)
+    users: tuple[int, int]
+    rate_per_user: float = Field(gt=0)
+    hop_ms: float = Field(default=0.1, ge=0, description="network latency per call, one way")
+    timeout_s: float = Field(default=5.0, gt=0, description="a call waiting longer than this fails")
+    services: dict[str, ServiceSpec]
+    requests: dict[str, RequestType]
+
+    @field_validator("users")
+    @classmethod
+    def _users(cls, v):
+        if not 0 < v[0] <= v[1]:
+            raise ValueError("users must be [low, high] with 0 < low <= high")
+        return v
+
+    @model_validator(mode="after")
+    def _calls_known(self):
+        def walk(node: CallNode, where: str):
+            if node.call not in self.services:
+                raise ValueError(f"request {where!r} calls unknown service {node.call!r}")
+            for stage in node.stages:
+                if not stage:
+                    raise ValueError(f"request {where!r}: an empty stage under {node.call!r}")
+                for child in stage:
+                    walk(child, where)
+        if not self.requests:
+            raise ValueError("at least one request type is needed")
+        for name, req in self.requests.items():
+            walk(req, name)
+        return self
+
+    # -- derived, read by the simulator ------------------------------------------------------
+    @cached_property
+    def service_names(self) -> tuple[str, ...]:
+        return tuple(self.services)
+
+    @property
+    def n_services(self) -> int:
+        return len(self.services)
+
+    @cached_property
+    def caps(self) -> np.ndarray:
+        return np.array([s.cap for s in self.services.values()], dtype=np.float64)
+
+    @cached_property
+    def mix(self) -> np.ndarray:
+        w = np.array([r.weight for r in self.requests.values()], dtype=np.float64)
+        return w / w.sum()
+
+    @cached_property
+    def visits(self) -> np.ndarray:
+        """(request types, services): expected calls of each service per request of each type."""
+        idx = {s: i for i, s in enumerate(self.services)}
+        out = np.zeros((len(self.requests), self.n_services))
+
+        def walk(node: CallNode, row: int, prob: float):
+            p = prob * node.p
+            out[row, idx[node.call]] += p
+            for stage in node.stages:
+                for child in stage:
+                    walk(child, row, p)
+        for row, req in enumerate(self.requests.values()):
+            walk(req, row, 1.0)
+        return out
+
+    def mean_visits(self) -> np.ndarray:
+        """Expected calls per service for one request of the mix."""
+        return self.mix @ self.visits
+
+    def core_demand(self, requests_per_s: float) -> np.ndarray:
+        """Mean cores each service uses at a request rate (the fluid load, no queueing)."""
+        return requests_per_s * self.mean_visits() * np.array([s.cpu_ms for s in self.services.values()]) / 1000.0
+
+
+CallNode.model_rebuild()
+RequestType.model_rebuild()
+
+
+def load_topology(name_or_path: str | Path) -> Topology:
+    """A shipped topology by name (hotel, social, chain3, testbed) or a YAML file."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = TOPOLOGY_DIR / f"{name_or_path}.yaml"
+        if not p.is_file():
+            known = sorted(f.stem for f in TOPOLOGY_DIR.glob("*.yaml"))
+            raise ValueError(f"unknown application {str(name_or_path)!r} (known: {', '.join(known)})")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"{p}: cannot read topology ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: a topology must be a YAML mapping")
+    return Topology.model_validate(data)
