@@ -17,8 +17,8 @@ import numpy as np
 
 from .observation import StepMeasurement
 
-#: the smallest limit any controller may set (cores); the kernel refuses CFS quotas under 1 ms
-MIN_CORES = 0.05
+#: the smallest limit any controller may set (cores); the kernel refuses CFS quotas under 1 ms of a 100 ms period
+MIN_CORES = 0.01
 
 
 @dataclass(frozen=True)

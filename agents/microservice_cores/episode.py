@@ -1,0 +1,128 @@
+"""Episodes of the paper's protocol (Algorithm 2, Table 2): a user count U, every service at its
+cap for a W = 60 s warm-up, then e_time = 300 one-second control steps. The controller sees the
+second just ended and sets the cores of the next one.
+
+`run_episodes` drives one controller per simulated copy (E copies step together), so a method is
+evaluated over several seeds in one batch; `EpisodeResult` holds the per-second series and the
+paper's figures: mean and max allocated cores, p99, and the QoS-violation rate (share of control
+seconds whose end-to-end p99 exceeds the QoS target).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .control import AppLimits, Controller, clip_cores
+from .sim import MicroserviceSim
+from .topology import Topology
+
+WARMUP_S = 60       # W (Table 2)
+EPISODE_S = 300     # e_time (Table 2)
+
+
+def app_limits(topo: Topology) -> AppLimits:
+    return AppLimits(services=topo.service_names, caps=topo.caps, qos_ms=topo.qos_ms)
+
+
+@dataclass
+class EpisodeResult:
+    method: str
+    app: str
+    users: float
+    seed: int
+    cores: np.ndarray            # (T, M) cores set per second
+    used: np.ndarray             # (T, M) cores used
+    p99_ms: np.ndarray           # (T,)
+    requests: np.ndarray         # (T,)
+    failures: np.ndarray         # (T,)
+    qos_ms: float
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def total_cores(self) -> np.ndarray:
+        return self.cores.sum(axis=1)
+
+    @property
+    def mean_cores(self) -> float:
+        return float(self.total_cores.mean())
+
+    @property
+    def max_cores(self) -> float:
+        return float(self.total_cores.max())
+
+    @property
+    def violations(self) -> np.ndarray:
+        return np.nan_to_num(self.p99_ms, nan=0.0) > self.qos_ms
+
+    @property
+    def violation_rate(self) -> float:
+        return float(self.violations.mean())
+
+    def summary(self) -> dict:
+        p = self.p99_ms[np.isfinite(self.p99_ms)]
+        return {"method": self.method, "app": self.app, "users": self.users, "seed": self.seed,
+                "mean_cores": self.mean_cores, "max_cores": self.max_cores,
+                "mean_used": float(self.used.sum(axis=1).mean()),
+                "p99_mean_ms": float(p.mean()) if p.size else None,
+                "p99_max_ms": float(p.max()) if p.size else None,
+                "violation_rate": self.violation_rate, "failures": float(self.failures.sum())}
+
+
+def run_episodes(topo: Topology, make_controller: Callable[[int], Controller], users, seeds,
+                 steps: int = EPISODE_S, warmup: int = WARMUP_S, method: str | None = None,
+                 samples: int | None = None) -> list[EpisodeResult]:
+    """One episode per seed, all seeds stepping together in one simulator batch.
+
+    `make_controller(i)` builds the controller of copy i (a controller keeps per-episode memory).
+    The simulator's seed is the first seed; each copy's draws differ, and the whole batch is
+    reproducible for the same seeds."""
+    seeds = list(seeds)
+    E = len(seeds)
+    kwargs = {"samples": samples} if samples else {}
+    sim = MicroserviceSim(topo, n_envs=E, seed=int(np.random.SeedSequence(seeds).generate_state(1)[0]), **kwargs)
+    users_arr = np.broadcast_to(np.asarray(users, dtype=np.float64), (E,)).copy()
+    sim.reset(users_arr)
+    limits = app_limits(topo)
+    ctls = [make_controller(i) for i in range(E)]
+    for c in ctls:
+        c.reset(limits)
+    cores = np.tile(topo.caps, (E, 1))
+    st = None
+    for _ in range(warmup):
+        st = sim.step(cores)
+    M = topo.n_services
+    set_c = np.zeros((steps, E, M))
+    used = np.zeros((steps, E, M))
+    p99 = np.zeros((steps, E))
+    req = np.zeros((steps, E))
+    fail = np.zeros((steps, E))
+    for t in range(steps):
+        cores = np.stack([clip_cores(ctl.act(st.measurement(e, topo.service_names)), limits)
+                          for e, ctl in enumerate(ctls)])
+        st = sim.step(cores)
+        set_c[t], used[t], p99[t], req[t], fail[t] = cores, st.cpu_used, st.p99_ms, st.requests, st.failures
+    name = method or getattr(ctls[0], "name", "controller")
+    return [EpisodeResult(method=name, app=topo.name, users=float(users_arr[e]), seed=seeds[e],
+                          cores=set_c[:, e], used=used[:, e], p99_ms=p99[:, e], requests=req[:, e],
+                          failures=fail[:, e], qos_ms=topo.qos_ms) for e in range(E)]
+
+
+class StaticController:
+    """A fixed allocation (cores per service); `StaticController.maximum` is every service at its cap."""
+
+    def __init__(self, cores, name: str = "static"):
+        self.cores = np.asarray(cores, dtype=np.float64)
+        self.name = name
+        self.limits: AppLimits | None = None
+
+    @classmethod
+    def maximum(cls, topo: Topology) -> "StaticController":
+        return cls(topo.caps, name="static-max")
+
+    def reset(self, limits: AppLimits) -> None:
+        self.limits = limits
+
+    def act(self, m) -> np.ndarray:
+        return clip_cores(self.cores, self.limits)
