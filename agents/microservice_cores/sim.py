@@ -95,6 +95,7 @@ class MicroserviceSim:
         index = {name: i for i, name in enumerate(topology.services)}
         self.programs = [_compile(r, index) for r in topology.requests.values()]
         self.visits = topology.visits                                       # (types, M)
+        self._visits_mean = topology.mean_visits()
         self.mix = topology.mix
         self._fanout = self._children_per_call()
         # stratified samples per request type (at least one of each type with weight)
@@ -168,7 +169,9 @@ class MicroserviceSim:
         # 4. per-call latency distribution of this second
         servers = np.minimum(np.ceil(capacity - 1e-9), self.workers).clip(1, None)
         speed = capacity / servers                                               # cores per server
-        lam = calls                                                              # calls/s
+        # the M/M/c term takes the arrival intensity, not this second's count: its stationary law
+        # already holds the Poisson spread, which the count would add a second time
+        lam = rate[:, None] * self._visits_mean                                  # calls/s
         a = np.minimum(lam * self.cpu_s / speed, RHO_CAP * servers)              # offered Erlangs
         p_wait = erlang_c(servers.astype(int), a, self.c_max)
         mu = speed / self.cpu_s                                                  # per-server rate
@@ -190,7 +193,7 @@ class MicroserviceSim:
         self.t += 1
         # per-service counters of the second (Table 1)
         sojourn = backlog_wait + p_wait / wait_rate + self.cpu_s / speed
-        inflight = lam * sojourn
+        inflight = calls * sojourn
         feats = np.zeros((E, M, len(SERVICE_FIELDS)))
         down = calls * self._fanout
         feats[..., FIELD["rx_packets"]] = calls + down

@@ -1,0 +1,83 @@
+"""Gymnasium env `samm/MicroserviceCores-v0`: one application, one step = one second.
+
+Observation: (M, k·ROW + M) float32, a row per service (features.FrameStack: the k = 5 latest
+rows of Table 1's features plus the one-hot id). Action: a ∈ [0, 1]^M, cores = a · cap (the
+paper's sigmoid output times the hand-set cap u), floored at control.MIN_CORES.
+
+Reward of step(a): the second in which `a` was in force scores it (the paper's "the reward at t
+is for the action of t−1": the action chosen after second t−1 runs during second t):
+    −1 if that second's end-to-end p99 > QoS, else α (1 − Σ cores / Σ caps), α = 1.
+Each reset draws U ~ U[users] (or `options={"users": U}`), runs the W = 60 s warm-up at caps,
+and the episode ends after e_time = 300 steps (truncated, not terminated: the application goes on).
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from .control import MIN_CORES
+from .episode import EPISODE_S, WARMUP_S
+from .features import FrameStack, feature_row_block
+from .sim import MicroserviceSim
+from .topology import Topology, load_topology
+
+ALPHA = 1.0   # α of the reward (Table 2)
+
+
+def reward_of(p99_ms, qos_ms: float, cores, caps, alpha: float = ALPHA) -> np.ndarray:
+    """The paper's reward (L99–101) for E copies: p99 (E,), cores (E, M) in force that second."""
+    saving = 1.0 - np.asarray(cores).sum(axis=-1) / float(np.sum(caps))
+    return np.where(np.nan_to_num(p99_ms, nan=0.0) > qos_ms, -1.0, alpha * saving)
+
+
+class MicroserviceCoresEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, app: str | Topology = "chain3", k: int = 5, id_width: int | None = None,
+                 episode_steps: int = EPISODE_S, warmup: int = WARMUP_S):
+        self.topo = app if isinstance(app, Topology) else load_topology(app)
+        self.M = self.topo.n_services
+        self.k = k
+        self.episode_steps = episode_steps
+        self.warmup = warmup
+        self.stack = FrameStack(1, self.M, k=k, id_width=id_width)
+        self.observation_space = spaces.Box(-np.inf, np.inf, (self.M, self.stack.width), np.float32)
+        self.action_space = spaces.Box(0.0, 1.0, (self.M,), np.float32)
+        self.sim: MicroserviceSim | None = None
+        self._t = 0
+        self._prev = np.ones(self.M)
+
+    def cores_of(self, action) -> np.ndarray:
+        a = np.clip(np.nan_to_num(np.asarray(action, dtype=np.float64), nan=1.0), 0.0, 1.0)
+        return np.maximum(a * self.topo.caps, MIN_CORES)
+
+    def _rows(self, st, prev):
+        return feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
+                                 self.topo.qos_ms, prev[None], self.topo.caps)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        sim_seed = int(self.np_random.integers(2**31))
+        self.sim = MicroserviceSim(self.topo, n_envs=1, seed=sim_seed)
+        lo, hi = self.topo.users
+        users = (options or {}).get("users", self.np_random.uniform(lo, hi))
+        self.sim.reset(float(users))
+        caps = self.topo.caps[None]
+        st = None
+        for _ in range(self.warmup):
+            st = self.sim.step(caps)
+        self._prev = np.ones(self.M)
+        self._t = 0
+        obs = self.stack.reset(self._rows(st, self._prev))[0]
+        return obs, {"users": float(users)}
+
+    def step(self, action):
+        cores = self.cores_of(action)
+        st = self.sim.step(cores[None])
+        reward = float(reward_of(st.p99_ms, self.topo.qos_ms, cores[None], self.topo.caps)[0])
+        self._prev = cores / self.topo.caps
+        self._t += 1
+        obs = self.stack.push(self._rows(st, self._prev))[0]
+        info = {"p99_ms": float(st.p99_ms[0]), "cores": float(cores.sum()), "violated": reward == -1.0}
+        return obs, reward, False, self._t >= self.episode_steps, info

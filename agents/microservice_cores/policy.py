@@ -1,0 +1,132 @@
+"""What SAMM hosts for the microservice-cores problem: the trained Reclaimer actor.
+
+    policy.act(measurement)            -> cores per service (a Controller: the simulator's
+                                          episodes, the experiment, the testbed loop)
+    policy.decide(observation)         -> Decision(action=[a_i in [0, 1]]) (the Policy protocol:
+                                          an env observation of (M, k·ROW + id) rows)
+    policy.save(dir) / ReclaimerPolicy.load(dir)
+
+The policy keeps its own frame stack for `act`; `reset` clears it. The application's topology is
+saved with the policy (its name, services and caps), and loading checks the spaces.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from agents.policy import Decision, load_torch_weights, save_torch_policy
+from agents.registry import read_policy_metadata
+from agents.spaces import check_spaces, space_from_json, space_to_json
+
+from .control import AppLimits, clip_cores
+from .features import ROW, FrameStack, feature_rows
+from .observation import StepMeasurement
+from .sac import Sac, SacConfig
+from .topology import Topology, load_topology
+
+KIND = "reclaimer"
+PROBLEM = "microservice-cores"
+FORMAT = 1
+METADATA_FILE = "metadata.json"
+WEIGHTS_FILE = "weights.pt"
+SHIPPED_DIR = Path(__file__).parent / "policies"
+
+
+def policy_spaces(topo: Topology, cfg: SacConfig) -> tuple[spaces.Box, spaces.Box]:
+    width = cfg.k * ROW + (cfg.id_width or topo.n_services)
+    return (spaces.Box(-np.inf, np.inf, (topo.n_services, width), np.float32),
+            spaces.Box(0.0, 1.0, (topo.n_services,), np.float32))
+
+
+class ReclaimerPolicy:
+    problem = PROBLEM
+    kind = KIND
+    stateful = False
+    name = "reclaimer"
+
+    def __init__(self, agent: Sac, topo: Topology, cfg: SacConfig, training: dict | None = None,
+                 version: str | None = None):
+        self.agent = agent.eval()
+        self.topo = topo
+        self.cfg = cfg
+        self.training = training or {}
+        self.version = version or "unversioned"
+        self.observation_space, self.action_space = policy_spaces(topo, cfg)
+        self.limits: AppLimits | None = None
+        self._stack: FrameStack | None = None
+        self._prev = np.ones(topo.n_services)
+
+    # -- Controller ------------------------------------------------------------------------
+    def reset(self, limits: AppLimits) -> None:
+        if tuple(limits.services) != self.topo.service_names:
+            raise ValueError(f"this policy controls {self.topo.name}'s services {self.topo.service_names}, "
+                             f"not {tuple(limits.services)}")
+        self.limits = limits
+        self._stack = None
+        self._prev = np.ones(self.topo.n_services)
+
+    def act(self, m: StepMeasurement) -> np.ndarray:
+        caps = self.topo.caps
+        # the previous action is what was in force, as a share of the cap (read back, not assumed)
+        prev = np.clip(m.cpu_limit / caps, 0.0, 1.0)
+        rows = feature_rows(m, prev, caps)[None]
+        if self._stack is None:
+            self._stack = FrameStack(1, self.topo.n_services, k=self.cfg.k, id_width=self.cfg.id_width)
+            obs = self._stack.reset(rows)
+        else:
+            obs = self._stack.push(rows)
+        a = self.agent.act(obs, deterministic=True)[0]
+        return clip_cores(a * caps, self.limits)
+
+    # -- Policy protocol --------------------------------------------------------------------
+    def initial_state(self):
+        return None
+
+    def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
+        obs = np.asarray(observation, dtype=np.float32)[None]
+        a = self.agent.act(obs, deterministic=deterministic)[0]
+        cores = a * self.topo.caps
+        return Decision(action=[float(x) for x in a], name="cores share",
+                        info={"cores": [round(float(c), 4) for c in cores],
+                              "total_cores": round(float(cores.sum()), 4)}), None
+
+    def metadata(self) -> dict:
+        from samm import __version__
+
+        return {"kind": KIND, "problem": PROBLEM, "format": FORMAT, "version": self.version,
+                "samm_version": __version__, "app": self.topo.model_dump(mode="json"),
+                "config": self.cfg.to_json(),
+                "observation_space": space_to_json(self.observation_space),
+                "action_space": space_to_json(self.action_space), "training": self.training}
+
+    def save(self, directory) -> Path:
+        return save_torch_policy(directory, self.agent, self.metadata(), WEIGHTS_FILE, METADATA_FILE)
+
+    @classmethod
+    def load(cls, directory) -> "ReclaimerPolicy":
+        d = Path(directory)
+        meta = read_policy_metadata(d, KIND, PROBLEM, FORMAT)
+        try:
+            topo = Topology.model_validate(meta["app"])
+            cfg = SacConfig.from_json(meta["config"])
+            saved_obs = space_from_json(meta["observation_space"])
+            saved_act = space_from_json(meta["action_space"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
+        check_spaces(saved_obs, saved_act, *policy_spaces(topo, cfg), what=str(d))
+        width = cfg.k * ROW + (cfg.id_width or topo.n_services)
+        agent = Sac(width, cfg.k * ROW, topo.n_services, cfg)
+        load_torch_weights(d, agent, WEIGHTS_FILE, METADATA_FILE)
+        return cls(agent, topo, cfg, meta.get("training"), meta.get("version"))
+
+
+def shipped_policy(app: str) -> ReclaimerPolicy:
+    d = SHIPPED_DIR / f"reclaimer-{app}"
+    if not (d / METADATA_FILE).is_file():
+        raise ValueError(f"no shipped Reclaimer policy for {app!r} (looked in {d}); train one with "
+                         f"`samm train --problem microservice-cores --app {app}`")
+    return ReclaimerPolicy.load(d)

@@ -1,0 +1,320 @@
+"""Reclaimer's agent: SAC over per-service rows (Fettes et al., §4 and Table 2), read top to bottom.
+
+* One actor shared by every service: a row (the service's k stacked feature rows + its one-hot
+  id) -> a Gaussian over an unbounded u; the action a = sigmoid(u) in [0, 1], cores = a · cap.
+  Training samples a; evaluation uses sigmoid(mean) (L93, L107–109).
+* Twin critics: each row passes 2 FC layers, the service's own action is appended, 5 more FC
+  layers give one scalar per service, and Q is their mean over the (masked) services.
+* A learned entropy coefficient (initial η = 1) with the paper's target entropy −1/(|M|·|A|),
+  compared with the per-service mean log-density of the action (our reading: the paper pools Q
+  by the mean over services, and we pool the entropy the same way). On an action in [0, 1] that
+  target is within 7 % of a uniform draw, so the simulator's training names its own
+  (`target_entropy`, docs/microservice-cores.md).
+* Inputs are standardised by one global mean/variance vector, fitted on the AutoScale phase's
+  data and refitted every RSC steps (L87–89).
+* A `mask` over services lets one network serve applications with fewer services than its id
+  width (the transfer experiment: Hotel's 15 services inside Social's 28-wide id).
+
+The QoS classifier of the paper's second training phase (Fig. 4b) lives here too: per-service
+logits from a row and a candidate action, mean-pooled, -> P(QoS met in each of the next 5 s).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass
+class SacConfig:
+    # -- Table 2 of the paper (L152–177) --------------------------------------------------
+    hidden: int = 256                # FC hidden units
+    actor_layers: int = 7            # FC layers of the policy
+    critic_pre_layers: int = 2       # the action is appended after the 2nd FC layer (§4)
+    critic_post_layers: int = 5      # ... followed by 5 FC layers
+    lr: float = 3e-5
+    max_grad_norm: float = 40.0
+    gamma: float = 0.9
+    replay: int = 200_000
+    batch: int = 100
+    polyak: float = 0.995
+    init_alpha: float = 1.0          # entropy coefficient η, learned
+    alpha_lr: float | None = None    # ours: the entropy coefficient's own rate (None = lr, the paper)
+    #: per-service target entropy of the action in [0, 1]; None = the paper's −1/(|M|·|A|)
+    target_entropy: float | None = None
+    k: int = 5                       # stacked frames
+    log_std_min: float = -20.0       # log σ clipped to [−20, 2] (L93)
+    log_std_max: float = 2.0
+    # -- the training schedule (Alg. 2): the paper's step counts are ASA 130,000 AutoScale
+    # steps, CA 50,000 classifier-guided steps, 260,000 in all, RSC 100,000. Ours are scaled
+    # to the simulator and 2 CPU cores (docs/microservice-cores.md says how and why).
+    autoscale_steps: int = 130_000
+    classifier_steps: int = 50_000
+    total_steps: int = 260_000
+    restandardise_every: int = 100_000
+    autoscale_noise: float = 0.05    # ±5 % uniform on AutoScale's actions
+    classifier_threshold: float = 0.8
+    candidates: tuple[float, ...] = (-0.10, -0.05, -0.01, 0.0, 0.01, 0.05, 0.10)
+    classifier_horizon: int = 5
+    classifier_noise: float = 0.01   # ±1 %
+    classifier_updates: int = 10_000  # at most, each e_time
+    classifier_lr: float = 1e-3      # ours (the paper gives none)
+    classifier_hidden: int = 128     # ours
+    # -- ours: how the simulator is stepped --------------------------------------------------
+    n_envs: int = 8                  # copies stepped together (a transition per copy)
+    updates_per_step: int = 1        # gradient updates per batch step of n_envs transitions
+    id_width: int | None = None      # one-hot width (None = the app's service count)
+    device: str = "cpu"
+
+    @property
+    def learning_steps(self) -> int:
+        return self.total_steps - self.autoscale_steps
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["candidates"] = list(self.candidates)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SacConfig":
+        d = dict(d)
+        if "candidates" in d:
+            d["candidates"] = tuple(d["candidates"])
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def mlp(inp: int, hidden: int, layers: int) -> nn.Sequential:
+    mods: list[nn.Module] = []
+    d = inp
+    for _ in range(layers):
+        mods += [nn.Linear(d, hidden), nn.ReLU()]
+        d = hidden
+    return nn.Sequential(*mods)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the service axis (last) of (B, M), counting only services with mask 1."""
+    if mask is None:
+        return x.mean(dim=-1)
+    return (x * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
+
+
+STD_FLOOR = 0.1   # features.py puts every column on a scale of about 0-10
+CLIP = 10.0
+
+
+class Standardiser(nn.Module):
+    """One global mean/std per feature column (the id columns are left as they are)."""
+
+    def __init__(self, width: int, n_scaled: int):
+        super().__init__()
+        self.n_scaled = n_scaled
+        self.register_buffer("mean", torch.zeros(width))
+        self.register_buffer("std", torch.ones(width))
+
+    def fit(self, rows: np.ndarray) -> None:
+        flat = rows.reshape(-1, rows.shape[-1])[:, :self.n_scaled]
+        self.mean[:self.n_scaled] = torch.as_tensor(flat.mean(axis=0), dtype=torch.float32)
+        # a floor on the spread: a column that never moved in the data it was fitted on
+        # (failures, latency during AutoScale) must not turn its first move into thousands
+        self.std[:self.n_scaled] = torch.as_tensor(np.maximum(flat.std(axis=0), STD_FLOOR), dtype=torch.float32)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return ((obs - self.mean) / self.std).clamp(-CLIP, CLIP)
+
+
+class Actor(nn.Module):
+    def __init__(self, width: int, cfg: SacConfig):
+        super().__init__()
+        self.body = mlp(width, cfg.hidden, cfg.actor_layers)
+        self.head = nn.Linear(cfg.hidden, 2)
+        self.log_std_min, self.log_std_max = cfg.log_std_min, cfg.log_std_max
+
+    def forward(self, x: torch.Tensor):
+        out = self.head(self.body(x))
+        # log σ within [−20, 2] (L93) through a tanh, not a hard clamp: a clamped log σ has no
+        # gradient, and one that reaches the bound early stays there
+        lo, hi = self.log_std_min, self.log_std_max
+        log_std = lo + 0.5 * (hi - lo) * (torch.tanh(out[..., 1]) + 1.0)
+        return out[..., 0], log_std
+
+    def sample(self, x: torch.Tensor):
+        """(action in [0, 1], its per-service log-density)."""
+        mean, log_std = self(x)
+        std = log_std.exp()
+        u = mean + std * torch.randn_like(mean)
+        a = torch.sigmoid(u)
+        # log-density of a = sigmoid(u): the Gaussian's, minus log |da/du| = log a(1 − a). Without
+        # the Jacobian a saturated action (a wide σ pushing a to 0 or 1) looks like high entropy,
+        # and the policy collapses to bang-bang (measured)
+        logp = (-0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+                - (F.logsigmoid(u) + F.logsigmoid(-u)))
+        return a, logp
+
+    def deterministic(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self(x)[0])
+
+
+class Critic(nn.Module):
+    def __init__(self, width: int, cfg: SacConfig):
+        super().__init__()
+        self.pre = mlp(width, cfg.hidden, cfg.critic_pre_layers)
+        self.post = nn.Sequential(mlp(cfg.hidden + 1, cfg.hidden, cfg.critic_post_layers),
+                                  nn.Linear(cfg.hidden, 1))
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.pre(x)
+        q = self.post(torch.cat([h, a.unsqueeze(-1)], dim=-1)).squeeze(-1)
+        return masked_mean(q, mask)
+
+
+class QosClassifier(nn.Module):
+    """P(QoS met at each of the next `horizon` seconds | state, candidate action)."""
+
+    def __init__(self, width: int, cfg: SacConfig):
+        super().__init__()
+        self.net = nn.Sequential(mlp(width + 1, cfg.classifier_hidden, 2), nn.Linear(cfg.classifier_hidden, 1))
+
+    def logit(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return masked_mean(self.net(torch.cat([x, a.unsqueeze(-1)], dim=-1)).squeeze(-1), mask)
+
+
+@dataclass
+class UpdateStats:
+    critic_loss: float = 0.0
+    actor_loss: float = 0.0
+    alpha: float = 0.0
+    entropy: float = 0.0
+    q: float = 0.0
+
+
+class Sac(nn.Module):
+    """Networks, optimisers and one update step. `width` = a row's length, `n_scaled` = the
+    leading columns the standardiser scales."""
+
+    def __init__(self, width: int, n_scaled: int, n_services: int, cfg: SacConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.width = width
+        self.norm = Standardiser(width, n_scaled)
+        self.actor = Actor(width, cfg)
+        self.q1, self.q2 = Critic(width, cfg), Critic(width, cfg)
+        self.q1_targ, self.q2_targ = Critic(width, cfg), Critic(width, cfg)
+        self.q1_targ.load_state_dict(self.q1.state_dict())
+        self.q2_targ.load_state_dict(self.q2.state_dict())
+        for p in (*self.q1_targ.parameters(), *self.q2_targ.parameters()):
+            p.requires_grad_(False)
+        self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.init_alpha)))
+        # −1/(|M|·|A|) with |A| = 1 per service, unless the config names another
+        self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -1.0 / n_services
+        self.classifier = QosClassifier(width, cfg)
+        self.opt_actor = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr)
+        self.opt_critic = torch.optim.Adam([*self.q1.parameters(), *self.q2.parameters()], lr=cfg.lr)
+        self.opt_alpha = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr or cfg.lr)
+        self.opt_cls = torch.optim.Adam(self.classifier.parameters(), lr=cfg.classifier_lr)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        x = self.norm(torch.as_tensor(obs, dtype=torch.float32))
+        if deterministic:
+            return self.actor.deterministic(x).numpy()
+        return self.actor.sample(x)[0].numpy()
+
+    def update(self, obs, act, rew, nxt, done, mask=None) -> UpdateStats:
+        cfg = self.cfg
+        x, x2 = self.norm(obs), self.norm(nxt)
+        alpha = self.log_alpha.exp().detach()
+        with torch.no_grad():
+            a2, logp2 = self.actor.sample(x2)
+            q_next = torch.min(self.q1_targ(x2, a2, mask), self.q2_targ(x2, a2, mask))
+            y = rew + cfg.gamma * (1.0 - done) * (q_next - alpha * masked_mean(logp2, mask))
+        q1, q2 = self.q1(x, act, mask), self.q2(x, act, mask)
+        critic_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        self.opt_critic.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        nn.utils.clip_grad_norm_([*self.q1.parameters(), *self.q2.parameters()], cfg.max_grad_norm)
+        self.opt_critic.step()
+
+        a, logp = self.actor.sample(x)
+        logp_m = masked_mean(logp, mask)
+        q_pi = torch.min(self.q1(x, a, mask), self.q2(x, a, mask))
+        actor_loss = (alpha * logp_m - q_pi).mean()
+        self.opt_actor.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
+        self.opt_actor.step()
+
+        alpha_loss = -(self.log_alpha * (logp_m.detach() + self.target_entropy)).mean()
+        self.opt_alpha.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.opt_alpha.step()
+
+        with torch.no_grad():
+            for net, targ in ((self.q1, self.q1_targ), (self.q2, self.q2_targ)):
+                for p, pt in zip(net.parameters(), targ.parameters()):
+                    pt.mul_(cfg.polyak).add_(p, alpha=1.0 - cfg.polyak)
+        return UpdateStats(critic_loss.item(), actor_loss.item(), alpha.item(), -logp_m.mean().item(),
+                           q1.mean().item())
+
+    def classifier_update(self, obs, act, label, mask=None) -> float:
+        logit = self.classifier.logit(self.norm(obs), act, mask)
+        loss = F.binary_cross_entropy_with_logits(logit, label)
+        self.opt_cls.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt_cls.step()
+        return loss.item()
+
+    @torch.no_grad()
+    def qos_probability(self, obs: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """obs (E, M, W), actions (E, C, M) -> P(QoS met) (E, C)."""
+        E, C, M = actions.shape
+        x = self.norm(torch.as_tensor(obs, dtype=torch.float32))
+        x = x.unsqueeze(1).expand(E, C, M, x.shape[-1])
+        return torch.sigmoid(self.classifier.logit(x, torch.as_tensor(actions, dtype=torch.float32))).numpy()
+
+
+class ReplayBuffer:
+    """Transitions of whole applications, in the order they happened: index i's next second of
+    the same copy is i + n_envs (used for the classifier's 5-second labels)."""
+
+    def __init__(self, capacity: int, n_services: int, width: int, n_envs: int, seed: int):
+        self.cap = capacity - capacity % n_envs
+        self.E = n_envs
+        self.obs = np.zeros((self.cap, n_services, width), dtype=np.float32)
+        self.nxt = np.zeros_like(self.obs)
+        self.act = np.zeros((self.cap, n_services), dtype=np.float32)
+        self.rew = np.zeros(self.cap, dtype=np.float32)
+        self.done = np.zeros(self.cap, dtype=np.float32)
+        self.violated = np.zeros(self.cap, dtype=bool)
+        self.episode = np.full(self.cap, -1, dtype=np.int64)
+        self.ptr = 0
+        self.size = 0
+        self.rng = np.random.default_rng(seed)
+
+    def add_batch(self, obs, act, rew, nxt, done, violated, episode_ids) -> None:
+        n = len(rew)
+        idx = (self.ptr + np.arange(n)) % self.cap
+        self.obs[idx], self.act[idx], self.rew[idx], self.nxt[idx] = obs, act, rew, nxt
+        self.done[idx], self.violated[idx], self.episode[idx] = done, violated, episode_ids
+        self.ptr = (self.ptr + n) % self.cap
+        self.size = min(self.size + n, self.cap)
+
+    def sample(self, batch: int):
+        i = self.rng.integers(0, self.size, batch)
+        t = torch.as_tensor
+        return t(self.obs[i]), t(self.act[i]), t(self.rew[i]), t(self.nxt[i]), t(self.done[i])
+
+    def qos_labels(self, idx: np.ndarray, horizon: int) -> np.ndarray:
+        """1 when none of the next `horizon` seconds of the same episode (this one included)
+        broke QoS. Seconds past the buffer's newest are not counted."""
+        ok = np.ones(len(idx), dtype=bool)
+        age = (self.ptr - 1 - idx) % self.cap          # 0 = the newest transition
+        for h in range(horizon):
+            j = (idx + h * self.E) % self.cap
+            same = (h * self.E <= age) & (self.episode[j] == self.episode[idx])
+            ok &= ~(same & self.violated[j])
+        return ok.astype(np.float32)

@@ -1,0 +1,215 @@
+"""microservice-cores (Reclaimer): the topology schema, the simulator against M/M/c, the env's
+reward timing, the episode protocol, and the SAC pieces."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from agents.microservice_cores.control import MIN_CORES, AppLimits, clip_cores
+from agents.microservice_cores.env import MicroserviceCoresEnv, reward_of
+from agents.microservice_cores.episode import StaticController, run_episodes
+from agents.microservice_cores.features import ROW, FrameStack, feature_rows
+from agents.microservice_cores.observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
+from agents.microservice_cores.sac import ReplayBuffer, Sac, SacConfig, Standardiser
+from agents.microservice_cores.sim import MicroserviceSim, erlang_c
+from agents.microservice_cores.topology import Topology, load_topology
+
+
+def one_service(cpu_ms=2.0, cap=8.0, users=100, rate=10.0, hop_ms=0.0, qos_ms=50.0) -> Topology:
+    return Topology.model_validate({
+        "name": "one", "qos_ms": qos_ms, "users": [users, users], "rate_per_user": rate, "hop_ms": hop_ms,
+        "services": {"svc": {"cpu_ms": cpu_ms, "workers": 64, "cap": cap}},
+        "requests": {"get": {"weight": 1.0, "call": "svc"}}})
+
+
+# -- topology -----------------------------------------------------------------------------------
+def test_shipped_topologies_have_the_papers_service_counts():
+    assert load_topology("hotel").n_services == 15
+    assert load_topology("social").n_services == 28
+    assert load_topology("hotel").qos_ms == 200 and load_topology("social").qos_ms == 500
+    assert tuple(load_topology("hotel").users) == (500, 3500)
+    assert tuple(load_topology("social").users) == (20, 200)
+
+
+def test_visits_follow_the_call_graph_with_cache_misses():
+    t = load_topology("chain3")
+    assert t.mean_visits() == pytest.approx([1.0, 1.0, 0.3])
+    assert t.core_demand(100.0) == pytest.approx([0.1, 0.2, 0.09])
+
+
+def test_topology_rejects_unknown_services_and_keys(tmp_path):
+    base = {"name": "x", "qos_ms": 10, "users": [1, 2], "rate_per_user": 1,
+            "services": {"a": {"cpu_ms": 1, "cap": 1}}, "requests": {"r": {"weight": 1, "call": "b"}}}
+    with pytest.raises(ValueError, match="unknown service 'b'"):
+        Topology.model_validate(base)
+    with pytest.raises(ValueError, match="extra"):
+        Topology.model_validate({**base, "requests": {"r": {"weight": 1, "call": "a"}}, "colour": "red"})
+    with pytest.raises(ValueError, match="unknown application"):
+        load_topology("no-such-app")
+
+
+# -- the simulator against queueing theory -------------------------------------------------------
+def mmc_sojourn_quantile(lam: float, mu: float, c: int, q: float) -> float:
+    """Exact q-quantile of the FCFS M/M/c sojourn time (wait + service)."""
+    a = lam / mu
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    pw = b / (1 - (a / c) * (1 - b))
+    th = c * mu - lam
+
+    def tail(t):
+        conv = th * math.exp(-mu * t) * (1 - math.exp(-(th - mu) * t)) / (th - mu)
+        return (1 - pw) * math.exp(-mu * t) + pw * (math.exp(-th * t) + conv)
+    lo, hi = 0.0, 10.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if tail(mid) > 1 - q else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def test_erlang_c_matches_the_textbook_value():
+    # c = 2 servers, a = 1 Erlang: P(wait) = 1/3
+    assert erlang_c(np.array([2]), np.array([1.0]), 4)[0] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("cores,users", [(1, 15), (2, 32), (4, 67)])
+def test_single_service_latency_matches_mmc_within_5_percent(cores, users):
+    topo = one_service(cpu_ms=10.0, cap=8.0, users=users, rate=5.0)
+    sim = MicroserviceSim(topo, n_envs=1, seed=7, samples=4096)
+    sim.reset(users)
+    p50, p90, req = [], [], []
+    for t in range(260):
+        st = sim.step(np.array([[float(cores)]]))
+        if t >= 20:
+            p50.append(st.latency_ms[0, PERCENTILES.index(50)])
+            p90.append(st.latency_ms[0, PERCENTILES.index(90)])
+            req.append(st.requests[0])
+    lam, mu = float(np.mean(req)), 100.0
+    assert lam / (cores * mu) > 0.5          # a loaded service, not an idle one
+    for got, q in ((np.mean(p50), 0.5), (np.mean(p90), 0.9)):
+        want = mmc_sojourn_quantile(lam, mu, cores, q) * 1000
+        assert got == pytest.approx(want, rel=0.05), (q, got, want)
+
+
+def test_under_allocation_hurts_for_several_seconds():
+    topo = one_service(cpu_ms=2.0, users=100)
+    sim = MicroserviceSim(topo, n_envs=1, seed=3)
+    sim.reset(100)
+    for _ in range(20):
+        sim.step(np.array([[4.0]]))
+    sim.step(np.array([[0.8]]))            # 0.8 cores for a 2-core load: a backlog builds
+    assert sim.backlog[0, 0] > 0.5
+    st = sim.step(np.array([[4.0]]))       # back to plenty: the backlog still shows
+    assert st.p99_ms[0] > 50
+
+
+def test_simulator_is_reproducible_for_a_seed():
+    topo = load_topology("hotel")
+    runs = []
+    for _ in range(2):
+        sim = MicroserviceSim(topo, n_envs=2, seed=11)
+        sim.reset([600, 3000])
+        runs.append([sim.step(np.tile(topo.caps * 0.3, (2, 1))).latency_ms for _ in range(5)])
+    assert np.array_equal(np.array(runs[0]), np.array(runs[1]))
+
+
+def test_measurement_has_the_papers_rows():
+    topo = load_topology("chain3")
+    sim = MicroserviceSim(topo, n_envs=1, seed=0)
+    sim.reset(60)
+    m = sim.step(np.tile(topo.caps, (1, 1))).measurement(0, topo.service_names)
+    assert m.per_service.shape == (3, len(SERVICE_FIELDS))
+    assert m.cpu_limit == pytest.approx(topo.caps)
+    assert 0 < m.p99_ms < topo.qos_ms and m.requests_per_s > 0
+    rows = feature_rows(m, np.ones(3), topo.caps)
+    assert rows.shape == (3, ROW) and np.isfinite(rows).all()
+
+
+# -- env: the reward of step t scores the action in force during it ----------------------------
+def test_reward_scores_the_action_of_the_second_it_was_in_force():
+    env = MicroserviceCoresEnv("chain3")
+    env.reset(seed=1, options={"users": 100})
+    _, r, _, _, info = env.step(np.full(3, 0.6))
+    assert not info["violated"]
+    assert r == pytest.approx(1.0 - 0.6 * env.topo.caps.sum() / env.topo.caps.sum())
+    _, r, _, _, info = env.step(np.full(3, 0.02))       # starved: this very second breaks QoS
+    assert info["violated"] and r == -1.0
+    assert reward_of(np.array([np.nan]), 50.0, np.ones((1, 3)), np.full(3, 2.0))[0] == pytest.approx(0.5)
+
+
+def test_env_passes_gymnasium_check():
+    from gymnasium.utils.env_checker import check_env
+
+    env = MicroserviceCoresEnv("chain3", episode_steps=5, warmup=3)
+    check_env(env, skip_render_check=True)
+    _, _, term, trunc = env.reset(seed=0)[0], 0, False, False
+    for _ in range(5):
+        *_, term, trunc, _ = env.step(env.action_space.sample())
+    assert trunc and not term
+
+
+# -- episodes and controllers -------------------------------------------------------------------
+def test_clip_cores_keeps_bounds_and_reads_nan_as_the_cap():
+    lim = AppLimits(("a", "b", "c"), np.array([1.0, 2.0, 3.0]), qos_ms=10)
+    assert clip_cores([5.0, np.nan, -1.0], lim) == pytest.approx([1.0, 2.0, MIN_CORES])
+
+
+def test_episode_protocol_and_static_max_is_safe():
+    topo = load_topology("chain3")
+    res = run_episodes(topo, lambda i: StaticController.maximum(topo), users=60, seeds=[1, 2], steps=20, warmup=5)
+    assert len(res) == 2 and res[0].cores.shape == (20, 3)
+    assert res[0].mean_cores == pytest.approx(topo.caps.sum())
+    assert res[0].violation_rate == 0.0
+    again = run_episodes(topo, lambda i: StaticController.maximum(topo), users=60, seeds=[1, 2], steps=20, warmup=5)
+    assert np.array_equal(res[1].p99_ms, again[1].p99_ms)
+
+
+# -- SAC pieces ---------------------------------------------------------------------------------
+def test_standardiser_floors_a_column_that_never_moved():
+    st = Standardiser(4, 3)
+    rows = np.zeros((10, 2, 4), dtype=np.float32)
+    rows[..., 0] = np.arange(10)[:, None]
+    st.fit(rows)
+    out = st(torch.tensor([[4.5, 5.0, 0.0, 1.0]]))
+    assert abs(float(out[0, 0])) < 0.1          # the moving column is centred
+    assert float(out[0, 1]) == pytest.approx(10.0)   # 5 / floor 0.1 = 50, clipped to 10
+    assert float(out[0, 3]) == 1.0              # the id column is left alone
+
+
+def test_replay_labels_look_five_seconds_ahead_within_an_episode():
+    E = 2
+    buf = ReplayBuffer(100, 1, 3, E, seed=0)
+    for t in range(8):
+        viol = np.array([t == 4, False])
+        buf.add_batch(np.zeros((E, 1, 3)), np.zeros((E, 1)), np.zeros(E), np.zeros((E, 1, 3)),
+                      np.zeros(E), viol, np.array([0, 1]))
+    labels = buf.qos_labels(np.arange(0, 16, 2), horizon=5)   # copy 0's seconds 0..7
+    assert labels.tolist() == [0, 0, 0, 0, 0, 1, 1, 1]
+    assert buf.qos_labels(np.arange(1, 16, 2), 5).tolist() == [1] * 8
+
+
+def test_sac_update_runs_and_moves_the_target_slowly():
+    cfg = SacConfig(hidden=16, actor_layers=2, critic_pre_layers=1, critic_post_layers=1)
+    sac = Sac(width=10, n_scaled=8, n_services=3, cfg=cfg)
+    before = [p.clone() for p in sac.q1_targ.parameters()]
+    obs = torch.randn(5, 3, 10)
+    stats = sac.update(obs, torch.rand(5, 3), torch.randn(5), obs, torch.zeros(5))
+    assert math.isfinite(stats.critic_loss) and math.isfinite(stats.entropy)
+    moved = max(float((p - b).abs().max()) for p, b in zip(sac.q1_targ.parameters(), before))
+    assert 0 < moved < 0.01                     # Polyak 0.995: 0.5 % of the step
+    a, logp = sac.actor.sample(obs)
+    assert ((a >= 0) & (a <= 1)).all() and torch.isfinite(logp).all()
+    assert sac.target_entropy == pytest.approx(-1 / 3)     # the paper's −1/(|M|·|A|)
+
+
+def test_frame_stack_keeps_the_last_k_rows_and_the_id():
+    fs = FrameStack(1, 2, k=3)
+    fs.reset(np.zeros((1, 2, ROW), dtype=np.float32))
+    obs = fs.push(np.ones((1, 2, ROW), dtype=np.float32))
+    assert obs.shape == (1, 2, 3 * ROW + 2)
+    assert obs[0, 0, -2 - ROW:-2].tolist() == [1.0] * ROW and obs[0, 0, :ROW].tolist() == [0.0] * ROW
+    assert obs[0, 1, -2:].tolist() == [0.0, 1.0]
