@@ -8,6 +8,7 @@ PACKAGES = (
     "agents.lra_placement",    # long-running container placement (DRL-Scheduler)
     "agents.oversubscription", # VM oversubscription (C2MARL)
     "agents.deferrable_jobs",  # deferrable-job scheduling (OSDEC)
+    "agents.microservice_cores",  # microservice CPU cores (Reclaimer)
 )
 
 _loaded = False

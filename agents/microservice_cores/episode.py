@@ -2,7 +2,8 @@
 cap for a W = 60 s warm-up, then e_time = 300 one-second control steps. The controller sees the
 second just ended and sets the cores of the next one.
 
-`run_episodes` drives one controller per simulated copy (E copies step together), so a method is
+`run_episodes` drives one controller per simulated copy (a controller with an `observe(m)`
+method also sees the warm-up seconds) (E copies step together), so a method is
 evaluated over several seeds in one batch; `EpisodeResult` holds the per-second series and the
 paper's figures: mean and max allocated cores, p99, and the QoS-violation rate (share of control
 seconds whose end-to-end p99 exceeds the QoS target).
@@ -90,8 +91,12 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller], u
         c.reset(limits)
     cores = np.tile(topo.caps, (E, 1))
     st = None
+    # controllers with a memory of use (the VPA recommender) may watch the warm-up
+    watchers = [(e, c) for e, c in enumerate(ctls) if hasattr(c, "observe")]
     for _ in range(warmup):
         st = sim.step(cores)
+        for e, c in watchers:
+            c.observe(st.measurement(e, topo.service_names))
     M = topo.n_services
     set_c = np.zeros((steps, E, M))
     used = np.zeros((steps, E, M))

@@ -60,6 +60,10 @@ class ReclaimerPolicy:
         self._stack: FrameStack | None = None
         self._prev = np.ones(topo.n_services)
 
+    def fork(self) -> "ReclaimerPolicy":
+        """The same network with its own frame stack (one per controlled application)."""
+        return ReclaimerPolicy(self.agent, self.topo, self.cfg, self.training, self.version)
+
     # -- Controller ------------------------------------------------------------------------
     def reset(self, limits: AppLimits) -> None:
         if tuple(limits.services) != self.topo.service_names:

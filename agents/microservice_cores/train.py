@@ -41,7 +41,8 @@ from .topology import Topology, load_topology
 #: copies' transitions), and the learning rate is 10× the paper's to fit the fewer updates.
 SIM_TRAINING = dict(hidden=64, actor_layers=3, critic_pre_layers=1, critic_post_layers=2, lr=3e-4, alpha_lr=3e-3, target_entropy=-2.5,
                     autoscale_steps=24_000, classifier_steps=24_000, total_steps=240_000,
-                    restandardise_every=100_000, classifier_updates=200, n_envs=8, updates_per_step=1)
+                    restandardise_every=100_000, classifier_updates=200, n_envs=4, updates_per_step=2,
+                    replay=100_000)
 
 
 def sim_config(**overrides) -> SacConfig:
@@ -49,9 +50,11 @@ def sim_config(**overrides) -> SacConfig:
 
 
 def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out: str | Path | None = None,
-          progress: bool = True, log_every: int = 1, init: "Sac | None" = None):
+          progress: bool = True, init: "Sac | None" = None, threads: int = 1):
     from .policy import ReclaimerPolicy
 
+    # one thread: the networks are small, and under load two threads were 12× slower (measured)
+    torch.set_num_threads(max(1, threads))
     cfg = cfg or sim_config()
     topo = app if isinstance(app, Topology) else load_topology(app)
     torch.manual_seed(seed)
@@ -122,17 +125,17 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             seen += E
             if phase != "autoscale":
                 if not fitted:
-                    agent.norm.fit(buf.obs[:buf.size])
+                    agent.norm.fit(_fit_sample(buf))
                     fitted, last_fit = True, seen
                 elif seen - last_fit >= cfg.restandardise_every:
-                    agent.norm.fit(buf.obs[:buf.size])
+                    agent.norm.fit(_fit_sample(buf))
                     last_fit = seen
                 for _ in range(cfg.updates_per_step):
                     stats = agent.update(*buf.sample(cfg.batch))
             if bar:
                 bar.update(E)
         if phase == "autoscale" and seen >= cfg.autoscale_steps and not fitted:
-            agent.norm.fit(buf.obs[:buf.size])
+            agent.norm.fit(_fit_sample(buf))
             fitted, last_fit = True, seen
         cls_loss = None
         if seen >= cfg.autoscale_steps and seen < cfg.autoscale_steps + cfg.classifier_steps + EPISODE_S * E:
@@ -187,9 +190,16 @@ def _train_classifier(agent: Sac, buf: ReplayBuffer, cfg: SacConfig, batch: int 
     for _ in range(cfg.classifier_updates):
         idx = buf.rng.integers(0, buf.size, batch)
         label = buf.qos_labels(idx, cfg.classifier_horizon)
-        loss = agent.classifier_update(torch.as_tensor(buf.obs[idx]), torch.as_tensor(buf.act[idx]),
+        loss = agent.classifier_update(torch.as_tensor(buf.obs[idx].astype(np.float32)), torch.as_tensor(buf.act[idx]),
                                        torch.as_tensor(label))
     return loss
+
+
+def _fit_sample(buf: ReplayBuffer, n: int = 20_000) -> np.ndarray:
+    """The rows the standardiser is fitted on: all of the buffer, or a random n transitions of it."""
+    if buf.size <= n:
+        return buf.obs[:buf.size].astype(np.float32)
+    return buf.obs[np.sort(buf.rng.choice(buf.size, n, replace=False))].astype(np.float32)
 
 
 def _write_log(out_dir: Path, rows: list[dict]) -> None:
@@ -217,3 +227,57 @@ def _write_log(out_dir: Path, rows: list[dict]) -> None:
         plt.close(fig)
     except Exception:  # the CSV is the record; a plot failure must not lose the run
         pass
+
+
+def main(argv=None) -> int:
+    """`samm train --problem microservice-cores --app hotel --out DIR [--steps N] ...`."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="Train Reclaimer's SAC agent on the microservice simulator "
+                                            "(Algorithm 2: AutoScale fill, QoS-classifier exploration, SAC).")
+    p.add_argument("--app", default="hotel", help="hotel, social, chain3, testbed, or a topology YAML file")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"transitions in all (default {SIM_TRAINING['total_steps']:,}; phases scale with it)")
+    p.add_argument("--episodes", type=int, default=None, help="alternatively: episodes of 300 s per copy")
+    p.add_argument("--envs", type=int, default=None, help=f"simulated copies (default {SIM_TRAINING['n_envs']})")
+    p.add_argument("--updates-per-step", type=int, default=None,
+                   help=f"updates per batch step (default {SIM_TRAINING['updates_per_step']})")
+    p.add_argument("--paper-network", action="store_true", help="Table 2's 7×256 networks and lr 3e-5 (slow here)")
+    p.add_argument("--init-policy", default=None, help="start from this saved policy (the transfer experiment)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None, help="directory: policy/, training.csv, training.png, tb/")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    overrides = {}
+    if args.paper_network:
+        overrides.update(hidden=256, actor_layers=7, critic_pre_layers=2, critic_post_layers=5, lr=3e-5)
+    if args.envs:
+        overrides["n_envs"] = args.envs
+    if args.updates_per_step:
+        overrides["updates_per_step"] = args.updates_per_step
+    cfg = sim_config(**overrides)
+    total = args.steps or (args.episodes * EPISODE_S * cfg.n_envs if args.episodes else None)
+    if total:
+        cfg = scaled_schedule(cfg, total)
+    init = None
+    if args.init_policy:
+        from .policy import ReclaimerPolicy
+        init = ReclaimerPolicy.load(args.init_policy)
+    policy = train(args.app, cfg, seed=args.seed, out=args.out, progress=not args.quiet,
+                   init=init.agent if init else None, threads=args.threads)
+    last = policy.log[-1]
+    print(f"{last['episode'] + 1} episodes, {last['steps']:,} transitions, {last['seconds']} s; last episode: "
+          f"mean cores {last['mean_cores']:.2f}, QoS violations {last['violation_rate']:.3%}")
+    if args.out:
+        print(f"saved policy to {Path(args.out) / 'policy'}")
+    return 0
+
+
+def scaled_schedule(cfg: SacConfig, total: int) -> SacConfig:
+    """The schedule's phases in the same proportions as SIM_TRAINING, for `total` transitions."""
+    base = SIM_TRAINING["total_steps"]
+    f = total / base
+    return replace(cfg, total_steps=int(total), autoscale_steps=int(SIM_TRAINING["autoscale_steps"] * f),
+                   classifier_steps=int(SIM_TRAINING["classifier_steps"] * f),
+                   restandardise_every=max(int(SIM_TRAINING["restandardise_every"] * f), 1))

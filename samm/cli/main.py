@@ -732,6 +732,33 @@ def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes
                             progress=not quiet)
 
 
+@experiment.command("reclaimer")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
+@click.option("--quick", is_flag=True, help="The 3-service chain, 2 seeds, short episodes, a short training (a smoke run).")
+@click.option("--seeds", default="1-5", show_default=True, help="Episode seeds per load level.")
+@click.option("--apps", default=None, help="Comma-separated applications (default: hotel,social).")
+@click.option("--policy", "policy_specs", multiple=True,
+              help="APP=DIR: evaluate this saved Reclaimer policy for APP (default: the shipped one). Repeatable.")
+@click.option("--train-steps", type=int, default=None,
+              help="Train Reclaimer in this run for this many transitions instead of loading a policy.")
+@click.option("--quiet", is_flag=True)
+def experiment_reclaimer(out, quick, seeds, apps, policy_specs, train_steps, quiet) -> None:
+    """Microservice CPU cores (Reclaimer): every method (Reclaimer, AutoScale, the Sinan-style model,
+    the VPA-style recommender, static-max, the best static allocation) per application and load
+    level; mean and max cores, p99 and QoS violations, the paper's relative figures beside ours;
+    writes report.md, summary.json and PNGs."""
+    policy_dirs = {}
+    for spec in policy_specs:
+        app, sep, d = spec.partition("=")
+        if not sep or not d:
+            _fail(f"--policy {spec!r}: expected APP=DIR")
+        policy_dirs[app] = d
+    _run_problem_experiment("microservice-cores", out, quick=quick,
+                            seeds=_seeds(seeds) if not quick or seeds != "1-5" else None,
+                            apps=[a.strip() for a in apps.split(",")] if apps else None, policy_dirs=policy_dirs,
+                            train_steps=train_steps, progress=not quiet)
+
+
 @experiment.command("run")
 @click.option("--problem", type=click.Choice(_problem_choices()), required=True, help="The problem's experiment.")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
@@ -1022,6 +1049,10 @@ cli.add_command(testbed_oversub)
 from samm.cli.deferrable import testbed_deferrable  # noqa: E402  (samm testbed-deferrable)
 
 cli.add_command(testbed_deferrable)
+
+from samm.cli.microservices import testbed_microservices  # noqa: E402  (samm testbed-microservices)
+
+cli.add_command(testbed_microservices)
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

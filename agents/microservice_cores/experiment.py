@@ -1,0 +1,242 @@
+"""`samm experiment reclaimer --out DIR`: the paper's comparison (§5, Figs 5–6 and the text's
+relative figures) on the simulator, ours beside theirs.
+
+Per application (Hotel Reservation, Social Network) and load level (the low end, the middle and
+the high end of the paper's user range), over seeds: mean and max allocated cores, p99 and the
+QoS-violation rate (share of control seconds whose p99 exceeds the target) of every method:
+Reclaimer (the shipped policy of the app, or one trained in this run), AutoScale, the Sinan-style
+model, the VPA-style recommender, static-max and the best static allocation found by search for
+that load (an oracle: it knows the load). Every method runs the same episodes: the same seeds,
+the W = 60 s warm-up at caps, then 300 control seconds.
+
+Writes report.md, summary.json (the shared schema: targets with `met`), and PNGs: cores over time
+per method, the latency CDF per app, and the training curve when the run trained.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .episode import EPISODE_S, EpisodeResult, StaticController, run_episodes
+from .topology import Topology, load_topology
+
+#: the paper's relative figures (§5, the text beside Figs 5–6; the card in paper-cards.md)
+PAPER = {
+    "social": {"mean_vs_autoscale": -74.4, "mean_vs_sinan": -58.1, "max_vs_autoscale": -34.5,
+               "max_vs_sinan": 9.7, "violations": "AutoScale 0.2 %, every other method 0"},
+    "hotel": {"mean_vs_autoscale": -38.4, "mean_vs_sinan": -27.5, "max_vs_autoscale": -60.2,
+              "max_vs_sinan": -28.0, "violations": "0 for every method"},
+}
+METHODS = ("reclaimer", "autoscale", "sinan", "vpa", "static-max", "static-best")
+VIOLATION_CAP = 0.01
+
+
+@dataclass(frozen=True)
+class Budget:
+    apps: tuple[str, ...] = ("hotel", "social")
+    seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
+    level_fractions: tuple[float, ...] = (0.0, 0.5, 1.0)     # of the paper's user range
+    steps: int = EPISODE_S
+    train_steps: int | None = None                           # None: the shipped policy
+    sinan_seconds: int | None = None                         # None: SinanTrainParams' default
+
+
+FULL = Budget()
+QUICK = Budget(apps=("chain3",), seeds=(1, 2), level_fractions=(0.0, 1.0), steps=60, train_steps=4_800,
+               sinan_seconds=600)
+
+
+def levels(topo: Topology, fractions) -> list[float]:
+    lo, hi = topo.users
+    return [round(lo + f * (hi - lo), 1) for f in fractions]
+
+
+def _controller_factories(topo: Topology, budget: Budget, out: Path, policy_dir, progress: bool, log: dict):
+    """name -> (users -> (copy index -> Controller)); trains what the run must train."""
+    from .autoscale import AutoScale
+    from .vpa import VPARecommender
+
+    facts = {}
+    # Reclaimer: a given policy, the shipped one, or one trained here
+    from .policy import ReclaimerPolicy, shipped_policy
+
+    if policy_dir:
+        pol = ReclaimerPolicy.load(policy_dir)
+    elif budget.train_steps:
+        from .train import scaled_schedule, sim_config, train
+
+        t0 = time.perf_counter()
+        pol = train(topo, scaled_schedule(sim_config(), budget.train_steps), seed=0, out=out / f"train-{topo.name}",
+                    progress=progress)
+        log["reclaimer_training_s"] = round(time.perf_counter() - t0, 1)
+    else:
+        pol = shipped_policy(topo.name)
+    log["reclaimer_policy"] = {"version": pol.version, "training": pol.training}
+    facts["reclaimer"] = lambda users: (lambda i: pol.fork())
+    facts["autoscale"] = lambda users: (lambda i: AutoScale())
+    facts["vpa"] = lambda users: (lambda i: VPARecommender())
+    facts["static-max"] = lambda users: (lambda i: StaticController.maximum(topo))
+    # Sinan-style: trained per app on simulator data collected as Sinan does
+    from . import sinan
+
+    t0 = time.perf_counter()
+    model = sinan.train_for_experiment(topo, seed=0, seconds=budget.sinan_seconds, out=out / f"sinan-{topo.name}")
+    log["sinan_training_s"] = round(time.perf_counter() - t0, 1)
+    facts["sinan"] = lambda users: (lambda i: sinan.SinanController(model))
+    # best static for each load level: searched on the simulator (an oracle that knows the load)
+    from .static_search import search_static
+
+    def best_static(users):
+        res = search_static(topo, users)
+        log.setdefault("static_best", {})[str(users)] = res.to_dict()
+        return lambda i: res.controller("static-best")
+    facts["static-best"] = best_static
+    return facts
+
+
+def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequence[str] | None = None,
+        policy_dirs: dict | None = None, train_steps: int | None = None, progress: bool = True, **_) -> dict:
+    started = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    budget = QUICK if quick else FULL
+    changes = {"seeds": tuple(int(s) for s in seeds) if seeds else None, "apps": tuple(apps) if apps else None,
+               "train_steps": train_steps}
+    budget = replace(budget, **{k: v for k, v in changes.items() if v})
+    results: dict[str, dict] = {}
+    series: dict[str, dict] = {}
+    logs: dict[str, dict] = {}
+    for app in budget.apps:
+        topo = load_topology(app)
+        log: dict = {}
+        facts = _controller_factories(topo, budget, out, (policy_dirs or {}).get(app), progress, log)
+        logs[app] = log
+        results[app] = {}
+        series[app] = {}
+        for users in levels(topo, budget.level_fractions):
+            row = {}
+            for method in METHODS:
+                eps = run_episodes(topo, facts[method](users), users, budget.seeds, steps=budget.steps, method=method)
+                row[method] = _aggregate(eps)
+                series[app].setdefault(str(users), {})[method] = eps[0]
+            results[app][str(users)] = row
+    summary = _summarise(results, logs, budget, time.perf_counter() - started)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    _figures(series, out)
+    (out / "report.md").write_text(_report(summary))
+    return summary
+
+
+def _aggregate(eps: list[EpisodeResult]) -> dict:
+    mean = np.array([e.mean_cores for e in eps])
+    p99 = np.concatenate([e.p99_ms[np.isfinite(e.p99_ms)] for e in eps])
+    return {"mean_cores": float(mean.mean()), "mean_cores_std": float(mean.std()),
+            "max_cores": float(max(e.max_cores for e in eps)),
+            "mean_used": float(np.mean([e.used.sum(axis=1).mean() for e in eps])),
+            "p99_mean_ms": float(p99.mean()) if p99.size else None,
+            "p99_max_ms": float(p99.max()) if p99.size else None,
+            "violation_rate": float(np.mean([e.violation_rate for e in eps])),
+            "episodes": len(eps)}
+
+
+def _pct(a: float, b: float) -> float:
+    return 100.0 * (a - b) / b if b else float("nan")
+
+
+def _summarise(results: dict, logs: dict, budget: Budget, seconds: float) -> dict:
+    per_app = {}
+    targets = []
+    for app, by_level in results.items():
+        overall = {}
+        for method in METHODS:
+            rows = [by_level[lv][method] for lv in by_level]
+            overall[method] = {"mean_cores": float(np.mean([r["mean_cores"] for r in rows])),
+                               "max_cores": float(max(r["max_cores"] for r in rows)),
+                               "violation_rate": float(np.mean([r["violation_rate"] for r in rows])),
+                               "p99_mean_ms": float(np.mean([r["p99_mean_ms"] or 0 for r in rows]))}
+        rc, au, si = overall["reclaimer"], overall["autoscale"], overall["sinan"]
+        rel = {"mean_vs_autoscale": _pct(rc["mean_cores"], au["mean_cores"]),
+               "mean_vs_sinan": _pct(rc["mean_cores"], si["mean_cores"]),
+               "max_vs_autoscale": _pct(rc["max_cores"], au["max_cores"]),
+               "max_vs_sinan": _pct(rc["max_cores"], si["max_cores"])}
+        per_app[app] = {"levels": by_level, "overall": overall, "relative": rel, "paper": PAPER.get(app),
+                        "log": logs.get(app, {})}
+        paper = PAPER.get(app)
+        if paper:
+            viol_ok = rc["violation_rate"] <= min(au["violation_rate"], si["violation_rate"], VIOLATION_CAP) + 1e-12
+            targets += [
+                {"name": f"{app}: mean cores vs AutoScale <= {paper['mean_vs_autoscale']} %",
+                 "value": rel["mean_vs_autoscale"], "met": rel["mean_vs_autoscale"] <= paper["mean_vs_autoscale"]},
+                {"name": f"{app}: mean cores vs Sinan-style <= {paper['mean_vs_sinan']} %",
+                 "value": rel["mean_vs_sinan"], "met": rel["mean_vs_sinan"] <= paper["mean_vs_sinan"]},
+                {"name": f"{app}: violation rate <= both baselines' and <= 1 %", "value": rc["violation_rate"],
+                 "met": bool(viol_ok)},
+            ]
+    return {"problem": "microservice-cores", "experiment": "reclaimer", "seeds": list(budget.seeds),
+            "steps": budget.steps, "seconds": round(seconds, 1), "apps": per_app, "targets": targets}
+
+
+def _figures(series: dict, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for app, by_level in series.items():
+        lv = list(by_level)[-1]        # the highest load
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for method, ep in by_level[lv].items():
+            ax.plot(ep.total_cores, label=method, lw=1)
+        ax.set_xlabel("control second")
+        ax.set_ylabel("allocated cores")
+        ax.set_title(f"{app}, {lv} users (seed {by_level[lv]['reclaimer'].seed})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / f"cores-{app}.png", dpi=100)
+        plt.close(fig)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for method in by_level[lv]:
+            p = np.sort(np.concatenate([by_level[u][method].p99_ms for u in by_level]))
+            p = p[np.isfinite(p)]
+            ax.plot(p, np.linspace(0, 1, len(p)), label=method, lw=1)
+        qos = by_level[lv]["reclaimer"].qos_ms
+        ax.axvline(qos, color="k", ls="--", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("p99 of each second (ms)")
+        ax.set_ylabel("CDF")
+        ax.set_title(f"{app}: latency, all levels (QoS {qos:g} ms dashed)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / f"latency-cdf-{app}.png", dpi=100)
+        plt.close(fig)
+
+
+def _report(summary: dict) -> str:
+    lines = ["# Reclaimer (microservice cores): the simulator experiment", "",
+             f"Seeds {summary['seeds']}, {summary['steps']} control seconds per episode after a 60 s warm-up "
+             f"at caps; {summary['seconds']} s in all.", ""]
+    for app, d in summary["apps"].items():
+        lines += [f"## {app}", "", "| users | method | mean cores | max cores | p99 mean ms | violations |",
+                  "|---|---|---|---|---|---|"]
+        for lv, row in d["levels"].items():
+            for m, r in row.items():
+                lines.append(f"| {lv} | {m} | {r['mean_cores']:.2f} ± {r['mean_cores_std']:.2f} | {r['max_cores']:.2f} | "
+                             f"{(r['p99_mean_ms'] or 0):.1f} | {100 * r['violation_rate']:.2f} % |")
+        rel, paper = d["relative"], d["paper"] or {}
+        lines += ["", "| Reclaimer relative to | ours | the paper |", "|---|---|---|"]
+        for key, label in (("mean_vs_autoscale", "AutoScale, mean cores"), ("mean_vs_sinan", "Sinan, mean cores"),
+                           ("max_vs_autoscale", "AutoScale, max cores"), ("max_vs_sinan", "Sinan, max cores")):
+            pv = paper.get(key)
+            lines.append(f"| {label} | {rel[key]:+.1f} % | {'' if pv is None else f'{pv:+.1f} %'} |")
+        if paper:
+            lines.append(f"| violations | " + ", ".join(f"{m} {100 * d['overall'][m]['violation_rate']:.2f} %"
+                                                         for m in METHODS) + f" | {paper['violations']} |")
+        lines += ["", f"![cores](cores-{app}.png) ![latency](latency-cdf-{app}.png)", ""]
+    lines += ["## Targets", "", "| target | value | met |", "|---|---|---|"]
+    for t in summary["targets"]:
+        lines.append(f"| {t['name']} | {t['value']:.3f} | {'yes' if t['met'] else 'NO'} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,67 @@
+"""Every controller of this problem by name, for the experiment, the REST service and the
+real-container loop:
+
+    make_controller("reclaimer", topo, policy_dir=None)   the trained SAC actor (shipped per app)
+    make_controller("autoscale", topo)                    the paper's first baseline
+    make_controller("vpa", topo, **params)                a VPA / Autopilot-style recommender
+    make_controller("sinan", topo, model_dir=None)        the Sinan-style learned baseline
+    make_controller("static-max", topo)                   every service at its cap
+    make_controller("static", topo, cores=[...])          a fixed allocation
+
+`make_policy` is what `samm serve --agent NAME[=DIR]` hosts (the Policy protocol): the Reclaimer
+policy; the rules are served through the problem's /allocate route, which takes measurements.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .topology import Topology, load_topology
+
+CONTROLLERS = ("reclaimer", "autoscale", "vpa", "sinan", "static-max", "static")
+
+
+def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
+    topo = topo if isinstance(topo, Topology) else load_topology(topo)
+    if name == "reclaimer":
+        from .policy import ReclaimerPolicy, shipped_policy
+
+        return ReclaimerPolicy.load(policy_dir) if policy_dir else shipped_policy(topo.name)
+    if name == "autoscale":
+        from .autoscale import AutoScale
+
+        return AutoScale(**params)
+    if name == "vpa":
+        from .vpa import VPAParams, VPARecommender
+
+        return VPARecommender(VPAParams(**params) if params else None)
+    if name == "sinan":
+        from . import sinan
+
+        return sinan.load_controller(topo, policy_dir or params.pop("model_dir", None), **params)
+    if name == "static-max":
+        from .episode import StaticController
+
+        return StaticController.maximum(topo)
+    if name == "static":
+        from .episode import StaticController
+
+        if "cores" not in params:
+            raise ValueError("static needs cores=[one per service]")
+        cores = params["cores"]
+        if isinstance(cores, str):
+            cores = [float(x) for x in cores.split(",")]
+        if len(cores) != topo.n_services:
+            raise ValueError(f"static: {len(cores)} cores given for {topo.n_services} services")
+        return StaticController(cores)
+    raise ValueError(f"microservice-cores has no controller {name!r} (known: {', '.join(CONTROLLERS)})")
+
+
+def make_policy(agent: str, policy_dir=None, **params):
+    from .policy import KIND, ReclaimerPolicy, shipped_policy
+
+    if agent != KIND:
+        raise ValueError(f"microservice-cores hosts {KIND!r} as a policy; the rules are controllers "
+                         f"(POST /v1/agents/{KIND}/allocate)")
+    if policy_dir:
+        return ReclaimerPolicy.load(Path(policy_dir))
+    return shipped_policy(params.get("app", "hotel"))

@@ -1,0 +1,143 @@
+"""The microservice-cores problem's REST operation: one second's measurements in, cores out.
+
+    POST /v1/agents/{name}/allocate
+    {"session": "hotel-prod",                       # the caller's application; its frames are kept
+     "services": ["frontend", ...],                 # in the policy's order (checked)
+     "per_service": [[rx_packets, tx_packets, rx_bytes, tx_bytes, rss_bytes, cache_bytes,
+                      page_faults, cpu_used, cpu_limit, io_bytes, io_ops], ...one row per service],
+     "latency_ms": [p50, p66, p75, p80, p90, p95, p98, p99, p99.9, p99.99, p99.999, p100] or null,
+     "requests_per_s": 812.0, "failures_per_s": 0.0}
+    -> {"cores": [...], "total_cores": 7.9, "action": "set" | "hold", "reason": null | "...",
+        "agent": "reclaimer", "policy_version": "...", "latency_ms": 0.4}
+
+The policy stacks the last k = 5 seconds per session (a session is one application's control
+loop), so callers send every second, in order. Sessions idle for `SESSION_TTL_S` are dropped, and
+at most `MAX_SESSIONS` are kept (the least recently used goes first; both O(1)).
+
+Unknown latency (null, or any NaN) means the load generator is stale: the answer holds the
+current limits (`action: "hold"`, with the reason) and the frame is not pushed. Input errors are
+422s naming the field; a failing policy is a 500 naming the agent (the caller's safe default is to
+hold its limits).
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+from .control import AppLimits
+from .observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
+
+MAX_SESSIONS = 1024
+SESSION_TTL_S = 600.0
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class AllocateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    session: str = Field(min_length=1, max_length=200, description="The caller's application (its frame stack).")
+    services: list[str] = Field(min_length=1, max_length=512, description="Service names, in the policy's order.")
+    per_service: list[Annotated[list[NonNegative], Field(min_length=len(SERVICE_FIELDS), max_length=len(SERVICE_FIELDS))]] = Field(
+        max_length=512, description=f"One row per service: {', '.join(SERVICE_FIELDS)} over the last second.")
+    latency_ms: list[float | None] | None = Field(
+        default=None, description=f"End-to-end latency percentiles {list(PERCENTILES)} of the last second; "
+                                  "null when unknown (the caller's limits are then held).")
+    requests_per_s: NonNegative = 0.0
+    failures_per_s: NonNegative = 0.0
+
+
+class AllocateResponse(BaseModel):
+    cores: list[float]
+    total_cores: float
+    action: str
+    reason: str | None = None
+    agent: str
+    policy_version: str
+    latency_ms: float
+
+
+class Sessions:
+    """Per-session controllers with LRU eviction and an idle TTL, both O(1) per call."""
+
+    def __init__(self, max_sessions: int = MAX_SESSIONS, ttl_s: float = SESSION_TTL_S):
+        self.max = max_sessions
+        self.ttl = ttl_s
+        self._items: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+
+    def get(self, key: str, make) -> Any:
+        now = time.monotonic()
+        # the oldest entries are at the front: drop the expired ones from there only
+        while self._items:
+            k, (seen, _) = next(iter(self._items.items()))
+            if now - seen <= self.ttl:
+                break
+            self._items.popitem(last=False)
+        item = self._items.pop(key, None)
+        ctl = item[1] if item else make()
+        self._items[key] = (now, ctl)
+        if len(self._items) > self.max:
+            self._items.popitem(last=False)
+        return ctl
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _policy_of(policy_or_registry, name):
+    return policy_or_registry.get(name) if hasattr(policy_or_registry, "get") and not hasattr(policy_or_registry, "act") \
+        else policy_or_registry
+
+
+def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
+    sessions = Sessions()
+
+    async def allocate(req: AllocateRequest) -> AllocateResponse:
+        policy = _policy_of(policy_or_registry, name)
+        topo = policy.topo
+        if tuple(req.services) != topo.service_names:
+            raise HTTPException(422, detail=f"services: expected {list(topo.service_names)} (the policy's "
+                                            f"application {topo.name!r}), got {req.services}")
+        if len(req.per_service) != topo.n_services:
+            raise HTTPException(422, detail=f"per_service: {len(req.per_service)} rows for {topo.n_services} services")
+        if req.latency_ms is not None and len(req.latency_ms) != len(PERCENTILES):
+            raise HTTPException(422, detail=f"latency_ms: {len(req.latency_ms)} values, expected {len(PERCENTILES)}")
+        rows = np.asarray(req.per_service, dtype=np.float64)
+        version = str(getattr(policy, "version", "unversioned"))
+        lat = None if req.latency_ms is None else np.array([np.nan if v is None else v for v in req.latency_ms], float)
+        started = time.perf_counter()
+        if lat is None or not np.isfinite(lat).all():
+            current = rows[:, SERVICE_FIELDS.index("cpu_limit")]
+            return AllocateResponse(cores=current.tolist(), total_cores=float(current.sum()), action="hold",
+                                    reason="latency unknown (stale load data): limits held", agent=name,
+                                    policy_version=version, latency_ms=0.0)
+        m = StepMeasurement(services=topo.service_names, per_service=rows, latency_ms=lat,
+                            requests_per_s=req.requests_per_s, failures_per_s=req.failures_per_s, qos_ms=topo.qos_ms)
+
+        def fresh():
+            ctl = policy.fork()
+            ctl.reset(AppLimits(topo.service_names, topo.caps, topo.qos_ms))
+            return ctl
+        ctl = sessions.get(f"{version}/{req.session}", fresh)
+        try:
+            cores = ctl.act(m)
+        except Exception as exc:  # a failing policy is the caller's to handle: say which
+            raise HTTPException(500, detail=f"agent {name!r} failed: {type(exc).__name__}: {exc}") from None
+        ms = (time.perf_counter() - started) * 1000
+        return AllocateResponse(cores=[float(c) for c in cores], total_cores=float(np.sum(cores)), action="set",
+                                agent=name, policy_version=version, latency_ms=round(ms, 4))
+
+    allocate.__annotations__ = {"req": AllocateRequest, "return": AllocateResponse}
+    app.add_api_route(f"/v1/agents/{name}/allocate", allocate, methods=["POST"], response_model=AllocateResponse,
+                      summary=f"Cores per service for the next second ({name})",
+                      description="One second of per-service measurements and end-to-end latency in; the CPU "
+                                  "limit of every service for the next second out (held when latency is unknown).")
+
+
+def create_app(name: str, policy_or_registry: Any) -> FastAPI:
+    from agents.problem_service import standalone_app
+
+    return standalone_app(f"SAMM microservice cores ({name})", name, policy_or_registry, add_routes)

@@ -1,0 +1,126 @@
+"""`samm testbed-microservices`: a controller right-sizes the CPU limits of a real containerised
+application every second (issue 18's "Real containers").
+
+A separate command, like `samm testbed-deferrable`; `samm/cli/main.py` registers it with
+`cli.add_command(testbed_microservices)`. The run itself is samm/testbed/microservices/run.py.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+def _params(values: tuple[str, ...]) -> dict:
+    out: dict = {}
+    for v in values:
+        k, sep, x = v.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"expected KEY=VALUE, got {v!r}", param_hint="--agent-param")
+        try:
+            out[k] = json.loads(x)
+        except ValueError:
+            out[k] = x
+    return out
+
+
+@click.command("testbed-microservices")
+@click.option("--agent", default="autoscale", show_default=True,
+              help="The controller: autoscale or static here; reclaimer, sinan and vpa once "
+                   "agents.microservice_cores.hosting provides them.")
+@click.option("--agent-param", multiple=True,
+              help="KEY=VALUE (JSON values) passed to the controller, e.g. fraction=0.5 for static; repeatable.")
+@click.option("--users", type=int, default=8, show_default=True,
+              help="Closed-loop Locust users (the topology's `users` range is what fits the machine).")
+@click.option("--seconds", type=int, default=60, show_default=True, help="Control steps (one per second).")
+@click.option("--out", type=click.Path(file_okay=False), default="microservices-run", show_default=True,
+              help="Output directory.")
+@click.option("--topology", default="testbed", show_default=True,
+              help="A topology name under agents/microservice_cores/topologies or a YAML file.")
+@click.option("--fault", "faults", multiple=True,
+              help="kill-service | restart-engine | stall-load, optionally NAME@SECOND; repeatable.")
+@click.option("--fault-at", type=float, default=None,
+              help="When a fault without @ fires, in seconds after step 0 (default: half the run).")
+@click.option("--fault-service", default=None, help="The service kill-service kills (default: rate).")
+@click.option("--stall-seconds", type=float, default=5.0, show_default=True, help="How long stall-load freezes Locust.")
+@click.option("--docker-host", default=None,
+              help="Use this engine (e.g. unix:///var/run/docker.sock) instead of starting a private dockerd.")
+@click.option("--base-port", type=int, default=None, help="Port of the first service (default: first free block from 18100).")
+@click.option("--initial", default="cap", show_default=True, help="Starting limits: cap or fraction=<f> of the caps.")
+@click.option("--warmup", type=float, default=2.0, show_default=True, help="Seconds of load before step 0.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the services' and users' draws.")
+@click.option("--knowledge-url", default=None, help="Knowledge store URL (default: sqlite under --out).")
+@click.option("--run-name", default=None, help="Names the Knowledge loop microservices-<run> (default: random).")
+@click.option("--no-plots", is_flag=True, help="Skip cores.png and p99.png.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def testbed_microservices(agent, agent_param, users, seconds, out, topology, faults, fault_at, fault_service,
+                          stall_seconds, docker_host, base_port, initial, warmup, seed, knowledge_url, run_name,
+                          no_plots, as_json) -> None:
+    """Run a controller live on the real-container microservice testbed.
+
+    The application (default `testbed`: 7 Python HTTP services - frontend, search, geo, rate,
+    profile, a cache and a SQLite database - in a call graph) runs one busybox container per
+    service on a local Docker engine, with the host's Python bind-mounted read-only and no image
+    registry. Locust (headless, its own process) drives closed-loop users with exponential think
+    time and reports each second's end-to-end latency percentiles. Every second the loop measures
+    each container (CPU, memory, IO from its cgroup; the CPU limit from the engine; network from
+    the service's own counters), asks the controller for cores per service, and applies them
+    through the Docker executor behind a guard: limits stay in [floor, cap], nothing is done on
+    stale or unknown latency or while the engine is unreachable, one apply per step, and every
+    decision is recorded in the Knowledge store.
+
+    Faults: kill-service (a container is SIGKILLed; it is started again and its limit
+    re-applied), restart-engine (the private dockerd is restarted; errors are recorded, the
+    containers come back), stall-load (Locust is frozen; stale latency -> no action).
+
+    Writes under --out: steps.csv (per second: cores per service and in total, use, p99, p50,
+    requests/s, failures/s, the action or why none), summary.json (mean/max total cores, p99
+    statistics, violation rate = share of seconds with a known p99 above the QoS target, seconds
+    with unknown latency, actions, restarts), cores.png, p99.png, load.jsonl (Locust's seconds),
+    locust.log and knowledge.db. Needs root (for the private dockerd) and Locust (`pip install
+    -e .[testbed]`)."""
+    import logging
+
+    from samm.testbed.microservices.run import MicroservicesRunOptions, run_microservices
+
+    if seconds < 1 or users < 1:
+        click.echo("error: --seconds and --users must be >= 1", err=True)
+        sys.exit(2)
+    out_dir = Path(out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    opts = MicroservicesRunOptions(agent=agent, agent_params=_params(agent_param), users=users, seconds=seconds,
+                                   out_dir=str(out_dir), topology=topology, faults=tuple(faults), fault_at=fault_at,
+                                   fault_service=fault_service, stall_seconds=stall_seconds, docker_host=docker_host,
+                                   base_port=base_port, knowledge_url=knowledge_url, run_name=run_name,
+                                   warmup_s=warmup, initial=initial, seed=seed, plots=not no_plots)
+    try:
+        res = run_microservices(opts)
+    except (ValueError, FileNotFoundError) as exc:
+        click.echo(f"error: testbed-microservices: {exc}", err=True)
+        sys.exit(2)
+    except Exception as exc:  # noqa: BLE001 - e.g. no root for dockerd, Locust missing
+        click.echo(f"error: testbed-microservices: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
+    s = res.summary
+    if as_json:
+        click.echo(json.dumps(s, default=float))
+        return
+    tc, p = s["total_cores"], s["p99_ms"]
+    vr = s["violation_rate"]
+    click.echo(f"run {s['run']}: {s['agent']} on {s['topology']}, {s['users']} users, {s['seconds']} s "
+               f"(QoS p99 <= {s['qos_ms']:g} ms)")
+    click.echo(f"cores: mean {tc['mean']:.3f}, max {tc['max']:.3f} (caps {tc['caps']:.2f}); used {s['used_cores_mean']:.3f}")
+    if p["n"]:
+        click.echo(f"p99: mean {p['mean']:.1f} ms, median {p['median']:.1f}, p95 {p['p95']:.1f}, max {p['max']:.1f}; "
+                   f"violation rate {vr * 100:.1f} % ({s['violation_seconds']}/{s['known_latency_seconds']} s)")
+    click.echo(f"unknown latency {s['unknown_latency_seconds']} s (stale {s['stale_seconds']}); "
+               f"{s['requests_per_s_mean']:.1f} requests/s, {s['failures_total']:.0f} failures; "
+               f"{s['actions']['limit_changes']} limit changes, {s['actions']['no_action_steps']} no-action steps")
+    for r in s["restarts"]:
+        click.echo(f"step {r['step']}: restarted {' '.join(r['services'])}")
+    click.echo(f"wrote {', '.join(str(f) for f in res.files.values())}; {s['decisions']} decisions in "
+               f"{res.knowledge_url} (loop {res.loop})")

@@ -1,0 +1,266 @@
+"""One `observation.StepMeasurement` per second from the real containers and the load generator.
+
+Where each per-service field comes from (over the interval since the previous measurement):
+
+| field                     | source                                                              |
+|---------------------------|---------------------------------------------------------------------|
+| cpu_used (cores)          | the container's cgroup: Δ cpuacct.usage (v1) or Δ cpu.stat usage_usec (v2) / Δt |
+| cpu_limit (cores)         | the engine: HostConfig.CpuQuota / CpuPeriod (docker inspect)         |
+| rss_bytes, cache_bytes    | the cgroup's memory.stat: total_rss / total_cache (v1), anon / file (v2) |
+| page_faults (per second)  | Δ total_pgfault (v1) or Δ pgfault (v2) of memory.stat                |
+| io_bytes, io_ops (per s)  | Δ blkio.throttle.io_service_bytes / io_serviced "Total" (v1), Δ io.stat (v2) |
+| rx/tx_bytes (per second)  | the service's own counters (<state>/<service>.json, written each second by app.py) |
+| rx/tx_packets (per second)| HTTP messages received / sent, from the same counters               |
+
+Why the cgroup and not the engine's stats endpoint for CPU: `docker stats` samples each container
+for about a second per call (7 containers: 7 concurrent streams on a 2-core host, each a window
+that is not our step); the cgroup holds the same kernel counters the engine reads, exact to the
+nanosecond, read in microseconds at the step boundary. The limit is read from the engine, because
+that is what `DockerExecutor.set_cpu_limit` changed (tests compare it with cpu.cfs_quota_us too).
+
+Zeros where a counter does not exist: with host networking a container has no network interface,
+so network counts are the application's (bytes of HTTP requests and responses, estimated headers
+included); a stopped container (killed, or the engine down) has no cgroup, so it used 0 cores in
+that second; on cgroup v1 buffered writes are charged to the root cgroup at writeback, so io_* of
+the db service mostly shows its reads and fsyncs (often 0 with a warm page cache).
+
+Counters that restart (a container restarted) count from zero: the delta of that second is the
+new counter's value. When the engine cannot be read, cpu_limit keeps the last value read and the
+error is listed in `extra["engine_errors"]`.
+
+Application level: the newest second of the load generator. When its newest line ended more than
+`stale_s` (2 s) ago, the load data is stale: every latency percentile, requests/s and failures/s
+are NaN and `extra["stale"]` is true. A fresh second in which no request completed has NaN latency
+too (`extra["latency_state"] == "none completed"`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from agents.microservice_cores.observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
+
+NAN = float("nan")
+
+
+def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[dict[str, str], str | None]:
+    """(cgroup v1 controller -> mount point, the cgroup2 mount point or None)."""
+    v1: dict[str, str] = {}
+    v2 = None
+    for line in Path(mountinfo).read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 3:
+            continue
+        fstype, mount = rest[0], fields[4]
+        if fstype == "cgroup2":
+            v2 = v2 or mount
+        elif fstype == "cgroup":
+            for opt in rest[2].split(","):
+                if opt in ("cpu", "cpuacct", "memory", "blkio", "pids"):
+                    v1.setdefault(opt, mount)
+    return v1, v2
+
+
+def _kv(path: Path) -> dict[str, int]:
+    out = {}
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def _blkio_total(path: Path) -> int:
+    total = 0
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if parts and parts[0] == "Total":
+            return int(parts[1])
+        if len(parts) == 3 and parts[1] in ("Read", "Write"):
+            total += int(parts[2])
+    return total
+
+
+class CgroupReader:
+    """Reads one container's counters from its cgroup, found through /proc/<pid>/cgroup."""
+
+    def __init__(self, proc: str = "/proc"):
+        self.proc = Path(proc)
+        self.v1, self.v2 = cgroup_mounts()
+
+    def paths(self, pid: int) -> dict[str, Path]:
+        out: dict[str, Path] = {}
+        for line in (self.proc / str(pid) / "cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            rel = path.lstrip("/")
+            if controllers == "" and self.v2 and not self.v1:
+                out["unified"] = Path(self.v2) / rel
+            for c in controllers.split(","):
+                if c in self.v1:
+                    out[c] = Path(self.v1[c]) / rel
+        return out
+
+    def read(self, paths: dict[str, Path]) -> dict[str, float]:
+        """Cumulative counters; raises OSError when the cgroup is gone."""
+        if "unified" in paths:
+            d = paths["unified"]
+            cpu = _kv(d / "cpu.stat")
+            mem = _kv(d / "memory.stat")
+            io_b = io_o = 0
+            try:
+                for line in (d / "io.stat").read_text().splitlines():
+                    for kv in line.split()[1:]:
+                        k, _, v = kv.partition("=")
+                        if k in ("rbytes", "wbytes"):
+                            io_b += int(v)
+                        elif k in ("rios", "wios"):
+                            io_o += int(v)
+            except OSError:
+                pass
+            return {"cpu_s": cpu["usage_usec"] / 1e6, "rss": mem.get("anon", 0), "cache": mem.get("file", 0),
+                    "pgfault": mem.get("pgfault", 0), "io_bytes": io_b, "io_ops": io_o}
+        cpu_s = int((paths["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
+        mem = _kv(paths["memory"] / "memory.stat")
+        io_b = io_o = 0
+        if "blkio" in paths:
+            try:
+                io_b = _blkio_total(paths["blkio"] / "blkio.throttle.io_service_bytes")
+                io_o = _blkio_total(paths["blkio"] / "blkio.throttle.io_serviced")
+            except OSError:
+                pass
+        return {"cpu_s": cpu_s, "rss": mem.get("total_rss", mem.get("rss", 0)),
+                "cache": mem.get("total_cache", mem.get("cache", 0)),
+                "pgfault": mem.get("total_pgfault", mem.get("pgfault", 0)), "io_bytes": io_b, "io_ops": io_o}
+
+    def quota_cores(self, paths: dict[str, Path]) -> float:
+        """The kernel's view of the CPU limit (cores; inf when unlimited)."""
+        if "unified" in paths:
+            quota, period = (paths["unified"] / "cpu.max").read_text().split()
+            return math.inf if quota == "max" else int(quota) / int(period)
+        quota = int((paths["cpu"] / "cpu.cfs_quota_us").read_text())
+        period = int((paths["cpu"] / "cpu.cfs_period_us").read_text())
+        return math.inf if quota < 0 else quota / period
+
+
+_NET = ("rx_bytes", "tx_bytes", "rx_messages", "tx_messages")
+_CG = ("cpu_s", "pgfault", "io_bytes", "io_ops")
+
+
+def _delta(new: float, old: float | None) -> float:
+    """Δ of a cumulative counter; a counter that restarted (smaller) counts from zero."""
+    if old is None:
+        return 0.0
+    return new - old if new >= old else new
+
+
+class Measurer:
+    """`measure()` builds the StepMeasurement of the interval since its previous call.
+    `containers`: an AppContainers; `load`: a LoadGenerator (or anything with `latest()`)."""
+
+    def __init__(self, topology, containers, load, *, stale_s: float = 2.0, cgroups: CgroupReader | None = None):
+        self.topology = topology
+        self.services = tuple(topology.service_names)
+        self.c = containers
+        self.load = load
+        self.stale_s = stale_s
+        self.cg = cgroups or CgroupReader()
+        self._paths: dict[str, tuple[str, dict]] = {}    # service -> (container id, cgroup paths)
+        self._prev: dict[str, dict] = {}
+        self._prev_t: float | None = None
+        self._limit = {s: float(topology.services[s].cap) for s in self.services}
+
+    def _inspect(self, s: str) -> dict:
+        return self.c.client.api.inspect_container(self.c.names[s])
+
+    def measure(self, now: float | None = None) -> StepMeasurement:
+        t = time.time() if now is None else now
+        dt = (t - self._prev_t) if self._prev_t is not None else None
+        rows = np.zeros((len(self.services), len(SERVICE_FIELDS)))
+        engine_errors: list[str] = []
+        running: dict[str, bool] = {}
+        kernel_limit: dict[str, float] = {}
+        for i, s in enumerate(self.services):
+            info = None
+            try:
+                info = self._inspect(s)
+                host = info["HostConfig"]
+                quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 100_000
+                self._limit[s] = quota / period if quota > 0 else float(os.cpu_count() or 1)
+                running[s] = bool(info["State"].get("Running"))
+            except Exception as exc:  # noqa: BLE001 - the engine may be down: keep measuring
+                engine_errors.append(f"{s}: {type(exc).__name__}: {str(exc)[:160]}")
+                running[s] = False
+            cur = None
+            if info is not None and running[s]:
+                cid, pid = info["Id"], info["State"].get("Pid") or 0
+                cached = self._paths.get(s)
+                if cached is None or cached[0] != cid:
+                    try:
+                        self._paths[s] = (cid, self.cg.paths(pid))
+                    except (OSError, ValueError):
+                        self._paths.pop(s, None)
+            if s in self._paths:
+                try:
+                    cur = self.cg.read(self._paths[s][1])
+                    kernel_limit[s] = self.cg.quota_cores(self._paths[s][1])
+                except (OSError, KeyError, ValueError):
+                    cur = None
+            net = self._net(s)
+            prev = self._prev.get(s, {})
+            row = rows[i]
+            row[FIELD["cpu_limit"]] = self._limit[s]
+            if cur is not None:
+                row[FIELD["rss_bytes"]] = cur["rss"]
+                row[FIELD["cache_bytes"]] = cur["cache"]
+            if dt and dt > 0:
+                if cur is not None:
+                    row[FIELD["cpu_used"]] = _delta(cur["cpu_s"], prev.get("cpu_s")) / dt
+                    row[FIELD["page_faults"]] = _delta(cur["pgfault"], prev.get("pgfault")) / dt
+                    row[FIELD["io_bytes"]] = _delta(cur["io_bytes"], prev.get("io_bytes")) / dt
+                    row[FIELD["io_ops"]] = _delta(cur["io_ops"], prev.get("io_ops")) / dt
+                if net is not None:
+                    for field, key in (("rx_bytes", "rx_bytes"), ("tx_bytes", "tx_bytes"),
+                                       ("rx_packets", "rx_messages"), ("tx_packets", "tx_messages")):
+                        row[FIELD[field]] = _delta(net[key], prev.get(key)) / dt
+            state = dict(prev)
+            if cur is not None:  # else (no cgroup now) the old values stay: a restarted counter is smaller
+                state.update({k: cur[k] for k in _CG})
+            if net is not None:
+                state.update({k: net[k] for k in _NET})
+            self._prev[s] = state
+        self._prev_t = t
+
+        lat = np.full(len(PERCENTILES), NAN)
+        rps = fps = NAN
+        rec = self.load.latest()
+        stale = rec is None or t - float(rec["t_end"]) > self.stale_s
+        if stale:
+            latency_state = "stale"
+        else:
+            rps, fps = float(rec["requests_per_s"]), float(rec["failures_per_s"])
+            if rec.get("latency_ms"):
+                lat = np.asarray(rec["latency_ms"], dtype=np.float64)
+                latency_state = "ok"
+            else:
+                latency_state = "none completed"
+        extra = {"stale": stale, "latency_state": latency_state, "engine_errors": engine_errors,
+                 "running": running, "kernel_limit": kernel_limit,
+                 "load_second": None if rec is None else int(rec["second"]),
+                 "load_age_s": None if rec is None else round(t - float(rec["t_end"]), 3),
+                 "inflight": None if rec is None else rec.get("inflight"),
+                 "oldest_inflight_ms": None if rec is None else rec.get("oldest_inflight_ms"),
+                 "users": None if rec is None else rec.get("users")}
+        return StepMeasurement(services=self.services, per_service=rows, latency_ms=lat, requests_per_s=rps,
+                               failures_per_s=fps, qos_ms=float(self.topology.qos_ms), t=t, extra=extra)
+
+    def _net(self, s: str) -> dict | None:
+        try:
+            return json.loads((self.c.state_dir / f"{s}.json").read_text())
+        except (OSError, ValueError):
+            return None

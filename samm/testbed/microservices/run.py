@@ -1,0 +1,353 @@
+"""`samm testbed-microservices`: one live run of a controller on the real-container application.
+
+    Docker engine (a private dockerd, or --docker-host)
+      │ one busybox container per service, host Python bind-mounted read-only (containers.py),
+      │ app.py serving the topology's call graph on 127.0.0.1:(base port + i)
+      ▼
+    Locust, headless, own process (load.py + locustfile.py): closed-loop users ──► load.jsonl
+      ▼                                                      (one line per second)
+    every second (t0 + k): supervisor (restart exited containers) -> Measurer (cgroups, engine,
+      load.jsonl) -> ControlLoop (controller.act -> guard -> DockerExecutor.set_cpu_limit), one
+      decision per step in the Knowledge store
+
+Faults (each once, at --fault-at seconds, default half the run):
+  kill-service    SIGKILL one service's container (--fault-service, default `rate`); the
+                  supervisor starts it again at the next step and the loop re-applies its limit;
+  restart-engine  stop and start the private dockerd (its containers stop with it); the loop
+                  records the engine errors, takes no action while the engine is unreachable and
+                  the supervisor restarts the containers when it is back;
+  stall-load      SIGSTOP Locust for --stall-seconds: stale latency -> no action, recorded.
+
+Outputs under `out_dir`: steps.csv, summary.json, cores.png, p99.png, load.jsonl, locust.log,
+conf/topology.json, state/<service>.json and knowledge.db (unless another Knowledge URL is given).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from agents.microservice_cores.control import AppLimits
+from agents.microservice_cores.topology import load_topology
+
+from .loop import ControlLoop, StepRecord, make_controller
+
+log = logging.getLogger(__name__)
+
+FAULTS = ("kill-service", "restart-engine", "stall-load")
+
+
+@dataclass
+class MicroservicesRunOptions:
+    """Not in the paper: testbed choices."""
+    agent: str = "autoscale"
+    agent_params: dict = field(default_factory=dict)
+    users: int = 8
+    seconds: int = 60
+    out_dir: str = "microservices-run"
+    topology: str = "testbed"
+    faults: tuple = ()                # any of FAULTS, each optionally "<fault>@<second>"
+    fault_at: float | None = None     # when a fault without "@" fires (s after step 0); None: seconds / 2
+    fault_service: str | None = None  # kill-service's victim (default: rate, else the 2nd service)
+    stall_seconds: float = 5.0
+    engine_down_seconds: float = 0.0  # extra time the engine stays down in restart-engine
+    docker_host: str | None = None    # None: a private dockerd (root); else e.g. unix:///var/run/docker.sock
+    base_port: int | None = None      # None: the first free block from 18100
+    knowledge_url: str | None = None  # None: sqlite under out_dir
+    run_name: str | None = None
+    warmup_s: float = 2.0             # load runs this long before step 0
+    initial: str = "cap"              # starting limits: cap | fraction=<f>
+    seed: int | None = 0
+    stale_s: float = 2.0
+    plots: bool = True
+
+
+@dataclass
+class MicroservicesRunResult:
+    summary: dict
+    records: list
+    out_dir: Path
+    loop: str
+    knowledge_url: str
+    files: dict = field(default_factory=dict)
+
+
+def _sleep_until(t: float) -> None:
+    while (left := t - time.time()) > 0:
+        time.sleep(min(left, 0.05))
+
+
+def _initial_cores(o: MicroservicesRunOptions, topo) -> dict:
+    caps = {s: topo.services[s].cap for s in topo.service_names}
+    if o.initial == "cap":
+        return caps
+    key, _, value = o.initial.partition("=")
+    if key != "fraction" or not value:
+        raise ValueError(f"initial must be 'cap' or 'fraction=<f>', not {o.initial!r}")
+    f = float(value)
+    if not 0 < f <= 1:
+        raise ValueError("initial fraction must be in (0, 1]")
+    return {s: max(0.05, c * f) for s, c in caps.items()}
+
+
+def parse_faults(faults, default_at: int) -> dict[int, list[str]]:
+    """("kill-service", "stall-load@8") -> {default_at: ["kill-service"], 8: ["stall-load"]}."""
+    out: dict[int, list[str]] = {}
+    for spec in faults:
+        name, sep, at = str(spec).partition("@")
+        if name not in FAULTS:
+            raise ValueError(f"unknown fault {name!r} (known: {', '.join(FAULTS)})")
+        try:
+            step = int(round(float(at))) if sep else default_at
+        except ValueError:
+            raise ValueError(f"fault {spec!r}: the part after @ must be a second") from None
+        out.setdefault(step, []).append(name)
+    return out
+
+
+def run_microservices(o: MicroservicesRunOptions, controller=None) -> MicroservicesRunResult:
+    """One run. `controller`: a Controller object to use instead of making `o.agent`."""
+    import docker
+
+    from samm.execute.local_dockerd import ensure_busybox_image
+    from samm.knowledge.store import KnowledgeStore
+
+    from .containers import AppContainers, PrivateDockerd
+    from .load import LoadGenerator
+    from .measure import Measurer
+
+    if o.seconds < 1 or o.users < 1:
+        raise ValueError("seconds and users must be >= 1")
+    fault_plan = parse_faults(o.faults, int(round(o.fault_at if o.fault_at is not None else o.seconds / 2)))
+    if any("restart-engine" in v for v in fault_plan.values()) and o.docker_host:
+        raise ValueError("restart-engine needs the private engine (leave --docker-host out)")
+    topo = load_topology(o.topology)
+    limits = AppLimits(services=topo.service_names, caps=topo.caps, qos_ms=topo.qos_ms)
+    victim = o.fault_service or ("rate" if "rate" in topo.services else topo.service_names[min(1, topo.n_services - 1)])
+    if victim not in topo.services:
+        raise ValueError(f"--fault-service {victim!r} is not a service of {topo.name}")
+    if controller is None:
+        controller = make_controller(o.agent, topo, **o.agent_params)  # first: a bad agent fails early
+    controller.reset(limits)
+    initial = _initial_cores(o, topo)
+    out = Path(o.out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    run = o.run_name or uuid.uuid4().hex[:8]
+    loop_name = f"microservices-{run}"
+    knowledge_url = o.knowledge_url or f"sqlite:///{out / 'knowledge.db'}"
+    store = KnowledgeStore(knowledge_url)
+
+    engine = None
+    app = load = None
+    loop = ControlLoop(limits, controller, None, store, loop_name=loop_name,
+                       agent_name=getattr(controller, "name", o.agent))
+    events: list[dict] = []
+    threads: list[threading.Thread] = []
+    t_start = time.time()
+    try:
+        if o.docker_host:
+            base_url = o.docker_host
+        else:
+            engine = PrivateDockerd()
+            engine.start()
+            base_url = engine.base_url
+        client = docker.DockerClient(base_url=base_url, timeout=30)
+        ensure_busybox_image(client)
+        client.close()
+        app = AppContainers(topo, base_url, out, namespace=f"ms{run}", base_port=o.base_port)
+        app.start(initial, seed=o.seed)
+        loop.actuator = app
+        load = LoadGenerator(app.conf_dir / "topology.json", app.base_port, o.users, out,
+                             run_time_s=o.seconds + o.warmup_s + 120, seed=o.seed)
+        load.start()
+        measurer = Measurer(topo, app, load, stale_s=o.stale_s)
+        t0 = math.ceil(time.time() + o.warmup_s) + 0.3   # just after Locust's line for the last second
+        _sleep_until(t0 - 1.0)
+        measurer.measure()                                 # primes the counters: step 0 has deltas
+        stall_until = None
+        for k in range(o.seconds):
+            _sleep_until(t0 + k)
+            fault = ""
+            if k in fault_plan:
+                for f in fault_plan[k]:
+                    if f == "kill-service":
+                        try:
+                            app.kill(victim)
+                            fault += f"kill {victim}; "
+                        except Exception as exc:  # noqa: BLE001
+                            fault += f"kill {victim} failed: {exc}; "
+                    elif f == "stall-load":
+                        load.stall()
+                        stall_until = k + o.stall_seconds
+                        fault += f"stall load {o.stall_seconds:g} s; "
+                    elif f == "restart-engine":
+                        def restart():
+                            took = engine.restart(o.engine_down_seconds)
+                            events.append({"event": "engine back", "t": time.time(), "down_s": round(took, 2)})
+                        th = threading.Thread(target=restart, name="engine-restart", daemon=True)
+                        th.start()
+                        threads.append(th)
+                        fault += "restart engine; "
+                events.append({"event": fault.strip("; "), "step": k, "t": time.time()})
+            if stall_until is not None and k >= stall_until:
+                load.resume()
+                stall_until = None
+                fault += "load resumed; "
+            restarted = app.ensure_running()   # never raises: failures are in app.errors
+            if app.errors:
+                log.warning("step %d: supervisor: %s", k, " | ".join(app.errors)[:500])
+            if restarted:
+                events.append({"event": f"restarted {' '.join(restarted)}", "step": k, "t": time.time()})
+            m = measurer.measure()
+            rec = loop.step(k, m, restarted=restarted, fault=fault.strip("; "),
+                            errors=[f"supervisor {e}" for e in app.errors])
+            if rec.errors:
+                log.warning("step %d: %s", k, " | ".join(rec.errors)[:500])
+    finally:
+        for th in threads:
+            th.join(timeout=60)
+        if load is not None:
+            load.stop()
+        if app is not None:
+            app.close()
+        if engine is not None:
+            engine.stop()
+    decisions = store.decisions(loop=loop_name)
+    store.close()
+    summary = summarize(loop.records, topo, o, run, loop_name, t_start, events)
+    summary |= {"agent": loop.agent_name, "decisions": len(decisions), "knowledge_url": store.url,
+                "base_port": app.base_port if app else None, "engine": o.docker_host or "private dockerd"}
+    files = write_outputs(out, loop.records, topo, summary, plots=o.plots)
+    return MicroservicesRunResult(summary, loop.records, out, loop_name, store.url, files)
+
+
+def _stats(xs) -> dict:
+    xs = np.asarray([x for x in xs if x is not None and math.isfinite(x)], dtype=np.float64)
+    if xs.size == 0:
+        return {"n": 0, "mean": None, "median": None, "p95": None, "max": None}
+    return {"n": int(xs.size), "mean": float(xs.mean()), "median": float(np.median(xs)),
+            "p95": float(np.percentile(xs, 95)), "max": float(xs.max())}
+
+
+def summarize(records: list[StepRecord], topo, o: MicroservicesRunOptions, run: str, loop_name: str,
+              t_start: float, events: list) -> dict:
+    services = topo.service_names
+    cores = [r.total_cores for r in records]
+    p99 = [r.p99_ms for r in records]
+    known = [x for x in p99 if math.isfinite(x)]
+    violations = sum(x > topo.qos_ms for x in known)
+    rps = [r.requests_per_s for r in records if math.isfinite(r.requests_per_s)]
+    fails = [r.failures_per_s for r in records if math.isfinite(r.failures_per_s)]
+    used = {s: float(np.mean([r.used[s] for r in records])) if records else None for s in services}
+    mean_rps = float(np.mean(rps)) if rps else 0.0
+    visits = dict(zip(services, topo.mean_visits()))
+    per_call = {s: (used[s] * 1000.0 / (mean_rps * visits[s]) if mean_rps > 0 and visits[s] > 0 else None)
+                for s in services}
+    return {
+        "run": run, "loop": loop_name, "agent": o.agent, "topology": topo.name, "users": o.users,
+        "seconds": len(records), "qos_ms": topo.qos_ms, "faults": list(o.faults),
+        "fault_steps": {str(k): v for k, v in sorted(parse_faults(
+            o.faults, int(round(o.fault_at if o.fault_at is not None else o.seconds / 2))).items())},
+        "total_cores": {"mean": float(np.mean(cores)) if cores else None, "max": float(np.max(cores)) if cores else None,
+                        "min": float(np.min(cores)) if cores else None, "final": cores[-1] if cores else None,
+                        "caps": float(topo.caps.sum())},
+        "used_cores_mean": float(sum(used.values())) if records else None,
+        "p99_ms": _stats(p99),
+        "violation_rate": violations / len(known) if known else None,
+        "violation_seconds": int(violations),
+        "known_latency_seconds": len(known),
+        "unknown_latency_seconds": len(records) - len(known),
+        "stale_seconds": sum(r.latency_state == "stale" for r in records),
+        "requests_per_s_mean": mean_rps,
+        "failures_total": float(np.sum(fails)) if fails else 0.0,
+        "actions": {"steps_with_resize": sum(bool(r.applied) for r in records),
+                    "limit_changes": sum(len(r.applied) for r in records),
+                    "reapplied": sum(len(r.reapplied) for r in records),
+                    "no_action_steps": sum(r.action.startswith("no action") for r in records),
+                    "steps_with_errors": sum(bool(r.errors) for r in records),
+                    "clipped_steps": sum(bool(r.clipped) for r in records)},
+        "no_action_reasons": {a: sum(r.action == a for r in records)
+                              for a in sorted({r.action for r in records if r.action.startswith("no action")})},
+        "restarts": [{"step": r.step, "services": r.restarted} for r in records if r.restarted],
+        "per_service": {s: {"mean_cores": float(np.mean([r.limits[s] for r in records])) if records else None,
+                            "mean_used": used[s], "cap": topo.services[s].cap,
+                            "cpu_ms_per_call_measured": per_call[s], "cpu_ms_topology": topo.services[s].cpu_ms}
+                        for s in services},
+        "step_duration_ms": _stats([r.duration_ms for r in records]),
+        "events": events, "wall_s": round(time.time() - t_start, 1),
+    }
+
+
+def write_outputs(out: Path, records: list[StepRecord], topo, summary: dict, plots: bool = True) -> dict:
+    files = {"steps": out / "steps.csv", "summary": out / "summary.json"}
+    services = topo.service_names
+    with open(files["steps"], "w", newline="") as f:
+        if records:
+            w = csv.DictWriter(f, fieldnames=list(records[0].csv_row(services)))
+            w.writeheader()
+            for r in records:
+                w.writerow(r.csv_row(services))
+    if plots and records:
+        try:
+            files |= _plots(out, records, topo, summary)
+        except ImportError as exc:  # matplotlib is in the train extra
+            summary["plots"] = f"not drawn: {exc}"
+    files["summary"].write_text(json.dumps(summary, indent=2, default=float))
+    return files
+
+
+def _plots(out: Path, records: list[StepRecord], topo, summary: dict) -> dict:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = np.array([r.step for r in records])
+    services = topo.service_names
+    fault_steps = [r.step for r in records if r.fault]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    stack = np.array([[r.limits[s] for r in records] for s in services])
+    ax.stackplot(k, stack, labels=services, alpha=0.75, step="post")
+    ax.plot(k, [sum(r.used.values()) for r in records], color="black", lw=1.2, label="used (all services)")
+    ax.axhline(float(topo.caps.sum()), color="grey", ls=":", lw=1, label="sum of caps")
+    for f in fault_steps:
+        ax.axvline(f, color="red", ls="--", lw=0.8)
+    ax.set_xlabel("second")
+    ax.set_ylabel("CPU limit (cores)")
+    ax.set_title(f"{summary['agent']}, {summary['users']} users: mean {summary['total_cores']['mean']:.3f} cores")
+    ax.legend(fontsize=7, ncol=3, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out / "cores.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    p99 = np.array([r.p99_ms for r in records])
+    ax.plot(k, p99, marker=".", lw=1, label="p99 of the second")
+    ax.axhline(topo.qos_ms, color="red", lw=1, label=f"QoS {topo.qos_ms:g} ms")
+    unknown = [r.step for r in records if not math.isfinite(r.p99_ms)]
+    if unknown:
+        ax.scatter(unknown, [topo.qos_ms * 0.05] * len(unknown), marker="x", color="orange",
+                   label="latency unknown (stale / none completed)")
+    for f in fault_steps:
+        ax.axvline(f, color="red", ls="--", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xlabel("second")
+    ax.set_ylabel("end-to-end p99 (ms)")
+    vr = summary["violation_rate"]
+    ax.set_title(f"violation rate {vr * 100:.1f} %" if vr is not None else "no known latency")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "p99.png", dpi=110)
+    plt.close(fig)
+    return {"cores_png": out / "cores.png", "p99_png": out / "p99.png"}
+
+
+def options_dict(o: MicroservicesRunOptions) -> dict:
+    return asdict(o)

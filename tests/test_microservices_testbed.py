@@ -1,0 +1,254 @@
+"""The real-container microservice testbed (issue 18): the app's call graph on real containers,
+the control loop changing real CPU limits within bounds, and the kill / stall / engine-restart
+faults. A real dockerd (root) and real Locust; skipped with the reason when either is missing."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from agents.microservice_cores.control import MIN_CORES
+from agents.microservice_cores.topology import load_topology
+from samm.execute.local_dockerd import DockerdUnavailable, LocalDockerd, ensure_busybox_image
+from samm.testbed.microservices.containers import REPO_ROOT, AppContainers, find_base_port, host_python
+from samm.testbed.microservices.run import MicroservicesRunOptions, parse_faults, run_microservices
+
+TOPO = load_topology("testbed")
+CAPS = dict(zip(TOPO.service_names, TOPO.caps))
+
+
+def test_testbed_topology_fits_the_machine():
+    assert TOPO.n_services >= 5
+    kinds = {s.kind for s in TOPO.services.values()}
+    assert {"cache", "db"} <= kinds
+    assert TOPO.caps.sum() <= 1.5 + 1e-9
+    # the fluid CPU demand at the top of the users range stays well inside the caps
+    top = TOPO.core_demand(TOPO.users[1] * TOPO.rate_per_user)
+    assert np.all(top < TOPO.caps)
+
+
+def test_fault_specs():
+    assert parse_faults(("kill-service", "stall-load@8"), 5) == {5: ["kill-service"], 8: ["stall-load"]}
+    with pytest.raises(ValueError, match="unknown fault"):
+        parse_faults(("explode",), 1)
+
+
+def test_host_python_is_bound_read_only():
+    hp = host_python()
+    assert any(hp.executable.startswith(c.rstrip("/") + "/") for c in hp.binds)
+    assert all(h.startswith("/") and c.startswith("/") for c, h in hp.binds.items())
+
+
+# ------------------------------------------------------------------------------ real engine
+docker = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    try:
+        with LocalDockerd(tmp_path_factory.mktemp("msd")) as d:
+            client = d.client()
+            ensure_busybox_image(client)
+            client.close()
+            yield d
+    except DockerdUnavailable as exc:
+        pytest.skip(f"no real Docker engine here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def locust_installed():
+    # find_spec, not import: importing Locust here would gevent-patch the test process
+    if importlib.util.find_spec("locust") is None:
+        pytest.skip("Locust is not installed (pip install -e .[testbed])")
+
+
+def _get(port: int, path: str):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@docker
+def test_call_graph_answers_on_real_containers(engine, tmp_path):
+    app = AppContainers(TOPO, engine.base_url, tmp_path, namespace="mscg", base_port=find_base_port(7, 18300))
+    try:
+        app.start()
+        port = app.ports["frontend"]
+        db_seen = 0
+        for _ in range(25):
+            code, body = _get(port, "/r/search/-")
+            assert code == 200, body
+            front, search_t, profile_t = body["trace"]
+            assert front == "frontend" and search_t[:2] == ["search", ["geo"]] and len(search_t) == 3
+            rate_t = search_t[2]  # geo and rate were called in parallel, then profile
+            assert rate_t[:2] == ["rate", ["cache"]] and rate_t[2:] in ([], [["db"]])
+            assert profile_t[:2] == ["profile", ["cache"]] and profile_t[2:] in ([], [["db"]])
+            db_seen += len(rate_t[2:]) + len(profile_t[2:])
+            code, body = _get(port, "/r/profile/-")
+            assert code == 200, body
+            assert body["trace"][0] == "frontend" and body["trace"][1][:2] == ["profile", ["cache"]]
+        assert db_seen > 0  # cache misses (p = 0.2 per chance) reached the database
+        # a node that is not this service's is refused
+        assert _get(app.ports["geo"], "/r/search/-")[0] == 404
+        # containers: host network, the host's Python and the repo read-only, DockerExecutor's labels
+        inv = app.executor.inventory()
+        assert {s: [i.instance_id for i in inv[s].instances] for s in TOPO.service_names} == \
+            {s: [f"mscg-{s}-1"] for s in TOPO.service_names}
+        attrs = app.client.containers.get("mscg-db-1").attrs
+        assert attrs["HostConfig"]["NetworkMode"] == "host"
+        mounts = {m["Destination"]: m["RW"] for m in attrs["Mounts"]}
+        assert mounts[str(REPO_ROOT)] is False and mounts["/state"] is True
+        assert all(mounts[c] is False for c in app.python.binds)
+        assert attrs["HostConfig"]["CpuQuota"] == round(CAPS["db"] * 100_000)
+        deadline = time.monotonic() + 5
+        while not (app.state_dir / "frontend.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        counters = json.loads((app.state_dir / "frontend.json").read_text())
+        assert counters["rx_messages"] > 0 and counters["tx_bytes"] > 0
+    finally:
+        app.close()
+
+
+@pytest.fixture(scope="module")
+def fault_run(engine, locust_installed, tmp_path_factory):
+    """AutoScale at light load for 14 s: the kill fault at second 3, Locust frozen at 7 for 3 s."""
+    out = tmp_path_factory.mktemp("ms-faults")
+    o = MicroservicesRunOptions(agent="autoscale", users=4, seconds=14, out_dir=str(out), docker_host=engine.base_url,
+                                faults=("kill-service@3", "stall-load@7"), stall_seconds=3, warmup_s=1.0,
+                                run_name="faults", plots=False, base_port=find_base_port(7, 18400))
+    return run_microservices(o)
+
+
+@docker
+def test_loop_changes_real_limits_within_bounds(fault_run):
+    recs = fault_run.records
+    assert len(recs) == 14
+    for r in recs:
+        for s, c in r.limits.items():  # read back from the engine at every step
+            assert MIN_CORES - 1e-9 <= c <= CAPS[s] + 1e-9, (r.step, s, c)
+        for s, c in r.kernel_limits.items():  # and the kernel agrees with the engine
+            assert c == pytest.approx(r.limits[s], abs=1e-3), (r.step, s)
+    # at 4 users AutoScale shrinks over-provisioned limits: real changes were made
+    assert fault_run.summary["actions"]["limit_changes"] > 0
+    assert recs[-1].total_cores < TOPO.caps.sum() - 0.05
+    # what the loop applied at step k is what the engine holds at step k+1
+    for a, b in zip(recs, recs[1:]):
+        for s, c in a.applied.items():
+            if s not in b.restarted:
+                assert b.limits[s] == pytest.approx(c, abs=0.006), (a.step, s)
+    assert (fault_run.out_dir / "steps.csv").read_text().count("\n") == 15
+
+
+@docker
+def test_stall_fault_leads_to_no_action_and_a_record(fault_run):
+    from samm.knowledge.store import KnowledgeStore
+
+    stale = [r for r in fault_run.records if r.latency_state == "stale"]
+    assert stale, [r.latency_state for r in fault_run.records]
+    for r in stale:
+        assert r.action == "no action: stale latency" and not r.applied and math.isnan(r.p99_ms)
+    store = KnowledgeStore(fault_run.knowledge_url)
+    try:
+        by_key = {d.iteration_key: d for d in store.decisions(loop=fault_run.loop)}
+    finally:
+        store.close()
+    assert len(by_key) == 14
+    for r in stale:
+        d = by_key[f"step{r.step}"]
+        assert (d.source, d.action, d.reason) == ("none", None, "no action: stale latency")
+    acted = [r for r in fault_run.records if r.targets]
+    assert acted and all(by_key[f"step{r.step}"].source == "agent" for r in acted)
+    assert fault_run.summary["stale_seconds"] == len(stale)
+
+
+@docker
+def test_kill_fault_restarts_the_container(fault_run):
+    recs = fault_run.records
+    restarted = [r for r in recs if "rate" in r.restarted]
+    assert restarted and restarted[0].step in (3, 4)  # the same step, or the next if the exit was slow
+    r = restarted[0]
+    # the loop's last limit for the service went back on, within bounds
+    assert "rate" in r.reapplied and MIN_CORES <= r.reapplied["rate"] <= CAPS["rate"]
+    later = [x for x in recs if x.step > r.step]
+    assert all(x.limits["rate"] <= CAPS["rate"] + 1e-9 for x in later)
+    # the app serves again after the restart (requests complete once the load is back)
+    assert any(x.latency_state == "ok" and x.failures_per_s == 0 for x in later)
+
+
+class Wild:
+    """A controller that asks for the impossible: far above the caps, negative, NaN."""
+
+    name = "wild"
+
+    def __init__(self):
+        self.k = 0
+
+    def reset(self, limits):
+        self.limits = limits
+
+    def act(self, m):
+        self.k += 1
+        n = len(m.services)
+        return [np.full(n, 10.0), np.full(n, -1.0), np.full(n, np.nan), np.full(n, 0.07)][self.k % 4]
+
+
+@docker
+def test_guard_keeps_a_wild_controller_within_bounds(engine, locust_installed, tmp_path):
+    o = MicroservicesRunOptions(users=2, seconds=7, out_dir=str(tmp_path), docker_host=engine.base_url, warmup_s=1.0,
+                                run_name="wild", plots=False, base_port=find_base_port(7, 18500))
+    res = run_microservices(o, controller=Wild())
+    seen = set()
+    for r in res.records:
+        for s, c in r.limits.items():
+            assert MIN_CORES - 1e-9 <= c <= CAPS[s] + 1e-9
+            seen.add(round(c / CAPS[s], 3) if c > MIN_CORES + 1e-6 else "floor")
+        if r.targets:
+            assert set(r.clipped) <= set(TOPO.service_names)
+    assert "floor" in seen and 1.0 in seen  # both bounds were reached on the real containers
+    assert res.summary["actions"]["clipped_steps"] > 0
+
+
+@pytest.mark.slow
+@docker
+def test_engine_restart_fault_recovers(locust_installed, tmp_path):
+    try:
+        o = MicroservicesRunOptions(users=4, seconds=16, out_dir=str(tmp_path), faults=("restart-engine@4",),
+                                    warmup_s=1.0, run_name="engine", plots=False, base_port=find_base_port(7, 18600))
+        res = run_microservices(o)
+    except DockerdUnavailable as exc:
+        pytest.skip(f"no real Docker engine here: {exc}")
+    recs = res.records
+    down = [r for r in recs if r.step >= 4 and (r.errors or r.action.startswith("no action"))]
+    assert down, "the engine restart left no trace"
+    for r in down:
+        assert not r.applied  # nothing applied while the engine or the app was down
+    assert any(len(r.restarted) == len(TOPO.service_names) for r in recs)
+    assert recs[-1].latency_state == "ok" and all(c <= CAPS[s] + 1e-9 for s, c in recs[-1].limits.items())
+
+
+@pytest.mark.slow
+@docker
+def test_cli_writes_steps_summary_and_plots(engine, locust_installed, tmp_path):
+    from click.testing import CliRunner
+
+    from samm.cli.main import cli
+
+    out = tmp_path / "run"
+    res = CliRunner().invoke(cli, ["testbed-microservices", "--agent", "autoscale",
+                                   "--users", "3", "--seconds", "6", "--out", str(out), "--warmup", "1",
+                                   "--docker-host", engine.base_url])
+    assert res.exit_code == 0, res.output
+    assert "cores: mean" in res.output
+    s = json.loads((out / "summary.json").read_text())
+    assert s["agent"] == "autoscale" and s["seconds"] == 6
+    assert s["total_cores"]["max"] <= TOPO.caps.sum() + 1e-9
+    for f in ("steps.csv", "cores.png", "p99.png", "load.jsonl", "knowledge.db"):
+        assert (out / f).stat().st_size > 0
