@@ -25,4 +25,5 @@ PROBLEM = register_problem(ProblemSpec(
     experiment="agents.microservice_cores.experiment:run",
     train="agents.microservice_cores.train:main",
     routes="agents.microservice_cores.service:add_routes",
+    loop_config="agents.microservice_cores.daemon_loop:MicroserviceLoopConfig", build_loop="agents.microservice_cores.daemon_loop:build_loop",
 ))

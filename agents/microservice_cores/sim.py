@@ -82,7 +82,7 @@ class MicroserviceSim:
         self.K = int(samples)
         self.rng = np.random.default_rng(seed)
         specs = list(topology.services.values())
-        self.cpu_s = np.array([s.cpu_ms for s in specs]) / 1000.0           # mean CPU seconds per call
+        self.cpu_s = topology.cpu_seconds                                   # mean CPU seconds per call
         self.workers = np.array([s.workers for s in specs], dtype=np.float64)
         self.caps = topology.caps
         self.rss = np.array([s.rss_mb for s in specs]) * 2**20

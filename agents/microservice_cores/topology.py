@@ -45,6 +45,9 @@ class _Strict(BaseModel):
 
 class ServiceSpec(_Strict):
     cpu_ms: float = Field(gt=0, description="mean CPU time per call, ms")
+    overhead_ms: float = Field(default=0.0, ge=0, description="CPU per call beyond cpu_ms that a real "
+                               "implementation spends anyway (its RPC/HTTP stack); the simulator adds it, "
+                               "the testbed's services do not burn it on purpose")
     workers: int = Field(default=32, ge=1, description="concurrent calls the service can serve")
     cap: float = Field(gt=0, description="u^(i): the most cores the service may get")
     kind: Literal["logic", "cache", "db", "frontend"] = "logic"
@@ -132,13 +135,18 @@ class Topology(_Strict):
             walk(req, row, 1.0)
         return out
 
+    @cached_property
+    def cpu_seconds(self) -> np.ndarray:
+        """Mean CPU seconds of one call per service (its work plus its stack's overhead)."""
+        return np.array([s.cpu_ms + s.overhead_ms for s in self.services.values()]) / 1000.0
+
     def mean_visits(self) -> np.ndarray:
         """Expected calls per service for one request of the mix."""
         return self.mix @ self.visits
 
     def core_demand(self, requests_per_s: float) -> np.ndarray:
         """Mean cores each service uses at a request rate (the fluid load, no queueing)."""
-        return requests_per_s * self.mean_visits() * np.array([s.cpu_ms for s in self.services.values()]) / 1000.0
+        return requests_per_s * self.mean_visits() * self.cpu_seconds
 
 
 CallNode.model_rebuild()

@@ -23,6 +23,10 @@ Every step's decision goes to the Knowledge store (loop `microservices-<run>`, i
 `step<k>`, problem `microservice-cores`): source "agent" with the cores per service, "none" with
 the reason for no action, "fallback" when the controller raised. Each limit change is an Action
 (idempotency key `<loop>:step<k>:<service>`) begun before and finished after the engine call.
+
+`dry_run`: every decision is recorded as above, but no limit is sent: each change the loop would
+have made is an Action with status `dry_run` (and in `StepRecord.dry_run`). `history`: keep only
+the newest records in memory (a long-running daemon); None keeps them all (a testbed run).
 """
 from __future__ import annotations
 
@@ -102,6 +106,7 @@ class StepRecord:
     clipped: list = field(default_factory=list)
     held: list = field(default_factory=list)       # services not running: their limit was held
     kernel_limits: dict = field(default_factory=dict)  # the cgroup's CFS quota / period (cores), for checks
+    dry_run: dict = field(default_factory=dict)    # service -> cores a dry run would have sent
     errors: list = field(default_factory=list)
     restarted: list = field(default_factory=list)
     reapplied: dict = field(default_factory=dict)
@@ -137,7 +142,8 @@ def _r(x: float, nd: int = 3):
 
 class ControlLoop:
     def __init__(self, limits: AppLimits, controller, actuator: Actuator, store=None, *,
-                 loop_name: str = "microservices", agent_name: str | None = None):
+                 loop_name: str = "microservices", agent_name: str | None = None, dry_run: bool = False,
+                 history: int | None = None):
         self.limits = limits
         self.services = tuple(limits.services)
         self.controller = controller
@@ -148,6 +154,8 @@ class ControlLoop:
         self.records: list[StepRecord] = []
         self._by_step: dict[int, StepRecord] = {}
         self.last_target: dict[str, float] = {}
+        self.dry_run = bool(dry_run)
+        self.history = history
 
     def step(self, k: int, m: StepMeasurement, restarted=(), fault: str = "", errors=()) -> StepRecord:
         """Step k on the measurement of the second just ended. `restarted`: services the
@@ -220,15 +228,33 @@ class ControlLoop:
                 self.last_target[s] = want
                 if abs(want - limits_now[s]) >= QUOTA_STEP / 2 or not math.isfinite(limits_now[s]):
                     n += self._apply(k, s, want, rec)
-            if not rec.action:
+            if not rec.action and self.dry_run:
+                rec.action = f"dry run: would resize {len(rec.dry_run)}" if rec.dry_run else "hold"
+            elif not rec.action:
                 rec.action = f"resize {n}" if n else "hold"
         rec.duration_ms = (time.perf_counter() - t0) * 1000
         self.records.append(rec)
         self._by_step[k] = rec
+        if self.history is not None and len(self.records) > self.history:
+            for old in self.records[:-self.history]:
+                self._by_step.pop(old.step, None)
+            del self.records[:-self.history]
         return rec
 
     def _apply(self, k: int, s: str, cores: float, rec: StepRecord, reapply: bool = False) -> int:
         key = f"{self.loop_name}:step{k}:{s}" + (":reapply" if reapply else "")
+        if self.dry_run:  # recorded (once per key), never sent
+            claimed = True
+            if self.store is not None and self._decision_id is not None:
+                try:
+                    _, claimed = self.store.begin_action(self._decision_id, key, executor="docker", group=s,
+                                                         request={"cores": cores, "reapply": reapply},
+                                                         status="dry_run", loop=self.loop_name)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("step %d: recording dry-run action %s failed: %s", k, key, exc)
+            if claimed:
+                rec.dry_run[s] = cores
+            return 0
         claimed = True
         if self.store is not None and self._decision_id is not None:
             try:
@@ -264,6 +290,8 @@ class ControlLoop:
         if rec.targets is not None:
             source, action, name = "agent", {"cores": rec.targets}, "resize"
             reason = f"clipped to [floor, cap]: {', '.join(rec.clipped)}" if rec.clipped else None
+            if self.dry_run:
+                reason = "; ".join(x for x in ("dry run: limits not changed", reason) if x)
         else:
             source = "fallback" if "controller error" in rec.action else "none"
             action, name, reason = None, "none", rec.action
