@@ -329,3 +329,16 @@ def test_sac_learns_the_smallest_safe_limit_of_one_service():
     mean = np.mean([r.mean_cores for r in res])
     assert max(r.violation_rate for r in res) <= 0.01
     assert mean < 3.2, mean          # within a third of the static optimum, transient from 8 cores included
+
+
+@pytest.mark.slow
+def test_quick_experiment_writes_its_report(tmp_path):
+    from agents.microservice_cores.experiment import METHODS, run
+
+    summary = run(tmp_path, quick=True, progress=False)
+    app = summary["apps"]["chain3"]
+    assert set(app["overall"]) == set(METHODS)
+    for name in ("report.md", "summary.json", "cores-chain3.png", "latency-cdf-chain3.png"):
+        assert (tmp_path / name).is_file()
+    # static-max holds every cap; the searched static allocation is cheaper
+    assert app["overall"]["static-best"]["mean_cores"] < app["overall"]["static-max"]["mean_cores"]

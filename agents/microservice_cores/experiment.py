@@ -43,12 +43,14 @@ class Budget:
     level_fractions: tuple[float, ...] = (0.0, 0.5, 1.0)     # of the paper's user range
     steps: int = EPISODE_S
     train_steps: int | None = None                           # None: the shipped policy
-    sinan_seconds: int | None = None                         # None: SinanTrainParams' default
+    quick: bool = False                                      # a smoke run: small Sinan data, no tuning
 
 
 FULL = Budget()
 QUICK = Budget(apps=("chain3",), seeds=(1, 2), level_fractions=(0.0, 1.0), steps=60, train_steps=4_800,
-               sinan_seconds=600)
+               quick=True)
+#: the Sinan-style models trained for the shipped applications (`train_sinan`, docs/microservice-cores.md)
+SHIPPED_SINAN = Path(__file__).parent / "policies"
 
 
 def levels(topo: Topology, fractions) -> list[float]:
@@ -56,7 +58,8 @@ def levels(topo: Topology, fractions) -> list[float]:
     return [round(lo + f * (hi - lo), 1) for f in fractions]
 
 
-def _controller_factories(topo: Topology, budget: Budget, out: Path, policy_dir, progress: bool, log: dict):
+def _controller_factories(topo: Topology, budget: Budget, out: Path, policy_dir, progress: bool, log: dict,
+                          sinan_dir=None):
     """name -> (users -> (copy index -> Controller)); trains what the run must train."""
     from .autoscale import AutoScale
     from .vpa import VPARecommender
@@ -85,8 +88,16 @@ def _controller_factories(topo: Topology, budget: Budget, out: Path, policy_dir,
     from . import sinan
 
     t0 = time.perf_counter()
-    model = sinan.train_for_experiment(topo, seed=0, seconds=budget.sinan_seconds, out=out / f"sinan-{topo.name}")
-    log["sinan_training_s"] = round(time.perf_counter() - t0, 1)
+    shipped = SHIPPED_SINAN / f"sinan-{topo.name}.joblib"
+    if sinan_dir:
+        model = sinan.load_sinan(sinan_dir, topo.name)
+    elif shipped.is_file() and not budget.quick:
+        model = sinan.load_sinan(shipped, topo.name)
+    else:
+        params = sinan.SinanTrainParams(copies=8, batches=1) if budget.quick else None
+        model = sinan.train_sinan(topo, seed=0, params=params, out_dir=out / "sinan", tune=not budget.quick)
+        log["sinan_training_s"] = round(time.perf_counter() - t0, 1)
+    log["sinan_model"] = {k: v for k, v in model.info.items() if k in ("seed", "total_s", "path", "samples")}
     facts["sinan"] = lambda users: (lambda i: sinan.SinanController(model))
     # best static for each load level: searched on the simulator (an oracle that knows the load)
     from .static_search import search_static
