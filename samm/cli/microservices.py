@@ -28,8 +28,8 @@ def _params(values: tuple[str, ...]) -> dict:
 
 @click.command("testbed-microservices")
 @click.option("--agent", default="autoscale", show_default=True,
-              help="The controller: autoscale or static here; reclaimer, sinan and vpa once "
-                   "agents.microservice_cores.hosting provides them.")
+              help="The controller: reclaimer (the policy shipped for the app, trained in simulation), "
+                   "autoscale, sinan (the shipped Sinan-style model), vpa, static-max or static.")
 @click.option("--agent-param", multiple=True,
               help="KEY=VALUE (JSON values) passed to the controller, e.g. fraction=0.5 for static; repeatable.")
 @click.option("--users", type=int, default=8, show_default=True,
