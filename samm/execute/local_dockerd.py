@@ -154,17 +154,21 @@ class LocalDockerd:
         except OSError:
             return "(no log)"
 
+    def _terminate(self) -> None:
+        """SIGTERM the engine (it stops its containers), SIGKILL it after the stop timeout."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
     def stop(self) -> None:
         if self.root is None:
             return
         if self.proc is not None and self.proc.poll() is None:
             self._remove_containers()
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+            self._terminate()
         self._kill_leftovers()
         self._unmount_leftovers()
         shutil.rmtree(self.root, ignore_errors=True)

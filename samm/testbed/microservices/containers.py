@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -116,12 +115,7 @@ class PrivateDockerd(LocalDockerd):
         if self.proc is None or self.root is None:
             raise RuntimeError("PrivateDockerd is not started")
         t0 = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=self.stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        self._terminate()
         if self.log_path.exists():
             os.replace(self.log_path, self.root / f"dockerd.{int(time.time())}.log")
         time.sleep(down_s)
