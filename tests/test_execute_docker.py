@@ -8,21 +8,15 @@ import pytest
 from samm.config import GroupConfig
 from samm.execute.base import ExecutorError, ScaleRequest
 from samm.execute.docker_exec import DockerExecutor, parse_docker_time, stats_summary
-from samm.execute.local_dockerd import BUSYBOX_TAG, DockerdUnavailable, LocalDockerd, ensure_busybox_image
+from fixtures_docker import real_engine
+from samm.execute.local_dockerd import BUSYBOX_TAG, LocalDockerd, ensure_busybox_image
 
 pytestmark = pytest.mark.docker
 
 
 @pytest.fixture(scope="session")
 def dockerd(tmp_path_factory):
-    try:
-        with LocalDockerd(tmp_path_factory.mktemp("dockerd")) as engine:
-            client = engine.client()
-            ensure_busybox_image(client)
-            client.close()
-            yield engine
-    except DockerdUnavailable as exc:
-        pytest.skip(f"no real Docker engine here: {exc}")
+    yield from real_engine(tmp_path_factory, "dockerd")
 
 
 def group(name: str, **kw) -> GroupConfig:

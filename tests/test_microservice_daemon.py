@@ -30,7 +30,8 @@ from samm.localproc import free_port
 from samm.testbed.microservices.containers import AppContainers, find_base_port
 from samm.testbed.microservices.load import LoadGenerator
 # the testbed's fixtures: a private real dockerd with the busybox image; Locust installed
-from test_microservices_testbed import engine, locust_installed  # noqa: F401
+from fixtures_docker import locust_installed  # noqa: F401
+from test_microservices_testbed import engine  # noqa: F401  (the same module-scoped engine)
 
 TOPO = load_topology("testbed")
 CAPS = dict(zip(TOPO.service_names, TOPO.caps))

@@ -3,7 +3,6 @@ the control loop changing real CPU limits within bounds, and the kill / stall / 
 faults. A real dockerd (root) and real Locust; skipped with the reason when either is missing."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import time
@@ -15,7 +14,8 @@ import pytest
 
 from agents.microservice_cores.control import MIN_CORES
 from agents.microservice_cores.topology import load_topology
-from samm.execute.local_dockerd import DockerdUnavailable, LocalDockerd, ensure_busybox_image
+from fixtures_docker import locust_installed, real_engine  # noqa: F401  (fixtures)
+from samm.execute.local_dockerd import DockerdUnavailable
 from samm.testbed.microservices.containers import REPO_ROOT, AppContainers, find_base_port, host_python
 from samm.testbed.microservices.run import MicroservicesRunOptions, parse_faults, run_microservices
 
@@ -51,21 +51,7 @@ docker = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    try:
-        with LocalDockerd(tmp_path_factory.mktemp("msd")) as d:
-            client = d.client()
-            ensure_busybox_image(client)
-            client.close()
-            yield d
-    except DockerdUnavailable as exc:
-        pytest.skip(f"no real Docker engine here: {exc}")
-
-
-@pytest.fixture(scope="module")
-def locust_installed():
-    # find_spec, not import: importing Locust here would gevent-patch the test process
-    if importlib.util.find_spec("locust") is None:
-        pytest.skip("Locust is not installed (pip install -e .[testbed])")
+    yield from real_engine(tmp_path_factory, "msd")
 
 
 def _get(port: int, path: str):

@@ -73,9 +73,9 @@ class FrameStack:
     def width(self) -> int:
         return self.k * ROW + self.id_width
 
-    def reset(self, rows: np.ndarray, envs=None) -> np.ndarray:
-        idx = slice(None) if envs is None else envs
-        self.frames[idx] = rows[:, :, None, :] if envs is None else rows[:, :, None, :]
+    def reset(self, rows: np.ndarray) -> np.ndarray:
+        """Every frame of every copy set to `rows` (E, M, ROW): the first second, repeated."""
+        self.frames[:] = rows[:, :, None, :]
         return self.observation()
 
     def push(self, rows: np.ndarray) -> np.ndarray:

@@ -29,6 +29,8 @@ import numpy as np
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
+from agents.problem_service import hosted_policy
+
 from .control import AppLimits
 from .observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
 
@@ -87,16 +89,11 @@ class Sessions:
         return len(self._items)
 
 
-def _policy_of(policy_or_registry, name):
-    return policy_or_registry.get(name) if hasattr(policy_or_registry, "get") and not hasattr(policy_or_registry, "act") \
-        else policy_or_registry
-
-
 def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
     sessions = Sessions()
 
     async def allocate(req: AllocateRequest) -> AllocateResponse:
-        policy = _policy_of(policy_or_registry, name)
+        policy = hosted_policy(policy_or_registry, name, "act")
         topo = policy.topo
         if tuple(req.services) != topo.service_names:
             raise HTTPException(422, detail=f"services: expected {list(topo.service_names)} (the policy's "
