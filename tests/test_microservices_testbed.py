@@ -94,10 +94,14 @@ def test_call_graph_answers_on_real_containers(engine, tmp_path):
         assert mounts[str(REPO_ROOT)] is False and mounts["/state"] is True
         assert all(mounts[c] is False for c in app.python.binds)
         assert attrs["HostConfig"]["CpuQuota"] == round(CAPS["db"] * 100_000)
-        deadline = time.monotonic() + 5
-        while not (app.state_dir / "frontend.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        counters = json.loads((app.state_dir / "frontend.json").read_text())
+        # the file is rewritten once a second, so its first version may predate the requests above
+        state, counters, deadline = app.state_dir / "frontend.json", {}, time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if state.exists():
+                counters = json.loads(state.read_text())
+                if counters["rx_messages"] > 0:
+                    break
+            time.sleep(0.2)
         assert counters["rx_messages"] > 0 and counters["tx_bytes"] > 0
     finally:
         app.close()
