@@ -3,13 +3,16 @@ and the same agent called in-process, in one run.
 
     .venv/bin/python benchmarks/service_latency.py --rate 200 --seconds 60 --json
     .venv/bin/python benchmarks/service_latency.py --agent lra-reinforce=DIR --rate 200 --seconds 60 --json
+    .venv/bin/python benchmarks/service_latency.py --sessions 10,10000 --rate 200 --seconds 30 --json
 
 Starts `samm serve` (uvicorn) on a free loopback port hosting the shipped LSTM-PPO policy (or
 `--agent NAME[=POLICY_DIR]` of any problem: its observations are drawn from its observation space,
 with an all-ones action mask where the action space is Discrete),
 sends `decide` requests from one keep-alive stdlib HTTP client at `--rate` per second (open loop: the
 schedule does not wait for slow replies, each request's latency counts from its scheduled send
-time), then times `agent.act` directly for the same observations.
+time), then times `agent.act` directly for the same observations. `--sessions A,B,...` repeats the
+REST part with that many live sessions (each opened before timing, requests cycling over them),
+in one server, so the cost of the session store is read as a ratio within the run.
 """
 from __future__ import annotations
 
@@ -73,12 +76,13 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--agent", default="lstm-ppo", help="NAME or NAME=POLICY_DIR, as `samm serve --agent`.")
     ap.add_argument("--agent-param", action="append", default=[], help="NAME:KEY=VALUE, as `samm serve --agent-param`.")
+    ap.add_argument("--sessions", default="50", help="Live sessions during the timed part; a comma list runs "
+                                                      "one timed part per count (default 50).")
     args = ap.parse_args()
 
     import httpx
 
     from agents.factory import make_agent
-    from samm.analyze import OBSERVATION_NAMES
     from sim_bridge.config import SimConfig
 
     rng = np.random.default_rng(0)
@@ -92,7 +96,7 @@ def main() -> None:
         headers = {"content-type": "application/json"}
 
         def decide(session: str, row) -> int:
-            body = json.dumps({"session_id": session, "observation": dict(zip(OBSERVATION_NAMES, row.tolist()))}
+            body = json.dumps({"session_id": session, "observation": dict(zip(names, row.tolist()))}
                               if name == "lstm-ppo" else row)
             conn.request("POST", f"/v1/agents/{name}/decide", body=body, headers=headers)
             resp = conn.getresponse()
@@ -100,36 +104,49 @@ def main() -> None:
             return resp.status
 
         n = int(args.rate * args.seconds)
-        if name == "lstm-ppo":
-            obs = rng.random((n, len(OBSERVATION_NAMES))).round(4)
+        if name == "lstm-ppo":  # the hosted policy's own features, drawn within its observation bounds
+            agent = make_agent("lstm-ppo", SimConfig())
+            names, space = agent.feature_names, agent.observation_space
+            lo, hi = np.asarray(space.low, float), np.minimum(np.asarray(space.high, float), np.asarray(space.low) + 10)
+            obs = (lo + rng.random((n, len(names))) * (hi - lo)).round(4)
         else:
             obs = sampled_bodies(httpx.get(f"{url}/v1/agents/{name}", timeout=5).json(), min(n, 500))
             obs = [obs[i % len(obs)] for i in range(n)]
         for i in range(200):  # warm-up
             decide("warm", obs[i])
-        # An idle process that sleeps 1 ms at a time, alongside: the pauses it sees are the
-        # machine's (scheduler, host steal), not the service's; they tell a noisy run apart.
-        probe = subprocess.Popen([sys.executable, "-c", PAUSE_PROBE, str(args.seconds)], stdout=subprocess.PIPE,
-                                 text=True)
-        lat, errors = [], 0
-        start = time.perf_counter()
-        for i in range(n):
-            due = start + i / args.rate
-            now = time.perf_counter()
-            if due > now:
-                time.sleep(due - now)
-            errors += decide(f"s{i % 50}", obs[i]) != 200
-            lat.append(time.perf_counter() - due)
-        achieved = n / (time.perf_counter() - start)
+        rest = {}
+        for count in [int(c) for c in args.sessions.split(",")]:
+            tag = f"n{count}-"
+            for j in range(count):  # every session live before the clock starts
+                decide(f"{tag}{j}", obs[j % n])
+            # An idle process that sleeps 1 ms at a time, alongside: the pauses it sees are the
+            # machine's (scheduler, host steal), not the service's; they tell a noisy run apart.
+            probe = subprocess.Popen([sys.executable, "-c", PAUSE_PROBE, str(args.seconds)], stdout=subprocess.PIPE,
+                                     text=True)
+            lat, errors = [], 0
+            start = time.perf_counter()
+            for i in range(n):
+                due = start + i / args.rate
+                now = time.perf_counter()
+                if due > now:
+                    time.sleep(due - now)
+                errors += decide(f"{tag}{i % count}", obs[i]) != 200
+                lat.append(time.perf_counter() - due)
+            achieved = n / (time.perf_counter() - start)
+            pauses = json.loads(probe.communicate(timeout=30)[0])
+            rest[count] = {"requests": n, "rate_target": args.rate, "rate_achieved": round(achieved, 1),
+                           "errors": errors, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+                           "max_ms": round(max(lat) * 1000, 3),
+                           "slowest_at_s": sorted(round(i / args.rate, 1) for i in np.argsort(lat)[-5:]),
+                           "machine_pauses": pauses}
+        live = httpx.get(f"{url}/healthz", timeout=5).json().get("sessions")
         conn.close()
-        pauses = json.loads(probe.communicate(timeout=30)[0])
     finally:
         proc.terminate()
         proc.wait(timeout=10)
 
     inproc = []
     if name == "lstm-ppo":
-        agent = make_agent("lstm-ppo", SimConfig())
         state = agent.initial_state(1)
         for i in range(min(n, 5000)):
             t = time.perf_counter()
@@ -146,13 +163,16 @@ def main() -> None:
             t = time.perf_counter()
             _, state = dataplane.decide(policy, obs[i]["observation"], mask=obs[i].get("action_mask"), state=state)
             inproc.append(time.perf_counter() - t)
-    out = {
-        "rest": {"requests": n, "rate_target": args.rate, "rate_achieved": round(achieved, 1), "errors": errors,
-                 "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "max_ms": round(max(lat) * 1000, 3),
-                 "slowest_at_s": sorted(round(i / args.rate, 1) for i in np.argsort(lat)[-5:])},
-        "machine_pauses": pauses,
-        "in_process": {"calls": len(inproc), "p50_ms": pct(inproc, 50), "p99_ms": pct(inproc, 99)},
-    }
+    counts = list(rest)
+    out = {"rest": rest[counts[0]] if len(counts) == 1 else {f"sessions_{c}": rest[c] for c in counts},
+           "in_process": {"calls": len(inproc), "p50_ms": pct(inproc, 50), "p99_ms": pct(inproc, 99)}}
+    if len(counts) == 1:
+        out["machine_pauses"] = out["rest"].pop("machine_pauses")
+    else:
+        out["live_sessions_at_end"] = live
+        base = rest[counts[0]]
+        out["ratio_to_first"] = {f"sessions_{c}": {q: round(rest[c][q] / base[q], 2) for q in ("p50_ms", "p99_ms")}
+                                 for c in counts[1:]}
     print(json.dumps(out) if args.json else json.dumps(out, indent=2))
 
 

@@ -101,6 +101,7 @@ class ServiceConfig(Strict):
     port: int = Field(default=8000, ge=1, le=65535)
     token: SecretStr | None = None
     session_ttl_s: float = Field(default=3600.0, gt=0)
+    max_sessions: int = Field(default=10_000, ge=1)
 
 
 def _check_groups(groups: list[GroupConfig], executor: ExecutorConfig, where: str = "") -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import OrderedDict
 from typing import Annotated, Any
 
 import numpy as np
@@ -29,13 +28,14 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from samm.plan.sessions import sessions_for
+
 from .episode import Episode
 from .features import SummaryHistory
 from .rules import select_by_scores
 from .sim import View
 
 MAX_JOBS = 5_000
-MAX_SESSIONS = 1_000
 JobId = Annotated[str | int, Field(description="The caller's job id (echoed in `start`).")]
 
 
@@ -146,21 +146,6 @@ def _shift(ep: Episode, offset: int) -> None:
             object.__setattr__(ep, name, getattr(ep, name) - offset)
 
 
-class Sessions:
-    """Each session's recent slot summaries, least recently used dropped past MAX_SESSIONS."""
-
-    def __init__(self, cap: int = MAX_SESSIONS):
-        self.cap = cap
-        self._h: OrderedDict[str, SummaryHistory] = OrderedDict()
-
-    def get(self, key: str) -> SummaryHistory:
-        h = self._h.pop(key, None) or SummaryHistory()
-        self._h[key] = h
-        if len(self._h) > self.cap:
-            self._h.popitem(last=False)
-        return h
-
-
 def _policy_of(source, name: str):
     from agents.problem_service import hosted_policy
 
@@ -186,7 +171,7 @@ def schedule(policy, req: ScheduleRequest, history: SummaryHistory) -> tuple[lis
 
 
 def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
-    sessions = Sessions()
+    sessions = sessions_for(app)
 
     # The body is parsed by pydantic-core straight from the bytes and the answer written with
     # json.dumps: with 200+ jobs per request FastAPI's own body and response handling cost more
@@ -201,7 +186,7 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
             return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
         t0 = time.perf_counter()
         try:
-            history = sessions.get(req.session)
+            history = sessions.get_or_make(req.session, SummaryHistory)
             start, scores, free = schedule(policy, req, history)
         except ValueError as e:
             return JSONResponse(status_code=422, content={"detail": str(e)})

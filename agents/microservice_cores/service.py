@@ -11,8 +11,9 @@
         "agent": "reclaimer", "policy_version": "...", "latency_ms": 0.4}
 
 The policy stacks the last k = 5 seconds per session (a session is one application's control
-loop), so callers send every second, in order. Sessions idle for `SESSION_TTL_S` are dropped, and
-at most `MAX_SESSIONS` are kept (the least recently used goes first; both O(1)).
+loop), so callers send every second, in order. Sessions live in the service's shared store
+(`samm.plan.sessions`): idle ones expire after its TTL and the least recently used go past its cap,
+both O(1).
 
 Unknown latency (null, or any NaN) means the load generator is stale: the answer holds the
 current limits (`action: "hold"`, with the reason) and the frame is not pushed. Input errors are
@@ -22,7 +23,6 @@ hold its limits).
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from typing import Annotated, Any
 
 import numpy as np
@@ -30,12 +30,11 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.problem_service import hosted_policy
+from samm.plan.sessions import sessions_for
 
 from .control import AppLimits
 from .observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
 
-MAX_SESSIONS = 1024
-SESSION_TTL_S = 600.0
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -62,35 +61,8 @@ class AllocateResponse(BaseModel):
     latency_ms: float
 
 
-class Sessions:
-    """Per-session controllers with LRU eviction and an idle TTL, both O(1) per call."""
-
-    def __init__(self, max_sessions: int = MAX_SESSIONS, ttl_s: float = SESSION_TTL_S):
-        self.max = max_sessions
-        self.ttl = ttl_s
-        self._items: OrderedDict[str, tuple[float, Any]] = OrderedDict()
-
-    def get(self, key: str, make) -> Any:
-        now = time.monotonic()
-        # the oldest entries are at the front: drop the expired ones from there only
-        while self._items:
-            k, (seen, _) = next(iter(self._items.items()))
-            if now - seen <= self.ttl:
-                break
-            self._items.popitem(last=False)
-        item = self._items.pop(key, None)
-        ctl = item[1] if item else make()
-        self._items[key] = (now, ctl)
-        if len(self._items) > self.max:
-            self._items.popitem(last=False)
-        return ctl
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
 def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
-    sessions = Sessions()
+    sessions = sessions_for(app)
 
     async def allocate(req: AllocateRequest) -> AllocateResponse:
         policy = hosted_policy(policy_or_registry, name, "act")
@@ -118,7 +90,7 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
             ctl = policy.fork()
             ctl.reset(AppLimits(topo.service_names, topo.caps, topo.qos_ms))
             return ctl
-        ctl = sessions.get(f"{version}/{req.session}", fresh)
+        ctl = sessions.get_or_make(f"{version}/{req.session}", fresh)
         try:
             cores = ctl.act(m)
         except Exception as exc:  # a failing policy is the caller's to handle: say which

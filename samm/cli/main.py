@@ -888,11 +888,15 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
                    "repeatable (e.g. --agent lstm-ppo --agent lra-reinforce).")
 @click.option("--token-env", default="SAMM_SERVICE__TOKEN", show_default=True,
               help="Environment variable holding the bearer token for policy uploads (unset: uploads disabled).")
-@click.option("--session-ttl", type=float, default=3600.0, show_default=True, help="Seconds before an idle session's state is dropped.")
+@click.option("--session-ttl", type=click.FloatRange(min=0, min_open=True), default=3600.0, show_default=True,
+              help="Seconds before an idle session's state is dropped (every agent's sessions).")
+@click.option("--max-sessions", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Live sessions kept by each session store (the decide routes share one, each problem's routes have "
+                   "their own); past it the least recently used is dropped.")
 @click.option("--store", type=click.Path(file_okay=False), default=None, help="Where uploaded policies are kept.")
 @click.option("--agent-param", "agent_params", multiple=True,
               help="NAME:KEY=VALUE, a hosting parameter of one agent, e.g. lra-reinforce:nodes=81; repeatable.")
-def serve(host, port, agents, token_env, session_ttl, store, agent_params) -> None:
+def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent_params) -> None:
     """Run the Policy Evaluation Service (FastAPI on uvicorn; OpenAPI at /openapi.json)."""
     import os
 
@@ -921,7 +925,7 @@ def serve(host, port, agents, token_env, session_ttl, store, agent_params) -> No
 
     torch.set_num_threads(1)  # one decision at a time is tiny: extra threads only contend
     click.echo(f"serving {registry.names()} on http://{host}:{port} (uploads {'enabled' if token else 'disabled'})", err=True)
-    app = create_app(registry, token=token, session_ttl_s=session_ttl)
+    app = create_app(registry, token=token, session_ttl_s=session_ttl, max_sessions=max_sessions)
     import gc
 
     # everything loaded so far (torch, the policies) lives as long as the process: keep it out of

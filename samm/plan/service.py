@@ -25,7 +25,7 @@ from samm import __version__
 from . import dataplane
 from .registry import PolicyRegistry, PolicyRejected, _is_autoscaler
 from .schemas import decide_models
-from .sessions import SessionStore
+from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +92,13 @@ class Problem(BaseModel):
     detail: str
 
 
-def create_app(registry: PolicyRegistry, token: str | None = None, session_ttl_s: float = 3600.0,
+def create_app(registry: PolicyRegistry, token: str | None = None,
+               session_ttl_s: float = DEFAULT_SESSION_TTL_S, max_sessions: int = DEFAULT_MAX_SESSIONS,
                sessions: SessionStore | None = None) -> FastAPI:
     app = FastAPI(title="SAMM Policy Evaluation Service", version=__version__,
                   description="Decisions of hosted agents over REST. Each agent's decide request and response "
                               "are generated from its observation and action spaces.")
-    sessions = sessions or SessionStore(ttl_s=session_ttl_s)
+    sessions = sessions or SessionStore(ttl_s=session_ttl_s, max_sessions=max_sessions)
     metrics = CollectorRegistry()
     requests = Counter("samm_service_requests", "HTTP requests", ["endpoint", "status"], registry=metrics)
     latency = Histogram("samm_service_decide_latency_seconds", "Decision latency", ["agent"], registry=metrics,
