@@ -96,6 +96,16 @@ class KnowledgeConfig(Strict):
     url: str = "sqlite:///samm.db"
 
 
+class HaConfig(Strict):
+    """Standby daemons (samm/daemon/leadership.py): several `samm run` against one PostgreSQL,
+    exactly one acting at a time."""
+    enabled: bool = False
+    lease_ttl_s: float | None = Field(default=None, gt=0, description="Lease length; default 0.75 × the "
+                                      "shortest loop interval (a standby leads within two intervals)")
+    holder: str | None = Field(default=None, min_length=1, max_length=200,
+                               description="This daemon's name in the lease; default host:pid")
+
+
 class ServiceConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
@@ -174,6 +184,7 @@ class SammConfig(Strict):
     knowledge: KnowledgeConfig = KnowledgeConfig()
     service: ServiceConfig = ServiceConfig()
     simulation: SimulationConfig = SimulationConfig()
+    ha: HaConfig = HaConfig()
 
     @field_validator("loops", mode="before")
     @classmethod
@@ -186,6 +197,9 @@ class SammConfig(Strict):
 
     @model_validator(mode="after")
     def _loops(self) -> "SammConfig":
+        if self.ha.enabled and not self.knowledge.url.startswith("postgresql"):
+            raise ValueError(f"ha.enabled needs a PostgreSQL knowledge store (knowledge.url), got "
+                             f"{self.knowledge.url.split(':', 1)[0]}: an SQLite store is single-daemon")
         if self.loops is None:
             if self.groups is None:
                 raise ValueError("groups: Field required (or declare `loops`)")

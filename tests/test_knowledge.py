@@ -386,7 +386,7 @@ def test_counts(store):
     store.record_observation(snap, {"cpu_mean": 0.1})
     _decision(store)
     assert store.counts() == {"snapshots": 1, "observations": 1, "decisions": 1, "actions": 0,
-                              "group_state": 0, "policy_versions": 0}
+                              "group_state": 0, "policy_versions": 0, "leases": 0}
 
 
 # --- URLs and SQLite specifics ---------------------------------------------------------------

@@ -5,6 +5,10 @@ once to catch up, never in parallel with itself). SIGTERM/SIGINT let the current
 finish, then the process exits 0. Under systemd (Type=notify): READY=1 once configuration,
 knowledge store and scheduler are up; WATCHDOG=1 only while iterations keep completing;
 STOPPING=1 on shutdown.
+
+Before anything else the daemon takes the knowledge store's leader lease
+(samm/daemon/leadership.py): a second daemon on an SQLite store exits naming the holder; with
+`ha.enabled` (PostgreSQL) it waits as a standby and takes over when the leader stops renewing.
 """
 from __future__ import annotations
 
@@ -21,8 +25,11 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from samm.config import SammConfig
 
+from samm.knowledge.store import LeaseLost
+
 from . import sdnotify
 from .build import Daemon, build_daemon
+from .leadership import ANOTHER_LEADER, LOST_LEADERSHIP, Leadership
 from .loop import IterationReport
 
 log = logging.getLogger(__name__)
@@ -42,6 +49,10 @@ class DaemonRunner:
         self.finished: set[str] = set()
         for loop in self.loops:
             loop.lock = threading.Lock()
+        ha = self.cfg.ha
+        ttl = ha.lease_ttl_s or 0.75 * min(lp.config.timing.interval_s for lp in self.loops)
+        self.leadership = Leadership(daemon.store, ttl, ha=ha.enabled, holder=ha.holder or "")
+        self.lost_leadership = False
 
     # runs in the scheduler's worker thread
     def _iterate(self, loop=None) -> None:
@@ -49,7 +60,11 @@ class DaemonRunner:
         if self.stop_event.is_set() or loop.name in self.finished:
             return
         with loop.lock:  # one iteration of a loop at a time; loops run side by side
-            rep = loop.run_once()
+            try:
+                rep = loop.run_once()
+            except LeaseLost as exc:  # fenced: nothing of this iteration was acted on
+                self._step_down(f"loop {loop.name}: {exc}")
+                return
         rep.loop = loop.name
         self.reports.append(rep)
         if self.on_iteration is not None:
@@ -73,6 +88,49 @@ class DaemonRunner:
             else:
                 log.error("watchdog: no iteration completed by %s; not pinging systemd",
                           ", ".join(f"loop {n} for {s:.0f} s" for n, s in stuck))
+
+    # --- leadership -----------------------------------------------------------------------------
+    def _step_down(self, why: str) -> None:
+        log.error("lost the leader lease, stepping down: %s", why)
+        self.lost_leadership = True
+        self.leadership.current = None
+        self.daemon.store.fence = None
+        self.stop_event.set()
+
+    def _keep_lease(self) -> None:
+        lead = self.leadership
+        last_ok = time.monotonic()
+        while not self.stop_event.wait(lead.ttl_s / 3):
+            try:
+                if lead.renew():
+                    last_ok = time.monotonic()
+                    continue
+                return self._step_down(f"lease now held by {lead.holder_now()}")
+            except Exception as exc:  # noqa: BLE001 - the store may come back before the lease ends
+                log.warning("renewing the leader lease failed: %s", exc)
+                if time.monotonic() - last_ok > lead.ttl_s:
+                    return self._step_down(f"no renewal for {lead.ttl_s:.3g} s")
+
+    def _lead(self) -> bool:
+        """Take the lease (single mode: now or never; ha: wait as a standby). False: do not run."""
+        lead = self.leadership
+        if lead.try_acquire():
+            return True
+        if not lead.ha:
+            log.error("another samm daemon leads on knowledge store %s: %s. An SQLite store is single-daemon; "
+                      "for a standby use PostgreSQL with ha.enabled", self.daemon.store.url, lead.holder_now())
+            return False
+        sdnotify.ready()
+        log.info("standby: %s leads; polling every %.3g s", lead.holder_now(), lead.ttl_s / 3)
+        sdnotify.status(f"standby ({lead.holder})")
+        while not self.stop_event.wait(lead.ttl_s / 3):
+            sdnotify.watchdog()
+            try:
+                if lead.try_acquire():
+                    return True
+            except Exception as exc:  # noqa: BLE001 - keep waiting for the store
+                log.warning("standby: reading the leader lease failed: %s", exc)
+        return False
 
     def _on_event(self, event) -> None:
         if event.code == EVENT_JOB_ERROR:
@@ -98,6 +156,12 @@ class DaemonRunner:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop_event.set())
+        if not self._lead():
+            self.daemon.close()
+            return 0 if self.leadership.ha else ANOTHER_LEADER
+        log.info("leading as %s (lease token %d, ttl %.3g s)", self.leadership.holder,
+                 self.leadership.current.token, self.leadership.ttl_s)
+        threading.Thread(target=self._keep_lease, name="samm-lease", daemon=True).start()
         for loop in self.loops:
             for note in loop.recover():
                 log.warning("loop %s recovered: %s", loop.name, note)
@@ -125,8 +189,12 @@ class DaemonRunner:
         finally:
             sdnotify.stopping()
             sched.shutdown(wait=True)  # lets a running iteration finish
+            if not self.lost_leadership:
+                self.leadership.release()  # a standby takes over at once
             self.daemon.close()
         log.info("samm daemon stopped after %d iterations", len(self.reports))
+        if self.lost_leadership:
+            return LOST_LEADERSHIP
         return 0 if self.errors == 0 else 1
 
 

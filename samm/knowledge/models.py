@@ -167,3 +167,18 @@ TABLES = tuple(Base.metadata.tables)
 __all__ = ["DEFAULT_LOOP", "DEFAULT_PROBLEM", "Base", "Snapshot", "Observation", "Decision", "Action", "GroupState", "PolicyVersion",
            "NAMING_CONVENTION", "SNAPSHOT_STATUSES", "DECISION_SOURCES", "ACTION_STATUSES",
            "OPEN_ACTION_STATUSES", "FINAL_ACTION_STATUSES", "TABLES"]
+
+
+class Lease(Base):
+    """A leader lease: `holder` may act until `expires_at`; `token` (the fencing token) grows by
+    one whenever another holder takes the lease, so a write fenced with an older token is
+    refused even if its holder still believes it leads."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    token: Mapped[int] = mapped_column(Integer)
+    acquired_at: Mapped[float] = mapped_column(Double)
+    renewed_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)

@@ -45,7 +45,8 @@ from sqlalchemy.orm import Session
 from . import schema
 from .engine import KnowledgeError, is_memory_sqlite, make_engine, normalize_url
 from .models import (ACTION_STATUSES, DECISION_SOURCES, DEFAULT_LOOP, DEFAULT_PROBLEM, FINAL_ACTION_STATUSES, OPEN_ACTION_STATUSES,
-                     SNAPSHOT_STATUSES, Action, Base, Decision, GroupState, Observation, PolicyVersion, Snapshot)
+                     SNAPSHOT_STATUSES, Action, Base, Decision, GroupState, Lease, Observation, PolicyVersion,
+                     Snapshot)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -172,6 +173,28 @@ class GroupStateRecord:
 
 
 @dataclass(frozen=True)
+class LeaseRecord:
+    name: str
+    holder: str
+    token: int
+    acquired_at: float
+    renewed_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a leader's writes must still match: lease `name` held by `holder` with `token`."""
+    name: str
+    holder: str
+    token: int
+
+
+class LeaseLost(KnowledgeError):
+    """A fenced write found the lease expired or held by another daemon: nothing was written."""
+
+
+@dataclass(frozen=True)
 class PolicyVersionRecord:
     id: int
     agent: str
@@ -220,6 +243,9 @@ class KnowledgeStore:
         self._url = normalize_url(url)
         self.url = self._url.render_as_string(hide_password=True)
         self.clock = clock
+        # set by a leading daemon (samm/daemon/leadership.py): decisions and action claims are
+        # then written only while its lease holds, in the same transaction that checks it
+        self.fence: Fence | None = None
         self.engine = make_engine(self._url, busy_timeout_s=busy_timeout_s)
         # writers take SQLite's write lock at BEGIN (waiting up to the busy timeout): a
         # read-then-write transaction can then never fail on a lock upgrade
@@ -274,6 +300,18 @@ class KnowledgeStore:
     def _now(self, now: float | None) -> float:
         return float(self.clock() if now is None else now)
 
+    def _check_fence(self, session: Session, now: float) -> None:
+        """Refuse the write unless this daemon's lease still holds (FOR SHARE on PostgreSQL: a
+        takeover waits for this transaction, and this one for a takeover under way)."""
+        f = self.fence
+        if f is None:
+            return
+        row = session.scalar(select(Lease).where(Lease.name == f.name).with_for_update(read=True))
+        if row is None or row.holder != f.holder or row.token != f.token or row.expires_at < now:
+            now_held = "nobody" if row is None else f"{row.holder} (token {row.token}, expires {row.expires_at:.3f})"
+            raise LeaseLost(f"knowledge store {self.url}: lease {f.name!r} no longer ours ({f.holder}, token "
+                            f"{f.token}); held by {now_held} at {now:.3f}: not writing")
+
     def _upsert_group_state(self, session: Session, group: str, until: float, key: str | None, now: float,
                             loop: str = DEFAULT_LOOP) -> None:
         values = {"loop": loop, "group_name": group, "cooldown_until": until, "last_action_at": now,
@@ -326,6 +364,7 @@ class KnowledgeStore:
                        created_at=self._now(now))
         try:
             with self._write() as s:
+                self._check_fence(s, row.created_at)
                 s.add(row)
                 s.flush()
                 return row.id, True
@@ -364,6 +403,7 @@ class KnowledgeStore:
                      finished_at=t if status in FINAL_ACTION_STATUSES else None)
         try:
             with self._write() as s:
+                self._check_fence(s, t)
                 s.add(row)
                 s.flush()
                 return _record(ActionRecord, row), True
@@ -372,6 +412,7 @@ class KnowledgeStore:
         with self._write() as s:
             claimed = False
             if status == "in_flight":
+                self._check_fence(s, t)
                 res = s.execute(update(Action).where(Action.idempotency_key == idempotency_key,
                                                      Action.status == "planned").values(status="in_flight"))
                 claimed = res.rowcount == 1
@@ -444,6 +485,46 @@ class KnowledgeStore:
             self._upsert_group_state(s, group, float(until), action_key, self._now(now), loop)
 
     # --- policies -------------------------------------------------------------------------------
+    # --- leadership -------------------------------------------------------------------------
+    @_guarded
+    def acquire_lease(self, name: str, holder: str, ttl_s: float, *, now: float | None = None,
+                      take_over: bool = False) -> LeaseRecord | None:
+        """Take or renew lease `name` for `holder` until now + ttl_s. Renewing keeps the token; a
+        new holder (the lease expired, or `take_over`) increments it. None: someone else holds it."""
+        t = self._now(now)
+        try:
+            with self._write() as s:
+                row = s.scalar(select(Lease).where(Lease.name == name).with_for_update())
+                if row is None:
+                    row = Lease(name=name, holder=holder, token=1, acquired_at=t, renewed_at=t, expires_at=t + ttl_s)
+                    s.add(row)
+                elif row.holder == holder:
+                    row.renewed_at, row.expires_at = t, t + ttl_s
+                elif row.expires_at < t or take_over:
+                    row.holder, row.token = holder, row.token + 1
+                    row.acquired_at, row.renewed_at, row.expires_at = t, t, t + ttl_s
+                else:
+                    return None
+                s.flush()
+                return _record(LeaseRecord, row)
+        except IntegrityError:  # another daemon created the row first
+            return None
+
+    @_guarded
+    def release_lease(self, name: str, holder: str, *, now: float | None = None) -> bool:
+        """Let lease `name` go at once (a clean stop), if `holder` still has it."""
+        t = self._now(now)
+        with self._write() as s:
+            res = s.execute(update(Lease).where(Lease.name == name, Lease.holder == holder)
+                            .values(expires_at=t - 1e-3, renewed_at=t))
+            return res.rowcount == 1
+
+    @_guarded
+    def lease(self, name: str) -> LeaseRecord | None:
+        with self._read() as s:
+            row = s.scalar(select(Lease).where(Lease.name == name))
+            return None if row is None else _record(LeaseRecord, row)
+
     @_guarded
     def register_policy_version(self, agent: str, version: str, *, path: str | None = None,
                                 sha256: str | None = None, source: str | None = None, activate: bool = True,

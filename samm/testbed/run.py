@@ -61,6 +61,9 @@ class TestbedOptions:
     daemon_process: bool = False  # run `samm run` as its own process (so it can be killed -9)
     workload_obj: object | None = None  # a Workload instead of a name (tests)
     aws_fault_proxy: bool = False  # the daemon reaches moto through `AwsFaultProxy` (tb.aws_proxy)
+    knowledge_url: str | None = None  # default: an SQLite file in out_dir
+    daemons: int = 1  # daemon processes started (more than one: a leader and standbys, needs ha)
+    ha: bool = False  # the daemons' `ha.enabled` (a PostgreSQL knowledge_url)
 
 
 @dataclass
@@ -89,6 +92,7 @@ def daemon_config(opts: TestbedOptions, graphite, moto_url: str, knowledge_url: 
         "timing": {"interval_s": interval, "warmup_s": opts.warmup_s / opts.compression,
                    "cooldown_s": opts.cooldown_s / opts.compression, "misfire_grace_s": interval},
         "knowledge": {"url": knowledge_url},
+        "ha": {"enabled": opts.ha},
     })
 
 
@@ -150,7 +154,9 @@ class Testbed:
         self.queue = JobQueue(self.out / "queue.db")
         self._stack.append(self.queue.close)
         self.sender = GraphiteSender(self.graphite.carbon_host, self.graphite.carbon_port)
-        self.knowledge_url = f"sqlite:///{self.out / 'knowledge.db'}"
+        self.knowledge_url = o.knowledge_url or f"sqlite:///{self.out / 'knowledge.db'}"
+        if o.daemons > 1 and not (o.ha and o.daemon_process):
+            raise ValueError("testbed: several daemons need daemon_process=True and ha=True")
         self.config = daemon_config(o, self.graphite, daemon_aws_url, self.knowledge_url)
         self.interval_wall = self.config.timing.interval_s
 
@@ -195,7 +201,8 @@ class Testbed:
             import yaml
 
             (self.out / "samm.yaml").write_text(yaml.safe_dump(self.config.model_dump(mode="json")))
-            self.start_daemon_process()
+            for _ in range(o.daemons):
+                self.start_daemon_process()
         else:
             self._daemon_thread = threading.Thread(target=self.runner.run, kwargs={"install_signals": False},
                                                    name="samm-daemon", daemon=True)
@@ -204,6 +211,7 @@ class Testbed:
         return self
 
     def start_daemon_process(self) -> subprocess.Popen:
+        """Start one more `samm run` (the latest is `daemon_proc`; all are in `daemon_procs`)."""
         log_file = open(self.out / "daemon.log", "ab")
         try:
             self.daemon_proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "run", "--config",
@@ -211,16 +219,20 @@ class Testbed:
                                                 stdout=subprocess.DEVNULL, stderr=log_file, env=dict(os.environ))
         finally:
             log_file.close()
+        self.daemon_procs = [*getattr(self, "daemon_procs", []), self.daemon_proc]
+        self.daemon_proc_started = time.time()
         return self.daemon_proc
 
     def _stop_daemon(self) -> None:
         if self.opts.daemon_process:
-            if self.daemon_proc.poll() is None:
-                self.daemon_proc.terminate()
+            live = [p for p in self.daemon_procs if p.poll() is None]
+            for p in live:
+                p.terminate()
+            for p in live:
                 try:
-                    self.daemon_proc.wait(30)
+                    p.wait(30)
                 except subprocess.TimeoutExpired:
-                    self.daemon_proc.kill()
+                    p.kill()
             return
         self.runner.stop_event.set()
         self._daemon_thread.join(30)

@@ -42,6 +42,7 @@ from agents.microservice_cores.autoscale import AutoScale
 from agents.microservice_cores.control import AppLimits, clip_cores
 from agents.microservice_cores.episode import StaticController
 from agents.microservice_cores.observation import PERCENTILES, StepMeasurement
+from samm.knowledge.store import LeaseLost
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,8 @@ class ControlLoop:
             try:
                 _, claimed = self.store.begin_action(self._decision_id, key, executor="docker", group=s,
                                                      request={"cores": cores, "reapply": reapply}, loop=self.loop_name)
+            except LeaseLost:
+                raise  # another daemon leads: this one must not act
             except Exception as exc:  # noqa: BLE001 - the record is not worth stopping the loop
                 log.warning("step %d: recording action %s failed: %s", k, key, exc)
         if not claimed:
@@ -303,6 +306,8 @@ class ControlLoop:
                 key, agent=self.agent_name, loop=self.loop_name, problem=PROBLEM, source=source, action=action,
                 action_name=name, reason=reason, observation=obs, now=m.t)
             rec.decision_created = created
+        except LeaseLost:
+            raise
         except Exception as exc:  # noqa: BLE001 - the loop goes on without its record
             log.warning("step %s: recording the decision failed: %s", key, exc)
             rec.errors.append(f"knowledge store: {exc}"[:300])

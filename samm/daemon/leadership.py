@@ -1,0 +1,109 @@
+"""Which daemon may act: a leader lease in the knowledge store, with a fencing token.
+
+Every `samm run` takes the lease `daemon` before it recovers or decides anything, and renews it
+every ttl/3. Two modes:
+
+* **single** (the default, and the only one on SQLite): a second daemon against the same store
+  finds the lease held and exits with a message naming the holder. A holder on this host whose
+  process is gone (a crash, `kill -9`) is taken over at once, so a restart never waits.
+* **ha** (`ha.enabled`, PostgreSQL): a daemon that finds the lease held waits as a standby and
+  polls every ttl/3; when the leader stops renewing (killed, host lost) the lease expires after
+  ttl and a standby takes it, with the token one higher. With ttl = 0.75 × the shortest loop
+  interval (the default), the standby leads within one interval of the last renewal and decides
+  the next window: within two intervals of the leader's death.
+
+Fencing: while leading, the store carries the `Fence` (lease, holder, token). Recording a
+decision and claiming an action check it in the same transaction, so a deposed leader that
+still believes it leads (a long pause, a partition) writes nothing and acts on nothing; the
+new leader honours the cool-downs, decisions and idempotency keys already written, and
+`recover()` resolves actions the old leader left in flight. A leader that fails to renew for
+a whole ttl steps down: the process exits with `LOST_LEADERSHIP` (systemd restarts it as a
+standby).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+from samm.knowledge.store import Fence, KnowledgeStore, LeaseRecord
+
+log = logging.getLogger(__name__)
+
+LEASE_NAME = "daemon"
+#: exit status of a daemon that another daemon holds the lease against (single mode)
+ANOTHER_LEADER = 2
+#: exit status of a leader that lost its lease
+LOST_LEADERSHIP = 3
+
+
+def default_holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _dead_local_holder(holder: str) -> bool:
+    """True when `holder` names a process of this host that no longer runs."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@dataclass
+class Leadership:
+    store: KnowledgeStore
+    ttl_s: float
+    ha: bool = False
+    holder: str = ""
+    name: str = LEASE_NAME
+
+    def __post_init__(self) -> None:
+        self.holder = self.holder or default_holder()
+        self.current: LeaseRecord | None = None
+
+    @property
+    def leading(self) -> bool:
+        return self.current is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lease if it is free (or ours, or a dead local process's in single mode)."""
+        rec = self.store.acquire_lease(self.name, self.holder, self.ttl_s)
+        if rec is None and not self.ha:
+            other = self.store.lease(self.name)
+            if other is not None and _dead_local_holder(other.holder):
+                log.warning("lease %r: holder %s is a process of this host that no longer runs; taking over",
+                            self.name, other.holder)
+                rec = self.store.acquire_lease(self.name, self.holder, self.ttl_s, take_over=True)
+        self._set(rec)
+        return rec is not None
+
+    def renew(self) -> bool:
+        """Extend the lease; False (and no longer leading) once another holder has it."""
+        rec = self.store.acquire_lease(self.name, self.holder, self.ttl_s)
+        if rec is not None and self.current is not None and rec.token != self.current.token:
+            rec = None  # our lease lapsed and we took a new one: another leader may have acted between
+        self._set(rec)
+        return rec is not None
+
+    def release(self) -> None:
+        if self.current is not None:
+            try:
+                self.store.release_lease(self.name, self.holder)
+            except Exception as exc:  # noqa: BLE001 - the lease expires anyway
+                log.warning("releasing lease %r failed: %s", self.name, exc)
+        self._set(None)
+
+    def holder_now(self) -> str:
+        rec = self.store.lease(self.name)
+        return "nobody" if rec is None else f"{rec.holder} (token {rec.token})"
+
+    def _set(self, rec: LeaseRecord | None) -> None:
+        self.current = rec
+        self.store.fence = None if rec is None else Fence(rec.name, rec.holder, rec.token)
