@@ -193,7 +193,15 @@ class SammConfig(Strict):
             return v
         if not isinstance(v, list):
             raise ValueError("loops must be a list of loop mappings")
-        return [loop_model(entry) for entry in v]
+        out = []
+        for i, entry in enumerate(v):
+            try:
+                out.append(loop_model(entry))
+            except ValidationError as exc:  # keep the entry's index, so the error names its line
+                raise ValidationError.from_exception_data(exc.title, [
+                    {"type": e["type"], "loc": (i, *e["loc"]), "input": e["input"], **({"ctx": e["ctx"]} if "ctx" in e else {})}
+                    for e in exc.errors()]) from None
+        return out
 
     @model_validator(mode="after")
     def _loops(self) -> "SammConfig":

@@ -152,6 +152,20 @@ def test_samm_run_rejects_a_bad_config_with_its_line(tmp_path):
     assert "bad.yaml:5" in r.stderr and "colour" in r.stderr
 
 
+def test_a_bad_loop_entry_names_its_index_and_line(tmp_path):
+    from samm.config import ConfigError, load_config
+
+    group = "{name: S, cores: 2, ram_gb: 8, price_per_hour: 0.2, min: 1, max: 10}"
+    bad = tmp_path / "loops.yaml"
+    bad.write_text(f"loops:\n  - name: a\n    groups: [{group}]\n    executor: {{kind: sim}}\n"
+                   f"  - name: b\n    groups: [{group}]\n    executor: {{kind: sim, colour: red}}\n"
+                   f"    timing: {{interval_s: -1}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(bad)
+    assert "loops.yaml:7: unknown key 'loops.1.executor.colour'" in str(err.value)
+    assert "loops.yaml:8: loops.1.timing.interval_s" in str(err.value)
+
+
 def test_policy_for_other_vm_types_is_refused(tmp_path):
     from samm.daemon.build import ConfigurationProblem
 
