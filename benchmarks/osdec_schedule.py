@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import sys
 import time
 
 import numpy as np
@@ -66,26 +65,11 @@ def main() -> None:
 
         for i in range(50):
             call(i)
-        # an idle process sleeping 1 ms at a time beside the run: the pauses it sees are the machine's
-        import subprocess
+        from service_latency import open_loop  # with the machine's own pauses beside it
 
-        from service_latency import PAUSE_PROBE
-
-        probe = subprocess.Popen([sys.executable, "-c", PAUSE_PROBE, str(args.seconds)], stdout=subprocess.PIPE,
-                                 text=True)
         n = int(args.rate * args.seconds)
-        lat, errors = [], 0
-        start = time.perf_counter()
-        for i in range(n):
-            due = start + i / args.rate
-            now = time.perf_counter()
-            if due > now:
-                time.sleep(due - now)
-            errors += call(i) != 200
-            lat.append(time.perf_counter() - due)
-        achieved = n / (time.perf_counter() - start)
+        lat, errors, achieved, pauses = open_loop(call, n, args.rate, args.seconds)
         conn.close()
-        pauses = json.loads(probe.communicate(timeout=30)[0])
     finally:
         proc.terminate()
         proc.wait(timeout=10)

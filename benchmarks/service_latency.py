@@ -47,6 +47,26 @@ print(json.dumps({"pauses_over_10ms": len(gaps), "max_pause_ms": max(gaps, defau
 """
 
 
+def open_loop(call, n: int, rate: float, seconds: float) -> tuple[list[float], int, float, dict]:
+    """`call(i)` (→ HTTP status) at `rate` per second, open loop: each latency counts from its
+    scheduled send time, so a slow reply delays the next ones' figures, as a real caller sees it.
+    An idle process that sleeps 1 ms at a time runs alongside: the pauses it sees are the
+    machine's (scheduler, host steal), not the service's; they tell a noisy run apart.
+    Returns (latencies in s, non-200 answers, achieved rate, pauses)."""
+    probe = subprocess.Popen([sys.executable, "-c", PAUSE_PROBE, str(seconds)], stdout=subprocess.PIPE, text=True)
+    lat, errors = [], 0
+    start = time.perf_counter()
+    for i in range(n):
+        due = start + i / rate
+        now = time.perf_counter()
+        if due > now:
+            time.sleep(due - now)
+        errors += call(i) != 200
+        lat.append(time.perf_counter() - due)
+    achieved = n / (time.perf_counter() - start)
+    return lat, errors, achieved, json.loads(probe.communicate(timeout=30)[0])
+
+
 def sampled_bodies(info: dict, count: int, seed: int = 0) -> list[dict]:
     """Decide requests drawn from an agent's observation space (GET /v1/agents/{name})."""
     from agents.spaces import space_from_json
@@ -112,28 +132,15 @@ def main() -> None:
         else:
             obs = sampled_bodies(httpx.get(f"{url}/v1/agents/{name}", timeout=5).json(), min(n, 500))
             obs = [obs[i % len(obs)] for i in range(n)]
-        for i in range(200):  # warm-up
+        for i in range(min(200, n)):  # warm-up
             decide("warm", obs[i])
         rest = {}
         for count in [int(c) for c in args.sessions.split(",")]:
             tag = f"n{count}-"
             for j in range(count):  # every session live before the clock starts
                 decide(f"{tag}{j}", obs[j % n])
-            # An idle process that sleeps 1 ms at a time, alongside: the pauses it sees are the
-            # machine's (scheduler, host steal), not the service's; they tell a noisy run apart.
-            probe = subprocess.Popen([sys.executable, "-c", PAUSE_PROBE, str(args.seconds)], stdout=subprocess.PIPE,
-                                     text=True)
-            lat, errors = [], 0
-            start = time.perf_counter()
-            for i in range(n):
-                due = start + i / args.rate
-                now = time.perf_counter()
-                if due > now:
-                    time.sleep(due - now)
-                errors += decide(f"{tag}{i % count}", obs[i]) != 200
-                lat.append(time.perf_counter() - due)
-            achieved = n / (time.perf_counter() - start)
-            pauses = json.loads(probe.communicate(timeout=30)[0])
+            lat, errors, achieved, pauses = open_loop(lambda i: decide(f"{tag}{i % count}", obs[i]), n, args.rate,
+                                                      args.seconds)
             rest[count] = {"requests": n, "rate_target": args.rate, "rate_achieved": round(achieved, 1),
                            "errors": errors, "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
                            "max_ms": round(max(lat) * 1000, 3),
