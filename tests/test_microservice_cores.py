@@ -360,6 +360,27 @@ def test_training_runs_every_phase_reproducibly_and_saves_its_log(tmp_path):
     assert loaded.training["seed"] == 3
 
 
+def test_samm_train_hands_its_own_flags_to_the_problems_trainer(tmp_path):
+    """`--envs` and `--init-policy` are also `samm train` options (autoscaling's): they must reach
+    the microservice trainer, not be swallowed (the transfer run once trained from scratch)."""
+    from click.testing import CliRunner
+
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.train import train
+    from samm.cli.main import cli
+
+    train("chain3", _tiny_cfg(), seed=3, out=tmp_path / "a", progress=False)
+    r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3", "--steps", "600",
+                                 "--envs", "2", "--init-policy", str(tmp_path / "a" / "policy"),
+                                 "--out", str(tmp_path / "b"), "--quiet"])
+    assert r.exit_code == 0, r.output
+    b = ReclaimerPolicy.load(tmp_path / "b" / "policy")
+    assert b.cfg.n_envs == 2 and b.training["init_policy"] == str(tmp_path / "a" / "policy")
+    r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3",
+                                 "--device", "cuda", "--out", str(tmp_path / "c")])
+    assert r.exit_code != 0 and "--device" in r.output
+
+
 @pytest.mark.slow
 def test_sac_learns_the_smallest_safe_limit_of_one_service():
     """The one-service toy: 2 cores of load, QoS 50 ms; statically, 2.4 cores is the least that

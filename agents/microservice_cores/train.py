@@ -45,17 +45,27 @@ SIM_TRAINING = dict(hidden=64, actor_layers=3, critic_pre_layers=1, critic_post_
                     replay=100_000)
 
 
+#: the fields that shape the networks: a run started from a saved policy takes them from it
+NETWORK_FIELDS = ("hidden", "actor_layers", "critic_pre_layers", "critic_post_layers", "k", "id_width",
+                  "classifier_hidden")
+
+
 def sim_config(**overrides) -> SacConfig:
     return replace(SacConfig(), **{**SIM_TRAINING, **overrides})
 
 
 def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out: str | Path | None = None,
-          progress: bool = True, init: "Sac | None" = None, threads: int = 1):
+          progress: bool = True, init: "Sac | None" = None, threads: int = 1, init_from: str | None = None):
     from .policy import ReclaimerPolicy
 
     # one thread: the networks are small, and under load two threads were 12× slower (measured)
     torch.set_num_threads(max(1, threads))
     cfg = cfg or sim_config()
+    if init is not None:
+        differ = [f for f in NETWORK_FIELDS if getattr(init.cfg, f) != getattr(cfg, f)]
+        if differ:
+            raise ValueError(f"the initial policy's networks differ from this run's in {differ}: start it with "
+                             "the initial policy's (`samm train --init-policy` does)")
     topo = app if isinstance(app, Topology) else load_topology(app)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -82,7 +92,9 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     seen = 0
     episode = 0
     t0 = time.perf_counter()
-    fitted = init is not None
+    # a transferred policy keeps its weights, not its input statistics: those are refitted to
+    # this application's data after the AutoScale fill, as a fresh run's are
+    fitted = False
     last_fit = 0
     stats = None
     while seen < cfg.total_steps:
@@ -159,7 +171,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     if writer:
         writer.close()
     policy = ReclaimerPolicy(agent, topo, cfg, training={"seed": seed, "steps": seen, "episodes": episode,
-                                                          "seconds": round(time.perf_counter() - t0, 1)})
+                                                          "seconds": round(time.perf_counter() - t0, 1),
+                                                          "init_policy": init_from})
     if out_dir:
         _write_log(out_dir, rows_csv)
         policy.save(out_dir / "policy")
@@ -264,8 +277,9 @@ def main(argv=None) -> int:
     if args.init_policy:
         from .policy import ReclaimerPolicy
         init = ReclaimerPolicy.load(args.init_policy)
+        cfg = replace(cfg, **{f: getattr(init.cfg, f) for f in NETWORK_FIELDS})
     policy = train(args.app, cfg, seed=args.seed, out=args.out, progress=not args.quiet,
-                   init=init.agent if init else None, threads=args.threads)
+                   init=init.agent if init else None, threads=args.threads, init_from=args.init_policy)
     last = policy.log[-1]
     print(f"{last['episode'] + 1} episodes, {last['steps']:,} transitions, {last['seconds']} s; last episode: "
           f"mean cores {last['mean_cores']:.2f}, QoS violations {last['violation_rate']:.3%}")

@@ -377,6 +377,27 @@ def _params(text: str | None) -> dict | None:
     return value
 
 
+def _given_options(ctx: click.Context, skip: set[str]) -> list[str]:
+    """The options typed on the command line, as flags for a problem's own trainer: `samm train`
+    declares some (e.g. --init-policy, --envs) for autoscaling, and click would otherwise keep them
+    from the trainer that reads the same flag; one the trainer does not know is its clear error."""
+    from click.core import ParameterSource
+
+    out: list[str] = []
+    for p in ctx.command.params:
+        if p.name in skip or not isinstance(p, click.Option) or \
+                ctx.get_parameter_source(p.name) != ParameterSource.COMMANDLINE:
+            continue
+        flag = max(p.opts, key=len)
+        value = ctx.params[p.name]
+        if p.is_flag:
+            out += [flag] if value else []
+        else:
+            for v in (value if p.multiple else [value]):
+                out += [flag, str(v)]
+    return out
+
+
 @cli.command("train", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True,
               help="Other problems take their own options after these, passed to their trainer, e.g. "
@@ -442,7 +463,8 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
 
         argv = ["--out", out, "--seed", str(seed)] + (["--episodes", str(episodes)] if episodes else [])
         argv += ["--quiet"] if quiet else []
-        sys.exit(entry(spec, "train")(argv + list(ctx.args)))
+        sys.exit(entry(spec, "train")(argv + _given_options(ctx, skip={"problem", "agent_kind", "out", "seed",
+                                                                          "episodes", "quiet"}) + list(ctx.args)))
     if ctx.args:
         _fail(f"unknown options for problem autoscaling: {' '.join(ctx.args)}")
     from agents.ppo.config import PPOConfig
