@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import json
 import logging
 import math
 import time
@@ -16,7 +17,7 @@ import time
 import numpy as np
 from fastapi import FastAPI, Header, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -201,7 +202,7 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
 
     @app.post("/v1/agents/{agent}/decide", response_model=DecideResponse, responses=errors,
               summary="Decide (autoscaling agents: named features)")
-    async def decide(req: DecideRequest, agent: str = Path(pattern=AGENT_PATTERN)) -> DecideResponse:
+    async def decide(req: DecideRequest, agent: str = Path(pattern=AGENT_PATTERN)) -> Response:
         # async on purpose: a decision is ~1 ms of CPU; a threadpool hop would cost as much
         a = agent_or_404(agent)
         if not _is_autoscaler(a):
@@ -233,8 +234,12 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
         decisions.labels(agent, name).inc()
         probs = None if d.probabilities is None else np.asarray(d.probabilities)[0].round(6).tolist()
         value = None if d.values is None else float(np.asarray(d.values)[0])
-        return DecideResponse(action=action, action_name=name, probabilities=probs, value=value,
-                              policy_version=a.version, session_id=req.session_id)
+        value = value if value is None or math.isfinite(value) else None  # JSON has no NaN
+        # the response model is the contract (and the OpenAPI schema); writing the JSON directly
+        # skips FastAPI's validate-and-encode pass, a third of the route's time (measured)
+        return Response(content=json.dumps({"action": action, "action_name": name, "probabilities": probs,
+                                            "value": value, "policy_version": a.version,
+                                            "session_id": req.session_id}), media_type="application/json")
 
     @app.post("/v1/agents/{agent}/sessions/{session_id}/reset", response_model=dict, responses=errors)
     def reset_session(agent: str = Path(pattern=AGENT_PATTERN), session_id: str = Path(pattern=SESSION_PATTERN)) -> dict:
