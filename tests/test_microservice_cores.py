@@ -379,6 +379,10 @@ def test_samm_train_hands_its_own_flags_to_the_problems_trainer(tmp_path):
     r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3",
                                  "--device", "cuda", "--out", str(tmp_path / "c")])
     assert r.exit_code != 0 and "--device" in r.output
+    # a policy whose one-hot ids are narrower than the target app's service count cannot transfer
+    r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "testbed", "--steps", "600",
+                                 "--init-policy", str(tmp_path / "a" / "policy"), "--out", str(tmp_path / "d")])
+    assert r.exit_code == 2 and "--id-width 7" in r.output
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ order-independent ops only).
 from __future__ import annotations
 
 import csv
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -72,6 +73,10 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     E, M = cfg.n_envs, topo.n_services
     stack = FrameStack(E, M, k=cfg.k, id_width=cfg.id_width)
     width, n_scaled = stack.width, cfg.k * ROW
+    if init is not None and init.actor.body[0].in_features != width:
+        raise ValueError(f"the initial policy reads rows of {init.actor.body[0].in_features} numbers, {topo.name} "
+                         f"gives {width}: its one-hot service ids are {init.cfg.id_width or 'as wide as its app'}; "
+                         f"train the source policy with --id-width {M} or more to transfer it here")
     agent = init if init is not None else Sac(width, n_scaled, M, cfg)
     buf = ReplayBuffer(cfg.replay, M, width, E, seed)
     sim = MicroserviceSim(topo, n_envs=E, seed=seed)
@@ -256,6 +261,9 @@ def main(argv=None) -> int:
     p.add_argument("--updates-per-step", type=int, default=None,
                    help=f"updates per batch step (default {SIM_TRAINING['updates_per_step']})")
     p.add_argument("--paper-network", action="store_true", help="Table 2's 7×256 networks and lr 3e-5 (slow here)")
+    p.add_argument("--id-width", type=int, default=None,
+                   help="width of the one-hot service id (default: the app's service count); a policy to be "
+                        "transferred to a larger app needs at least that app's count (Social: 28)")
     p.add_argument("--init-policy", default=None, help="start from this saved policy (the transfer experiment)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
@@ -269,17 +277,23 @@ def main(argv=None) -> int:
         overrides["n_envs"] = args.envs
     if args.updates_per_step:
         overrides["updates_per_step"] = args.updates_per_step
+    if args.id_width:
+        overrides["id_width"] = args.id_width
     cfg = sim_config(**overrides)
     total = args.steps or (args.episodes * EPISODE_S * cfg.n_envs if args.episodes else None)
     if total:
         cfg = scaled_schedule(cfg, total)
     init = None
-    if args.init_policy:
-        from .policy import ReclaimerPolicy
-        init = ReclaimerPolicy.load(args.init_policy)
-        cfg = replace(cfg, **{f: getattr(init.cfg, f) for f in NETWORK_FIELDS})
-    policy = train(args.app, cfg, seed=args.seed, out=args.out, progress=not args.quiet,
-                   init=init.agent if init else None, threads=args.threads, init_from=args.init_policy)
+    try:
+        if args.init_policy:
+            from .policy import ReclaimerPolicy
+            init = ReclaimerPolicy.load(args.init_policy)
+            cfg = replace(cfg, **{f: getattr(init.cfg, f) for f in NETWORK_FIELDS})
+        policy = train(args.app, cfg, seed=args.seed, out=args.out, progress=not args.quiet,
+                       init=init.agent if init else None, threads=args.threads, init_from=args.init_policy)
+    except ValueError as e:  # a bad app, policy or option: say which, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     last = policy.log[-1]
     print(f"{last['episode'] + 1} episodes, {last['steps']:,} transitions, {last['seconds']} s; last episode: "
           f"mean cores {last['mean_cores']:.2f}, QoS violations {last['violation_rate']:.3%}")
