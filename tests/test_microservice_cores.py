@@ -206,6 +206,28 @@ def test_standardiser_floors_a_column_that_never_moved():
     assert float(out[0, 3]) == 1.0              # the id column is left alone
 
 
+def test_restandardising_keeps_what_the_networks_compute():
+    from agents.microservice_cores.sac import Sac
+    from agents.microservice_cores.train import sim_config
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    sac = Sac(12, 8, 3, sim_config(hidden=16))
+    first = rng.normal(2.0, 1.0, (200, 3, 12)).astype(np.float32)
+    sac.norm.fit(first)
+    obs = rng.normal(2.5, 1.0, (5, 3, 12)).astype(np.float32)
+    act = torch.rand(5, 3)
+    before = (sac.act(obs, deterministic=True), sac.q1(sac.norm(torch.as_tensor(obs)), act).detach(),
+              sac.classifier.logit(sac.norm(torch.as_tensor(obs)), act).detach())
+    sac.refit_norm(rng.normal(3.0, 2.0, (200, 3, 12)).astype(np.float32))   # the data moved
+    assert float(sac.norm.mean[0]) == pytest.approx(3.0, abs=0.3)
+    after = (sac.act(obs, deterministic=True), sac.q1(sac.norm(torch.as_tensor(obs)), act).detach(),
+             sac.classifier.logit(sac.norm(torch.as_tensor(obs)), act).detach())
+    np.testing.assert_allclose(after[0], before[0], atol=1e-5)
+    np.testing.assert_allclose(after[1].numpy(), before[1].numpy(), atol=1e-4)
+    np.testing.assert_allclose(after[2].numpy(), before[2].numpy(), atol=1e-4)
+
+
 def test_replay_labels_look_five_seconds_ahead_within_an_episode():
     E = 2
     buf = ReplayBuffer(100, 1, 3, E, seed=0)

@@ -145,7 +145,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                     agent.norm.fit(_fit_sample(buf))
                     fitted, last_fit = True, seen
                 elif seen - last_fit >= cfg.restandardise_every:
-                    agent.norm.fit(_fit_sample(buf))
+                    agent.refit_norm(_fit_sample(buf))
                     last_fit = seen
                 for _ in range(cfg.updates_per_step):
                     stats = agent.update(*buf.sample(cfg.batch))
