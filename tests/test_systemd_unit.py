@@ -84,6 +84,8 @@ def test_unit_contract():
     assert s["ExecStart"] == [f"{PROD_BINARY} run --config /etc/samm/samm.yaml"]
     assert int(s["WatchdogSec"][0]) > 60  # must outlast the default 60 s control-loop interval
     assert s["Restart"] == ["on-failure"] and s["DynamicUser"] == ["yes"]
+    from samm.daemon.leadership import ANOTHER_LEADER
+    assert s["RestartPreventExitStatus"] == [str(ANOTHER_LEADER)]  # a second daemon on one store: no retry loop
     assert s["StateDirectory"] == ["samm"] and s["WorkingDirectory"] == ["/var/lib/samm"]
     assert s["EnvironmentFile"] == ["-/etc/samm/samm.env"] and s["UMask"] == ["0077"]
     assert "MemoryDenyWriteExecute" not in s  # would kill torch-backed policies (see the unit)
