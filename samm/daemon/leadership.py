@@ -19,6 +19,10 @@ new leader honours the cool-downs, decisions and idempotency keys already writte
 `recover()` resolves actions the old leader left in flight. A leader that fails to renew for
 a whole ttl steps down: the process exits with `LOST_LEADERSHIP` (systemd restarts it as a
 standby).
+
+Lease times are the daemons' own clocks (epoch seconds, like every time in the store), so the
+hosts must be NTP-synchronised: a skew of d seconds lets a standby take over d seconds early or
+late. Fencing keeps an early takeover safe; it only costs the old leader its last window.
 """
 from __future__ import annotations
 
