@@ -231,15 +231,15 @@ def test_testbed_ha_failover(tmp_path, pg_url):
     import os
     import signal
 
-    kills = []
+    kills, stores = [], {}
 
     def lease(tb):
-        store = KnowledgeStore(tb.knowledge_url)
-        try:
-            return store.lease("daemon"), ({(d.id, d.iteration_key) for d in store.decisions()},
-                                           {(a.id, a.idempotency_key) for a in store.actions()})
-        finally:
-            store.close()
+        # one store for the whole run: the fault thread polls it every 0.2 s
+        if "s" not in stores:
+            stores["s"] = KnowledgeStore(tb.knowledge_url)
+        store = stores["s"]
+        return store.lease("daemon"), ({(d.id, d.iteration_key) for d in store.decisions()},
+                                       {(a.id, a.idempotency_key) for a in store.actions()})
 
     def faults(tb):
         interval = tb.interval_wall
@@ -266,6 +266,7 @@ def test_testbed_ha_failover(tmp_path, pg_url):
 
     def after(tb):
         kills.append({"final": lease(tb), "exits": [p.returncode for p in tb.daemon_procs]})
+        stores.pop("s").close()
 
     opts = options(tmp_path, daemon_process=True, daemons=2, ha=True, knowledge_url=pg_url, timeout_s=400,
                    workload_obj=small_workload(batches=12, per_batch=10))

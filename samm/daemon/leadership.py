@@ -102,6 +102,10 @@ class Leadership:
                 self.store.release_lease(self.name, self.holder)
             except Exception as exc:  # noqa: BLE001 - the lease expires anyway
                 log.warning("releasing lease %r failed: %s", self.name, exc)
+        self.forget()
+
+    def forget(self) -> None:
+        """Stop leading without touching the store (another daemon holds the lease now)."""
         self._set(None)
 
     def holder_now(self) -> str:

@@ -24,7 +24,6 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from samm.config import SammConfig
-
 from samm.knowledge.store import LeaseLost
 
 from . import sdnotify
@@ -93,8 +92,7 @@ class DaemonRunner:
     def _step_down(self, why: str) -> None:
         log.error("lost the leader lease, stepping down: %s", why)
         self.lost_leadership = True
-        self.leadership.current = None
-        self.daemon.store.fence = None
+        self.leadership.forget()
         self.stop_event.set()
 
     def _keep_lease(self) -> None:

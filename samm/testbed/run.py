@@ -107,6 +107,7 @@ class Testbed:
         self.out.mkdir(parents=True, exist_ok=True)
         self.faults: list[str] = []
         self._stack: list[Callable[[], None]] = []
+        self.daemon_procs: list[subprocess.Popen] = []
 
     # --- set-up -------------------------------------------------------------------------------
     def start(self) -> "Testbed":
@@ -219,7 +220,7 @@ class Testbed:
                                                 stdout=subprocess.DEVNULL, stderr=log_file, env=dict(os.environ))
         finally:
             log_file.close()
-        self.daemon_procs = [*getattr(self, "daemon_procs", []), self.daemon_proc]
+        self.daemon_procs.append(self.daemon_proc)
         self.daemon_proc_started = time.time()
         return self.daemon_proc
 
