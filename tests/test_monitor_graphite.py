@@ -295,6 +295,60 @@ def test_first_seen_from_lookback_and_warmup(graphite, graphite_prefix):
     assert compute_metrics(snap, fleet, warmup_s=0)[1] == pytest.approx(0.7)
 
 
+
+def test_following_reads_skip_heartbeats_and_still_flag_silent_instances(graphite, graphite_prefix):
+    """After its first read a reader renders two series per instance per interval (no heartbeat
+    history), yet knows who fell silent and when a newcomer started, like a fresh reader."""
+    E = last_boundary()
+    sender = GraphiteSender(graphite.carbon_host, graphite.carbon_port)
+    n = publish_window(sender, graphite_prefix, E - 60, [("small", "stays", 40.0, 1.0, E - 400),
+                                                         ("small", "quits", 60.0, 1.0, E - 400)], QUEUE_BEFORE)
+    n += publish_window(sender, graphite_prefix, E, [("small", "stays", 40.0, 1.0, E - 60),
+                                                     ("small", "joins", 80.0, 1.0, E - 25)], QUEUE, QUEUE_BEFORE)
+    wait_for_points(graphite.render_url, [f"{graphite_prefix}.groups.*.instances.*.*", f"{graphite_prefix}.queue.*"],
+                    E - 181, E - 1, 9)
+    render = CountingRender(graphite.render_url)
+    follower = source(graphite, graphite_prefix, E, render=render)
+    follower.read(window_end=E - 60)
+    calls = render.calls
+    r = follower.read(window_end=E)
+    assert render.calls - calls == 2  # the window's CPU and RAM, the queue: no heartbeats, no look-back
+    fresh = source(graphite, graphite_prefix, E).read(window_end=E)
+    assert r.instances == fresh.instances
+    assert r.instances[("small", "quits")].cpu_percent is None
+    assert r.instances[("small", "quits")].last_seen == E - 70
+    assert r.instances[("small", "joins")].first_seen == E - 25
+    assert r.instances[("small", "stays")].first_seen == E - 400
+
+    inv = {"small": GroupStatus("small", 3, 0, 10, tuple(Instance("small", i, "running") for i in ("stays", "quits", "joins")))}
+    fleet = FleetSpec(("small",), np.array([2]), np.array([4.0]), np.array([10]), np.array([0]), np.array([0.1]))
+    a = assemble_snapshot(r, inv, fleet, ["small"])
+    assert a.status == "partial" and any("small/quits" in x for x in a.reasons)
+
+
+def test_look_back_over_thousands_of_names_goes_as_post(graphite, graphite_prefix):
+    """A fresh reader looks back for every instance by name: at fleet scale that query is far
+    longer than a URL may be (HTTP 414 at 5,000 instances), so it goes as a form POST."""
+    E = last_boundary()
+    sender = GraphiteSender(graphite.carbon_host, graphite.carbon_port, batch_size=5000)
+    names = [f"i-{k:017x}" for k in range(300)]
+    n = publish_window(sender, graphite_prefix, E, [("small", i, 30.0, 1.0, E - 300) for i in names],
+                       QUEUE, QUEUE_BEFORE, history_start=E - 180)
+    wait_for_points(graphite.render_url, [f"{graphite_prefix}.groups.*.instances.*.*", f"{graphite_prefix}.queue.*"],
+                    E - 181, E - 1, n, timeout_s=60)
+    render = CountingRender(graphite.render_url)
+    src = source(graphite, graphite_prefix, E, render=render, first_seen_lookback_s=600)
+    r = src.read()
+    assert r.status == "ok", r.reasons
+    assert render.calls == 3
+    assert {x.first_seen for x in r.instances.values()} == {E - 180}  # the earliest point Graphite holds
+    assert len(r.instances) == 300
+    # 5,000 names: some 100 KB of query, beyond any server's URL limit
+    many = names[:3] + [f"i-{k:017x}" for k in range(10_000, 14_997)]
+    got = RenderClient(graphite.render_url).render(
+        f"{graphite_prefix}.groups.small.instances.{{{','.join(many)}}}.up", E - 61, E - 1)
+    assert sorted(x.target.split(".")[-2] for x in got) == names[:3]
+
 # --- assembling (pure) -----------------------------------------------------------------------
 
 FLEET = FleetSpec(("S", "M"), np.array([2, 4]), np.array([4.0, 8.0]), np.array([5, 5]), np.array([0, 0]),

@@ -163,6 +163,7 @@ def _build_loop(cfg: SammConfig, lp: LoopConfig, store: KnowledgeStore, closers:
                                 interval_s=lp.timing.interval_s, lateness_s=g.lateness_s,
                                 now=clock or time.time, ram_gb={x.name: x.ram_gb for x in lp.groups})
         monitor = GraphiteMonitor(source, executor, fleet, [x.name for x in lp.groups])
+        closers.append(monitor.close)
     publisher = None
     if cfg.graphite.publish and lp.executor.kind != "sim":
         sender = GraphiteSender(cfg.graphite.carbon_host, cfg.graphite.carbon_port)

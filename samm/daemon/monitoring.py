@@ -5,6 +5,7 @@ that `samm.analyze` turns into observations.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -79,13 +80,21 @@ class GraphiteMonitor:
         self.executor = executor
         self.fleet = fleet
         self.group_order = tuple(group_order)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="samm-inventory")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
     def read(self) -> MonitorOutcome:
+        # the inventory (the cloud's API) and the Graphite read wait on different servers: ask
+        # both at once (at 5,000 instances this saves the inventory's ~0.5 s, docs/benchmarks.md)
+        pending = self._pool.submit(self.executor.inventory)
         reading = self.source.read()
         if reading.status == "stale":
+            pending.cancel()
             return MonitorOutcome(reading.window_start, reading.window_end, "stale", list(reading.reasons))
         try:
-            inventory = self.executor.inventory()
+            inventory = pending.result()
         except Exception as exc:  # noqa: BLE001 - without an inventory there is no snapshot
             return MonitorOutcome(reading.window_start, reading.window_end, "stale",
                                   list(reading.reasons) + [f"inventory unavailable: {type(exc).__name__}: {exc}"])

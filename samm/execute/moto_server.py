@@ -102,11 +102,13 @@ def create_paper_asgs(session: boto3.Session | None = None, endpoint_url: str | 
                       instance_types: Sequence[str] = PAPER_INSTANCE_TYPES,
                       min: int | Sequence[int] = (1, 0, 0), max: int | Sequence[int] = 10,
                       desired: int | Sequence[int] = 1, image_id: str | None = None,
-                      launch_template_name: str = "samm-worker") -> PaperAsgs:
+                      launch_template_name: str = "samm-worker", large_subnets: bool = False) -> PaperAsgs:
     """The paper's set-up: one launch template with a version per instance type, and one ASG per
     type in the default VPC's subnets (a VPC and a subnet are created where there is none).
     `min`/`max`/`desired` take one value for all groups or one per group (they shadow the
-    builtins here, hence `builtins.max` below)."""
+    builtins here, hence `builtins.max` below). `large_subnets` gives every group its own /18 subnet
+    in a new /16 VPC: moto fills an ASG's first subnet only, and a default subnet (/20) holds
+    about 4,000 instances."""
     names, instance_types = tuple(names), tuple(instance_types)
     if len(names) != len(instance_types):
         raise ValueError(f"need one instance type per ASG: names {names}, types {instance_types}")
@@ -122,7 +124,14 @@ def create_paper_asgs(session: boto3.Session | None = None, endpoint_url: str | 
     asg = session.client("autoscaling", endpoint_url=endpoint_url)
 
     subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
-    if subnets:
+    group_subnets: list[tuple[str, ...]] | None = None
+    if large_subnets:
+        vpc = ec2.create_vpc(CidrBlock="10.64.0.0/16")["Vpc"]["VpcId"]
+        zone = ec2.describe_availability_zones()["AvailabilityZones"][0]["ZoneName"]
+        group_subnets = [(ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.64.{64 * k}.0/18", AvailabilityZone=zone)
+                          ["Subnet"]["SubnetId"],) for k in range(n)]
+        subnet_ids = tuple(s for g in group_subnets for s in g)
+    elif subnets:
         subnet_ids = tuple(s["SubnetId"] for s in subnets)
     else:
         vpc = ec2.create_vpc(CidrBlock="10.42.0.0/16")["Vpc"]["VpcId"]
@@ -146,11 +155,11 @@ def create_paper_asgs(session: boto3.Session | None = None, endpoint_url: str | 
                                                LaunchTemplateData={"InstanceType": itype})
         versions.append(str(v["LaunchTemplateVersion"]["VersionNumber"]))
 
-    for name, version, lo, hi, d in zip(names, versions, mins, maxs, desireds):
+    for k, (name, version, lo, hi, d) in enumerate(zip(names, versions, mins, maxs, desireds)):
         asg.create_auto_scaling_group(
             AutoScalingGroupName=name, MinSize=lo, MaxSize=hi, DesiredCapacity=d,
             LaunchTemplate={"LaunchTemplateId": lt_id, "Version": version},
-            VPCZoneIdentifier=",".join(subnet_ids),
+            VPCZoneIdentifier=",".join(group_subnets[k] if group_subnets else subnet_ids),
             Tags=[{"Key": "samm:managed", "Value": "true", "PropagateAtLaunch": True}])
         log.info("created ASG %s (%s..%s, desired %s, template %s v%s)", name, lo, hi, d, lt_id, version)
     return PaperAsgs(names, instance_types, lt_id, subnet_ids)

@@ -153,22 +153,30 @@ class RenderClient:
     def __init__(self, render_url: str, timeout_s: float = 5.0, session: requests.Session | None = None):
         self.base = render_url.rstrip("/")
         self.timeout_s = float(timeout_s)
+        self.max_get_chars = 2000
         self.session = session or requests.Session()
 
     def render(self, targets: str | Sequence[str], from_: int | str, until: int | str) -> list[Series]:
         targets = [targets] if isinstance(targets, str) else list(targets)
         url = f"{self.base}/render"
         params = [("target", t) for t in targets] + [("from", str(from_)), ("until", str(until)), ("format", "json")]
+        # graphite-web reads the same parameters from a form body: long target lists (a look-back
+        # over thousands of named instances) go as POST, where no URL length limit applies
+        method = "POST" if sum(len(t) for t in targets) > self.max_get_chars else "GET"
         try:
-            r = self.session.get(url, params=params, timeout=self.timeout_s)
+            if method == "GET":
+                r = self.session.get(url, params=params, timeout=self.timeout_s)
+            else:
+                r = self.session.post(url, data=params, timeout=self.timeout_s)
         except requests.RequestException as exc:
-            raise GraphiteError(f"GET {url} failed: {exc}") from exc
+            raise GraphiteError(f"{method} {url} failed: {exc}") from exc
+        where = r.url if method == "GET" else f"{url} ({len(targets)} target(s), {sum(map(len, targets))} characters)"
         if r.status_code != 200:
-            raise GraphiteError(f"GET {r.url} answered HTTP {r.status_code}: {r.text[:300]}")
+            raise GraphiteError(f"{method} {where} answered HTTP {r.status_code}: {r.text[:300]}")
         try:
             data = r.json()
         except ValueError as exc:
-            raise GraphiteError(f"GET {r.url} returned invalid JSON: {exc}") from exc
+            raise GraphiteError(f"{method} {where} returned invalid JSON: {exc}") from exc
         out = []
         for s in data:
             pts = []

@@ -10,12 +10,21 @@ the interval before.
 
 Render calls (raw points, never `maxDataPoints`; aggregation in Python):
 
-1. ``P.groups.{G}.instances.*.{cpu_percent,ram_used_gb}`` over the window: per-instance means;
-2. ``P.groups.{G}.instances.*.up`` and ``P.queue.*`` over ``history_s`` before E: heartbeats
-   (for `last_seen` and a first guess of `first_seen`) and the queue counters, including the
-   last value before the window (the baseline of the `submitted_total` delta);
-3. only for instances that are new to this reader and may be older than the history: their
-   ``up`` over ``first_seen_lookback_s`` (`first_seen` then stays cached).
+1. ``P.groups.{G}.instances.*.{cpu_percent,ram_used_gb}`` over the window: per-instance means
+   and `last_seen`;
+2. ``P.queue.*`` over ``history_s`` before E: the queue counters, including the last value
+   before the window (the baseline of the `submitted_total` delta);
+   The first read of a fresh reader (or after a gap between reads) also takes
+   ``P.groups.{G}.instances.*.up`` over the history: who reported recently but is silent now;
+3. only for instances that are new to this reader: their ``up`` heartbeats over
+   ``first_seen_lookback_s``, named one by one (`first_seen` then stays cached). A long list of
+   names goes as one POST.
+
+Graphite's cost is per series (a whisper read and a carbon-cache query each, measured in
+docs/benchmarks.md), not per point, so the per-interval reads touch two series per instance;
+the heartbeats are read only when an instance is new (the warm-up reads the whole fleet's).
+SAMM's collectors send `up` with every CPU and RAM point, so the window's CPU and RAM
+timestamps are the heartbeats of the window.
 
 Status rules (each adds a line to `reasons`; the worst wins):
 
@@ -147,6 +156,7 @@ class GraphiteSource:
         self.ram_factor = float(ram_factor)
         self._first_seen: dict[tuple[str, str], float] = {}
         self._last_seen: dict[tuple[str, str], float] = {}
+        self._covered: tuple[float, float] | None = None  # (heard completely since, until)
 
     # --- public ----------------------------------------------------------------------------
     def window(self, window_end: float | None = None) -> tuple[float, float]:
@@ -192,7 +202,14 @@ class GraphiteSource:
         a, b = int(math.floor(start)), int(math.floor(end))
         window_series = self.render.render(self._instances_glob("{cpu_percent,ram_used_gb}"), a - 1, b - 1)
         hist_from = int(math.floor(end - self.history_s))
-        hist_series = self.render.render([self._instances_glob("up"), f"{self.prefix}.queue.*"], hist_from - 1, b - 1)
+        hist_targets = [f"{self.prefix}.queue.*"]
+        # what this reader has heard is complete from `covered_from` on while its reads follow one
+        # another; a fresh reader, or one after a gap, reads the history's heartbeats again
+        contiguous = self._covered is not None and self._covered[0] <= start <= self._covered[1]
+        covered_from = self._covered[0] if contiguous else float(hist_from)
+        if not contiguous:
+            hist_targets.append(self._instances_glob("up"))
+        hist_series = self.render.render(hist_targets, hist_from - 1, b - 1)
 
         values: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         seen_ts: dict[tuple[str, str], list[int]] = defaultdict(list)
@@ -226,31 +243,34 @@ class GraphiteSource:
                     pts.append((ts, v))
                 queue_pts[parts[1]] = sorted(pts)
 
-        instances = self._instances(values, seen_ts, start, end, issues)
+        instances = self._instances(values, seen_ts, covered_from, end, issues)
         queue = self._queue(queue_pts, start, end, issues)
         issues.finish()
         if not any(i.reported for i in instances.values()) and all(
                 not any(start <= ts < end for ts, _ in pts) for pts in queue_pts.values()):
             issues.add("stale", f"no data in the window [{a}, {b}) under {self.prefix!r}")
+        self._covered = (covered_from, max(end, self._covered[1]) if contiguous else end)
         return MonitorReading(start, end, instances, queue, issues.status, tuple(issues.reasons))
 
-    def _instances(self, values, seen_ts, start: float, end: float, issues: _Issues) -> dict:
+    def _instances(self, values, seen_ts, covered_from: float, end: float, issues: _Issues) -> dict:
         need_lookback = []
-        hist_start = end - self.history_s
         for key, ts in seen_ts.items():
             earliest = min(ts)
             self._last_seen[key] = max(max(ts), self._last_seen.get(key, -math.inf))
             if key in self._first_seen:
                 self._first_seen[key] = min(self._first_seen[key], earliest)
-            elif earliest < hist_start + self.interval_s:
-                need_lookback.append(key)  # heartbeats from the start of the history: may be older
+            elif earliest < covered_from + self.interval_s:
+                need_lookback.append(key)  # heard from the start of what we know: may be older
             else:
                 self._first_seen[key] = earliest
         if need_lookback:
             self._lookback(need_lookback, seen_ts, end, issues)
 
+        # instances heard within the history but silent in this window stay listed (no CPU/RAM),
+        # so that the snapshot can tell a silent collector from a VM still booting
+        heard = [k for k, t in self._last_seen.items() if t >= end - self.history_s and k not in seen_ts]
         out = {}
-        for key in seen_ts:
+        for key in list(seen_ts) + heard:
             group, inst = key
             v = values.get(key, {})
             cpu = v.get("cpu_percent")
