@@ -23,7 +23,8 @@ Stages are timed from outside by wrapping the collaborators' methods (no change 
 AWS calls are split with botocore's events into time on the wire (moto's server: HTTP,
 emulated back-end, XML) and time in botocore (serialising, parsing); Graphite renders into
 time in `requests.get` (graphite-web) and time parsing the JSON in SAMM's client. "SAMM" in
-the table is the wall time minus the time spent waiting on those two servers; its main-thread
+the table is the wall time minus the time spent waiting on those two servers on the critical
+path (the inventory's AWS calls run beside the Graphite read, so only what outlasts it counts); its main-thread
 CPU time (moto's server is a thread of this process, so it is excluded) is the figure least
 disturbed by other load on the machine.
 
