@@ -133,9 +133,12 @@ def train_lstm_ppo(sim: SimConfig, workload: Workload, ppo: PPOConfig, out_dir: 
                    sampler_factory: Callable[[SimConfig, int], object] | None = None, reward_scale: str = "none",
                    reward: str = "cost",
                    validation: Validation | None = None, init_policy: str | Path | None = None,
-                   training_info: dict | None = None) -> tuple[LstmPpoAgent, dict]:
+                   training_info: dict | None = None, ray_address: str | None = None,
+                   rollout_workers: int = 2) -> tuple[LstmPpoAgent, dict]:
     """Trains, saves `<out_dir>/policy` (the agent) and returns it with a summary. Training
-    episodes are truncated at `ppo.max_episode_steps` (bootstrapped, not terminal)."""
+    episodes are truncated at `ppo.max_episode_steps` (bootstrapped, not terminal).
+    `ray_address` (`local`, `auto` or an address): the simulations run on `rollout_workers` Ray
+    actors, each with its own JVM (`sim_bridge.ray_batch`); the learner stays here."""
     out = Path(out_dir)
     train_sim = sim.model_copy(update={"max_steps": ppo.max_episode_steps})
     type_names = tuple(t.name for t in sim.vm_types)
@@ -157,10 +160,19 @@ def train_lstm_ppo(sim: SimConfig, workload: Workload, ppo: PPOConfig, out_dir: 
     evals: list[dict] = []
     best: dict = {}
 
+    batch_factory = None
+    if ray_address is not None:
+        from sim_bridge.ray_batch import connect, ray_batch_factory
+
+        if not 1 <= rollout_workers <= ppo.num_envs:
+            raise ValueError(f"--rollout-workers must be within [1, {ppo.num_envs}] (the envs), got {rollout_workers}")
+        connect(ray_address)
+        batch_factory = ray_batch_factory(rollout_workers)
+
     def make_envs(n: int, seed: int):
         sampler = sampler_factory(train_sim, seed) if sampler_factory else None
         return CloudSimVectorEnv(n, train_sim, workload, features=names, sampler=sampler, reward_scale=reward_scale,
-                                 reward=reward)
+                                 reward=reward, batch_factory=batch_factory)
 
     def snapshot_agent(net, obs_rms) -> LstmPpoAgent:
         return LstmPpoAgent(names, sim.action_mode, type_names, net=net, obs_rms=obs_rms,
@@ -216,6 +228,7 @@ def train_lstm_ppo(sim: SimConfig, workload: Workload, ppo: PPOConfig, out_dir: 
             "episodes": len(result.episodes),
             "evaluations": evals,
             "selected_update": best.get("update"),
+            "rollout_workers": rollout_workers if ray_address is not None else 0,
             **(training_info or {}),
         },
     )
@@ -228,6 +241,8 @@ def train_lstm_ppo(sim: SimConfig, workload: Workload, ppo: PPOConfig, out_dir: 
         "evaluations": evals,
         "selected_update": best.get("update"),
         "selected_score": best.get("score"),
+        "rollout_workers": rollout_workers if ray_address is not None else 0,
+        "rollouts_discarded": int(result.history[-1].get("rollouts_discarded", 0)) if result.history else 0,
         "policy_dir": str(out / POLICY_SUBDIR),
     }
     return agent, summary

@@ -51,8 +51,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$stamp_src" ]; then
       "$VPY" -m pip install -q torch
     fi
   fi
-  log "installing samm[dev,train,testbed] (editable)"
-  "$VPY" -m pip install -q -e ".[dev,train,testbed]"
+  log "installing samm[dev,train,testbed,ray] (editable)"
+  "$VPY" -m pip install -q -e ".[dev,train,testbed,ray]"
   echo "$stamp_src" > "$stamp"
 fi
 

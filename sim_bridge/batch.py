@@ -85,8 +85,13 @@ class SimStep:
         return SimStep(self.header[sl], self.types[sl], r.select(sl))
 
 
+def record_width(n_types: int, n_slots: int) -> int:
+    """Doubles per env record."""
+    return HEADER + TYPE_FIELDS * n_types + VM_FIELDS * n_slots
+
+
 def decode_records(buf: bytes, n_types: int, n_slots: int) -> SimStep:
-    width = HEADER + TYPE_FIELDS * n_types + VM_FIELDS * n_slots
+    width = record_width(n_types, n_slots)
     flat = np.frombuffer(buf, dtype="<f8")
     if flat.size % width:
         raise SimulatorError(f"reply of {len(buf)} bytes is not a whole number of {width}-double records")
@@ -161,6 +166,13 @@ class SimBatch:
         return self.config.vm_slots
 
     def reset(self, envs, seeds) -> SimStep:
+        return decode_records(self.reset_records(envs, seeds), self.n_types, self.n_slots)
+
+    def step(self, deltas: np.ndarray) -> SimStep:
+        return decode_records(self.step_records(deltas), self.n_types, self.n_slots)
+
+    def reset_records(self, envs, seeds) -> bytes:
+        """`reset` as the simulator's packed records (one per env, in the order asked)."""
         envs = np.asarray(envs, dtype=np.int64).reshape(-1)
         seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
         if envs.shape != seeds.shape:
@@ -171,18 +183,17 @@ class SimBatch:
         req["env"], req["seed"] = envs, seeds
         payload = struct.pack("<i", len(envs)) + req.tobytes()
         reply = self.gateway.call("reset", self._id, bytearray(payload))
-        return decode_records(base64.b64decode(reply), self.n_types, self.n_slots)
+        return base64.b64decode(reply)
 
-    def step(self, deltas: np.ndarray) -> SimStep:
+    def step_records(self, deltas: np.ndarray) -> bytes:
+        """`step` as the simulator's packed records (one per env)."""
         deltas = np.asarray(deltas)
         if deltas.shape != (self.n_envs, self.n_types):
             raise ValueError(f"deltas must have shape {(self.n_envs, self.n_types)}, got {deltas.shape}")
         payload = np.clip(deltas, -127, 127).astype(np.int8).tobytes()
         if self.fast:
-            reply = self.gateway.step_channel().step(self._id, payload)
-        else:
-            reply = base64.b64decode(self.gateway.call("step", self._id, bytearray(payload)))
-        return decode_records(reply, self.n_types, self.n_slots)
+            return self.gateway.step_channel().step(self._id, payload)
+        return base64.b64decode(self.gateway.call("step", self._id, bytearray(payload)))
 
     def job_stats(self, env: int) -> np.ndarray:
         """(n_jobs, 5): arrival_s, start_s, finish_s, wait_s, restarts (-1 = not yet)."""

@@ -218,10 +218,14 @@ class CloudSimVectorEnv(VectorEnv):
     def __init__(self, num_envs: int = 8, config: SimConfig | dict | None = None,
                  workload: str | Workload = "seed-1551", swf: SwfTransform | dict | None = None,
                  gateway: Gateway | None = None, features: str | tuple = "paper", sampler=None,
-                 reward_scale: str = "none", reward: str = "cost"):
+                 reward_scale: str = "none", reward: str = "cost", batch_factory=None):
         """`sampler`: anything with `sample() -> Workload` (a workload distribution's sampler);
         each env then replays a fresh sample every episode, drawn in reset order (so a seeded
-        sampler makes the whole run reproducible). `workload` is only the first placeholder."""
+        sampler makes the whole run reproducible). `workload` is only the first placeholder.
+        `batch_factory(config, workload, n_envs)`: where the simulations run (default: a
+        `SimBatch` on `gateway`; `sim_bridge.ray_batch.RaySimBatch` spreads them over Ray
+        rollout workers). Seeds, workloads and the analyzer stay here, so the same seeds give
+        the same episodes wherever the simulations run."""
         if reward_scale not in REWARD_SCALES:
             raise ValueError(f"reward_scale must be one of {REWARD_SCALES}, got {reward_scale!r}")
         if reward not in REWARD_KINDS:
@@ -236,7 +240,8 @@ class CloudSimVectorEnv(VectorEnv):
         self.single_action_space = action_space(self.config.action_mode, self.config.n_types)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.batch = SimBatch(self.config, self.workload, self.num_envs, gateway=gateway)
+        self.batch = (batch_factory(self.config, self.workload, self.num_envs) if batch_factory is not None
+                      else SimBatch(self.config, self.workload, self.num_envs, gateway=gateway))
         self._decoder = StepDecoder(self.config, self.batch, self.observation_names)
         self._rng = np.random.default_rng()
         self.reward_scale = reward_scale

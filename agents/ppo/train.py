@@ -26,6 +26,8 @@ import torch
 from gymnasium import spaces
 from torch import nn, optim
 
+from sim_bridge.errors import RolloutWorkerLost
+
 from .buffer import RolloutBuffer
 from .config import PPOConfig
 from .flat_params import FlatParams
@@ -33,6 +35,10 @@ from .loss import LossCoefs, LossTargets, fused_ppo_loss, ppo_loss
 from .network import LstmActorCritic
 from .normalize import RunningMeanStd
 from .rollout_policy import RolloutPolicy
+
+# A rollout that loses a remote worker (`sim_bridge.ray_batch`) is collected again from reset
+# envs; this many losses in a row end the run.
+MAX_ROLLOUT_ATTEMPTS = 3
 
 
 def pick_device(name: str) -> torch.device:
@@ -215,6 +221,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     ep_vm_cost = np.zeros(cfg.num_envs)
     ep_wait = np.zeros(cfg.num_envs)
     episodes: list[dict] = []
+    discarded = 0  # rollouts thrown away because a rollout worker died
     started = time.perf_counter()
     bar = None
     if progress:
@@ -230,47 +237,67 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
 
         # -- collect a rollout (NumPy forward with the current weights) -----------------------
         policy.sync(net)
-        for t in range(cfg.num_steps):
-            if obs_rms is not None:
-                obs_rms.update(np.asarray(raw_obs, dtype=np.float64))
-            obs = norm_obs(raw_obs)
-            action, logprob, value, new_h, new_c = policy.step(obs, h, c, episode_start)
-            raw_obs, reward, term, trunc, info = envs.step(action[:, 0] if discrete else action)
-            global_step += cfg.num_envs
-            reward = np.asarray(reward, dtype=np.float64)
-            done = np.logical_or(term, trunc)
+        for attempt in range(MAX_ROLLOUT_ATTEMPTS + 1):
+            if attempt:  # a rollout worker died: throw the partial rollout away, start from reset envs
+                discarded += 1
+                global_step = at_start["global_step"]
+                obs_rms = RunningMeanStd.from_dict(at_start["obs_rms"]) if at_start["obs_rms"] else None
+                ret_rms = RunningMeanStd.from_dict(at_start["ret_rms"]) if at_start["ret_rms"] else None
+                raw_obs, _ = envs.reset(seed=cfg.seed + 1000 * update + 7919 * attempt)
+                h = np.zeros((cfg.num_envs, cfg.lstm_hidden), dtype=np.float32)
+                c = np.zeros_like(h)
+                episode_start = np.ones(cfg.num_envs, dtype=np.float32)
+                for acc in (disc_return, ep_return, ep_len, ep_vm_cost, ep_wait):
+                    acc[:] = 0
+            at_start = {"global_step": global_step, "obs_rms": obs_rms.to_dict() if obs_rms else None,
+                        "ret_rms": ret_rms.to_dict() if ret_rms else None}
+            try:
+                for t in range(cfg.num_steps):
+                    if obs_rms is not None:
+                        obs_rms.update(np.asarray(raw_obs, dtype=np.float64))
+                    obs = norm_obs(raw_obs)
+                    action, logprob, value, new_h, new_c = policy.step(obs, h, c, episode_start)
+                    raw_obs, reward, term, trunc, info = envs.step(action[:, 0] if discrete else action)
+                    global_step += cfg.num_envs
+                    reward = np.asarray(reward, dtype=np.float64)
+                    done = np.logical_or(term, trunc)
 
-            # episode statistics in the environment's own units (before any scaling)
-            ep_return += reward
-            ep_len += 1
-            ep_vm_cost += np.asarray(info.get("vm_cost", 0.0))
-            ep_wait += np.asarray(info.get("wait_penalty", 0.0))
-            if done.any():
-                for i in np.nonzero(done)[0]:
-                    row = {"global_step": global_step, "return": ep_return[i], "length": int(ep_len[i]),
-                           "vm_cost": ep_vm_cost[i], "wait_penalty": ep_wait[i], "terminated": bool(term[i])}
-                    episodes.append(row)
-                    logger.episode(row)
-                    ep_return[i] = ep_len[i] = ep_vm_cost[i] = ep_wait[i] = 0
+                    # episode statistics in the environment's own units (before any scaling)
+                    ep_return += reward
+                    ep_len += 1
+                    ep_vm_cost += np.asarray(info.get("vm_cost", 0.0))
+                    ep_wait += np.asarray(info.get("wait_penalty", 0.0))
+                    if done.any():
+                        for i in np.nonzero(done)[0]:
+                            row = {"global_step": global_step, "return": ep_return[i], "length": int(ep_len[i]),
+                                   "vm_cost": ep_vm_cost[i], "wait_penalty": ep_wait[i], "terminated": bool(term[i])}
+                            episodes.append(row)
+                            logger.episode(row)
+                            ep_return[i] = ep_len[i] = ep_vm_cost[i] = ep_wait[i] = 0
 
-            # reward scaling by the running std of the discounted return (as VecNormalize)
-            if ret_rms is not None:
-                disc_return = disc_return * cfg.gamma + reward
-                ret_rms.update(disc_return)
-                reward = np.clip(reward / np.sqrt(ret_rms.var + 1e-8), -cfg.reward_clip, cfg.reward_clip)
-                disc_return[done] = 0.0
-            reward = reward.astype(np.float32)
+                    # reward scaling by the running std of the discounted return (as VecNormalize)
+                    if ret_rms is not None:
+                        disc_return = disc_return * cfg.gamma + reward
+                        ret_rms.update(disc_return)
+                        reward = np.clip(reward / np.sqrt(ret_rms.var + 1e-8), -cfg.reward_clip, cfg.reward_clip)
+                        disc_return[done] = 0.0
+                    reward = reward.astype(np.float32)
 
-            # truncation is not termination: bootstrap from the real final observation
-            if np.any(trunc):
-                idx = np.nonzero(trunc)[0]
-                final = norm_obs(np.asarray(info["final_obs"])[idx])
-                v_final = policy.value(final, new_h[idx], new_c[idx], np.zeros(len(idx), dtype=np.float32))
-                reward[idx] += cfg.gamma * v_final
+                    # truncation is not termination: bootstrap from the real final observation
+                    if np.any(trunc):
+                        idx = np.nonzero(trunc)[0]
+                        final = norm_obs(np.asarray(info["final_obs"])[idx])
+                        v_final = policy.value(final, new_h[idx], new_c[idx], np.zeros(len(idx), dtype=np.float32))
+                        reward[idx] += cfg.gamma * v_final
 
-            buf.add(t, obs, action, logprob, reward, value, episode_start, (h, c))
-            h, c = new_h, new_c
-            episode_start = done.astype(np.float32)
+                    buf.add(t, obs, action, logprob, reward, value, episode_start, (h, c))
+                    h, c = new_h, new_c
+                    episode_start = done.astype(np.float32)
+
+                break
+            except RolloutWorkerLost as exc:
+                if attempt == MAX_ROLLOUT_ATTEMPTS:
+                    raise RuntimeError(f"update {update + 1}: {attempt + 1} rollouts in a row lost a worker") from exc
 
         next_value = policy.value(norm_obs(raw_obs), h, c, episode_start)
         buf.finish(next_value, episode_start, cfg.gamma, cfg.gae_lambda)
@@ -294,6 +321,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
             "explained_variance": float(1 - np.var(y_true - y_pred) / var_y) if var_y > 0 else float("nan"),
             "learning_rate": opt.param_groups[0]["lr"],
             "steps_per_second": cfg.batch_size / (time.perf_counter() - t_update),
+            "rollouts_discarded": discarded,
             "wall_seconds": elapsed,
         }
         logger.log(global_step, row)

@@ -436,11 +436,18 @@ def _given_options(ctx: click.Context, skip: set[str]) -> list[str]:
               help="Start from this lstm-ppo policy (fine-tuning, e.g. the shipped one on your own trace) instead of scratch.")
 @click.option("--validation", "n_validation", type=int, default=12, show_default=True,
               help="With a mix or trace windows: training-split workloads that pick the saved snapshot.")
+@click.option("--ray", "ray_address", default=None, metavar="local|auto|ADDRESS",
+              help="Run the simulations on Ray rollout workers (pip install samm[ray]): `local` starts a cluster in "
+                   "this process, `auto` joins the one `ray start --head` runs, else a cluster address. The learner "
+                   "stays in this process; the same seeds give the same run as without --ray.")
+@click.option("--rollout-workers", type=int, default=2, show_default=True,
+              help="With --ray: Ray actors, each with its own gateway JVM and a share of the --envs.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.pass_context
 def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
               action_mode, max_steps, timesteps, envs, seed, out, resume, eval_every, eval_seeds, ppo_json, device,
-              mix_path, features, reward_kind, reward_scale, init_policy, n_validation, quiet) -> None:
+              mix_path, features, reward_kind, reward_scale, init_policy, n_validation, ray_address, rollout_workers,
+              quiet) -> None:
     """Train a problem's learning agent. Autoscaling: LSTM-PPO in the CloudSim Plus simulation
     (progress bar, TensorBoard + CSV logs, checkpoints, resume; the policy is saved to
     <out>/policy). Placement: the REINFORCE policy trained across batches (progress bar, CSV log;
@@ -484,7 +491,9 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
                                     eval_seeds=_seeds(eval_seeds), features=plan.features,
                                     sampler_factory=plan.sampler_factory, reward_scale=plan.reward_scale,
                                     reward=plan.reward, validation=plan.validation, init_policy=init_policy,
-                                    training_info=plan.info)
+                                    training_info=plan.info, ray_address=ray_address, rollout_workers=rollout_workers)
+    except ImportError as exc:
+        _fail(f"--ray needs the ray package (pip install samm[ray]): {exc}")
     except ValueError as exc:
         _fail(str(exc))
     click.echo(json.dumps(summary))
