@@ -115,3 +115,14 @@ def test_losing_a_worker_outside_training_is_a_clear_error(cluster):
         b.close()
     with pytest.raises(ValueError, match="rollout workers"):
         RaySimBatch(SimConfig(), seed_1551(), 2, workers=3)
+
+
+def test_train_cli_names_a_bad_worker_count():
+    from click.testing import CliRunner
+
+    from samm.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["train", "--ray", "local", "--rollout-workers", "5", "--envs", "2",
+                                 "--out", "/tmp/samm-ray-never"])
+    assert r.exit_code == 2 and "--rollout-workers must be within [1, 2]" in r.output
+    assert "--rollout-workers" in CliRunner().invoke(cli, ["train", "--help"]).output
