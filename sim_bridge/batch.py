@@ -127,7 +127,42 @@ def check_core_cap(workload: Workload, config: SimConfig) -> None:
         )
 
 
-class SimBatch:
+class BatchShape:
+    """What every batch of simulations (here or on Ray workers) checks the same way."""
+
+    config: SimConfig
+    n_envs: int
+
+    @property
+    def n_types(self) -> int:
+        return self.config.n_types
+
+    @property
+    def n_slots(self) -> int:
+        return self.config.vm_slots
+
+    def _env_index(self, env) -> int:
+        if not 0 <= int(env) < self.n_envs:
+            raise ValueError(f"env index must be within [0, {self.n_envs})")
+        return int(env)
+
+    def _reset_request(self, envs, seeds) -> tuple[np.ndarray, np.ndarray]:
+        envs = np.asarray(envs, dtype=np.int64).reshape(-1)
+        seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
+        if envs.shape != seeds.shape:
+            raise ValueError("envs and seeds must have the same length")
+        if np.any((envs < 0) | (envs >= self.n_envs)):
+            raise ValueError(f"env indices must be within [0, {self.n_envs})")
+        return envs, seeds
+
+    def _step_request(self, deltas) -> np.ndarray:
+        deltas = np.asarray(deltas)
+        if deltas.shape != (self.n_envs, self.n_types):
+            raise ValueError(f"deltas must have shape {(self.n_envs, self.n_types)}, got {deltas.shape}")
+        return deltas
+
+
+class SimBatch(BatchShape):
     """`n_envs` simulations under one config, hosted by one JVM; every env starts with the same
     workload and `set_workload` gives one env another (training on a workload distribution)."""
 
@@ -151,19 +186,10 @@ class SimBatch:
 
     def set_workload(self, env: int, workload: Workload) -> None:
         """Env `env` replays `workload` from its next reset on."""
-        if not 0 <= int(env) < self.n_envs:
-            raise ValueError(f"env index must be within [0, {self.n_envs})")
+        env = self._env_index(env)
         check_core_cap(workload, self.config)
-        self.gateway.call("setEnvWorkload", self._id, int(env), bytearray(workload.pack()))
-        self.workloads[int(env)] = workload
-
-    @property
-    def n_types(self) -> int:
-        return self.config.n_types
-
-    @property
-    def n_slots(self) -> int:
-        return self.config.vm_slots
+        self.gateway.call("setEnvWorkload", self._id, env, bytearray(workload.pack()))
+        self.workloads[env] = workload
 
     def reset(self, envs, seeds) -> SimStep:
         return decode_records(self.reset_records(envs, seeds), self.n_types, self.n_slots)
@@ -173,12 +199,7 @@ class SimBatch:
 
     def reset_records(self, envs, seeds) -> bytes:
         """`reset` as the simulator's packed records (one per env, in the order asked)."""
-        envs = np.asarray(envs, dtype=np.int64).reshape(-1)
-        seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
-        if envs.shape != seeds.shape:
-            raise ValueError("envs and seeds must have the same length")
-        if np.any((envs < 0) | (envs >= self.n_envs)):
-            raise ValueError(f"env indices must be within [0, {self.n_envs})")
+        envs, seeds = self._reset_request(envs, seeds)
         req = np.zeros(len(envs), dtype=[("env", "<i4"), ("seed", "<i8")])
         req["env"], req["seed"] = envs, seeds
         payload = struct.pack("<i", len(envs)) + req.tobytes()
@@ -187,9 +208,7 @@ class SimBatch:
 
     def step_records(self, deltas: np.ndarray) -> bytes:
         """`step` as the simulator's packed records (one per env)."""
-        deltas = np.asarray(deltas)
-        if deltas.shape != (self.n_envs, self.n_types):
-            raise ValueError(f"deltas must have shape {(self.n_envs, self.n_types)}, got {deltas.shape}")
+        deltas = self._step_request(deltas)
         payload = np.clip(deltas, -127, 127).astype(np.int8).tobytes()
         if self.fast:
             return self.gateway.step_channel().step(self._id, payload)

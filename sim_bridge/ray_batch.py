@@ -28,7 +28,7 @@ import numpy as np
 
 from samm.analyze import FleetSpec
 
-from .batch import SimBatch, SimStep, decode_records, record_width
+from .batch import BatchShape, SimBatch, SimStep, decode_records, record_width
 from .config import SimConfig
 from .errors import BridgeError, RolloutWorkerLost
 from .workloads import Workload
@@ -84,7 +84,7 @@ def _actor_class(num_cpus: float):
     return SimWorker
 
 
-class RaySimBatch:
+class RaySimBatch(BatchShape):
     """`n_envs` simulations on `workers` Ray actors (contiguous shards of envs, sizes as equal as
     `numpy.array_split` makes them). Same interface as `SimBatch`."""
 
@@ -108,14 +108,6 @@ class RaySimBatch:
         self._width = record_width(self.n_types, self.n_slots)
         self._closed = False
         ray.get([a.pid.remote() for a in self.actors])  # every JVM up before the first step
-
-    @property
-    def n_types(self) -> int:
-        return self.config.n_types
-
-    @property
-    def n_slots(self) -> int:
-        return self.config.vm_slots
 
     @property
     def workers(self) -> int:
@@ -159,20 +151,13 @@ class RaySimBatch:
         return np.frombuffer(blob, dtype="<f8").reshape(-1, self._width)
 
     def step(self, deltas: np.ndarray) -> SimStep:
-        deltas = np.asarray(deltas)
-        if deltas.shape != (self.n_envs, self.n_types):
-            raise ValueError(f"deltas must have shape {(self.n_envs, self.n_types)}, got {deltas.shape}")
+        deltas = self._step_request(deltas)
         b = self.bounds
         replies = self._gather({k: a.step.remote(deltas[b[k]:b[k + 1]]) for k, a in enumerate(self.actors)})
         return decode_records(b"".join(replies[k] for k in range(self.workers)), self.n_types, self.n_slots)
 
     def reset(self, envs, seeds) -> SimStep:
-        envs = np.asarray(envs, dtype=np.int64).reshape(-1)
-        seeds = np.asarray(seeds, dtype=np.int64).reshape(-1)
-        if envs.shape != seeds.shape:
-            raise ValueError("envs and seeds must have the same length")
-        if np.any((envs < 0) | (envs >= self.n_envs)):
-            raise ValueError(f"env indices must be within [0, {self.n_envs})")
+        envs, seeds = self._reset_request(envs, seeds)
         owner = np.searchsorted(self.bounds, envs, side="right") - 1
         calls = {int(k): self.actors[k].reset.remote(envs[owner == k] - self.bounds[k], seeds[owner == k])
                  for k in np.unique(owner)}
@@ -182,16 +167,20 @@ class RaySimBatch:
             rows[owner == k] = self._rows(blob)  # each worker answers in the order it was asked
         return decode_records(rows.tobytes(), self.n_types, self.n_slots)
 
-    def set_workload(self, env: int, workload: Workload) -> None:
-        if not 0 <= int(env) < self.n_envs:
-            raise ValueError(f"env index must be within [0, {self.n_envs})")
+    def _owner(self, env) -> tuple[int, int]:
+        """(worker, index on that worker) of env `env`."""
+        env = self._env_index(env)
         k = int(np.searchsorted(self.bounds, env, side="right") - 1)
-        self._gather({k: self.actors[k].set_workload.remote(int(env) - int(self.bounds[k]), workload)})
+        return k, env - int(self.bounds[k])
+
+    def set_workload(self, env: int, workload: Workload) -> None:
+        k, local = self._owner(env)
+        self._gather({k: self.actors[k].set_workload.remote(local, workload)})
         self.workloads[int(env)] = workload
 
     def job_stats(self, env: int) -> np.ndarray:
-        k = int(np.searchsorted(self.bounds, env, side="right") - 1)
-        return self._gather({k: self.actors[k].job_stats.remote(int(env) - int(self.bounds[k]))})[k]
+        k, local = self._owner(env)
+        return self._gather({k: self.actors[k].job_stats.remote(local)})[k]
 
     def close(self) -> None:
         if self._closed:
