@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from samm.monitor.graphite_client import RenderClient
+from samm.monitor.graphite_client import GraphiteError, RenderClient
 from samm.monitor.local_graphite import LocalGraphite, missing_packages
 
 
@@ -36,15 +36,23 @@ def wait_for_points(render_url: str, targets, from_, until, expect_series: int =
     points (new whisper files take about a second to appear). Returns the series."""
     client = RenderClient(render_url)
     deadline = time.monotonic() + timeout_s
-    got = []
+    got, error = [], None
     while time.monotonic() < deadline:
-        got = client.render(targets, from_, until)
+        try:
+            got = client.render(targets, from_, until)
+        except GraphiteError as exc:
+            # graphite-web can answer 500 while carbon is still creating a series' whisper file
+            # (it reads a half-written header); the next poll sees the whole file
+            error = exc
+            time.sleep(0.1)
+            continue
         full = [s for s in got if len(s.values()) >= expect_points]
         if len(full) >= expect_series:
             return got
         time.sleep(0.1)
     raise AssertionError(f"Graphite did not show {expect_series} series x {expect_points} points of {targets} "
-                         f"in {timeout_s} s; got {[(s.target, len(s.values())) for s in got]}")
+                         f"in {timeout_s} s; got {[(s.target, len(s.values())) for s in got]}"
+                         + (f"; last error: {error}" if error else ""))
 
 
 def last_boundary(interval_s: int = 60, back: int = 0) -> int:

@@ -126,6 +126,39 @@ def test_render_errors_name_the_url_and_events_post(graphite):
     assert not post_event("http://127.0.0.1:9", "nowhere", "samm scaling", timeout_s=0.5)
 
 
+
+def test_render_retries_one_server_error_then_names_it():
+    """graphite-web answers 500 while carbon creates a new series' file: one retry, then an error."""
+    import http.server
+    import json as _json
+
+    answers, seen = [], []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            code = answers.pop(0) if answers else 200
+            body = b"boom" if code >= 500 else _json.dumps([{"target": "a.b", "datapoints": [[1.0, 60]]}]).encode()
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        client = RenderClient(f"http://127.0.0.1:{srv.server_address[1]}")
+        answers[:] = [500]
+        assert [x.values() for x in client.render("a.b", 0, 60)] == [[(1.0, 60)]] and len(seen) == 2
+        answers[:], seen[:] = [500, 503], []
+        with pytest.raises(GraphiteError, match="HTTP 503"):
+            client.render("a.b", 0, 60)
+        assert len(seen) == 2
+    finally:
+        srv.shutdown()
+
 # --- reading ---------------------------------------------------------------------------------
 
 @pytest.mark.graphite

@@ -13,6 +13,7 @@ import math
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -163,13 +164,19 @@ class RenderClient:
         # graphite-web reads the same parameters from a form body: long target lists (a look-back
         # over thousands of named instances) go as POST, where no URL length limit applies
         method = "POST" if sum(len(t) for t in targets) > self.max_get_chars else "GET"
-        try:
-            if method == "GET":
-                r = self.session.get(url, params=params, timeout=self.timeout_s)
-            else:
-                r = self.session.post(url, data=params, timeout=self.timeout_s)
-        except requests.RequestException as exc:
-            raise GraphiteError(f"{method} {url} failed: {exc}") from exc
+        for attempt in range(2):
+            try:
+                if method == "GET":
+                    r = self.session.get(url, params=params, timeout=self.timeout_s)
+                else:
+                    r = self.session.post(url, data=params, timeout=self.timeout_s)
+            except requests.RequestException as exc:
+                raise GraphiteError(f"{method} {url} failed: {exc}") from exc
+            # one retry on a server error: graphite-web answers 500 when it reads a whisper file
+            # that carbon is still creating (a new instance's first points); a moment later it is whole
+            if r.status_code < 500 or attempt:
+                break
+            time.sleep(0.2)
         where = r.url if method == "GET" else f"{url} ({len(targets)} target(s), {sum(map(len, targets))} characters)"
         if r.status_code != 200:
             raise GraphiteError(f"{method} {where} answered HTTP {r.status_code}: {r.text[:300]}")
