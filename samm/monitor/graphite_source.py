@@ -28,7 +28,7 @@ timestamps are the heartbeats of the window.
 
 Status rules (each adds a line to `reasons`; the worst wins):
 
-* ``stale``: Graphite unreachable or answering an error; no data at all in the window; any of
+* ``stale``: Graphite unreachable or answering an error (a 5xx is retried once, 0.2 s later); no data at all in the window; any of
   the queue series `submitted_total`, `waiting`, `waiting_submitted_this_minute` without a
   valid point in the window (metrics 6 and 7 would be invented).
 * ``partial``: points dropped as invalid (non-finite, negative, `cpu_percent` above
