@@ -105,6 +105,7 @@ def bootstrap_vms(workload, rng: np.random.Generator, volume: tuple[float, float
     as many VMs as the days held (`train_usage="bootstrap-volume"`): other weeks bring other
     volumes (azure, trace seed 0: the held-apart blocks peak at 0.62 and 0.76 of the cluster,
     the training block at 0.63)."""
+    # no draw for the plain bootstrap, so its episodes stay those of earlier runs with the same seed
     n = int(round(workload.n_vms * rng.uniform(*volume))) if volume != (1.0, 1.0) else workload.n_vms
     rows = np.sort(rng.integers(0, workload.n_vms, size=n))
     return workload.subset(rows, name=workload.name + "+bootstrap")

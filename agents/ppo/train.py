@@ -210,11 +210,14 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
             o = np.clip((o - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10).astype(np.float32)
         return o
 
+    def fresh_start(seed: int):
+        """Reset envs, zero LSTM states, every env at an episode start."""
+        obs, _ = envs.reset(seed=seed)
+        zeros = np.zeros((cfg.num_envs, cfg.lstm_hidden), dtype=np.float32)
+        return obs, zeros, zeros.copy(), np.ones(cfg.num_envs, dtype=np.float32)
+
     # ---- the loop ------------------------------------------------------------------------
-    raw_obs, _ = envs.reset(seed=cfg.seed + 1000 * start_update)
-    h = np.zeros((cfg.num_envs, cfg.lstm_hidden), dtype=np.float32)
-    c = np.zeros_like(h)
-    episode_start = np.ones(cfg.num_envs, dtype=np.float32)
+    raw_obs, h, c, episode_start = fresh_start(cfg.seed + 1000 * start_update)
     disc_return = np.zeros(cfg.num_envs)  # for reward scaling
     ep_return = np.zeros(cfg.num_envs)
     ep_len = np.zeros(cfg.num_envs, dtype=np.int64)
@@ -238,19 +241,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
         # -- collect a rollout (NumPy forward with the current weights) -----------------------
         policy.sync(net)
         for attempt in range(MAX_ROLLOUT_ATTEMPTS + 1):
-            if attempt:  # a rollout worker died: throw the partial rollout away, start from reset envs
-                discarded += 1
-                global_step = at_start["global_step"]
-                obs_rms = RunningMeanStd.from_dict(at_start["obs_rms"]) if at_start["obs_rms"] else None
-                ret_rms = RunningMeanStd.from_dict(at_start["ret_rms"]) if at_start["ret_rms"] else None
-                raw_obs, _ = envs.reset(seed=cfg.seed + 1000 * update + 7919 * attempt)
-                h = np.zeros((cfg.num_envs, cfg.lstm_hidden), dtype=np.float32)
-                c = np.zeros_like(h)
-                episode_start = np.ones(cfg.num_envs, dtype=np.float32)
-                for acc in (disc_return, ep_return, ep_len, ep_vm_cost, ep_wait):
-                    acc[:] = 0
-            at_start = {"global_step": global_step, "obs_rms": obs_rms.to_dict() if obs_rms else None,
-                        "ret_rms": ret_rms.to_dict() if ret_rms else None}
+            at_start = (global_step, obs_rms.to_dict() if obs_rms else None, ret_rms.to_dict() if ret_rms else None)
             try:
                 for t in range(cfg.num_steps):
                     if obs_rms is not None:
@@ -296,8 +287,17 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
 
                 break
             except RolloutWorkerLost as exc:
+                # a rollout worker died: nothing of this rollout is kept, not even what the
+                # normalisers saw; it is collected again from reset envs
                 if attempt == MAX_ROLLOUT_ATTEMPTS:
                     raise RuntimeError(f"update {update + 1}: {attempt + 1} rollouts in a row lost a worker") from exc
+                discarded += 1
+                global_step = at_start[0]
+                obs_rms = RunningMeanStd.from_dict(at_start[1]) if at_start[1] else None
+                ret_rms = RunningMeanStd.from_dict(at_start[2]) if at_start[2] else None
+                raw_obs, h, c, episode_start = fresh_start(cfg.seed + 1000 * update + 7919 * (attempt + 1))
+                for acc in (disc_return, ep_return, ep_len, ep_vm_cost, ep_wait):
+                    acc[:] = 0
 
         next_value = policy.value(norm_obs(raw_obs), h, c, episode_start)
         buf.finish(next_value, episode_start, cfg.gamma, cfg.gae_lambda)

@@ -151,10 +151,11 @@ class RenderClient:
     """`GET /render?format=json` with a timeout. Raw points only (no maxDataPoints: it would
     consolidate); `from`/`until` are passed as given (epoch seconds or Graphite offsets)."""
 
+    MAX_GET_CHARS = 2000  # longer target lists go as a form POST (URLs have length limits)
+
     def __init__(self, render_url: str, timeout_s: float = 5.0, session: requests.Session | None = None):
         self.base = render_url.rstrip("/")
         self.timeout_s = float(timeout_s)
-        self.max_get_chars = 2000
         self.session = session or requests.Session()
 
     def render(self, targets: str | Sequence[str], from_: int | str, until: int | str) -> list[Series]:
@@ -163,7 +164,7 @@ class RenderClient:
         params = [("target", t) for t in targets] + [("from", str(from_)), ("until", str(until)), ("format", "json")]
         # graphite-web reads the same parameters from a form body: long target lists (a look-back
         # over thousands of named instances) go as POST, where no URL length limit applies
-        method = "POST" if sum(len(t) for t in targets) > self.max_get_chars else "GET"
+        method = "POST" if sum(len(t) for t in targets) > self.MAX_GET_CHARS else "GET"
         for attempt in range(2):
             try:
                 if method == "GET":
