@@ -178,7 +178,6 @@ class StepChannel:
         self.sock = socket.create_connection((LOOPBACK, port), timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.sendall(token.encode("ascii"))
-        self._head = bytearray(8)
         self._buf = bytearray(1 << 16)
         self._lock = threading.Lock()
 
@@ -192,12 +191,23 @@ class StepChannel:
     def step(self, batch_id: int, actions: bytes) -> bytes:
         with self._lock:
             self.sock.sendall(struct.pack(">ii", batch_id, len(actions)) + actions)
-            self._read_into(memoryview(self._head))
-            status, length = struct.unpack(">ii", self._head)
-            if length > len(self._buf):
-                self._buf = bytearray(length)
-            self._read_into(memoryview(self._buf)[:length])
-            payload = bytes(self._buf[:length])
+            # The JVM writes a reply in one flush: one recv usually brings all of it, header included.
+            buf = memoryview(self._buf)
+            got = 0
+            while got < 8:
+                n = self.sock.recv_into(buf[got:])
+                if n == 0:
+                    raise GatewayError("the step channel closed (did the JVM exit?)")
+                got += n
+            status, length = struct.unpack_from(">ii", self._buf)
+            if 8 + length > len(self._buf):
+                grown = bytearray(8 + length)
+                grown[:got] = self._buf[:got]
+                self._buf = grown
+                buf = memoryview(self._buf)
+            if got < 8 + length:
+                self._read_into(buf[got:8 + length])
+            payload = bytes(buf[8:8 + length])
         if status != 0:
             raise SimulatorError(payload.decode("utf-8", errors="replace"))
         return payload

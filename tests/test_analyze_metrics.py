@@ -104,3 +104,50 @@ def test_vectorised_over_a_batch_equals_one_by_one():
     for i in range(e):
         one = batch.select(i)
         np.testing.assert_allclose(compute_metrics(one, FLEET), together[i], rtol=1e-6)
+
+
+def _by_definition(types, states, cpu, ram, age, waiting, submitted, waiting_int, submitted_int, warmup_s):
+    """The module docstring's definitions for one snapshot, written plainly (the test oracle)."""
+    present = types >= 0
+    measured = present & (states == 1) & (age >= warmup_s)
+    idx = np.maximum(types, 0)
+    c = np.clip(np.nan_to_num(cpu[measured], nan=0.0), 0, 1)
+    r = np.clip(np.nan_to_num(ram[measured] / FLEET.ram_gb[idx[measured]], nan=0.0), 0, 1)
+
+    def stats(v):
+        return (v.mean(), np.percentile(v, 90)) if len(v) else (0.0, 0.0)
+
+    out = [FLEET.cores[idx[present]].sum() / 140, *stats(c), *stats(r),
+           waiting / submitted if submitted > 0 else 0.0, waiting_int / submitted_int if submitted_int > 0 else 0.0]
+    return np.clip(np.nan_to_num(np.array(out, dtype=float), nan=0.0), 0, 1)
+
+
+def test_compiled_metrics_match_the_definitions_on_random_batches_with_bad_values():
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        e, v = int(rng.integers(1, 9)), int(rng.integers(1, 40))
+        types, states = rng.integers(-1, 3, size=(e, v)), rng.integers(0, 2, size=(e, v))
+        cpu, ram = rng.random((e, v)) * 1.4 - 0.2, rng.random((e, v)) * 40
+        cpu[rng.random((e, v)) < 0.1], ram[rng.random((e, v)) < 0.1] = np.nan, np.inf
+        age = rng.random((e, v)) * 600 - 100
+        q = [rng.integers(0, 60, e).astype(float) for _ in range(5)]
+        q[1][0], q[3][-1] = 0.0, np.nan  # nothing submitted; an unknown interval count
+        batch = RawSnapshot(types, states, cpu, ram, age, q[1], q[3], q[0], q[2], q[4])
+        got = compute_metrics(batch, FLEET, warmup_s=120.0)
+        for i in range(e):
+            want = _by_definition(types[i], states[i], cpu[i], ram[i], age[i], q[0][i], q[1][i], q[2][i], q[3][i], 120.0)
+            np.testing.assert_allclose(got[i], want, rtol=1e-6, atol=1e-7)
+
+
+def test_strided_views_and_a_scalar_batch_give_the_same_metrics():
+    rng = np.random.default_rng(5)
+    wide = rng.random((4, 30, 5))  # like the bridge's records: per-VM fields interleaved
+    types = rng.integers(-1, 3, size=(4, 30))
+    snap_views = RawSnapshot(types, np.ones((4, 30), dtype=np.int64), wide[:, :, 2], wide[:, :, 3] * 8,
+                             wide[:, :, 4] * 600, *(np.full(4, 10.0) for _ in range(5)))
+    copies = RawSnapshot(*(np.ascontiguousarray(getattr(snap_views, f)) for f in snap_views.__dataclass_fields__
+                           if getattr(snap_views, f) is not None))
+    np.testing.assert_array_equal(compute_metrics(snap_views, FLEET), compute_metrics(copies, FLEET))
+    one = snap_views.select(2)
+    assert compute_metrics(one, FLEET).shape == (7,)
+    np.testing.assert_array_equal(compute_metrics(one, FLEET), compute_metrics(snap_views, FLEET)[2])

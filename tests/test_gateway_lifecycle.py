@@ -104,3 +104,25 @@ def test_step_channel_matches_py4j_step_and_rejects_strangers():
         with pytest.raises(SimulatorError, match="unknown batch"):
             gw.step_channel().step(9999, b"\x00" * 9)
         assert fast.step(np.zeros((3, 3))).header.shape == (3, HEADER)
+
+
+def test_step_channel_reads_replies_larger_than_its_buffer_and_one_socket_read():
+    from sim_bridge.batch import SimBatch, record_width
+    from sim_bridge.config import SimConfig
+    from sim_bridge.workloads import seed_1551
+
+    cfg = SimConfig(action_mode="per-type")
+    n = 48  # 48 records of ~1.6 KB: more than the client's first 64 KiB buffer, several TCP reads
+    assert n * record_width(cfg.n_types, cfg.vm_slots) * 8 > 1 << 16
+    with Gateway() as gw:
+        fast = SimBatch(cfg, seed_1551(), n, gateway=gw, fast=True)
+        slow = SimBatch(cfg, seed_1551(), n, gateway=gw, fast=False)
+        fast.reset(np.arange(n), np.arange(n))
+        slow.reset(np.arange(n), np.arange(n))
+        rng = np.random.default_rng(2)
+        for _ in range(20):
+            a = rng.integers(-1, 2, size=(n, cfg.n_types))
+            assert fast.step_records(a) == slow.step_records(a)
+        small = SimBatch(cfg, seed_1551(), 2, gateway=gw, fast=True)  # after growing, a small reply again
+        small.reset([0, 1], [3, 4])
+        assert len(small.step_records(np.zeros((2, cfg.n_types)))) == 2 * record_width(cfg.n_types, cfg.vm_slots) * 8

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from pathlib import Path
 from fastapi import FastAPI
 import pytest
 import torch
@@ -153,6 +154,35 @@ def test_measurement_has_the_papers_rows():
     assert 0 < m.p99_ms < topo.qos_ms and m.requests_per_s > 0
     rows = feature_rows(m, np.ones(3), topo.caps)
     assert rows.shape == (3, ROW) and np.isfinite(rows).all()
+
+
+def test_memory_and_fault_counters_follow_the_topologys_calibration(tmp_path):
+    """The testbed's twin takes its counters from the real containers (cache, faults per second,
+    bytes per call); the defaults keep Hotel's and Social's twins as they were."""
+    import yaml
+
+    from agents.microservice_cores.observation import FIELD
+
+    base = load_topology("chain3")
+    spec = yaml.safe_load((Path(__file__).parent.parent / "agents/microservice_cores/topologies/chain3.yaml").read_text())
+    spec["services"]["logic"].update(cache_mb=1.0, faults_per_call=0.0, faults_per_s=3.0, kb_per_call=0.5, rss_mb=10.0)
+    path = tmp_path / "calibrated.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))  # service order is the index
+    topo = load_topology(str(path))
+    out = {}
+    for t in (base, topo):
+        sim = MicroserviceSim(t, n_envs=1, seed=0)
+        sim.reset(60)
+        out[t is topo] = sim.step(np.tile(t.caps, (1, 1))).per_service[0]
+    plain, cal = out[False], out[True]
+    logic = 1
+    assert plain[logic, FIELD["cache_bytes"]] == 4 * 2**20
+    assert plain[logic, FIELD["page_faults"]] > 3.0  # half a fault per call at this load
+    assert cal[logic, FIELD["cache_bytes"]] == 2**20
+    assert cal[logic, FIELD["page_faults"]] == 3.0
+    assert cal[logic, FIELD["rx_bytes"]] == pytest.approx(cal[logic, FIELD["rx_packets"]] * 512)
+    assert 10 * 2**20 <= cal[logic, FIELD["rss_bytes"]] < 12 * 2**20
+    np.testing.assert_array_equal(plain[[0, 2]], cal[[0, 2]])  # the other services are untouched
 
 
 # -- env: the reward of step t scores the action in force during it ----------------------------
@@ -382,6 +412,28 @@ def test_training_runs_every_phase_reproducibly_and_saves_its_log(tmp_path):
     assert loaded.training["seed"] == 3
 
 
+def test_a_qos_margin_counts_violations_against_the_tighter_target(tmp_path):
+    """`qos_margin` (ours) moves only the reward's threshold: with a margin no second can meet,
+    every transition is a violation; the saved config keeps the margin; a bad one is refused."""
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from agents.microservice_cores.train import train
+    from samm.cli.main import cli
+
+    cfg = replace(_tiny_cfg(), autoscale_steps=600, classifier_steps=0, total_steps=600)
+    plain = train("chain3", cfg, seed=3, progress=False)
+    tight = train("chain3", replace(cfg, qos_margin=1e-6), seed=3, progress=False)
+    assert plain.log[0]["violation_rate"] < 0.5
+    assert tight.log[0]["violation_rate"] == 1.0
+    assert plain.log[0]["mean_cores"] == tight.log[0]["mean_cores"]  # AutoScale's fill does not see the reward
+    assert tight.cfg.qos_margin == 1e-6
+    r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3", "--steps", "600",
+                                 "--qos-margin", "1.5", "--out", str(tmp_path / "x"), "--quiet"])
+    assert r.exit_code == 2 and "--qos-margin must be in (0, 1]" in r.output
+
+
 def test_samm_train_hands_its_own_flags_to_the_problems_trainer(tmp_path):
     """`--envs` and `--init-policy` are also `samm train` options (autoscaling's): they must reach
     the microservice trainer, not be swallowed (the transfer run once trained from scratch)."""
@@ -453,3 +505,29 @@ def test_testbed_twin_reproduces_the_real_containers_verdicts():
     assert got["static-max"][1] < 60 and got["static-max"][2] == 0
     assert 0.5 < got["autoscale"][0] < 1.2 and got["autoscale"][2] < 0.1
     assert got["vpa"][0] < 0.4 and got["vpa"][2] > 0.5
+
+
+def test_static_controller_by_cores_by_one_number_or_by_a_share_of_the_caps():
+    """`--agent static --agent-param fraction=0.5` (the testbed CLI's example) and a single
+    number for every service go through the one registry the loop uses."""
+    from agents.microservice_cores.hosting import make_controller
+    from agents.microservice_cores.observation import SERVICE_FIELDS, StepMeasurement
+
+    topo = load_topology("chain3")
+    m = StepMeasurement(t=0.0, services=topo.service_names, per_service=np.zeros((3, len(SERVICE_FIELDS))),
+                        latency_ms=np.full(12, 10.0),
+                        requests_per_s=10.0, failures_per_s=0.0, qos_ms=topo.qos_ms)
+    from agents.microservice_cores.control import AppLimits
+
+    def act(**params):
+        c = make_controller("static", topo, **params)
+        c.reset(AppLimits(topo.service_names, topo.caps, topo.qos_ms))
+        return c.act(m)
+
+    assert act(fraction=0.5) == pytest.approx(topo.caps * 0.5)
+    assert act(cores=1.0) == pytest.approx(np.ones(3))
+    assert act(cores="0.5,1,1.5") == pytest.approx([0.5, 1.0, 1.5])
+    with pytest.raises(ValueError, match="2 cores given for 3 services"):
+        make_controller("static", topo, cores=[1, 2])
+    with pytest.raises(ValueError, match="fraction"):
+        make_controller("static", topo)

@@ -6,7 +6,7 @@ real-container loop:
     make_controller("vpa", topo, **params)                a VPA / Autopilot-style recommender
     make_controller("sinan", topo, model_dir=None)        the Sinan-style learned baseline
     make_controller("static-max", topo)                   every service at its cap
-    make_controller("static", topo, cores=[...])          a fixed allocation
+    make_controller("static", topo, cores=[...])          a fixed allocation (or fraction=<share of the caps>)
 
 `make_policy` is what `samm serve --agent NAME[=DIR]` hosts (the Policy protocol): the Reclaimer
 policy; the rules are served through the problem's /allocate route, which takes measurements.
@@ -43,15 +43,22 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
 
         return StaticController.maximum(topo)
     if name == "static":
+        import numpy as np
+
         from .episode import StaticController
 
+        if "fraction" in params:
+            return StaticController(topo.caps * float(params["fraction"]), name=f"static-{float(params['fraction']):g}")
         if "cores" not in params:
-            raise ValueError("static needs cores=[one per service]")
+            raise ValueError("static needs cores=[one per service] (or one number for all) or fraction=<share of the caps>")
         cores = params["cores"]
         if isinstance(cores, str):
             cores = [float(x) for x in cores.split(",")]
-        if len(cores) != topo.n_services:
-            raise ValueError(f"static: {len(cores)} cores given for {topo.n_services} services")
+        cores = np.atleast_1d(np.asarray(cores, dtype=np.float64))
+        if cores.size == 1:
+            cores = np.full(topo.n_services, float(cores[0]))
+        if cores.size != topo.n_services:
+            raise ValueError(f"static: {cores.size} cores given for {topo.n_services} services")
         return StaticController(cores)
     raise ValueError(f"microservice-cores has no controller {name!r} (known: {', '.join(CONTROLLERS)})")
 

@@ -69,6 +69,10 @@ class SacConfig:
     updates_per_step: int = 1        # gradient updates per batch step of n_envs transitions
     id_width: int | None = None      # one-hot width (None = the app's service count)
     device: str = "cpu"
+    #: ours, for a policy headed to real containers: the reward (and the explorer's QoS labels)
+    #: count a violation above qos_margin x the target, so the simulator's optimism is absorbed
+    #: by a margin; observations keep the real target. 1.0 = the paper.
+    qos_margin: float = 1.0
 
     @property
     def learning_steps(self) -> int:

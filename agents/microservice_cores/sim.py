@@ -98,6 +98,9 @@ class MicroserviceSim:
         self.rss = np.array([s.rss_mb for s in specs]) * 2**20
         self.kb = np.array([s.kb_per_call for s in specs]) * 1024.0
         self.io_kb = np.array([s.io_kb_per_call for s in specs]) * 1024.0
+        self.cache_bytes = np.array([s.cache_mb for s in specs]) * 2**20
+        self.faults_per_call = np.array([s.faults_per_call for s in specs])
+        self.faults_per_s = np.array([s.faults_per_s for s in specs])
         self.is_db = np.array([s.kind == "db" for s in specs])
         self.hop = topology.hop_ms / 1000.0
         self.timeout = topology.timeout_s
@@ -211,8 +214,8 @@ class MicroserviceSim:
         feats[..., FIELD["rx_bytes"]] = (calls + down) * self.kb
         feats[..., FIELD["tx_bytes"]] = (calls + down) * self.kb
         feats[..., FIELD["rss_bytes"]] = self.rss + inflight * 2**18
-        feats[..., FIELD["cache_bytes"]] = np.where(self.is_db, self.io_kb * 1000.0, 0.0) + 2**22
-        feats[..., FIELD["page_faults"]] = calls * 0.5
+        feats[..., FIELD["cache_bytes"]] = np.where(self.is_db, self.io_kb * 1000.0, 0.0) + self.cache_bytes
+        feats[..., FIELD["page_faults"]] = self.faults_per_s + calls * self.faults_per_call
         feats[..., FIELD["cpu_used"]] = served
         feats[..., FIELD["cpu_limit"]] = limit
         feats[..., FIELD["io_bytes"]] = calls * self.io_kb

@@ -54,6 +54,9 @@ class ServiceSpec(_Strict):
     rss_mb: float = Field(default=60.0, ge=0, description="resident memory at rest")
     kb_per_call: float = Field(default=2.0, ge=0, description="network payload per call, KiB each way")
     io_kb_per_call: float = Field(default=0.0, ge=0, description="disk IO per call (databases)")
+    cache_mb: float = Field(default=4.0, ge=0, description="page cache at rest (a database adds its IO)")
+    faults_per_call: float = Field(default=0.5, ge=0, description="page faults per call")
+    faults_per_s: float = Field(default=0.0, ge=0, description="page faults per second whatever the load")
 
 
 class CallNode(_Strict):

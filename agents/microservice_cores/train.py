@@ -129,7 +129,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             a = np.clip(a, MIN_CORES / caps, 1.0).astype(np.float32)
             cores = a * caps
             st = sim.step(cores)
-            r = reward_of(st.p99_ms, topo.qos_ms, cores, caps)
+            r = reward_of(st.p99_ms, topo.qos_ms * cfg.qos_margin, cores, caps)
             prev = a.astype(np.float64)
             nxt = stack.push(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
                                                topo.qos_ms, prev, caps))
@@ -265,6 +265,9 @@ def main(argv=None) -> int:
                    help="width of the one-hot service id (default: the app's service count); a policy to be "
                         "transferred to a larger app needs at least that app's count (Social: 28)")
     p.add_argument("--init-policy", default=None, help="start from this saved policy (the transfer experiment)")
+    p.add_argument("--qos-margin", type=float, default=None,
+                   help="ours: train against this fraction of the QoS target (default 1.0, the paper); "
+                        "a policy headed to real containers keeps a margin for the simulator's optimism")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="directory: policy/, training.csv, training.png, tb/")
@@ -279,6 +282,11 @@ def main(argv=None) -> int:
         overrides["updates_per_step"] = args.updates_per_step
     if args.id_width:
         overrides["id_width"] = args.id_width
+    if args.qos_margin is not None:
+        if not 0.0 < args.qos_margin <= 1.0:
+            print(f"error: --qos-margin must be in (0, 1], got {args.qos_margin}", file=sys.stderr)
+            return 2
+        overrides["qos_margin"] = args.qos_margin
     cfg = sim_config(**overrides)
     total = args.steps or (args.episodes * EPISODE_S * cfg.n_envs if args.episodes else None)
     if total:

@@ -26,12 +26,14 @@ def guard_head_of_line(deltas: np.ndarray, snap: RawSnapshot, fleet: FleetSpec) 
     if snap.head_job_cores is None:
         return deltas, np.zeros(deltas.shape[0], dtype=bool)
     head = np.asarray(snap.head_job_cores, dtype=np.float64).reshape(-1)
+    changed = np.zeros(len(head), dtype=bool)
+    blocked = (head > 0) & np.isfinite(head)
+    if not blocked.any():  # an empty queue everywhere: nothing to guard (the common case, kept cheap)
+        return deltas, changed
     vm_type = np.asarray(snap.vm_type).reshape(len(head), -1)
     counts = np.stack([(vm_type == t).sum(axis=1) for t in range(fleet.n_types)], axis=1)  # (B, T)
     fits = fleet.cores[None, :] >= head[:, None]  # (B, T) types able to host the head job
-    blocked = (head > 0) & np.isfinite(head)
     hosts = (counts * fits).sum(axis=1)
-    changed = np.zeros(len(head), dtype=bool)
     # (1) no VM able to host the head job: add the smallest type that can, unless one is added anyway
     need = blocked & (hosts == 0) & ~((deltas > 0) & fits).any(axis=1)
     for b in np.nonzero(need)[0]:

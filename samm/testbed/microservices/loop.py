@@ -38,9 +38,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from agents.microservice_cores.autoscale import AutoScale
 from agents.microservice_cores.control import AppLimits, clip_cores
-from agents.microservice_cores.episode import StaticController
 from agents.microservice_cores.observation import PERCENTILES, StepMeasurement
 from samm.knowledge.store import LeaseLost
 
@@ -56,37 +54,13 @@ class Actuator(Protocol):
 
 
 # ------------------------------------------------------------------------------ controllers
-def _static(topology, cores=None, fraction: float | None = None):
-    """episode.StaticController: `cores` (one number for every service, or one per service), else
-    `fraction` of the caps, else the caps (static maximum)."""
-    if cores is not None:
-        want = np.broadcast_to(np.asarray(cores, dtype=np.float64), (topology.n_services,)).copy()
-        return StaticController(want, name="static")
-    if fraction is not None:
-        return StaticController(topology.caps * float(fraction), name=f"static-{float(fraction):g}")
-    return StaticController.maximum(topology)
-
-
-_LOCAL = {"autoscale": lambda topology, **p: AutoScale(**p), "static": _static}
-
-
 def make_controller(name: str, topology, **params):
-    """The controller called `name` for `topology`.
+    """The controller called `name` for `topology`: the problem's own registry
+    (`agents.microservice_cores.hosting.make_controller`: reclaimer, autoscale, vpa, sinan,
+    static-max, static with cores=... or fraction=...)."""
+    from agents.microservice_cores.hosting import make_controller as hosted
 
-    `agents.microservice_cores.hosting:make_controller(name, topology, **params)` (reclaimer,
-    autoscale, vpa, sinan, static-max, static) whenever it can be imported. TODO(issue 18): drop
-    the local map below (autoscale, static) once hosting.py is committed; it only keeps the
-    testbed usable in a checkout without it."""
-    try:
-        from agents.microservice_cores.hosting import make_controller as hosted
-    except ImportError:
-        hosted = None
-    if hosted is not None:
-        return hosted(name, topology, **params)
-    if name not in _LOCAL:
-        raise ValueError(f"unknown agent {name!r}: available here {sorted(_LOCAL)} (reclaimer, sinan and vpa come "
-                         "with agents.microservice_cores.hosting)")
-    return _LOCAL[name](topology, **params)
+    return hosted(name, topology, **params)
 
 
 # ------------------------------------------------------------------------------ the loop
