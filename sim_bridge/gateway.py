@@ -181,12 +181,15 @@ class StepChannel:
         self._buf = bytearray(1 << 16)
         self._lock = threading.Lock()
 
+    def _recv(self, view: memoryview) -> int:
+        n = self.sock.recv_into(view)
+        if n == 0:
+            raise GatewayError("the step channel closed (did the JVM exit?)")
+        return n
+
     def _read_into(self, view: memoryview) -> None:
         while len(view):
-            n = self.sock.recv_into(view)
-            if n == 0:
-                raise GatewayError("the step channel closed (did the JVM exit?)")
-            view = view[n:]
+            view = view[self._recv(view):]
 
     def step(self, batch_id: int, actions: bytes) -> bytes:
         with self._lock:
@@ -195,10 +198,7 @@ class StepChannel:
             buf = memoryview(self._buf)
             got = 0
             while got < 8:
-                n = self.sock.recv_into(buf[got:])
-                if n == 0:
-                    raise GatewayError("the step channel closed (did the JVM exit?)")
-                got += n
+                got += self._recv(buf[got:])
             status, length = struct.unpack_from(">ii", self._buf)
             if 8 + length > len(self._buf):
                 grown = bytearray(8 + length)

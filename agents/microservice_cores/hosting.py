@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from .topology import Topology, load_topology
 
 CONTROLLERS = ("reclaimer", "autoscale", "vpa", "sinan", "static-max", "static")
@@ -43,8 +45,6 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
 
         return StaticController.maximum(topo)
     if name == "static":
-        import numpy as np
-
         from .episode import StaticController
 
         if "fraction" in params:

@@ -103,19 +103,6 @@ def _metrics_kernel(vm_type, vm_state, cpu, ram, running_for, warmup_s, type_cor
             out[r, j] = _clip01(out[r, j])
 
 
-def masked_percentile(values: np.ndarray, mask: np.ndarray, q: float) -> np.ndarray:
-    """q-th percentile (0..100) over the last axis of the masked entries, the same rule as the
-    metrics (``np.percentile(v[mask], q)`` row by row); 0 where the mask is empty."""
-    if not 0.0 <= q <= 100.0:
-        raise ValueError(f"percentile q must be within [0, 100], got {q}")
-    values = np.asarray(values, dtype=np.float64)
-    ordered = np.sort(np.where(mask, values, np.inf), axis=-1)
-    count = np.asarray(mask).sum(axis=-1)
-    flat_o, flat_c = ordered.reshape(-1, ordered.shape[-1]), count.reshape(-1)
-    return np.array([_percentile_sorted(flat_o[i], int(flat_c[i]), float(q)) for i in range(len(flat_c))],
-                    dtype=np.float64).reshape(count.shape)
-
-
 def safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     num = np.asarray(num, dtype=np.float64)
     den = np.asarray(den, dtype=np.float64)

@@ -53,16 +53,6 @@ class Actuator(Protocol):
     def set_limit(self, service: str, cores: float) -> Any: ...  # an ActionResult
 
 
-# ------------------------------------------------------------------------------ controllers
-def make_controller(name: str, topology, **params):
-    """The controller called `name` for `topology`: the problem's own registry
-    (`agents.microservice_cores.hosting.make_controller`: reclaimer, autoscale, vpa, sinan,
-    static-max, static with cores=... or fraction=...)."""
-    from agents.microservice_cores.hosting import make_controller as hosted
-
-    return hosted(name, topology, **params)
-
-
 # ------------------------------------------------------------------------------ the loop
 @dataclass
 class StepRecord:

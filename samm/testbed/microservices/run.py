@@ -36,9 +36,10 @@ from pathlib import Path
 import numpy as np
 
 from agents.microservice_cores.control import AppLimits
+from agents.microservice_cores.hosting import make_controller
 from agents.microservice_cores.topology import load_topology
 
-from .loop import ControlLoop, StepRecord, make_controller
+from .loop import ControlLoop, StepRecord
 
 log = logging.getLogger(__name__)
 
