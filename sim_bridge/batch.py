@@ -168,8 +168,8 @@ class SimBatch(BatchShape):
 
     def __init__(self, config: SimConfig, workload: Workload, n_envs: int, gateway: Gateway | None = None,
                  fast: bool = True):
-        """`fast`: step over the gateway's raw-socket step channel (default) instead of a Py4J
-        call; both return the same bytes."""
+        """`fast`: step and reset over the gateway's raw-socket step channel (default) instead of
+        Py4J calls; both return the same bytes."""
         if n_envs < 1:
             raise ValueError("n_envs must be at least 1")
         check_core_cap(workload, config)
@@ -203,8 +203,9 @@ class SimBatch(BatchShape):
         req = np.zeros(len(envs), dtype=[("env", "<i4"), ("seed", "<i8")])
         req["env"], req["seed"] = envs, seeds
         payload = struct.pack("<i", len(envs)) + req.tobytes()
-        reply = self.gateway.call("reset", self._id, bytearray(payload))
-        return base64.b64decode(reply)
+        if self.fast:
+            return self.gateway.step_channel().reset(self._id, payload)
+        return base64.b64decode(self.gateway.call("reset", self._id, bytearray(payload)))
 
     def step_records(self, deltas: np.ndarray) -> bytes:
         """`step` as the simulator's packed records (one per env)."""

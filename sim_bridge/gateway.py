@@ -169,10 +169,13 @@ class Gateway:
 
 
 class StepChannel:
-    """Client of the gateway's step channel (see StepChannel.java): per step one frame out
-    (`>ii` batch id and length, then the action bytes) and one frame back (`>ii` status and
+    """Client of the gateway's step channel (see StepChannel.java): per call one frame out
+    (`>iii` op, batch id and length, then the payload) and one frame back (`>ii` status and
     length, then the packed snapshots or an error message). No Py4J parsing, escaping or Base64
-    on the path that runs once per environment step."""
+    on the paths that run once per environment step: steps, and the resets of autoreset."""
+
+    OP_STEP = 1
+    OP_RESET = 2
 
     def __init__(self, port: int, token: str):
         self.sock = socket.create_connection((LOOPBACK, port), timeout=60)
@@ -192,9 +195,17 @@ class StepChannel:
             view = view[self._recv(view):]
 
     def step(self, batch_id: int, actions: bytes) -> bytes:
+        """One batched step: int8 actions in, the packed snapshots of every env out."""
+        return self._call(self.OP_STEP, batch_id, actions)
+
+    def reset(self, batch_id: int, request: bytes) -> bytes:
+        """A reset request (docs/bridge-protocol.md) in, the packed snapshots of those envs out."""
+        return self._call(self.OP_RESET, batch_id, request)
+
+    def _call(self, op: int, batch_id: int, payload: bytes) -> bytes:
         with self._lock:
-            self.sock.sendall(struct.pack(">ii", batch_id, len(actions)) + actions)
-            # The JVM writes a reply in one flush: one recv usually brings all of it, header included.
+            self.sock.sendall(struct.pack(">iii", op, batch_id, len(payload)) + payload)
+            # The JVM writes a reply in one write: one recv usually brings all of it, header included.
             buf = memoryview(self._buf)
             got = 0
             while got < 8:
@@ -207,10 +218,10 @@ class StepChannel:
                 buf = memoryview(self._buf)
             if got < 8 + length:
                 self._read_into(buf[got:8 + length])
-            payload = bytes(buf[8:8 + length])
+            reply = bytes(buf[8:8 + length])
         if status != 0:
-            raise SimulatorError(payload.decode("utf-8", errors="replace"))
-        return payload
+            raise SimulatorError(reply.decode("utf-8", errors="replace"))
+        return reply
 
     def close(self) -> None:
         try:

@@ -104,6 +104,18 @@ def test_step_channel_matches_py4j_step_and_rejects_strangers():
         with pytest.raises(SimulatorError, match="unknown batch"):
             gw.step_channel().step(9999, b"\x00" * 9)
         assert fast.step(np.zeros((3, 3))).header.shape == (3, HEADER)
+        # resets travel over the channel too, byte-identical to Py4J's
+        assert fast.reset_records([2, 0, 1], [11, 12, 13]) == slow.reset_records([2, 0, 1], [11, 12, 13])
+        np.testing.assert_array_equal(fast.step(np.ones((3, 3))).header, slow.step(np.ones((3, 3))).header)
+        ch = gw.step_channel()
+        with pytest.raises(SimulatorError, match="reset request"):
+            ch.reset(fast._id, b"\x01\x00")
+        with pytest.raises(SimulatorError, match="unknown step-channel op 7"):
+            ch._call(7, fast._id, b"")
+        # a frame larger than the JVM's first read buffer (64 KiB) is read whole, then answered
+        with pytest.raises(SimulatorError, match="actions: expected 9 bytes"):
+            ch.step(fast._id, b"\x00" * 200_000)
+        assert fast.step(np.zeros((3, 3))).header.shape == (3, HEADER)
 
 
 def test_step_channel_reads_replies_larger_than_its_buffer_and_one_socket_read():

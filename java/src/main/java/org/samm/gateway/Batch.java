@@ -117,6 +117,14 @@ final class Batch implements AutoCloseable {
         return out;
     }
 
+    /** Steps every env once and writes all snapshots, env order, into {@code out} (the step channel's reply). */
+    synchronized void stepInto(byte[] actions, DoubleBuffer out) {
+        stepInPlace(actions);
+        for (SimEnv e : envs) {
+            out.put(e.snapshot());
+        }
+    }
+
     /** Steps every env once without packing the snapshots (they stay in each env). */
     synchronized void stepInPlace(byte[] actions) {
         final int nt = cfg.nTypes;

@@ -1,14 +1,15 @@
 package org.samm.gateway;
 
-import java.io.BufferedInputStream;
-import java.io.BufferedOutputStream;
-import java.io.DataInputStream;
-import java.io.DataOutputStream;
 import java.io.EOFException;
 import java.io.IOException;
 import java.net.InetAddress;
-import java.net.ServerSocket;
-import java.net.Socket;
+import java.net.InetSocketAddress;
+import java.net.StandardSocketOptions;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.DoubleBuffer;
+import java.nio.channels.ServerSocketChannel;
+import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.security.SecureRandom;
 import java.util.HexFormat;
@@ -16,16 +17,25 @@ import java.util.function.IntFunction;
 
 /**
  * The hot path of the bridge beside Py4J: a plain loopback TCP socket that carries batched
- * steps as raw frames, with no Py4J command parsing, string escaping or Base64 (together they
- * cost more than stepping 8 simulations). Control calls (create, reset, close) stay on Py4J.
+ * steps and resets as raw frames, with no Py4J command parsing, string escaping or Base64
+ * (together they cost more than stepping 8 simulations). Control calls (create, close) stay on
+ * Py4J.
  *
  * Protocol (big-endian ints): the client first sends the 32-character hex token it got from
- * {@code Gateway.openStepChannel()}; then per step it sends {@code int batchId, int length,
- * byte[length] actions} and receives {@code int status, int length, byte[length]} where status
- * 0 carries the packed snapshots and status 1 a UTF-8 error message.
+ * {@code Gateway.openStepChannel()}; then per call it sends {@code int op, int batchId, int length,
+ * byte[length] payload} (op 1 = step with int8 actions, op 2 = reset with the reset request) and
+ * receives {@code int status, int length, byte[length]} where status 0 carries the packed
+ * snapshots and status 1 a UTF-8 error message.
+ *
+ * Both directions go through direct buffers: a step's snapshots are written straight into the
+ * reply buffer and leave in one write, so a reply costs one system call and no copy on the heap.
  */
 final class StepChannel implements AutoCloseable {
-    private final ServerSocket server;
+    static final int OP_STEP = 1;
+    static final int OP_RESET = 2;
+    private static final int MAX_FRAME = 1 << 24;
+
+    private final ServerSocketChannel server;
     private final String token;
     private final IntFunction<Batch> batches;
 
@@ -34,14 +44,15 @@ final class StepChannel implements AutoCloseable {
         final byte[] raw = new byte[16];
         new SecureRandom().nextBytes(raw);
         this.token = HexFormat.of().formatHex(raw);
-        this.server = new ServerSocket(0, 8, InetAddress.getByName(address));
+        this.server = ServerSocketChannel.open();
+        server.bind(new InetSocketAddress(InetAddress.getByName(address), 0), 8);
         final Thread acceptor = new Thread(this::acceptLoop, "samm-step-channel");
         acceptor.setDaemon(true);
         acceptor.start();
     }
 
     int port() {
-        return server.getLocalPort();
+        return server.socket().getLocalPort();
     }
 
     String token() {
@@ -49,10 +60,10 @@ final class StepChannel implements AutoCloseable {
     }
 
     private void acceptLoop() {
-        while (!server.isClosed()) {
+        while (server.isOpen()) {
             try {
-                final Socket s = server.accept();
-                s.setTcpNoDelay(true);
+                final SocketChannel s = server.accept();
+                s.setOption(StandardSocketOptions.TCP_NODELAY, true);
                 final Thread t = new Thread(() -> serve(s), "samm-step-conn");
                 t.setDaemon(true);
                 t.start();
@@ -62,44 +73,115 @@ final class StepChannel implements AutoCloseable {
         }
     }
 
-    private void serve(Socket s) {
-        try (s;
-             DataInputStream in = new DataInputStream(new BufferedInputStream(s.getInputStream(), 1 << 16));
-             DataOutputStream out = new DataOutputStream(new BufferedOutputStream(s.getOutputStream(), 1 << 16))) {
+    /** Reads until {@code in} holds at least {@code n} unread bytes (in is in read mode). */
+    private static ByteBuffer fill(SocketChannel s, ByteBuffer in, int n) throws IOException {
+        if (in.remaining() >= n) {
+            return in;
+        }
+        if (in.capacity() < n) {
+            final ByteBuffer grown = ByteBuffer.allocateDirect(Math.max(n, in.capacity() * 2));
+            grown.put(in);
+            in = grown;
+        } else {
+            in.compact();
+        }
+        while (in.position() < n) {
+            if (s.read(in) < 0) {
+                throw new EOFException();
+            }
+        }
+        in.flip();
+        return in;
+    }
+
+    private void serve(SocketChannel s) {
+        try (s) {
+            ByteBuffer in = ByteBuffer.allocateDirect(1 << 16);
+            in.flip(); // empty, in read mode
+            in = fill(s, in, 32);
             final byte[] presented = new byte[32];
-            in.readFully(presented);
+            in.get(presented);
             if (!token.equals(new String(presented, StandardCharsets.US_ASCII))) {
                 return; // not our client: drop the connection
             }
+            final Reply reply = new Reply();
             while (true) {
-                final int batchId;
                 try {
-                    batchId = in.readInt();
+                    in = fill(s, in, 12);
                 } catch (EOFException eof) {
                     return;
                 }
-                final int len = in.readInt();
-                if (len < 0 || len > (1 << 24)) {
+                final int op = in.getInt();
+                final int batchId = in.getInt();
+                final int len = in.getInt();
+                if (len < 0 || len > MAX_FRAME) {
                     throw new IOException("bad frame length " + len);
                 }
-                final byte[] actions = new byte[len];
-                in.readFully(actions);
-                byte[] reply;
-                int status = 0;
+                in = fill(s, in, len);
+                final byte[] payload = new byte[len];
+                in.get(payload);
+                reply.begin();
                 try {
                     final Batch b = batches.apply(batchId);
-                    reply = b.step(actions);
+                    switch (op) {
+                        case OP_STEP -> b.stepInto(payload, reply.records(b.envs.length * b.recordBytes()));
+                        case OP_RESET -> reply.bytes(b.reset(payload));
+                        default -> throw new IllegalArgumentException("unknown step-channel op " + op);
+                    }
                 } catch (RuntimeException e) {
-                    status = 1;
-                    reply = String.valueOf(e.getMessage()).getBytes(StandardCharsets.UTF_8);
+                    reply.error(String.valueOf(e.getMessage()));
                 }
-                out.writeInt(status);
-                out.writeInt(reply.length);
-                out.write(reply);
-                out.flush();
+                reply.send(s);
             }
         } catch (IOException e) {
             // the client went away; nothing to clean up beyond the socket
+        }
+    }
+
+    /** One reply frame in a reusable direct buffer: status, length, then the payload. */
+    private static final class Reply {
+        private ByteBuffer buf = ByteBuffer.allocateDirect(1 << 16);
+        private int status;
+
+        void begin() {
+            status = 0;
+            buf.clear();
+        }
+
+        private void ensure(int payloadBytes) {
+            if (buf.capacity() < 8 + payloadBytes) {
+                buf = ByteBuffer.allocateDirect(Math.max(8 + payloadBytes, buf.capacity() * 2));
+            }
+            buf.clear();
+            buf.limit(8 + payloadBytes);
+            buf.position(8);
+        }
+
+        /** A little-endian double view of the payload, sized for {@code payloadBytes}. */
+        DoubleBuffer records(int payloadBytes) {
+            ensure(payloadBytes);
+            return buf.slice(8, payloadBytes).order(ByteOrder.LITTLE_ENDIAN).asDoubleBuffer();
+        }
+
+        void bytes(byte[] payload) {
+            ensure(payload.length);
+            buf.put(payload);
+        }
+
+        void error(String message) {
+            status = 1;
+            final byte[] m = message.getBytes(StandardCharsets.UTF_8);
+            ensure(m.length);
+            buf.put(m);
+        }
+
+        void send(SocketChannel s) throws IOException {
+            final int len = buf.limit() - 8;
+            buf.putInt(0, status).putInt(4, len);
+            buf.position(0);
+            while (buf.hasRemaining()) {
+                s.write(buf);
+            }
         }
     }
 
