@@ -108,12 +108,8 @@ final class Batch implements AutoCloseable {
 
     /** Steps every env once; actions are int8[nEnvs][nTypes]. Returns all snapshots, env order. */
     synchronized byte[] step(byte[] actions) {
-        stepInPlace(actions);
         final byte[] out = new byte[envs.length * recordBytes()];
-        final DoubleBuffer db = ByteBuffer.wrap(out).order(ByteOrder.LITTLE_ENDIAN).asDoubleBuffer();
-        for (SimEnv e : envs) {
-            db.put(e.snapshot());
-        }
+        stepInto(actions, ByteBuffer.wrap(out).order(ByteOrder.LITTLE_ENDIAN).asDoubleBuffer());
         return out;
     }
 
