@@ -85,6 +85,25 @@ def test_dual_variable_rises_while_violated_and_falls_when_held():
     assert agent.lam == 0.0            # projected onto lambda >= 0
 
 
+def test_constraint_estimates_count_broken_pms_or_the_worst_pms_share():
+    T, K = 10, 4
+    spread = [np.eye(K, dtype=bool)[k % K] for k in range(20)]   # one PM breaks per episode, in turn
+    broken = C2Marl(2, 10, C2MarlConfig(alpha=0.75, dual_estimate="broken"), constraint_bound=0.25 / T)
+    worst = C2Marl(2, 10, C2MarlConfig(alpha=0.75, dual_estimate="pm-max", dual_window=8), constraint_bound=0.25 / T)
+    for b in spread:
+        u_sum, u_max = broken.constraint_estimate(b, T), worst.constraint_estimate(b, T)
+    # one broken PM per episode: the sum bound (<= 0.25 broken per episode) is violated, while each
+    # PM breaks in only 1 of every 4 episodes, which is exactly what alpha = 0.75 allows
+    assert u_sum == pytest.approx(1.0 / T) and u_sum > broken.c
+    assert u_max == pytest.approx(0.25 / T) and u_max <= worst.c + 1e-12
+    # one PM breaking every episode violates both
+    for _ in range(8):
+        u_max = worst.constraint_estimate(np.eye(K, dtype=bool)[0], T)
+    assert u_max == pytest.approx(1.0 / T) and u_max > worst.c
+    with pytest.raises(ValueError, match="dual_estimate"):
+        C2Marl(2, 10, C2MarlConfig(dual_estimate="nope"), constraint_bound=0.1).constraint_estimate(spread[0], T)
+
+
 def test_observation_layout():
     s = SETTINGS["tiny"]
     sim = OversubSim(s, toy_workload())

@@ -174,6 +174,63 @@ def test_redrawn_usage_keeps_training_means_per_subscriber_hour(tiny):
     assert len(set(np.argmax(mean, axis=1).tolist())) > 1
 
 
+@needs_data
+@pytest.mark.parametrize("warm", [False, True])
+def test_resampled_week_is_made_of_training_deployments_moved_by_whole_days(tiny, warm):
+    w = tiny.train_resampled(3, warm=warm)
+    again = tiny.train_resampled(3, warm=warm)
+    for name in ("sub", "arrive", "depart", "cores", "usage"):
+        np.testing.assert_array_equal(getattr(w, name), getattr(again, name), err_msg=name)
+    assert not np.array_equal(w.arrive, tiny.train_resampled(4, warm=warm).arrive)
+    start, T = tiny.train_start(), tiny.setting.episode_steps
+    train_rows = tiny.window_rows(start, warm)
+    new = w.arrive >= 0
+    # every VM that arrives in the episode arrives inside it, at an hour of day its original had:
+    # whole-day moves keep each subscriber's diurnal profile
+    assert (w.arrive[new] < T).all() and (w.depart > w.arrive).all()
+    orig = tiny.arrive[train_rows] - start
+    hours_by_sub = {(int(s), int(h)) for s, h in zip(tiny.sub[train_rows][orig >= 0], orig[orig >= 0] % 24)}
+    assert {(int(s), int(h)) for s, h in zip(w.sub[new], w.arrive[new] % 24)} <= hours_by_sub
+    # lifetimes are kept: the multiset of (cores, life) pairs comes from the training days
+    lives = set(zip(tiny.cores[train_rows].tolist(), (tiny.depart - tiny.arrive)[train_rows].tolist()))
+    assert set(zip(w.cores.tolist(), (w.depart - w.arrive).tolist())) <= lives
+    # the pre-existing VMs of a warm start are kept as they are
+    assert (w.arrive < 0).sum() == (orig < 0).sum()
+    # the days are shuffled: some deployments moved
+    fixed = tiny.train_resampled(3, warm=warm, shuffle_days=False)
+    assert not np.array_equal(np.sort(w.arrive), np.sort(fixed.arrive))
+
+
+@needs_data
+def test_resampled_mix_moves_each_subscribers_share(azure):
+    n = azure.setting.n_subscribers
+    rows = azure.window_rows(azure.train_start(), False)
+    ratios = []
+    for seed in range(3):
+        w = azure.train_resampled(seed, mix=(0.5, 2.0))
+        again = azure.train_resampled(seed, mix=(0.5, 2.0))
+        np.testing.assert_array_equal(w.arrive, again.arrive)
+        ratios.append(np.bincount(w.sub, minlength=n) / np.maximum(1, np.bincount(azure.sub[rows], minlength=n)))
+    r = np.concatenate(ratios)
+    # per-subscriber volumes spread over the range instead of all staying near 1
+    assert r.min() < 0.8 and r.max() > 1.3
+    assert ((r > 0.35) & (r < 2.8)).all()
+
+
+@needs_data
+def test_resampled_copies_of_a_vm_get_their_own_usage(azure):
+    w = azure.train_resampled(1)
+    key = np.stack([w.sub, w.arrive, w.depart, w.cores], axis=1)
+    _, first, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
+    # find two rows with the same request (a deployment drawn twice or one of identical VMs)
+    dups = first[counts > 1]
+    dup = dups[np.argmax(np.minimum(w.depart[dups], w.steps) - w.arrive[dups])]
+    same = np.flatnonzero((key == key[dup]).all(axis=1))
+    a, b = w.usage[same[0]], w.usage[same[1]]
+    live = (a > 0) | (b > 0)
+    assert live.sum() > 5 and not np.allclose(a[live], b[live])
+
+
 def test_clipped_normal_matching_round_trips():
     m = np.array([0.02, 0.15, 0.5, 0.9, 0.3])
     s = np.array([0.05, 0.25, 0.3, 0.2, 0.45])
@@ -249,3 +306,18 @@ def test_generated_vms_follow_the_official_distributions(azure):
     # the internal setting is synthetic with lower usage
     internal = generate_trace("internal", 0)
     assert internal.usage_stats()[0].mean() < 0.7 * azure.usage_stats()[0].mean()
+
+
+@needs_data
+@pytest.mark.parametrize("usage", ["resampled", "resampled-mix", "generated"])
+def test_training_on_each_episode_source_is_seeded(usage):
+    from agents.oversubscription.c2marl import C2MarlConfig
+    from agents.oversubscription.train import train
+
+    cfg = C2MarlConfig(episodes=3, seed=2, updates_per_episode=2, dual_estimate="pm-max", dual_window=2)
+    p1, l1 = train("tiny", cfg, trace_seed=7, train_usage=usage, progress=False)
+    _, l2 = train("tiny", cfg, trace_seed=7, train_usage=usage, progress=False)
+    assert [x.reward for x in l1] == [x.reward for x in l2] and [x.lam for x in l1] == [x.lam for x in l2]
+    assert p1.training["train_usage"] == usage
+    with pytest.raises(ValueError, match="train_usage"):
+        train("tiny", cfg, trace_seed=7, train_usage="nope", progress=False)

@@ -462,10 +462,12 @@ class Trace:
             inside |= (self.arrive < start) & (self.depart > start)
         return np.flatnonzero(inside)
 
-    def _workload(self, rows: np.ndarray, start: int, usage: np.ndarray, name: str, meta: dict) -> Workload:
+    def _workload(self, rows: np.ndarray, start: int, usage: np.ndarray, name: str, meta: dict,
+                  times: tuple[np.ndarray, np.ndarray] | None = None) -> Workload:
         s = self.setting
+        arrive, depart = times if times is not None else (self.arrive[rows], self.depart[rows])
         return Workload(n_subscribers=s.n_subscribers, steps=s.episode_steps, sub=self.sub[rows],
-                        arrive=self.arrive[rows] - start, depart=self.depart[rows] - start,
+                        arrive=arrive - start, depart=depart - start,
                         cores=self.cores[rows], mem=self.mem[rows], net=self.net[rows], usage=usage,
                         start_hour=int(start % HOURS), name=name,
                         meta={"setting": s.name, "trace_seed": self.seed, "start_abs_hour": int(start),
@@ -479,7 +481,8 @@ class Trace:
         return self._workload(rows, start, usage, f"{self.setting.name}-train",
                               {"split": "train", "warm": warm})
 
-    def _redrawn(self, start: int, seed: int, warm: bool, stream: int, name: str, meta: dict) -> Workload:
+    def _redrawn(self, start: int, seed: int, warm: bool, stream: int, name: str, meta: dict,
+                 rows: np.ndarray | None = None, times: tuple[np.ndarray, np.ndarray] | None = None) -> Workload:
         """Usage redrawn per VM-hour from the training days' Gaussians (paper L369), clipped to [0, 1].
         Our reading of L369: one z per (subscriber, step) and one per (VM, step), mixed as
         sqrt(rho_s) z_sub + sqrt(1 - rho_s) z_vm with rho_s the within-subscriber correlation
@@ -491,7 +494,7 @@ class Trace:
         _, _, rho = self._training_stats()
         mean, std = self._gaussians()
         T = self.setting.episode_steps
-        rows = self.window_rows(start, warm)
+        rows = self.window_rows(start, warm) if rows is None else np.asarray(rows, dtype=np.int64)
         rng = np.random.default_rng([self.seed, stream, int(seed), start])
         z_sub = rng.standard_normal((self.setting.n_subscribers, T))
         z_vm = rng.standard_normal((len(rows), T))
@@ -500,10 +503,12 @@ class Trace:
         r = rho[s][:, None]
         z = np.sqrt(r) * z_sub[s] + np.sqrt(1.0 - r) * z_vm
         u = np.clip(mean[s][:, hours] + std[s][:, hours] * z, 0.0, 1.0)
+        arrive, depart = times if times is not None else (self.arrive[rows], self.depart[rows])
         t = start + np.arange(T)
-        live = (t[None, :] >= self.arrive[rows][:, None]) & (t[None, :] < self.depart[rows][:, None])
+        live = (t[None, :] >= arrive[:, None]) & (t[None, :] < depart[:, None])
         usage = np.where(live, u, 0.0).astype(np.float32)
-        return self._workload(rows, start, usage, name, {"warm": warm, "usage_seed": int(seed), **meta})
+        return self._workload(rows, start, usage, name, {"warm": warm, "usage_seed": int(seed), **meta},
+                              times=(arrive, depart))
 
     def test_workload(self, index: int, seed: int, warm: bool = False) -> Workload:
         """Held-apart weekday block `index` (modulo n_test_blocks) of weeks 2.., usage redrawn."""
@@ -515,6 +520,63 @@ class Trace:
         """The training days' requests with usage redrawn like the test's (tune baselines here)."""
         return self._redrawn(self.train_start(), seed, warm, 1, f"{self.setting.name}-train-redrawn",
                              {"split": "train_redrawn"})
+
+    def train_resampled(self, seed: int, warm: bool = False, volume: tuple[float, float] = (1.0, 1.0),
+                        shuffle_days: bool = True, mix: tuple[float, float] | None = None) -> Workload:
+        """A new week made of the training days only (ours; `train_usage="resampled"`): their
+        deployments drawn with replacement, each moved by a whole number of days within the
+        weekday block (`shuffle_days`; wrapping around, so every hour of day keeps its arrivals),
+        then usage redrawn like the test's. Why each part (measured with
+        benchmarks/oversub_margin_scan.py and docs/oversubscription.md):
+        * the draw is by deployment, and usage is redrawn AFTER it, so each copy of a VM gets its
+          own draw: copies that replay one series are two perfectly correlated VMs, often on one
+          PM, and made the earlier `bootstrap` episodes far hotter than any real week (Grid-1.0,
+          no oversubscription, broke ~1 PM per episode there against 0.07 on held-apart days);
+        * the day shift: a held-apart week brings its bursts on other days; with the training
+          week's calendar kept, the agents learned rates for its bursts (safe on its days, ~4 PMs
+          broken per held-apart episode).
+        `volume`: U(volume) times as many deployments. `mix` (lo, hi): each subscriber draws
+        f_s ~ log-uniform(lo, hi) times its own deployments instead, so the subscribers' shares move
+        as they do between real weeks (azure, trace seed 0: a held-apart week's core-hours per
+        subscriber are 0.6-1.8x the training week's). Pre-existing VMs of a warm start stay."""
+        start = self.train_start()
+        T = self.setting.episode_steps
+        rows = self.window_rows(start, warm)
+        rng = np.random.default_rng([self.seed, 3, int(seed)])
+        pre = rows[self.arrive[rows] < start]
+        new = rows[self.arrive[rows] >= start]
+        deps, inv = np.unique(self.deployment[new], return_inverse=True)
+        if len(deps):
+            if mix is not None:
+                dep_sub = self.sub[new][np.unique(inv, return_index=True)[1]]
+                factor = np.exp(rng.uniform(np.log(mix[0]), np.log(mix[1]), size=self.setting.n_subscribers))
+                pick = np.concatenate([rng.choice(np.flatnonzero(dep_sub == k), size=int(round(f * (dep_sub == k).sum())))
+                                       for k, f in enumerate(factor) if (dep_sub == k).any()]).astype(np.int64)
+                n = len(pick)
+            else:
+                n = len(deps) if volume == (1.0, 1.0) else max(1, int(round(len(deps) * rng.uniform(*volume))))
+                pick = rng.integers(0, len(deps), size=n)
+            days = max(1, T // HOURS)
+            shift = (rng.integers(0, days, size=n) if shuffle_days else np.zeros(n, np.int64)) * HOURS
+            order = np.argsort(inv, kind="stable")
+            counts = np.bincount(inv, minlength=len(deps))
+            first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            sizes = counts[pick]
+            within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+            picked = new[order[np.repeat(first[pick], sizes) + within]]
+            rel = self.arrive[picked] - start
+            moved = (rel + np.repeat(shift, sizes)) % (days * HOURS) if shuffle_days else rel
+            arrive = start + moved
+            depart = self.depart[picked] + (moved - rel)
+        else:
+            picked, arrive, depart = new, self.arrive[new], self.depart[new]
+        all_rows = np.concatenate([pre, picked])
+        all_arrive = np.concatenate([self.arrive[pre], arrive])
+        all_depart = np.concatenate([self.depart[pre], depart])
+        o = np.argsort(all_arrive, kind="stable")
+        return self._redrawn(start, seed, warm, 3, f"{self.setting.name}-train-resampled",
+                             {"split": "train_resampled"}, rows=all_rows[o],
+                             times=(all_arrive[o], all_depart[o]))
 
     def episode(self, split: str, seed: int, warm: bool = False, index: int = 0) -> Workload:
         if split == "train":

@@ -7,7 +7,11 @@ save the greedy policy.
 Training episodes replay the training weekdays (`train_usage="logged"`, the paper), the same
 requests with usage redrawn from the training days' Gaussians (`"redrawn"`: what the test protocol
 of L369 does to the held-apart days), or, the default, those redrawn days with their VMs resampled
-with replacement (`"bootstrap"`, ours: `bootstrap_vms`). Only training days are ever used.
+with replacement (`"bootstrap"`, ours: `bootstrap_vms`). Only training days are ever used, except by
+`"generated"`. Also ours, each measured in docs/oversubscription.md ("Where the held-apart gap comes
+from"): `"resampled"` (deployments resampled and moved by whole days, usage redrawn afterwards, so
+copies are not perfectly correlated: `Trace.train_resampled`), `"resampled-mix"` (plus per-subscriber
+volume factors) and `"generated"` (other weeks from the same generator: more data than the paper's).
 """
 from __future__ import annotations
 
@@ -54,6 +58,13 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             def workload_fn(ep):
                 w = trace.train_redrawn(cfg.seed * 100_003 + ep, warm=warm)
                 return bootstrap_vms(w, np.random.default_rng([cfg.seed, ep]), volume)
+        elif train_usage in ("resampled", "resampled-volume", "resampled-mix"):
+            volume = VOLUME_RANGE if train_usage == "resampled-volume" else (1.0, 1.0)
+            mix = MIX_RANGE if train_usage == "resampled-mix" else None
+            workload_fn = lambda ep: trace.train_resampled(cfg.seed * 100_003 + ep, warm=warm, volume=volume,  # noqa: E731
+                                                           mix=mix)
+        elif train_usage == "generated":
+            workload_fn = generated_weeks(setting, trace_seed, cfg.seed, warm)
         else:
             raise ValueError(f"train_usage must be one of {TRAIN_USAGES}, not {train_usage!r}")
     agent = C2Marl(setting.n_subscribers, observation_size(setting, cfg.features), cfg, constraint_bound(setting, cfg))
@@ -111,7 +122,30 @@ def bootstrap_vms(workload, rng: np.random.Generator, volume: tuple[float, float
     return workload.subset(rows, name=workload.name + "+bootstrap")
 
 
-TRAIN_USAGES = ("logged", "redrawn", "bootstrap", "bootstrap-volume")
+GENERATED_SEED0, GENERATED_POOL = 1000, 50   # ours: the generator traces `generated` trains on
+
+
+def generated_weeks(setting: Setting, trace_seed: int, seed: int, warm: bool, pool: int = GENERATED_POOL):
+    """`train_usage="generated"` (ours, NOT the paper's data budget): episode e replays the training
+    weekdays of another trace from the same generator (seeds GENERATED_SEED0 + e mod `pool`, never
+    the evaluation trace's), usage redrawn. It asks whether the held-apart gap is one of data: the
+    paper trains on one week; this gives the agents `pool` weeks."""
+    from .data import generate_trace
+
+    traces: dict[int, object] = {}
+    seeds = [GENERATED_SEED0 + k for k in range(pool) if GENERATED_SEED0 + k != trace_seed]
+
+    def workload_fn(ep):
+        k = seeds[ep % len(seeds)]
+        if k not in traces:
+            traces[k] = generate_trace(setting, k, weeks=1)
+        return traces[k].train_redrawn(seed * 100_003 + ep, warm=warm)
+    return workload_fn
+
+
+TRAIN_USAGES = ("logged", "redrawn", "bootstrap", "bootstrap-volume", "resampled", "resampled-volume", "resampled-mix",
+                "generated")
+MIX_RANGE = (0.5, 2.0)      # ours: per-subscriber volume factors, log-uniform (Trace.train_resampled)
 VOLUME_RANGE = (0.85, 1.3)  # ours: spans the held-apart blocks' peaks relative to the training block's
 
 
@@ -153,17 +187,25 @@ def main(argv=None) -> int:
     p.add_argument("--trace-seed", type=int, default=0)
     p.add_argument("--warm", action="store_true")
     p.add_argument("--train-usage", choices=TRAIN_USAGES, default="bootstrap",
-                   help="bootstrap-volume (ours): bootstrap episodes with 0.85-1.3x the training days' VMs")
+                   help="how training episodes are drawn (module docstring); bootstrap-volume: 0.85-1.3x the "
+                        "training days' VMs; resampled: deployments resampled and day-shifted, usage redrawn "
+                        "after; resampled-mix: plus per-subscriber volumes; generated: other generator weeks")
     p.add_argument("--features", choices=("paper", "usage"), default="usage",
                    help="paper: the paper's state; usage: plus each subscriber's recent usage (ours)")
     p.add_argument("--constraint", choices=("cluster", "pm", "attributed"), default="attributed",
                    help="cluster: the paper's per-step cluster bound; pm: ours, PMs breaking their own bound")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--dual-lr", type=float, default=None)
+    p.add_argument("--dual-estimate", choices=("broken", "pm-max"), default=None,
+                   help="U of the dual update: broken PMs per episode, or the largest per-PM break share "
+                        "over the last --dual-window episodes (ours)")
+    p.add_argument("--dual-window", type=int, default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     cfg = C2MarlConfig(alpha=args.alpha, seed=args.seed, constraint=args.constraint, features=args.features)
-    changes = {k: v for k, v in (("episodes", args.episodes), ("lr", args.lr), ("dual_lr", args.dual_lr)) if v is not None}
+    changes = {k: v for k, v in (("episodes", args.episodes), ("lr", args.lr), ("dual_lr", args.dual_lr),
+                                 ("dual_estimate", args.dual_estimate), ("dual_window", args.dual_window))
+               if v is not None}
     cfg = replace(cfg, **changes)
     policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,
                          train_usage=args.train_usage, out=args.out, progress=not args.quiet)
