@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from agents.oversubscription.data import generate_trace
-from agents.oversubscription.features import observation
+from agents.oversubscription.features import usage_features
 from agents.oversubscription.metrics import summarise
 from agents.oversubscription.policy import OversubPolicy
 from agents.oversubscription.sim import OversubSim, run_episode
@@ -38,12 +38,10 @@ VALIDATION_SEED = 10**6   # bootstrap draws no training run uses (training: [cfg
 
 
 def knobs(policy: OversubPolicy):
-    s, n = policy.setting, policy.setting.n_subscribers
+    n = policy.setting.n_subscribers
 
     def peak(view):
-        o = observation(view, s, policy.features)
-        base = 7 * n + 24
-        return o[base + n:base + 2 * n] if policy.features == "usage" else np.zeros(n)
+        return usage_features(view, n)[1]
 
     yield "agent", policy.rates
     for m in (0.2,):

@@ -545,27 +545,22 @@ class Trace:
         rng = np.random.default_rng([self.seed, 3, int(seed)])
         pre = rows[self.arrive[rows] < start]
         new = rows[self.arrive[rows] >= start]
-        deps, inv = np.unique(self.deployment[new], return_inverse=True)
+        deps, first, inv = np.unique(self.deployment[new], return_index=True, return_inverse=True)
+        members = np.split(new[np.argsort(inv, kind="stable")], np.cumsum(np.bincount(inv))[:-1])
         if len(deps):
             if mix is not None:
-                dep_sub = self.sub[new][np.unique(inv, return_index=True)[1]]
+                dep_sub = self.sub[new][first]
                 factor = np.exp(rng.uniform(np.log(mix[0]), np.log(mix[1]), size=self.setting.n_subscribers))
                 pick = np.concatenate([rng.choice(np.flatnonzero(dep_sub == k), size=int(round(f * (dep_sub == k).sum())))
                                        for k, f in enumerate(factor) if (dep_sub == k).any()]).astype(np.int64)
-                n = len(pick)
             else:
                 n = len(deps) if volume == (1.0, 1.0) else max(1, int(round(len(deps) * rng.uniform(*volume))))
                 pick = rng.integers(0, len(deps), size=n)
             days = max(1, T // HOURS)
-            shift = (rng.integers(0, days, size=n) if shuffle_days else np.zeros(n, np.int64)) * HOURS
-            order = np.argsort(inv, kind="stable")
-            counts = np.bincount(inv, minlength=len(deps))
-            first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            sizes = counts[pick]
-            within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-            picked = new[order[np.repeat(first[pick], sizes) + within]]
+            shift = (rng.integers(0, days, size=len(pick)) if shuffle_days else np.zeros(len(pick), np.int64)) * HOURS
+            picked = np.concatenate([new[:0]] + [members[p] for p in pick])
             rel = self.arrive[picked] - start
-            moved = (rel + np.repeat(shift, sizes)) % (days * HOURS) if shuffle_days else rel
+            moved = (rel + np.repeat(shift, [len(members[p]) for p in pick])) % (days * HOURS) if shuffle_days else rel
             arrive = start + moved
             depart = self.depart[picked] + (moved - rel)
         else:

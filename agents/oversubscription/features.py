@@ -48,15 +48,21 @@ def observation(view, setting: Setting, features: str = "paper") -> np.ndarray:
     out[6 * n:7 * n] = req[:, 2]
     out[7 * n + int(view.hour) % HOURS] = 1.0
     if features == "usage":
-        hist = np.asarray(view.usage_history, dtype=np.float64).reshape(-1, n)
         base = 7 * n + HOURS
-        if len(hist):
-            out[base:base + n] = np.nan_to_num(hist[-1], nan=0.0)
-            recent = hist[-24:]
-            with np.errstate(all="ignore"):
-                peak = np.where(np.isnan(recent).all(axis=0), 0.0, np.nanmax(np.where(np.isnan(recent), -1, recent), axis=0))
-            out[base + n:base + 2 * n] = np.maximum(peak, 0.0)
+        out[base:base + n], out[base + n:base + 2 * n] = usage_features(view, n)
     return out
+
+
+def usage_features(view, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each subscriber's last observed usage rate and its highest over the last 24 observed hours
+    (0 where nothing was observed): the `usage` block of the observation."""
+    hist = np.asarray(view.usage_history, dtype=np.float64).reshape(-1, n)
+    if not len(hist):
+        return np.zeros(n), np.zeros(n)
+    recent = hist[-24:]
+    with np.errstate(all="ignore"):
+        peak = np.where(np.isnan(recent).all(axis=0), 0.0, np.nanmax(np.where(np.isnan(recent), -1, recent), axis=0))
+    return np.nan_to_num(hist[-1], nan=0.0), np.maximum(peak, 0.0)
 
 
 def request_mask(view) -> np.ndarray:
