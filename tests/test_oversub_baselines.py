@@ -276,3 +276,36 @@ def test_every_registered_rule_runs_an_episode():
         rec = run_episode(sim, rule.rates)
         s = summarise([rec], TINY.delta_steps)
         assert 0.0 <= s["s_cores"] < 0.81 and rec.placed == 20, name
+
+
+def test_hindsight_reference_rounds_up_to_the_agents_rates_and_reserves_from_future_usage():
+    """benchmarks/oversub_hindsight.py: the reference the 1.3x target is read against."""
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.sim import OversubSim
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "oversub_hindsight", Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_hindsight.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    Hindsight, round_up = mod.Hindsight, mod.round_up
+
+    assert list(round_up(np.array([0.05, 0.2, 0.21, 0.55, 0.61, 1.0]))) == [0.2, 0.2, 0.3, 0.6, 1.0, 1.0]
+    trace = generate_trace("tiny", 0)
+    w = trace.test_workload(0, 1)
+    sim = OversubSim(SETTINGS["tiny"], w)
+    view = sim.reset()
+    while not view.has_request.any():
+        view, _ = sim.step(np.ones(3))
+    for agg in ("max", "mean"):
+        rule = Hindsight(3, h=1.5, stat="max", agg=agg).bind(w)
+        rates = rule.rates(view)
+        peak = w.usage.max(axis=1)
+        for i in np.flatnonzero(view.has_request):
+            mine = view.vm_rows[w.sub[view.vm_rows] == i]
+            want = peak[mine].max() if agg == "max" else np.average(peak[mine], weights=w.cores[mine])
+            assert rates[i] == pytest.approx(np.clip(1.5 * want, 0.2, 1.0))
+        assert np.all(rates[~view.has_request] == pytest.approx(0.2))
+        discrete = Hindsight(3, h=1.5, stat="max", agg=agg, discrete=True).bind(w).rates(view)
+        assert set(np.round(discrete, 6)) <= {0.2, 0.3, 0.4, 0.5, 0.6, 1.0} and np.all(discrete >= rates - 1e-12)

@@ -2,6 +2,8 @@
 real-container loop:
 
     make_controller("reclaimer", topo, policy_dir=None)   the trained SAC actor (shipped per app)
+    make_controller("reclaimer-online", topo, policy_dir=None, out=None, **OnlineConfig fields)
+                                                          that policy fine-tuned while it acts (online.py)
     make_controller("autoscale", topo)                    the paper's first baseline
     make_controller("vpa", topo, **params)                a VPA / Autopilot-style recommender
     make_controller("sinan", topo, model_dir=None)        the Sinan-style learned baseline
@@ -19,7 +21,7 @@ import numpy as np
 
 from .topology import Topology, load_topology
 
-CONTROLLERS = ("reclaimer", "autoscale", "vpa", "sinan", "static-max", "static")
+CONTROLLERS = ("reclaimer", "reclaimer-online", "autoscale", "vpa", "sinan", "static-max", "static")
 
 
 def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
@@ -28,6 +30,17 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
         from .policy import ReclaimerPolicy, shipped_policy
 
         return ReclaimerPolicy.load(policy_dir) if policy_dir else shipped_policy(topo.name)
+    if name == "reclaimer-online":
+        from .online import OnlineConfig, OnlineReclaimer
+        from .policy import ReclaimerPolicy, shipped_policy
+
+        out = params.pop("out", None)
+        unknown = sorted(set(params) - set(OnlineConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"reclaimer-online: unknown parameter(s) {unknown} "
+                             f"(known: out, {', '.join(OnlineConfig.__dataclass_fields__)})")
+        policy = ReclaimerPolicy.load(policy_dir) if policy_dir else shipped_policy(topo.name)
+        return OnlineReclaimer(policy, OnlineConfig(**params), out=out)
     if name == "autoscale":
         from .autoscale import AutoScale
 

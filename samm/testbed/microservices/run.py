@@ -213,6 +213,12 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
             if rec.errors:
                 log.warning("step %d: %s", k, " | ".join(rec.errors)[:500])
     finally:
+        close = getattr(controller, "close", None)   # a controller that learns saves what it learned
+        if callable(close):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - the run's records must still be written
+                log.exception("closing controller %s failed", loop.agent_name)
         for th in threads:
             th.join(timeout=60)
         if load is not None:

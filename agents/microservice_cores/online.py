@@ -1,0 +1,139 @@
+"""Fine-tuning a Reclaimer policy on the live system: a Controller that learns while it acts.
+
+The issue allows the simulator-trained policy to be "fine-tuned on the testbed if needed"; the
+paper itself trains on its real cluster (260,000 seconds). `OnlineReclaimer` wraps a saved policy
+and, every control second:
+
+  1. builds the observation exactly as `ReclaimerPolicy.act` does (the paper's rows, 5 frames);
+  2. completes the previous second's transition: the reward of this second (the paper's, with the
+     policy's own `qos_margin`) scores the limits that were IN FORCE during it, read back from the
+     measurement (what the engine applied, after the loop's clipping), not what was asked;
+  3. runs `updates_per_step` SAC updates (the policy's own `Sac.update`: critics, actor, entropy
+     coefficient, Polyak targets) on a replay of the live transitions only;
+  4. acts: SAC's stochastic action while learning (`explore`), the deterministic one otherwise.
+
+The networks, their input standardiser and the learned entropy coefficient start from the saved
+policy (every weight is saved with it); the optimisers start fresh. A gap of more than `max_gap_s`
+between two measurements (the loop's guard skipped seconds of stale or unknown latency) ends the
+chain: no transition spans it. `close()` (called by the testbed run at its end) and every
+`save_every` steps write the policy and `online.csv` (one row per second) under `out`.
+
+Pure decision and learning code: no I/O but the optional save.
+"""
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .control import AppLimits, clip_cores
+from .env import reward_of
+from .features import FrameStack, feature_rows
+from .observation import StepMeasurement
+from .policy import ReclaimerPolicy
+from .sac import ReplayBuffer
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    """Ours (the paper trains online from the start and gives no fine-tuning schedule)."""
+    updates_per_step: int = 2     # as the simulator runs (SIM_TRAINING); ~5 ms each for 7 services
+    batch: int | None = None      # None: the policy's (Table 2: 100)
+    start_after: int = 100        # live transitions before the first update: a batch's worth
+    explore: bool = True          # SAC's stochastic action while learning
+    replay: int = 50_000          # live seconds kept (far more than a session holds)
+    max_gap_s: float = 1.5        # a longer gap between two measurements breaks the chain
+    save_every: int = 60          # control steps between saves (0: only at close)
+    seed: int = 0
+
+
+class OnlineReclaimer:
+    name = "reclaimer-online"
+
+    def __init__(self, policy: ReclaimerPolicy, cfg: OnlineConfig = OnlineConfig(), out=None):
+        self.policy = policy
+        self.agent = policy.agent
+        self.cfg = cfg
+        self.topo = policy.topo
+        self.out = Path(out) if out is not None else None
+        self.limits: AppLimits | None = None
+        M = self.topo.n_services
+        width = policy.observation_space.shape[1]
+        self.buf = ReplayBuffer(cfg.replay, M, width, n_envs=1, seed=cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self._stack: FrameStack | None = None
+        self._pending: np.ndarray | None = None
+        self._last_t: float | None = None
+        self.steps = self.updates = self.transitions = 0
+        self.rows: list[dict] = []
+        self._t0 = time.perf_counter()
+
+    # -- Controller ----------------------------------------------------------------------------
+    def reset(self, limits: AppLimits) -> None:
+        self.policy.reset(limits)
+        self.limits = limits
+        self._stack, self._pending, self._last_t = None, None, None
+
+    def act(self, m: StepMeasurement) -> np.ndarray:
+        caps = self.topo.caps
+        in_force = np.clip(np.nan_to_num(m.cpu_limit / caps, nan=1.0), 0.0, 1.0)
+        rows = feature_rows(m, in_force, caps)[None]
+        gap = self._last_t is not None and (m.t - self._last_t) > self.cfg.max_gap_s
+        self._last_t = m.t
+        if self._stack is None or gap:
+            self._stack = FrameStack(1, self.topo.n_services, k=self.policy.cfg.k, id_width=self.policy.cfg.id_width)
+            obs = self._stack.reset(rows)
+            self._pending = None
+        else:
+            obs = self._stack.push(rows)
+        cores = np.where(np.isfinite(m.cpu_limit), m.cpu_limit, caps)   # unread limit: as if at the cap
+        reward = float(reward_of(m.p99_ms, self.topo.qos_ms * self.policy.cfg.qos_margin, cores, caps))
+        if self._pending is not None:
+            self.buf.add_batch(self._pending, in_force[None].astype(np.float32), np.array([reward]), obs,
+                               np.zeros(1), np.array([reward == -1.0]), np.zeros(1, dtype=np.int64))
+            self.transitions += 1
+        stats = None
+        if self.buf.size >= max(self.cfg.start_after, 1):
+            batch = self.cfg.batch or self.policy.cfg.batch
+            for _ in range(self.cfg.updates_per_step):
+                stats = self.agent.update(*self.buf.sample(batch))
+                self.updates += 1
+        a = self.agent.act(obs, deterministic=not self.cfg.explore)[0]
+        self._pending = obs.copy()
+        self.steps += 1
+        self.rows.append({"step": self.steps, "t": round(m.t, 3), "reward": round(reward, 5),
+                          "p99_ms": round(m.p99_ms, 2), "cores": round(float(cores.sum()), 4),
+                          "transitions": self.transitions, "updates": self.updates,
+                          "alpha": round(stats.alpha, 6) if stats else "",
+                          "q": round(stats.q, 5) if stats else "", "gap": int(gap)})
+        if self.out is not None and self.cfg.save_every and self.steps % self.cfg.save_every == 0:
+            self.save()
+        return clip_cores(a * caps, self.limits)
+
+    # -- saving --------------------------------------------------------------------------------
+    def fine_tuned_policy(self) -> ReclaimerPolicy:
+        training = dict(self.policy.training)
+        training["online"] = {"steps": self.steps, "transitions": self.transitions, "updates": self.updates,
+                              "seconds": round(time.perf_counter() - self._t0, 1), "config": asdict(self.cfg),
+                              "base_version": self.policy.version}
+        return ReclaimerPolicy(self.agent, self.topo, self.policy.cfg, training,
+                               version=f"{self.policy.version}+online{self.transitions}")
+
+    def save(self) -> Path | None:
+        if self.out is None:
+            return None
+        self.out.mkdir(parents=True, exist_ok=True)
+        d = self.fine_tuned_policy().save(self.out / "policy")
+        if self.rows:
+            with open(self.out / "online.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(self.rows[0]))
+                w.writeheader()
+                w.writerows(self.rows)
+        return d
+
+    def close(self) -> None:
+        self.save()
