@@ -30,7 +30,7 @@ import numpy as np
 from agents.oversubscription.baselines import make_rule
 from agents.oversubscription.data import generate_trace
 from agents.oversubscription.experiment import test_specs
-from agents.oversubscription.metrics import satisfied
+from agents.oversubscription.metrics import broken_pms, satisfied, summarise
 from agents.oversubscription.settings import RATES, get_setting
 from agents.oversubscription.tuning import evaluate_rule, training_context, tuning_sims, tune
 
@@ -98,7 +98,6 @@ class Hindsight:
 
 
 def hindsight(setting, workloads, **kw) -> dict:
-    from agents.oversubscription.metrics import summarise
     from agents.oversubscription.sim import OversubSim, run_episode
 
     records = []
@@ -106,7 +105,7 @@ def hindsight(setting, workloads, **kw) -> dict:
         rule = Hindsight(setting.n_subscribers, **kw).bind(w)
         records.append(run_episode(OversubSim(setting, w), rule.rates))
     out = summarise(records, setting.delta_steps)
-    out["broken_pms"] = float(np.mean([(r.hot_counts >= setting.delta_steps).sum() for r in records]))
+    out["broken_pms"] = broken_pms(records, setting.delta_steps)
     return out
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from agents.oversubscription.data import generate_trace
 from agents.oversubscription.features import usage_features
-from agents.oversubscription.metrics import summarise
+from agents.oversubscription.metrics import broken_pms, summarise
 from agents.oversubscription.policy import OversubPolicy
 from agents.oversubscription.sim import OversubSim, run_episode
 from agents.oversubscription.train import bootstrap_vms
@@ -57,7 +57,7 @@ def knobs(policy: OversubPolicy):
 def evaluate(fn, setting, workloads) -> dict:
     records = [run_episode(OversubSim(setting, w), fn) for w in workloads]
     m = summarise(records, setting.delta_steps)
-    m["broken_pms"] = float(np.mean([(r.hot_counts >= setting.delta_steps).sum() for r in records]))
+    m["broken_pms"] = broken_pms(records, setting.delta_steps)
     return m
 
 

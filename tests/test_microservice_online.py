@@ -103,3 +103,14 @@ def test_close_saves_a_loadable_policy_that_records_its_fine_tuning(tmp_path):
 def test_unknown_online_parameters_are_named():
     with pytest.raises(ValueError, match="unknown parameter.*bogus"):
         make_controller("reclaimer-online", _policy().topo, bogus=1)
+
+
+def test_periodic_saves_append_each_second_to_the_csv_once(tmp_path):
+    pol = _policy()
+    c = OnlineReclaimer(pol, OnlineConfig(start_after=10**6, save_every=3), out=tmp_path / "ft")
+    c.reset(AppLimits(pol.topo.service_names, pol.topo.caps, pol.topo.qos_ms))
+    for t in range(7):
+        c.act(_meas(pol.topo, float(t), 0.5, 1.0))
+    c.close()
+    lines = (tmp_path / "ft" / "online.csv").read_text().splitlines()
+    assert lines[0].startswith("step,") and [int(x.split(",")[0]) for x in lines[1:]] == list(range(1, 8))

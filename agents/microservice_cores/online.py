@@ -4,7 +4,7 @@ The issue allows the simulator-trained policy to be "fine-tuned on the testbed i
 paper itself trains on its real cluster (260,000 seconds). `OnlineReclaimer` wraps a saved policy
 and, every control second:
 
-  1. builds the observation exactly as `ReclaimerPolicy.act` does (the paper's rows, 5 frames);
+  1. builds the observation with `ReclaimerPolicy.observe`, as its `act` does (the paper's rows, 5 frames);
   2. completes the previous second's transition: the reward of this second (the paper's, with the
      policy's own `qos_margin`) scores the limits that were IN FORCE during it, read back from the
      measurement (what the engine applied, after the loop's clipping), not what was asked;
@@ -32,7 +32,6 @@ import torch
 
 from .control import AppLimits, clip_cores
 from .env import reward_of
-from .features import FrameStack, feature_rows
 from .observation import StepMeasurement
 from .policy import ReclaimerPolicy
 from .sac import ReplayBuffer
@@ -65,31 +64,27 @@ class OnlineReclaimer:
         width = policy.observation_space.shape[1]
         self.buf = ReplayBuffer(cfg.replay, M, width, n_envs=1, seed=cfg.seed)
         torch.manual_seed(cfg.seed)
-        self._stack: FrameStack | None = None
         self._pending: np.ndarray | None = None
         self._last_t: float | None = None
         self.steps = self.updates = self.transitions = 0
-        self.rows: list[dict] = []
+        self.rows: list[dict] = []              # rows not yet in online.csv
+        self._csv_started = False
         self._t0 = time.perf_counter()
 
     # -- Controller ----------------------------------------------------------------------------
     def reset(self, limits: AppLimits) -> None:
         self.policy.reset(limits)
         self.limits = limits
-        self._stack, self._pending, self._last_t = None, None, None
+        self._pending, self._last_t = None, None     # the policy's reset restarts its frame stack
 
     def act(self, m: StepMeasurement) -> np.ndarray:
         caps = self.topo.caps
         in_force = np.clip(np.nan_to_num(m.cpu_limit / caps, nan=1.0), 0.0, 1.0)
-        rows = feature_rows(m, in_force, caps)[None]
         gap = self._last_t is not None and (m.t - self._last_t) > self.cfg.max_gap_s
         self._last_t = m.t
-        if self._stack is None or gap:
-            self._stack = FrameStack(1, self.topo.n_services, k=self.policy.cfg.k, id_width=self.policy.cfg.id_width)
-            obs = self._stack.reset(rows)
+        obs = self.policy.observe(m, restart=gap)
+        if gap:
             self._pending = None
-        else:
-            obs = self._stack.push(rows)
         cores = np.where(np.isfinite(m.cpu_limit), m.cpu_limit, caps)   # unread limit: as if at the cap
         reward = float(reward_of(m.p99_ms, self.topo.qos_ms * self.policy.cfg.qos_margin, cores, caps))
         if self._pending is not None:
@@ -128,11 +123,14 @@ class OnlineReclaimer:
             return None
         self.out.mkdir(parents=True, exist_ok=True)
         d = self.fine_tuned_policy().save(self.out / "policy")
-        if self.rows:
-            with open(self.out / "online.csv", "w", newline="") as f:
+        if self.rows:   # appended, so a long-running learner does not rewrite its whole history
+            with open(self.out / "online.csv", "a" if self._csv_started else "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=list(self.rows[0]))
-                w.writeheader()
+                if not self._csv_started:
+                    w.writeheader()
                 w.writerows(self.rows)
+            self._csv_started = True
+            self.rows.clear()
         return d
 
     def close(self) -> None:

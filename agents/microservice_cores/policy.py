@@ -73,18 +73,21 @@ class ReclaimerPolicy:
         self._stack = None
         self._prev = np.ones(self.topo.n_services)
 
-    def act(self, m: StepMeasurement) -> np.ndarray:
+    def observe(self, m: StepMeasurement, restart: bool = False) -> np.ndarray:
+        """The (1, M, width) observation of this second: its rows pushed on the frame stack (the
+        first second, or one after `restart`, fills every frame)."""
         caps = self.topo.caps
         # the previous action is what was in force, as a share of the cap (read back, not assumed)
         prev = np.clip(m.cpu_limit / caps, 0.0, 1.0)
         rows = feature_rows(m, prev, caps)[None]
-        if self._stack is None:
+        if self._stack is None or restart:
             self._stack = FrameStack(1, self.topo.n_services, k=self.cfg.k, id_width=self.cfg.id_width)
-            obs = self._stack.reset(rows)
-        else:
-            obs = self._stack.push(rows)
-        a = self.agent.act(obs, deterministic=True)[0]
-        return clip_cores(a * caps, self.limits)
+            return self._stack.reset(rows)
+        return self._stack.push(rows)
+
+    def act(self, m: StepMeasurement) -> np.ndarray:
+        a = self.agent.act(self.observe(m), deterministic=True)[0]
+        return clip_cores(a * self.topo.caps, self.limits)
 
     # -- Policy protocol --------------------------------------------------------------------
     def initial_state(self):

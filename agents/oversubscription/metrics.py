@@ -28,6 +28,11 @@ def c_hot_r(records: list[EpisodeRecord], delta: int) -> float:
     return float(np.mean([r.cluster_hot_steps >= delta for r in records])) if records else 0.0
 
 
+def broken_pms(records: list[EpisodeRecord], delta: int) -> float:
+    """Mean count per episode of PMs hot on delta or more steps (the PMs that broke their bound)."""
+    return float(np.mean([(r.hot_counts >= delta).sum() for r in records])) if records else 0.0
+
+
 def s_cores(records: list[EpisodeRecord]) -> float:
     return float(np.mean([r.s_cores for r in records])) if records else 0.0
 
