@@ -114,3 +114,15 @@ def test_periodic_saves_append_each_second_to_the_csv_once(tmp_path):
     c.close()
     lines = (tmp_path / "ft" / "online.csv").read_text().splitlines()
     assert lines[0].startswith("step,") and [int(x.split(",")[0]) for x in lines[1:]] == list(range(1, 8))
+
+
+def test_a_second_with_a_non_finite_counter_never_enters_the_replay():
+    c = _learner(start_after=10**6)
+    topo = c.topo
+    c.act(_meas(topo, 0.0, 0.5, 1.0))
+    bad = _meas(topo, 1.0, 0.5, 1.0)
+    bad.per_service[0, FIELD["cpu_used"]] = np.nan
+    c.act(bad)
+    c.act(_meas(topo, 2.0, 0.5, 1.0))
+    assert c.transitions == 0                     # neither the transition into nor out of it
+    assert np.isfinite(c.buf.obs[: max(c.buf.size, 1)].astype(np.float32)).all()

@@ -83,11 +83,12 @@ class OnlineReclaimer:
         gap = self._last_t is not None and (m.t - self._last_t) > self.cfg.max_gap_s
         self._last_t = m.t
         obs = self.policy.observe(m, restart=gap)
+        finite = bool(np.isfinite(obs).all())
         if gap:
             self._pending = None
         cores = np.where(np.isfinite(m.cpu_limit), m.cpu_limit, caps)   # unread limit: as if at the cap
         reward = float(reward_of(m.p99_ms, self.topo.qos_ms * self.policy.cfg.qos_margin, cores, caps))
-        if self._pending is not None:
+        if self._pending is not None and finite:   # a non-finite row never enters the replay
             self.buf.add_batch(self._pending, in_force[None].astype(np.float32), np.array([reward]), obs,
                                np.zeros(1), np.array([reward == -1.0]), np.zeros(1, dtype=np.int64))
             self.transitions += 1
@@ -98,7 +99,7 @@ class OnlineReclaimer:
                 stats = self.agent.update(*self.buf.sample(batch))
                 self.updates += 1
         a = self.agent.act(obs, deterministic=not self.cfg.explore)[0]
-        self._pending = obs.copy()
+        self._pending = obs.copy() if finite else None
         self.steps += 1
         self.rows.append({"step": self.steps, "t": round(m.t, 3), "reward": round(reward, 5),
                           "p99_ms": round(m.p99_ms, 2), "cores": round(float(cores.sum()), 4),
