@@ -136,3 +136,11 @@ def test_a_standby_leads_once_the_leader_stops_renewing(pg_url):
         assert lease.token == 2 and lease.holder == runner.leadership.holder
         first = min(x.created_at for x in store.decisions() if x.id != d)
     assert ttl <= first - last_renewal <= ttl + ttl / 3 + 2 * cfg.timing.interval_s + 1.0
+
+
+def test_default_lease_outlasts_a_short_pause():
+    """A 0.2 s loop interval must not give a 0.15 s lease: a loaded host delaying the renewal
+    thread once (CI did, while the first iteration loaded a policy) would depose the leader."""
+    from samm.daemon.leadership import MIN_DEFAULT_TTL_S, default_lease_ttl
+    assert default_lease_ttl(0.2) == MIN_DEFAULT_TTL_S >= 1.0
+    assert default_lease_ttl(60.0) == 45.0

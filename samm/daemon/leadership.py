@@ -9,8 +9,8 @@ every ttl/3. Two modes:
 * **ha** (`ha.enabled`, PostgreSQL): a daemon that finds the lease held waits as a standby and
   polls every ttl/3; when the leader stops renewing (killed, host lost) the lease expires after
   ttl and a standby takes it, with the token one higher. With ttl = 0.75 × the shortest loop
-  interval (the default), the standby leads within one interval of the last renewal and decides
-  the next window: within two intervals of the leader's death.
+  interval (the default, never under MIN_DEFAULT_TTL_S), the standby leads within one interval
+  of the last renewal and decides the next window: within two intervals of the leader's death.
 
 Fencing: while leading, the store carries the `Fence` (lease, holder, token). Recording a
 decision and claiming an action check it in the same transaction, so a deposed leader that
@@ -40,6 +40,16 @@ LEASE_NAME = "daemon"
 ANOTHER_LEADER = 2
 #: exit status of a leader that lost its lease
 LOST_LEADERSHIP = 3
+#: the shortest default lease. A lease of a fraction of a second (0.75 × a 0.2 s test interval)
+#: lapses whenever a loaded host delays the renewal thread for a moment (the first iteration
+#: loading a policy, a SQLite write lock), deposing a healthy leader.
+MIN_DEFAULT_TTL_S = 2.0
+
+
+def default_lease_ttl(shortest_interval_s: float) -> float:
+    """The lease length when the config gives none: 0.75 × the shortest loop interval, at least
+    MIN_DEFAULT_TTL_S."""
+    return max(MIN_DEFAULT_TTL_S, 0.75 * shortest_interval_s)
 
 
 def default_holder() -> str:

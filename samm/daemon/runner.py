@@ -28,7 +28,7 @@ from samm.knowledge.store import LeaseLost
 
 from . import sdnotify
 from .build import Daemon, build_daemon
-from .leadership import ANOTHER_LEADER, LOST_LEADERSHIP, Leadership
+from .leadership import ANOTHER_LEADER, LOST_LEADERSHIP, Leadership, default_lease_ttl
 from .loop import IterationReport
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class DaemonRunner:
         for loop in self.loops:
             loop.lock = threading.Lock()
         ha = self.cfg.ha
-        ttl = ha.lease_ttl_s or 0.75 * min(lp.config.timing.interval_s for lp in self.loops)
+        ttl = ha.lease_ttl_s or default_lease_ttl(min(lp.config.timing.interval_s for lp in self.loops))
         self.leadership = Leadership(daemon.store, ttl, ha=ha.enabled, holder=ha.holder or "")
         self.lost_leadership = False
 
