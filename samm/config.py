@@ -101,7 +101,7 @@ class HaConfig(Strict):
     exactly one acting at a time."""
     enabled: bool = False
     lease_ttl_s: float | None = Field(default=None, gt=0, description="Lease length; default 0.75 × the "
-                                      "shortest loop interval, at least 2 s (a standby leads within two "
+                                      "shortest loop interval, at least 1.5 s (a standby leads within two "
                                       "intervals)")
     holder: str | None = Field(default=None, min_length=1, max_length=200,
                                description="This daemon's name in the lease; default host:pid")
