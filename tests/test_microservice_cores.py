@@ -2,6 +2,7 @@
 reward timing, the episode protocol, and the SAC pieces."""
 from __future__ import annotations
 
+import csv
 import math
 
 import numpy as np
@@ -531,3 +532,38 @@ def test_static_controller_by_cores_by_one_number_or_by_a_share_of_the_caps():
         make_controller("static", topo, cores=[1, 2])
     with pytest.raises(ValueError, match="fraction"):
         make_controller("static", topo)
+
+
+def test_continue_keeps_the_policys_input_statistics_and_runs_plain_sac(tmp_path):
+    """`--continue`: more training of one app's policy, without the AutoScale fill and the
+    classifier explorer, and without refitting the standardiser to new data (which would move
+    every input the trained networks read)."""
+    from dataclasses import replace
+
+    from click.testing import CliRunner
+
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.train import train
+    from samm.cli.main import cli
+
+    train("chain3", _tiny_cfg(), seed=3, out=tmp_path / "a", progress=False)
+    a = ReclaimerPolicy.load(tmp_path / "a" / "policy")
+    args = ["train", "--problem", "microservice-cores", "--app", "chain3", "--steps", "1200", "--envs", "2",
+            "--init-policy", str(tmp_path / "a" / "policy"), "--continue", "--out", str(tmp_path / "b"), "--quiet"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    b = ReclaimerPolicy.load(tmp_path / "b" / "policy")
+    assert b.training["continued"] is True and b.training["steps"] == 1200
+    assert not torch.equal(a.agent.actor.body[0].weight, b.agent.actor.body[0].weight)  # SAC did update
+    # the statistics stay as they were (the schedule's own function-preserving refits aside)
+    cfg = replace(_tiny_cfg(), autoscale_steps=0, classifier_steps=0, total_steps=1200, restandardise_every=10**9)
+    mean, std = a.agent.norm.mean.clone(), a.agent.norm.std.clone()
+    c = train("chain3", cfg, seed=4, init=a.agent, keep_norm=True, progress=False)
+    assert torch.equal(c.agent.norm.mean, mean) and torch.equal(c.agent.norm.std, std)
+    assert c.log[0]["critic_loss"] is None and c.log[1]["critic_loss"] is not None  # one episode, then updates
+    with open(tmp_path / "b" / "training.csv") as f:
+        assert {row["phase"] for row in csv.DictReader(f)} == {"sac"}
+    r = CliRunner().invoke(cli, [x for x in args if x not in ("--init-policy", str(tmp_path / "a" / "policy"))])
+    assert r.exit_code == 2 and "--continue needs --init-policy" in r.output
+    r = CliRunner().invoke(cli, [("testbed" if x == "chain3" else x) for x in args])
+    assert r.exit_code == 2 and "not 'testbed'" in r.output

@@ -56,7 +56,11 @@ def sim_config(**overrides) -> SacConfig:
 
 
 def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out: str | Path | None = None,
-          progress: bool = True, init: "Sac | None" = None, threads: int = 1, init_from: str | None = None):
+          progress: bool = True, init: "Sac | None" = None, threads: int = 1, init_from: str | None = None,
+          keep_norm: bool = False):
+    """`keep_norm` (continuing a policy of this same application): keep `init`'s input statistics
+    instead of refitting them to a new AutoScale fill, and let SAC update only once the replay
+    holds one episode of every copy (a fresh replay, filled by the policy itself)."""
     from .policy import ReclaimerPolicy
 
     # one thread: the networks are small, and under load two threads were 12× slower (measured)
@@ -99,8 +103,9 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     t0 = time.perf_counter()
     # a transferred policy keeps its weights, not its input statistics: those are refitted to
     # this application's data after the AutoScale fill, as a fresh run's are
-    fitted = False
+    fitted = keep_norm and init is not None
     last_fit = 0
+    learning_starts = EPISODE_S * E if fitted else 0
     stats = None
     while seen < cfg.total_steps:
         users = rng.uniform(*topo.users, size=E)
@@ -147,15 +152,16 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                 elif seen - last_fit >= cfg.restandardise_every:
                     agent.refit_norm(_fit_sample(buf))
                     last_fit = seen
-                for _ in range(cfg.updates_per_step):
-                    stats = agent.update(*buf.sample(cfg.batch))
+                if buf.size > learning_starts:
+                    for _ in range(cfg.updates_per_step):
+                        stats = agent.update(*buf.sample(cfg.batch))
             if bar:
                 bar.update(E)
         if phase == "autoscale" and seen >= cfg.autoscale_steps and not fitted:
             agent.norm.fit(_fit_sample(buf))
             fitted, last_fit = True, seen
         cls_loss = None
-        if seen >= cfg.autoscale_steps and seen < cfg.autoscale_steps + cfg.classifier_steps + EPISODE_S * E:
+        if cfg.classifier_steps and cfg.autoscale_steps <= seen < cfg.autoscale_steps + cfg.classifier_steps + EPISODE_S * E:
             cls_loss = _train_classifier(agent, buf, cfg)
         row = {"episode": episode, "steps": seen, "phase": phase, "seconds": round(time.perf_counter() - t0, 1),
                "reward": float(ep_reward.mean() / EPISODE_S), "mean_cores": float(ep_cores.mean() / EPISODE_S),
@@ -177,7 +183,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         writer.close()
     policy = ReclaimerPolicy(agent, topo, cfg, training={"seed": seed, "steps": seen, "episodes": episode,
                                                           "seconds": round(time.perf_counter() - t0, 1),
-                                                          "init_policy": init_from})
+                                                          "init_policy": init_from,
+                                                          **({"continued": True} if keep_norm else {})})
     if out_dir:
         _write_log(out_dir, rows_csv)
         policy.save(out_dir / "policy")
@@ -265,6 +272,9 @@ def main(argv=None) -> int:
                    help="width of the one-hot service id (default: the app's service count); a policy to be "
                         "transferred to a larger app needs at least that app's count (Social: 28)")
     p.add_argument("--init-policy", default=None, help="start from this saved policy (the transfer experiment)")
+    p.add_argument("--continue", dest="cont", action="store_true",
+                   help="with --init-policy of this same app: continue its training (its input statistics kept, "
+                        "no AutoScale fill or classifier explorer: plain SAC on a fresh replay)")
     p.add_argument("--qos-margin", type=float, default=None,
                    help="ours: train against this fraction of the QoS target (default 1.0, the paper); "
                         "a policy headed to real containers keeps a margin for the simulator's optimism")
@@ -291,14 +301,26 @@ def main(argv=None) -> int:
     total = args.steps or (args.episodes * EPISODE_S * cfg.n_envs if args.episodes else None)
     if total:
         cfg = scaled_schedule(cfg, total)
+    if args.cont:
+        if not args.init_policy:
+            print("error: --continue needs --init-policy (the policy to continue)", file=sys.stderr)
+            return 2
+        cfg = replace(cfg, autoscale_steps=0, classifier_steps=0)
     init = None
     try:
         if args.init_policy:
             from .policy import ReclaimerPolicy
             init = ReclaimerPolicy.load(args.init_policy)
             cfg = replace(cfg, **{f: getattr(init.cfg, f) for f in NETWORK_FIELDS})
+            if args.cont:
+                if init.topo.name != load_topology(args.app).name:
+                    print(f"error: --continue: the policy is for {init.topo.name!r}, not {args.app!r} "
+                          "(transfer between apps: --init-policy without --continue)", file=sys.stderr)
+                    return 2
+                cfg = replace(cfg, qos_margin=init.cfg.qos_margin)
         policy = train(args.app, cfg, seed=args.seed, out=args.out, progress=not args.quiet,
-                       init=init.agent if init else None, threads=args.threads, init_from=args.init_policy)
+                       init=init.agent if init else None, threads=args.threads, init_from=args.init_policy,
+                       keep_norm=args.cont)
     except ValueError as e:  # a bad app, policy or option: say which, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
