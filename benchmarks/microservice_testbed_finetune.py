@@ -35,6 +35,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--updates-per-step", type=int, default=2)
     ap.add_argument("--start-after", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="actor and critic learning rate while fine-tuning (default: the policy's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/ft")
     a = ap.parse_args(argv)
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     policy = ReclaimerPolicy.load(a.policy)
     learner = OnlineReclaimer(policy, OnlineConfig(updates_per_step=a.updates_per_step, start_after=a.start_after,
-                                                   seed=a.seed), out=out)
+                                                   lr=a.lr, seed=a.seed), out=out)
     runs = []
     t0 = time.time()
     for r in range(a.rounds):

@@ -126,3 +126,12 @@ def test_a_second_with_a_non_finite_counter_never_enters_the_replay():
     c.act(_meas(topo, 2.0, 0.5, 1.0))
     assert c.transitions == 0                     # neither the transition into nor out of it
     assert np.isfinite(c.buf.obs[: max(c.buf.size, 1)].astype(np.float32)).all()
+
+
+def test_a_fine_tuning_learning_rate_reaches_the_actor_and_critics_only():
+    c = _learner(lr=3e-5)
+    assert {g["lr"] for g in c.agent.opt_actor.param_groups} == {3e-5}
+    assert {g["lr"] for g in c.agent.opt_critic.param_groups} == {3e-5}
+    assert {g["lr"] for g in c.agent.opt_alpha.param_groups} != {3e-5}
+    with pytest.raises(ValueError, match="online lr must be > 0"):
+        _learner(lr=0.0)

@@ -43,6 +43,8 @@ class OnlineConfig:
     updates_per_step: int = 2     # as the simulator runs (SIM_TRAINING); ~5 ms each for 7 services
     batch: int | None = None      # None: the policy's (Table 2: 100)
     start_after: int = 100        # live transitions before the first update: a batch's worth
+    lr: float | None = None       # actor and critics; None: the policy's (the simulator run's 3e-4;
+                                  # Table 2's 3e-5 moves a trained policy less per live second)
     explore: bool = True          # SAC's stochastic action while learning
     replay: int = 50_000          # live seconds kept (far more than a session holds)
     max_gap_s: float = 1.5        # a longer gap between two measurements breaks the chain
@@ -63,6 +65,12 @@ class OnlineReclaimer:
         M = self.topo.n_services
         width = policy.observation_space.shape[1]
         self.buf = ReplayBuffer(cfg.replay, M, width, n_envs=1, seed=cfg.seed)
+        if cfg.lr is not None:
+            if not cfg.lr > 0:
+                raise ValueError(f"online lr must be > 0, got {cfg.lr}")
+            for opt in (self.agent.opt_actor, self.agent.opt_critic):
+                for group in opt.param_groups:
+                    group["lr"] = cfg.lr
         torch.manual_seed(cfg.seed)
         self._pending: np.ndarray | None = None
         self._last_t: float | None = None
