@@ -51,6 +51,10 @@ class OnlineConfig:
     save_every: int = 60          # control steps between saves (0: only at close)
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"online lr must be > 0, got {self.lr}")
+
 
 class OnlineReclaimer:
     name = "reclaimer-online"
@@ -66,11 +70,7 @@ class OnlineReclaimer:
         width = policy.observation_space.shape[1]
         self.buf = ReplayBuffer(cfg.replay, M, width, n_envs=1, seed=cfg.seed)
         if cfg.lr is not None:
-            if not cfg.lr > 0:
-                raise ValueError(f"online lr must be > 0, got {cfg.lr}")
-            for opt in (self.agent.opt_actor, self.agent.opt_critic):
-                for group in opt.param_groups:
-                    group["lr"] = cfg.lr
+            self.agent.set_lr(cfg.lr)
         torch.manual_seed(cfg.seed)
         self._pending: np.ndarray | None = None
         self._last_t: float | None = None

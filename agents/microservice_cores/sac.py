@@ -221,6 +221,12 @@ class Sac(nn.Module):
         self.opt_alpha = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr or cfg.lr)
         self.opt_cls = torch.optim.Adam(self.classifier.parameters(), lr=cfg.classifier_lr)
 
+    def set_lr(self, lr: float) -> None:
+        """The actor's and critics' learning rate from now on (the entropy coefficient keeps its own)."""
+        for opt in (self.opt_actor, self.opt_critic):
+            for group in opt.param_groups:
+                group["lr"] = lr
+
     @torch.no_grad()
     def refit_norm(self, rows: np.ndarray) -> None:
         """Re-standardise on new data (Algorithm 2's RSC) without changing what the networks

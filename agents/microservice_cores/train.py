@@ -102,7 +102,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     episode = 0
     t0 = time.perf_counter()
     # a transferred policy keeps its weights, not its input statistics: those are refitted to
-    # this application's data after the AutoScale fill, as a fresh run's are
+    # this application's data after the AutoScale fill, as a fresh run's are (a continued one,
+    # `keep_norm`, keeps both)
     fitted = keep_norm and init is not None
     last_fit = 0
     learning_starts = EPISODE_S * E if fitted else 0
@@ -301,11 +302,9 @@ def main(argv=None) -> int:
     total = args.steps or (args.episodes * EPISODE_S * cfg.n_envs if args.episodes else None)
     if total:
         cfg = scaled_schedule(cfg, total)
-    if args.cont:
-        if not args.init_policy:
-            print("error: --continue needs --init-policy (the policy to continue)", file=sys.stderr)
-            return 2
-        cfg = replace(cfg, autoscale_steps=0, classifier_steps=0)
+    if args.cont and not args.init_policy:
+        print("error: --continue needs --init-policy (the policy to continue)", file=sys.stderr)
+        return 2
     init = None
     try:
         if args.init_policy:
@@ -317,7 +316,8 @@ def main(argv=None) -> int:
                     print(f"error: --continue: the policy is for {init.topo.name!r}, not {args.app!r} "
                           "(transfer between apps: --init-policy without --continue)", file=sys.stderr)
                     return 2
-                cfg = replace(cfg, qos_margin=init.cfg.qos_margin)
+                # its own reward, and no AutoScale fill or classifier explorer: plain SAC
+                cfg = replace(cfg, qos_margin=init.cfg.qos_margin, autoscale_steps=0, classifier_steps=0)
         policy = train(args.app, cfg, seed=args.seed, out=args.out, progress=not args.quiet,
                        init=init.agent if init else None, threads=args.threads, init_from=args.init_policy,
                        keep_norm=args.cont)
