@@ -88,6 +88,10 @@ class C2MarlConfig:
     reward_scale: float = 1.0 / 64.0  # 1/Z of §6.2 ("a large constant", not given): one PM's cores
     hidden: int = 64
     grad_clip: float = 10.0
+    # ours (shield.py): "nsigma" floors every rate at the N-sigma rule's rate with this headroom, and
+    # the agent sees the floor; "none" is the paper's agent
+    shield: str = "none"
+    shield_headroom: float = 2.25
     seed: int = 0
     torch_threads: int = 1
 
@@ -225,19 +229,23 @@ def epsilon_at(cfg: C2MarlConfig, episode: int) -> float:
     return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
 
 
-def run_training_episode(agent: C2Marl, sim, setting, episode: int, obs_fn, mask_fn) -> EpisodeLog:
-    """One episode of Alg. 1 (lines 3-16) on an `OversubSim`."""
+def run_training_episode(agent: C2Marl, sim, setting, episode: int, obs_fn, mask_fn, shield=None) -> EpisodeLog:
+    """One episode of Alg. 1 (lines 3-16) on an `OversubSim`. `obs_fn(view, floor)`; with a
+    `shield` (shield.py) the simulator gets max(RATES[a], floor) and the replay keeps a."""
     cfg = agent.cfg
     eps = epsilon_at(cfg, episode)
     agent.size_replay(sim.T)
     t0 = time.perf_counter()
     view = sim.reset()
-    obs, mask = obs_fn(view), mask_fn(view).astype(np.float32)
+    if shield is not None:
+        shield.reset()
+    floor = None if shield is None else shield.floor(view)
+    obs, mask = obs_fn(view, floor), mask_fn(view).astype(np.float32)
     total_r = 0.0
     steps = []
     while view is not None:
         a = agent.act(obs, eps)
-        rates = np.asarray(RATES)[a]
+        rates = np.asarray(RATES)[a] if floor is None else shield.apply(np.asarray(RATES)[a], floor)
         rows = view.vm_rows
         view, res = sim.step(rates)
         r = res.saved_cores * cfg.reward_scale
@@ -250,7 +258,8 @@ def run_training_episode(agent: C2Marl, sim, setting, episode: int, obs_fn, mask
         if view is None:
             next_obs, next_mask, done = obs, np.zeros_like(mask), 1.0
         else:
-            next_obs, next_mask, done = obs_fn(view), mask_fn(view).astype(np.float32), 0.0
+            floor = None if shield is None else shield.floor(view)
+            next_obs, next_mask, done = obs_fn(view, floor), mask_fn(view).astype(np.float32), 0.0
         steps.append([obs, a, mask, r, cost, next_obs, next_mask, done, rows])
         total_r += r
         obs, mask = next_obs, next_mask

@@ -13,6 +13,8 @@ one-hot (24), which lets a small network learn hour-specific rates.
 `features="usage"` (ours, an ablation; the paper's state has no usage) appends, per subscriber, the
 last observed usage rate of its live VMs and the highest over the last 24 observed hours: what the
 MA / SL / N-sigma rules see.
+
+A shielded agent (shield.py, ours) also sees its floor: the N-sigma rule's rate per subscriber, last.
 """
 from __future__ import annotations
 
@@ -26,17 +28,19 @@ HOURS = 24
 FEATURE_SETS = ("paper", "usage")
 
 
-def observation_size(setting: Setting, features: str = "paper") -> int:
+def observation_size(setting: Setting, features: str = "paper", floor: bool = False) -> int:
     if features not in FEATURE_SETS:
         raise ValueError(f"features must be one of {FEATURE_SETS}, not {features!r}")
-    return 7 * setting.n_subscribers + HOURS + (2 * setting.n_subscribers if features == "usage" else 0)
+    return (7 * setting.n_subscribers + HOURS + (2 * setting.n_subscribers if features == "usage" else 0)
+            + (setting.n_subscribers if floor else 0))
 
 
-def observation(view, setting: Setting, features: str = "paper") -> np.ndarray:
+def observation(view, setting: Setting, features: str = "paper", floor: np.ndarray | None = None) -> np.ndarray:
+    """`floor`: a shielded agent's floor rates (shield.py), appended as the last N values."""
     n = setting.n_subscribers
     cap = np.array([setting.pm_cores, setting.pm_mem_gb, setting.pm_net_gbps])
     share = cap * setting.n_pms / n
-    out = np.zeros(observation_size(setting, features), dtype=np.float32)
+    out = np.zeros(observation_size(setting, features, floor is not None), dtype=np.float32)
     alloc = np.asarray(view.allocated, dtype=np.float64).reshape(n, 3)
     out[0:n] = alloc[:, 0] / share[0]
     out[n:2 * n] = np.asarray(view.requested_live, dtype=np.float64) / share[0]
@@ -50,6 +54,8 @@ def observation(view, setting: Setting, features: str = "paper") -> np.ndarray:
     if features == "usage":
         base = 7 * n + HOURS
         out[base:base + n], out[base + n:base + 2 * n] = usage_features(view, n)
+    if floor is not None:
+        out[-n:] = np.asarray(floor, dtype=np.float64).reshape(n)
     return out
 
 

@@ -39,14 +39,17 @@ from .sim import OversubSim, run_episode
 def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, trace_seed: int = 0,
           warm: bool = False, train_usage: str = "bootstrap", out: str | Path | None = None,
           progress: bool = True, workload_fn=None, trace=None, validate_every: int = 0,
-          validate_episodes: int = 10) -> tuple[OversubPolicy, list[EpisodeLog]]:
+          validate_episodes: int = 10, shield_prior: np.ndarray | None = None
+          ) -> tuple[OversubPolicy, list[EpisodeLog]]:
+    """`shield_prior`: the shield's usage history when `workload_fn` replaces the trace (else the
+    trace's training days replayed, as the baselines' prior)."""
     setting = get_setting(setting)
     cfg = cfg or C2MarlConfig()
     torch.set_num_threads(max(1, cfg.torch_threads))
+    if trace is None and (workload_fn is None or (cfg.shield != "none" and shield_prior is None)):
+        from .data import generate_trace
+        trace = generate_trace(setting, trace_seed)
     if workload_fn is None:
-        if trace is None:
-            from .data import generate_trace
-            trace = generate_trace(setting, trace_seed)
         if train_usage == "logged":
             fixed = trace.train_workload(warm=warm)
             workload_fn = lambda ep: fixed  # noqa: E731
@@ -67,8 +70,10 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             workload_fn = generated_weeks(setting, trace_seed, cfg.seed, warm)
         else:
             raise ValueError(f"train_usage must be one of {TRAIN_USAGES}, not {train_usage!r}")
-    agent = C2Marl(setting.n_subscribers, observation_size(setting, cfg.features), cfg, constraint_bound(setting, cfg))
-    obs_fn = lambda v: observation(v, setting, cfg.features)  # noqa: E731
+    shield = make_shield(setting, cfg, trace, warm, shield_prior)
+    agent = C2Marl(setting.n_subscribers, observation_size(setting, cfg.features, shield is not None), cfg,
+                   constraint_bound(setting, cfg))
+    obs_fn = lambda v, floor: observation(v, setting, cfg.features, floor)  # noqa: E731
     logs: list[EpisodeLog] = []
     writer = tensorboard_writer(out)
     bar = None
@@ -84,7 +89,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             sim = OversubSim(setting, w, warm_start=warm)
             if train_usage == "logged":
                 sim_cache[id(w)] = sim
-        log = run_training_episode(agent, sim, setting, ep, obs_fn, request_mask)
+        log = run_training_episode(agent, sim, setting, ep, obs_fn, request_mask, shield)
         logs.append(log)
         if writer is not None:
             for k in ("reward", "s_cores", "hot_cluster_steps", "max_pm_hot_steps", "lam", "loss", "epsilon"):
@@ -95,7 +100,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - start
-    policy = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features, training={
+    policy = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features, shield=shield, training={
         "config": cfg.to_json(), "trace_seed": trace_seed, "warm": warm, "train_usage": train_usage,
         "episodes": cfg.episodes, "seconds": elapsed, "final_lambda": agent.lam,
         "constraint_bound": agent.c})
@@ -106,6 +111,21 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     if writer is not None:
         writer.close()
     return policy, logs
+
+
+def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: np.ndarray | None = None):
+    """The configured shield (shield.py) or None; its prior is the training days replayed at rate 1,
+    the same history the baselines start from."""
+    if cfg.shield == "none":
+        return None
+    if cfg.shield != "nsigma":
+        raise ValueError(f"shield must be 'none' or 'nsigma', not {cfg.shield!r}")
+    from .baselines import replay_usage_history
+    from .shield import Shield, ShieldSpec
+
+    if prior is None:
+        prior = replay_usage_history(setting, trace.train_workload(warm=warm), warm=warm)
+    return Shield(ShieldSpec(headroom=cfg.shield_headroom), setting.n_subscribers, prior)
 
 
 def bootstrap_vms(workload, rng: np.random.Generator, volume: tuple[float, float] = (1.0, 1.0)):
@@ -200,11 +220,17 @@ def main(argv=None) -> int:
                    help="U of the dual update: broken PMs per episode, or the largest per-PM break share "
                         "over the last --dual-window episodes (ours)")
     p.add_argument("--dual-window", type=int, default=None)
+    p.add_argument("--shield", choices=("none", "nsigma"), default="none",
+                   help="nsigma (ours): floor every rate at the N-sigma rule's with --shield-headroom; the agent "
+                        "sees the floor and may only reserve more")
+    p.add_argument("--shield-headroom", type=float, default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    cfg = C2MarlConfig(alpha=args.alpha, seed=args.seed, constraint=args.constraint, features=args.features)
+    cfg = C2MarlConfig(alpha=args.alpha, seed=args.seed, constraint=args.constraint, features=args.features,
+                       shield=args.shield)
     changes = {k: v for k, v in (("episodes", args.episodes), ("lr", args.lr), ("dual_lr", args.dual_lr),
-                                 ("dual_estimate", args.dual_estimate), ("dual_window", args.dual_window))
+                                 ("dual_estimate", args.dual_estimate), ("dual_window", args.dual_window),
+                                 ("shield_headroom", args.shield_headroom))
                if v is not None}
     cfg = replace(cfg, **changes)
     policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,

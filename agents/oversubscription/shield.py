@@ -1,0 +1,86 @@
+"""A production predictor as a floor under the learned rates (ours, not the paper's).
+
+    rate_i = max(RATES[a_i], floor_i),   floor = the N-sigma rule's rate at an aggressive headroom
+
+Why: trained on one week, the paper's agents were safe on the days they trained on and broke their
+PMs on held-apart weeks (docs/oversubscription.md, "Where the held-apart gap comes from"), while
+the per-subscriber N-sigma rule tuned on the same training days held its bound. Shielding is the
+safe-RL answer to a policy that cannot be trusted out of distribution: a rule the operator already
+trusts bounds what the agent may do. Here the rule is deliberately aggressive (a headroom below the
+tuned one, unsafe on its own), and the agent learns where to reserve MORE than it: it sees the
+floor in its observation and can only raise a subscriber's rate above it, never lower it.
+
+The floor is computed from the same history the baselines see (`View.usage_history` after the
+training days' `prior`), with `baselines.NSigmaRule`, so there is one N-sigma implementation.
+`Shield.floor` keeps the rule's history between the steps of one episode (the simulator) and
+starts over when the history is shorter than what it saw; `Shield.floor_fresh` builds it from the
+view alone (the service: each request brings its own history).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .baselines import NSigmaRule
+from .settings import RATES
+
+
+@dataclass(frozen=True)
+class ShieldSpec:
+    # n and window are the tuned N-sigma's on the Azure-like training days (tuning.py, Table 3 run:
+    # n 2, window 24, headroom 3); the headroom is lower on purpose, so the floor saves more and
+    # the agent has something to add (ours; docs/oversubscription.md measures the choice)
+    n: float = 2.0
+    window: int = 24
+    headroom: float = 2.25
+    lo: float = RATES[0]
+
+    def __post_init__(self):
+        if self.headroom <= 0 or self.window < 1 or self.n < 0:
+            raise ValueError(f"shield needs headroom > 0, window >= 1 and n >= 0, got {self}")
+        if not 0.0 < self.lo <= 1.0:
+            raise ValueError(f"shield lo must lie in (0, 1], got {self.lo}")
+
+
+class Shield:
+    """The N-sigma floor for `n_subscribers`, with the training days' usage history as its prior."""
+
+    def __init__(self, spec: ShieldSpec, n_subscribers: int, prior: np.ndarray | None):
+        self.spec = spec
+        self.n = int(n_subscribers)
+        self.prior = None if prior is None else np.asarray(prior, dtype=np.float64).reshape(-1, self.n)
+        self._template = NSigmaRule(self.n, n=spec.n, window=spec.window, headroom=spec.headroom, lo=spec.lo,
+                                    prior=self.prior)
+        self._rule = copy.deepcopy(self._template)
+
+    def reset(self) -> None:
+        self._rule.reset()
+
+    def floor(self, view) -> np.ndarray:
+        """[N] floor rates in [lo, 1]; incremental over one episode's steps."""
+        return self._rule.rates(view)
+
+    def floor_fresh(self, view) -> np.ndarray:
+        """The same floor computed from the prior and this view's history alone (thread-safe)."""
+        return copy.deepcopy(self._template).rates(view)
+
+    @staticmethod
+    def apply(agent_rates: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        return np.maximum(np.asarray(agent_rates, dtype=np.float64), np.asarray(floor, dtype=np.float64))
+
+    def to_json(self) -> dict:
+        return {"kind": "nsigma", **asdict(self.spec),
+                "prior": None if self.prior is None else np.where(np.isfinite(self.prior), self.prior, None).tolist()}
+
+    @classmethod
+    def from_json(cls, data: dict, n_subscribers: int) -> "Shield":
+        data = dict(data)
+        if data.pop("kind", None) != "nsigma":
+            raise ValueError("shield: only kind 'nsigma' is known")
+        prior = data.pop("prior", None)
+        if prior is not None:
+            prior = np.array([[np.nan if v is None else v for v in row] for row in prior], dtype=np.float64)
+            prior = prior.reshape(-1, n_subscribers)
+        return cls(ShieldSpec(**data), n_subscribers, prior)
