@@ -227,3 +227,32 @@ def test_mounted_on_the_policy_evaluation_service():
     assert r.status_code == 422 and "cores" in r.json()["detail"]
     paths = c.get("/openapi.json").json()["paths"]
     assert "/v1/agents/c2marl/admit" in paths and "/v1/agents/c2marl/admit/batch" in paths
+
+
+def test_a_tuned_production_rule_is_hosted_behind_the_same_routes():
+    """`samm serve --agent nsigma --agent-param nsigma:headroom=2`: the N-sigma rule over each
+    request's own usage history, no state shared between calls."""
+    from agents.registry import make_policy
+    from samm.plan.registry import PolicyRegistry
+    from samm.plan.service import create_app as create_service
+
+    reg = PolicyRegistry()
+    reg.host("nsigma", make_policy("nsigma", None, setting="tiny", prior="none", headroom="2"))
+    c = TestClient(create_service(reg))
+    flat = [[0.2, None, 0.3]] * 3
+    b = body(usage_history=flat)
+    del b["subscriber"], b["cores"], b["mem_gb"], b["net_gbps"]
+    b["requests"] = [{"subscriber": s, "cores": 4.0, "mem_gb": 8.0, "net_gbps": 1.0} for s in range(N)]
+    r = c.post("/v1/agents/nsigma/admit/batch", json=b)
+    assert r.status_code == 200, r.text
+    # mean 0.2 / 0.3 with no spread, times headroom 2; no history at all -> no oversubscription
+    assert r.json()["rates"] == pytest.approx([0.4, 1.0, 0.6])
+    assert r.json()["policy_version"] == "nsigma(headroom=2, n=2, window=24)"
+    r = c.post("/v1/agents/nsigma/admit", json=body(usage_history=[[0.4, None, None]]))
+    assert r.status_code == 200 and r.json()["rate"] == pytest.approx(0.8)   # the earlier call left nothing behind
+    with pytest.raises(ValueError, match="number"):
+        make_policy("nsigma", None, setting="tiny", prior="none", headroom="lots")
+    with pytest.raises(ValueError, match="parameters"):
+        make_policy("nsigma", "some/dir")
+    with pytest.raises(ValueError, match="unknown agent 'nsigmas'"):
+        make_policy("nsigmas")

@@ -11,13 +11,15 @@ production overcommit predictors, tuned on training days), `experiment` (`samm e
 """
 from agents.registry import ProblemSpec, register_problem
 
+_RULE_AGENTS = ("nsigma", "percentile", "max-predictor", "ma-des")   # policy.HOSTED_RULES, without importing numpy here
+
 PROBLEM = register_problem(ProblemSpec(
     name="oversubscription",
     title="VM oversubscription (C2MARL)",
     paper="c2marl-oversubscription.txt",
     env_id="samm/Oversubscription-v0",
     env_entry_point="agents.oversubscription.env:OversubscriptionEnv",
-    agents={"c2marl": "agents.oversubscription.hosting:make_policy"},
+    agents={name: "agents.oversubscription.hosting:make_policy" for name in ("c2marl", *_RULE_AGENTS)},
     learner="c2marl",
     default_agent="c2marl",
     policy_loader="agents.oversubscription.policy:OversubPolicy.load",

@@ -11,6 +11,7 @@ vector ends with the floor, so `decide` applies the same max (its `info["rates"]
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict
 from pathlib import Path
 
@@ -110,6 +111,70 @@ class OversubPolicy:
         net = C2MarlNet(setting.n_subscribers, observation_size(setting, features, floor), len(RATES), hidden)
         load_torch_weights(d, net, WEIGHTS_FILE, METADATA_FILE)
         return cls(net, setting, meta.get("training"), meta.get("version"), features=features, shield=shield)
+
+
+#: hosted rule name -> (baselines.RULES name, parameters tuned on the Azure-like training days at
+#: alpha = 0.95: the Table 3 run of `samm experiment c2marl`, docs/experiments/c2marl-azure-report.md)
+HOSTED_RULES = {
+    "nsigma": ("NSigma", {"n": 2.0, "window": 24, "headroom": 3.0}),
+    "percentile": ("Percentile", {"p": 100.0, "window": 120, "headroom": 2.0}),
+    "max-predictor": ("Max", {"n": 3.0, "p": 99.0, "window": 24, "headroom": 2.4}),
+    "ma-des": ("MA", {"smoothing": 0.2, "headroom": 14.0}),
+}
+_INT_PARAMS = ("window",)
+
+
+class RulePolicy:
+    """A production overcommit predictor of baselines.py hosted behind the admit routes: what
+    docs/oversubscription.md advises until a learned policy holds its bound on unseen weeks.
+
+    Its history is the prior (the setting's calibrated training days replayed at rate 1, or none
+    with `prior="none"`) followed by the `usage_history` each request brings; every call starts
+    from that prior, so callers never share state."""
+
+    problem = PROBLEM
+    stateful = False
+
+    def __init__(self, name: str, setting: Setting | str = "azure", prior: str = "trace", trace_seed: int = 0,
+                 **params):
+        from .baselines import RuleContext, make_rule, replay_usage_history
+        from .settings import get_setting
+
+        if name not in HOSTED_RULES:
+            raise ValueError(f"oversubscription hosts the rules {sorted(HOSTED_RULES)}, not {name!r}")
+        if prior not in ("trace", "none"):
+            raise ValueError(f"prior must be 'trace' or 'none', not {prior!r}")
+        rule_name, defaults = HOSTED_RULES[name]
+        self.kind = name
+        self.setting = get_setting(setting)
+        try:
+            self.params = {**defaults, **{k: (int(v) if k in _INT_PARAMS else float(v)) for k, v in params.items()}}
+        except ValueError as exc:
+            raise ValueError(f"{name}: parameters must be numbers ({exc})") from None
+        history = None
+        if prior == "trace":
+            from .data import generate_trace
+            history = replay_usage_history(self.setting, generate_trace(self.setting, int(trace_seed)).train_workload())
+        self._template = make_rule(rule_name, RuleContext(self.setting, prior=history), **self.params)
+        self.prior = prior
+        self.version = f"{name}({', '.join(f'{k}={v:g}' for k, v in sorted(self.params.items()))})"
+        self.observation_space, self.action_space = oversub_spaces(self.setting)
+
+    def initial_state(self):
+        return None
+
+    def rates(self, view) -> np.ndarray:
+        rule = copy.deepcopy(self._template)
+        rule.reset()
+        return rule.rates(view)
+
+    def decide(self, observation_vec, state=None, *, mask=None, deterministic: bool = True):
+        raise NotImplementedError(f"{self.kind} forecasts from each subscriber's usage history: "
+                                  f"use POST /v1/agents/{self.kind}/admit")
+
+    def metadata(self) -> dict:
+        return {"kind": self.kind, "problem": PROBLEM, "version": self.version, "params": self.params,
+                "prior": self.prior, "setting": asdict(self.setting)}
 
 
 def shipped_policy() -> OversubPolicy:

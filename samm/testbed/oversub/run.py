@@ -153,9 +153,11 @@ def resolve_policy(agent: str, policy_dir: str | None, setting: Setting):
         from agents.oversubscription.baselines import GridRule
 
         return RuleAdapter(GridRule(float(m.group(1)), setting.n_subscribers), setting)
+    from agents.oversubscription.policy import HOSTED_RULES
     from agents.registry import make_policy
 
-    policy = make_policy(agent, policy_dir)
+    # a rule is built for the testbed's setting (its prior: that setting's calibrated training days)
+    policy = make_policy(agent, policy_dir, **({"setting": setting.name} if agent in HOSTED_RULES else {}))
     if not hasattr(policy, "rates") or not hasattr(policy, "setting"):
         raise ValueError(f"agent {agent!r} is not an oversubscription policy (no rates(view) / setting)")
     return policy
