@@ -256,3 +256,7 @@ def test_a_tuned_production_rule_is_hosted_behind_the_same_routes():
         make_policy("nsigma", "some/dir")
     with pytest.raises(ValueError, match="unknown agent 'nsigmas'"):
         make_policy("nsigmas")
+    from agents.oversubscription import PROBLEM
+    from agents.oversubscription.policy import HOSTED_RULES
+
+    assert set(PROBLEM.agents) == {"c2marl", *HOSTED_RULES}   # the spec's list, kept import-free, agrees

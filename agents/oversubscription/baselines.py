@@ -37,6 +37,7 @@ no observation at all gets 1.0 (no oversubscription).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -148,6 +149,14 @@ class ObservedHistory:
         rows = self._count[None, :] - k + np.arange(k)[:, None]          # [k, N]
         vals = self._values[np.maximum(rows, 0), np.arange(self.n)[None, :]]
         return np.where(rows >= 0, vals, np.nan), np.minimum(self._count, k)
+
+
+def rates_from_prior(rule: "RateRule", view: View) -> np.ndarray:
+    """`rule`'s rates for `view` from its prior and the view's own history alone, on a copy: neither
+    `rule` nor any other caller's history is touched (a service request brings its whole history)."""
+    fresh = copy.deepcopy(rule)
+    fresh.reset()
+    return fresh.rates(view)
 
 
 def forecast_to_rate(forecast: np.ndarray, headroom: float, lo: float) -> np.ndarray:

@@ -11,7 +11,6 @@ vector ends with the floor, so `decide` applies the same max (its `info["rates"]
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from agents.spaces import check_spaces, space_from_json, space_to_json
 
 from .features import observation, observation_size
 from .network import C2MarlNet
+from .baselines import rates_from_prior
 from .settings import RATES, SETTINGS, Setting
 from .shield import Shield
 
@@ -164,9 +164,7 @@ class RulePolicy:
         return None
 
     def rates(self, view) -> np.ndarray:
-        rule = copy.deepcopy(self._template)
-        rule.reset()
-        return rule.rates(view)
+        return rates_from_prior(self._template, view)
 
     def decide(self, observation_vec, state=None, *, mask=None, deterministic: bool = True):
         raise NotImplementedError(f"{self.kind} forecasts from each subscriber's usage history: "

@@ -18,12 +18,11 @@ view alone (the service: each request brings its own history).
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .baselines import NSigmaRule
+from .baselines import NSigmaRule, rates_from_prior
 from .settings import RATES
 
 
@@ -51,9 +50,8 @@ class Shield:
         self.spec = spec
         self.n = int(n_subscribers)
         self.prior = None if prior is None else np.asarray(prior, dtype=np.float64).reshape(-1, self.n)
-        self._template = NSigmaRule(self.n, n=spec.n, window=spec.window, headroom=spec.headroom, lo=spec.lo,
-                                    prior=self.prior)
-        self._rule = copy.deepcopy(self._template)
+        self._rule = NSigmaRule(self.n, n=spec.n, window=spec.window, headroom=spec.headroom, lo=spec.lo,
+                                prior=self.prior)
 
     def reset(self) -> None:
         self._rule.reset()
@@ -64,7 +62,7 @@ class Shield:
 
     def floor_fresh(self, view) -> np.ndarray:
         """The same floor computed from the prior and this view's history alone (thread-safe)."""
-        return copy.deepcopy(self._template).rates(view)
+        return rates_from_prior(self._rule, view)
 
     @staticmethod
     def apply(agent_rates: np.ndarray, floor: np.ndarray) -> np.ndarray:
