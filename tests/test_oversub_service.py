@@ -260,3 +260,29 @@ def test_a_tuned_production_rule_is_hosted_behind_the_same_routes():
     from agents.oversubscription.policy import HOSTED_RULES
 
     assert set(PROBLEM.agents) == {"c2marl", *HOSTED_RULES}   # the spec's list, kept import-free, agrees
+
+
+def test_the_hosted_rule_decides_as_the_baseline_over_an_episode_and_in_the_testbed():
+    """What `samm serve --agent nsigma` answers equals baselines.NSigmaRule step by step (the rule
+    the tables use), and the live testbed builds it for its own setting."""
+    from agents.oversubscription.baselines import NSigmaRule, replay_usage_history
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.policy import RulePolicy
+    from agents.oversubscription.sim import OversubSim
+    from samm.testbed.oversub.run import resolve_policy
+
+    s = SETTINGS["tiny"]
+    hosted = RulePolicy("nsigma", setting="tiny")
+    trace = generate_trace(s, 0)
+    rule = NSigmaRule(s.n_subscribers, n=2.0, window=24, headroom=3.0,
+                      prior=replay_usage_history(s, trace.train_workload()))
+    sim = OversubSim(s, trace.test_workload(0, 1))
+    view, steps = sim.reset(), 0
+    while view is not None:
+        expected = rule.rates(view)
+        assert np.array_equal(hosted.rates(view), expected)
+        view, _ = sim.step(expected)
+        steps += 1
+    assert steps == s.episode_steps
+    live = resolve_policy("nsigma", None, s)
+    assert isinstance(live, RulePolicy) and live.setting == s
