@@ -447,10 +447,14 @@ def test_samm_train_hands_its_own_flags_to_the_problems_trainer(tmp_path):
     train("chain3", _tiny_cfg(), seed=3, out=tmp_path / "a", progress=False)
     r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3", "--steps", "600",
                                  "--envs", "2", "--init-policy", str(tmp_path / "a" / "policy"),
-                                 "--out", str(tmp_path / "b"), "--quiet"])
+                                 "--precision", "bf16", "--out", str(tmp_path / "b"), "--quiet"])
     assert r.exit_code == 0, r.output
     b = ReclaimerPolicy.load(tmp_path / "b" / "policy")
     assert b.cfg.n_envs == 2 and b.training["init_policy"] == str(tmp_path / "a" / "policy")
+    assert b.cfg.precision == "bf16" and all(p.dtype == torch.float32 for p in b.agent.parameters())
+    r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3",
+                                 "--precision", "fp16", "--out", str(tmp_path / "e")])
+    assert r.exit_code == 2 and "--precision" in r.output
     r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3",
                                  "--device", "cuda", "--out", str(tmp_path / "c")])
     assert r.exit_code != 0 and "--device" in r.output
@@ -567,3 +571,99 @@ def test_continue_keeps_the_policys_input_statistics_and_runs_plain_sac(tmp_path
     assert r.exit_code == 2 and "--continue needs --init-policy" in r.output
     r = CliRunner().invoke(cli, [("testbed" if x == "chain3" else x) for x in args])
     assert r.exit_code == 2 and "not 'testbed'" in r.output
+
+
+def _reference_update(sac: Sac, obs, act, rew, nxt, done):
+    """SAC's update written plainly (full backward passes, a loop for Polyak): the optimised
+    `Sac.update` must give the same weights."""
+    import torch.nn.functional as F
+    from agents.microservice_cores.sac import masked_mean
+    cfg = sac.cfg
+    x, x2 = sac.norm(obs), sac.norm(nxt)
+    alpha = sac.log_alpha.exp().detach()
+    with torch.no_grad():
+        a2, logp2 = sac.actor.sample(x2)
+        q_next = torch.min(sac.q1_targ(x2, a2), sac.q2_targ(x2, a2))
+        y = rew + cfg.gamma * (1.0 - done) * (q_next - alpha * masked_mean(logp2, None))
+    loss = F.mse_loss(sac.q1(x, act), y) + F.mse_loss(sac.q2(x, act), y)
+    sac.opt_critic.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([*sac.q1.parameters(), *sac.q2.parameters()], cfg.max_grad_norm)
+    sac.opt_critic.step()
+    a, logp = sac.actor.sample(x)
+    logp_m = masked_mean(logp, None)
+    actor_loss = (alpha * logp_m - torch.min(sac.q1(x, a), sac.q2(x, a))).mean()
+    sac.opt_actor.zero_grad()
+    actor_loss.backward()
+    torch.nn.utils.clip_grad_norm_(sac.actor.parameters(), cfg.max_grad_norm)
+    sac.opt_actor.step()
+    alpha_loss = -(sac.log_alpha * (logp_m.detach() + sac.target_entropy)).mean()
+    sac.opt_alpha.zero_grad()
+    alpha_loss.backward()
+    sac.opt_alpha.step()
+    with torch.no_grad():
+        for net, targ in ((sac.q1, sac.q1_targ), (sac.q2, sac.q2_targ)):
+            for p, pt in zip(net.parameters(), targ.parameters()):
+                pt.mul_(cfg.polyak).add_(p, alpha=1.0 - cfg.polyak)
+
+
+def _batches(n, M=4, W=12, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(32, M, W, generator=g), torch.rand(32, M, generator=g), torch.randn(32, generator=g),
+             torch.randn(32, M, W, generator=g), (torch.rand(32, generator=g) < 0.1).float()) for _ in range(n)]
+
+
+def _weights(sac: Sac) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in (*sac.parameters(), *sac.buffers())]
+
+
+def test_the_optimised_update_gives_the_weights_of_the_plain_one():
+    """The actor's pass skips the critics' weight gradients and pre-action layers; the result must
+    be the plain update's, to the last bit on one thread."""
+    import copy
+    from agents.microservice_cores.train import sim_config
+    torch.manual_seed(0)
+    fast = Sac(12, 8, 4, sim_config(hidden=16))
+    plain = copy.deepcopy(fast)
+    for b in _batches(4):
+        torch.manual_seed(1)
+        fast.update(*b)
+        torch.manual_seed(1)
+        _reference_update(plain, *b)
+    for f, p in zip(_weights(fast), _weights(plain)):
+        assert torch.allclose(f, p, rtol=1e-6, atol=1e-7)
+    assert any(not torch.equal(a, b) for a, b in zip(_weights(fast), _weights(Sac(12, 8, 4, sim_config(hidden=16)))))
+
+
+def test_bf16_updates_keep_float32_weights_and_move_the_actor_like_fp32():
+    from dataclasses import replace
+    from agents.microservice_cores.train import sim_config
+    runs = {}
+    for prec in ("fp32", "bf16", "bf16"):
+        torch.manual_seed(0)
+        sac = Sac(12, 8, 4, sim_config(hidden=16, precision=prec))
+        before = [p.detach().clone() for p in sac.actor.parameters()]
+        for b in _batches(20):
+            stats = sac.update(*b)
+        assert all(p.dtype == torch.float32 for p in sac.parameters())
+        # the gradient reaches the actor through the autocast (a cast cached under no_grad would not)
+        assert all(not torch.equal(p, q) for p, q in zip(sac.actor.parameters(), before))
+        runs.setdefault(prec, []).append((_weights(sac), stats))
+    (w1, _), (w2, _) = runs["bf16"]
+    assert all(torch.equal(a, b) for a, b in zip(w1, w2))           # reproducible for a seed
+    (w32, s32), (w16, s16) = runs["fp32"][0], runs["bf16"][0]
+    assert s16.critic_loss == pytest.approx(s32.critic_loss, rel=0.1)
+    assert max(float((a - b).abs().max()) for a, b in zip(w32, w16)) < 0.05
+    with pytest.raises(ValueError, match="precision"):
+        Sac(12, 8, 4, replace(sim_config(hidden=16), precision="fp8")).update(*_batches(1)[0])
+
+
+def test_replay_sample_returns_the_stored_transitions_as_float32():
+    buf = ReplayBuffer(40, 2, 3, 4, seed=0)
+    obs = np.arange(8 * 2 * 3, dtype=np.float32).reshape(8, 2, 3) / 8
+    buf.add_batch(obs, np.ones((8, 2)), np.arange(8), obs + 1, np.zeros(8), np.zeros(8, bool), np.zeros(8, int))
+    o, a, r, n, d = buf.sample(16)
+    assert o.dtype == n.dtype == torch.float32 and o.shape == (16, 2, 3)
+    for row, reward in zip(o, r):
+        assert torch.equal(row, torch.as_tensor(obs[int(reward)]))
+    assert torch.equal(n, o + 1)
