@@ -79,6 +79,10 @@ class SacConfig:
     #: by a margin; observations keep the real target. 1.0 = the paper.
     qos_margin: float = 1.0
 
+    def __post_init__(self) -> None:
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, not {self.precision!r}")
+
     @property
     def learning_steps(self) -> int:
         return self.total_steps - self.autoscale_steps
@@ -271,8 +275,6 @@ class Sac(nn.Module):
         return self.actor.sample(x)[0].numpy()
 
     def update(self, obs, act, rew, nxt, done, mask=None) -> UpdateStats:
-        if self.cfg.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be fp32 or bf16, not {self.cfg.precision!r}")
         # no cast cache: the critics change in place between their loss and the actor's, and a cast
         # cached under no_grad would carry no gradient
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16", cache_enabled=False):
@@ -372,6 +374,11 @@ class ReplayBuffer:
         i = torch.from_numpy(self.rng.integers(0, self.size, batch))
         obs, act, rew, nxt, done = (self._t[k].index_select(0, i) for k in ("obs", "act", "rew", "nxt", "done"))
         return obs.float(), act, rew, nxt.float(), done
+
+    def rows(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """(observations as float32, actions) of the transitions `idx`: the classifier's batches."""
+        i = torch.from_numpy(idx)
+        return self._t["obs"].index_select(0, i).float(), self._t["act"].index_select(0, i)
 
     def qos_labels(self, idx: np.ndarray, horizon: int) -> np.ndarray:
         """1 when none of the next `horizon` seconds of the same episode (this one included)

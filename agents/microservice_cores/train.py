@@ -216,8 +216,7 @@ def _train_classifier(agent: Sac, buf: ReplayBuffer, cfg: SacConfig, batch: int 
     for _ in range(cfg.classifier_updates):
         idx = buf.rng.integers(0, buf.size, batch)
         label = buf.qos_labels(idx, cfg.classifier_horizon)
-        loss = agent.classifier_update(torch.as_tensor(buf.obs[idx].astype(np.float32)), torch.as_tensor(buf.act[idx]),
-                                       torch.as_tensor(label))
+        loss = agent.classifier_update(*buf.rows(idx), torch.as_tensor(label))
     return loss
 
 
