@@ -19,7 +19,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-CONFIGS = (("fp32", 1), ("fp32", 2), ("bf16", 1), ("bf16", 2))
+CONFIGS = (("fp32", 1), ("fp32", 2), ("bf16", 1), ("bf16", 2), ("bf16-state", 1), ("bf16-state", 2))
 
 
 def _time(fn, n: int, repeats: int) -> float:
@@ -82,12 +82,12 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(f"{'app':8} {'precision':9} {'threads':>7} {'update ms':>10} {'sample ms':>10} {'speed-up':>9}")
+        print(f"{'app':8} {'precision':10} {'threads':>7} {'update ms':>10} {'sample ms':>10} {'speed-up':>9}")
         for r in rows:
             if "skipped" in r:
-                print(f"{r['app']:8} {r['precision']:9} {r['threads']:>7}   ({r['skipped']})")
+                print(f"{r['app']:8} {r['precision']:10} {r['threads']:>7}   ({r['skipped']})")
                 continue
-            print(f"{r['app']:8} {r['precision']:9} {r['threads']:>7} {r['update_ms']:>10.2f} {r['sample_ms']:>10.2f} "
+            print(f"{r['app']:8} {r['precision']:10} {r['threads']:>7} {r['update_ms']:>10.2f} {r['sample_ms']:>10.2f} "
                   f"{r['speedup_vs_fp32_1_thread']:>8.2f}x")
     return 0
 

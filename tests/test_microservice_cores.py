@@ -79,6 +79,27 @@ def test_erlang_c_matches_the_textbook_value():
     assert erlang_c(np.array([2]), np.array([1.0]), 4)[0] == pytest.approx(1 / 3)
 
 
+def test_compiled_erlang_c_gives_the_numpy_recursion_bit_for_bit():
+    """The simulator's Erlang C is compiled; it must give the bits of the recursion it replaced,
+    written in NumPy (every element run to c_max, its own c picked), c outside 1..c_max included."""
+    def numpy_recursion(c, a, c_max):
+        b, out = np.ones_like(a), np.zeros_like(a)
+        for k in range(1, c_max + 1):
+            b = a * b / (k + a * b)
+            out = np.where(c == k, b, out)
+        rho = a / np.maximum(c, 1)
+        return out / (1.0 - rho * (1.0 - out))
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        c_max = int(rng.integers(1, 80))
+        c = rng.integers(0, 90, size=(4, 7))
+        a = rng.uniform(0.0, 0.98, size=(4, 7)) * np.maximum(c, 1)
+        got = erlang_c(c, a, c_max)
+        assert got.shape == (4, 7) and np.array_equal(got, numpy_recursion(c, a, c_max))
+    assert erlang_c(np.array([0, 5]), np.array([0.5, 1.0]), 4).tolist() == [0.0, 0.0]
+
+
 @pytest.mark.parametrize("cores,users", [(1, 15), (2, 32), (4, 67)])
 def test_single_service_latency_matches_mmc_within_5_percent(cores, users):
     topo = one_service(cpu_ms=10.0, cap=8.0, users=users, rate=5.0)
@@ -447,11 +468,11 @@ def test_samm_train_hands_its_own_flags_to_the_problems_trainer(tmp_path):
     train("chain3", _tiny_cfg(), seed=3, out=tmp_path / "a", progress=False)
     r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3", "--steps", "600",
                                  "--envs", "2", "--init-policy", str(tmp_path / "a" / "policy"),
-                                 "--precision", "bf16", "--out", str(tmp_path / "b"), "--quiet"])
+                                 "--precision", "bf16-state", "--out", str(tmp_path / "b"), "--quiet"])
     assert r.exit_code == 0, r.output
     b = ReclaimerPolicy.load(tmp_path / "b" / "policy")
     assert b.cfg.n_envs == 2 and b.training["init_policy"] == str(tmp_path / "a" / "policy")
-    assert b.cfg.precision == "bf16" and all(p.dtype == torch.float32 for p in b.agent.parameters())
+    assert b.cfg.precision == "bf16-state" and all(p.dtype == torch.float32 for p in b.agent.parameters())
     r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3",
                                  "--precision", "fp16", "--out", str(tmp_path / "e")])
     assert r.exit_code == 2 and "--precision" in r.output
@@ -635,11 +656,12 @@ def test_the_optimised_update_gives_the_weights_of_the_plain_one():
     assert any(not torch.equal(a, b) for a, b in zip(_weights(fast), _weights(Sac(12, 8, 4, sim_config(hidden=16)))))
 
 
-def test_bf16_updates_keep_float32_weights_and_move_the_actor_like_fp32():
+@pytest.mark.parametrize("low", ["bf16", "bf16-state"])
+def test_bf16_updates_keep_float32_weights_and_move_the_actor_like_fp32(low):
     from dataclasses import replace
     from agents.microservice_cores.train import sim_config
     runs = {}
-    for prec in ("fp32", "bf16", "bf16"):
+    for prec in ("fp32", low, low):
         torch.manual_seed(0)
         sac = Sac(12, 8, 4, sim_config(hidden=16, precision=prec))
         before = [p.detach().clone() for p in sac.actor.parameters()]
@@ -649,13 +671,34 @@ def test_bf16_updates_keep_float32_weights_and_move_the_actor_like_fp32():
         # the gradient reaches the actor through the autocast (a cast cached under no_grad would not)
         assert all(not torch.equal(p, q) for p, q in zip(sac.actor.parameters(), before))
         runs.setdefault(prec, []).append((_weights(sac), stats))
-    (w1, _), (w2, _) = runs["bf16"]
+    (w1, _), (w2, _) = runs[low]
     assert all(torch.equal(a, b) for a, b in zip(w1, w2))           # reproducible for a seed
-    (w32, s32), (w16, s16) = runs["fp32"][0], runs["bf16"][0]
+    (w32, s32), (w16, s16) = runs["fp32"][0], runs[low][0]
     assert s16.critic_loss == pytest.approx(s32.critic_loss, rel=0.1)
     assert max(float((a - b).abs().max()) for a, b in zip(w32, w16)) < 0.05
     with pytest.raises(ValueError, match="precision"):
         Sac(12, 8, 4, replace(sim_config(hidden=16), precision="fp8")).update(*_batches(1)[0])
+
+
+def test_state_layers_run_in_bfloat16_only_for_bfloat16_rows():
+    """bf16-state's seam: float32 rows go through the state's layers as before, to the bit;
+    bfloat16 rows run them in bfloat16 and hand float32 on, close to the float32 result."""
+    from agents.microservice_cores.sac import mlp, state_layers
+    torch.manual_seed(0)
+    layers = mlp(12, 16, 2)
+    x = torch.randn(5, 4, 12)
+    assert torch.equal(state_layers(layers, x), layers(x))
+    low = state_layers(layers, x.bfloat16())
+    assert low.dtype == torch.float32
+    assert torch.allclose(low, layers(x), atol=0.05) and not torch.equal(low, layers(x))
+    # acting stays float32: the policy's actions do not depend on the training precision
+    from agents.microservice_cores.train import sim_config
+    torch.manual_seed(1)
+    a = Sac(12, 8, 4, sim_config(hidden=16))
+    torch.manual_seed(1)
+    b = Sac(12, 8, 4, sim_config(hidden=16, precision="bf16-state"))
+    obs = np.random.default_rng(0).normal(size=(3, 4, 12)).astype(np.float32)
+    assert np.array_equal(a.act(obs, deterministic=True), b.act(obs, deterministic=True))
 
 
 def test_replay_sample_returns_the_stored_transitions_as_float32():

@@ -29,6 +29,9 @@ from torch import nn
 from torch.nn import functional as F
 
 
+PRECISIONS = ("fp32", "bf16", "bf16-state")
+
+
 @dataclass
 class SacConfig:
     # -- Table 2 of the paper (L152–177) --------------------------------------------------
@@ -70,9 +73,11 @@ class SacConfig:
     id_width: int | None = None      # one-hot width (None = the app's service count)
     device: str = "cpu"
     #: ours: "bf16" runs the update's hidden layers in bfloat16 under torch's autocast (weights,
-    #: optimiser state, the output layers and the losses stay float32); acting and saved
-    #: policies are float32 either way. 2x faster updates on CPUs with AVX-512 BF16
-    #: (docs/microservice-cores.md, "Training speed")
+    #: optimiser state, the output layers and the losses stay float32); "bf16-state" runs only
+    #: the layers that read the state alone (the actor's body, the critics' pre-action layers:
+    #: most of the update's multiply-adds) in bfloat16, and every layer that sees the action or
+    #: produces Q or the action's distribution in float32. Acting and saved policies are float32
+    #: either way (docs/microservice-cores.md, "Training speed")
     precision: str = "fp32"
     #: ours, for a policy headed to real containers: the reward (and the explorer's QoS labels)
     #: count a violation above qos_margin x the target, so the simulator's optimism is absorbed
@@ -80,8 +85,8 @@ class SacConfig:
     qos_margin: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be fp32 or bf16, not {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
 
     @property
     def learning_steps(self) -> int:
@@ -107,6 +112,16 @@ def mlp(inp: int, hidden: int, layers: int) -> nn.Sequential:
         mods += [nn.Linear(d, hidden), nn.ReLU()]
         d = hidden
     return nn.Sequential(*mods)
+
+
+def state_layers(layers: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    """Layers that read the state alone (the actor's body, the critics' pre-action layers). Rows in
+    bfloat16 (the updates of `precision="bf16-state"`) run them in bfloat16 and hand float32 on;
+    float32 rows run them as they are, to the bit."""
+    if x.dtype != torch.bfloat16:
+        return layers(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        return layers(x).float()
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -158,7 +173,7 @@ class Actor(nn.Module):
         self.log_std_min, self.log_std_max = cfg.log_std_min, cfg.log_std_max
 
     def forward(self, x: torch.Tensor):
-        out = _float32_output(self.head, self.body(x))
+        out = _float32_output(self.head, state_layers(self.body, x))
         # log σ within [−20, 2] (L93) through a tanh, not a hard clamp: a clamped log σ has no
         # gradient, and one that reaches the bound early stays there
         lo, hi = self.log_std_min, self.log_std_max
@@ -190,7 +205,7 @@ class Critic(nn.Module):
                                   nn.Linear(cfg.hidden, 1))
 
     def forward(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.head(self.pre(x), a, mask)
+        return self.head(state_layers(self.pre, x), a, mask)
 
     def head(self, h: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Q from the pre-action features h = pre(x): the actor's loss needs no gradient through
@@ -283,6 +298,10 @@ class Sac(nn.Module):
     def _update(self, obs, act, rew, nxt, done, mask) -> UpdateStats:
         cfg = self.cfg
         x, x2 = self.norm(obs), self.norm(nxt)
+        if cfg.precision == "bf16-state":
+            # rows in bfloat16 run the layers that read the state alone in bfloat16 (state_layers);
+            # every layer that sees the action, and every output, stays float32
+            x, x2 = x.bfloat16(), x2.bfloat16()
         alpha = self.log_alpha.exp().detach()
         with torch.no_grad():
             a2, logp2 = self.actor.sample(x2)
@@ -300,7 +319,7 @@ class Sac(nn.Module):
         # backward pass computes the actor's gradients alone (the same numbers as a full backward
         # pass, a third fewer multiply-adds: docs/microservice-cores.md, "Training speed")
         with torch.no_grad():
-            h1, h2 = self.q1.pre(x), self.q2.pre(x)
+            h1, h2 = state_layers(self.q1.pre, x), state_layers(self.q2.pre, x)
         a, logp = self.actor.sample(x)
         logp_m = masked_mean(logp, mask)
         q_pi = torch.min(self.q1.head(h1, a, mask), self.q2.head(h2, a, mask))
@@ -349,7 +368,7 @@ class ReplayBuffer:
         # half precision: the rows are log-scaled counters and shares (0-30), 3 digits are plenty,
         # and a full buffer of Social's 28 rows of 163 values is 1.8 GB instead of 3.6 GB
         self.obs = np.zeros((self.cap, n_services, width), dtype=np.float16)
-        self.nxt = np.zeros_like(self.obs)
+        self.nxt = np.zeros(self.obs.shape, dtype=np.float16)   # not zeros_like: its pages are written at once (1.5 s)
         self.act = np.zeros((self.cap, n_services), dtype=np.float32)
         self.rew = np.zeros(self.cap, dtype=np.float32)
         self.done = np.zeros(self.cap, dtype=np.float32)

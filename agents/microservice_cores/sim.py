@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 from scipy.special import ndtr
 
 from .observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
@@ -70,14 +71,31 @@ def _compile(req: CallNode, index: dict[str, int]) -> list[_Node]:
 
 def erlang_c(c: np.ndarray, a: np.ndarray, c_max: int) -> np.ndarray:
     """Probability of waiting in M/M/c with c servers (integer array) and offered load a = λ/μ
-    (Erlangs, a < c), by the Erlang B recursion, vectorised."""
-    b = np.ones_like(a)
-    out = np.zeros_like(a)
-    for k in range(1, c_max + 1):
-        b = a * b / (k + a * b)
-        out = np.where(c == k, b, out)
-    rho = a / np.maximum(c, 1)
-    return out / (1.0 - rho * (1.0 - out))
+    (Erlangs, a < c), by the Erlang B recursion; 0 where c is outside 1..c_max."""
+    c = np.asarray(c, dtype=np.int64)
+    a = np.asarray(a, dtype=np.float64)
+    shape = np.broadcast_shapes(c.shape, a.shape)
+    c, a = np.broadcast_to(c, shape).ravel(), np.broadcast_to(a, shape).ravel()
+    return _erlang_c(c, a, int(c_max)).reshape(shape)
+
+
+@njit(cache=True, nogil=True)
+def _erlang_c(c, a, c_max):
+    # compiled: the recursion runs to each element's own c (NumPy ran every element to c_max,
+    # hundreds of passes for a database's pool: 1.4 ms of a Social step). Same operations in
+    # the same order, so the same bits (tested against the recursion written in NumPy)
+    out = np.empty(a.shape[0])
+    for i in range(a.shape[0]):
+        b = 1.0
+        e = 0.0
+        for k in range(1, c_max + 1):
+            b = a[i] * b / (k + a[i] * b)
+            if k == c[i]:
+                e = b
+                break
+        rho = a[i] / max(c[i], 1)
+        out[i] = e / (1.0 - rho * (1.0 - e))
+    return out
 
 
 class MicroserviceSim:

@@ -32,7 +32,7 @@ from .control import MIN_CORES
 from .env import reward_of
 from .episode import EPISODE_S, WARMUP_S
 from .features import ROW, FrameStack, feature_row_block
-from .sac import ReplayBuffer, Sac, SacConfig
+from .sac import PRECISIONS, ReplayBuffer, Sac, SacConfig
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 
@@ -278,9 +278,10 @@ def main(argv=None) -> int:
     p.add_argument("--qos-margin", type=float, default=None,
                    help="ours: train against this fraction of the QoS target (default 1.0, the paper); "
                         "a policy headed to real containers keeps a margin for the simulator's optimism")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="ours: bf16 runs the updates' hidden layers in bfloat16 (autocast; 2x faster on CPUs "
-                        "with AVX-512 BF16); acting and the saved policy stay float32 (default fp32)")
+                        "with AVX-512 BF16), bf16-state only the layers that read the state alone (every layer that "
+                        "sees the action stays float32); acting and the saved policy stay float32 (default fp32)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: under other load two threads were 12x slower; on a quiet "
