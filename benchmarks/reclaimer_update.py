@@ -43,10 +43,14 @@ def measure(app: str, precision: str, threads: int, updates: int, repeats: int, 
     torch.manual_seed(seed)
     topo = load_topology(app)
     M = topo.n_services
+    # the same script measures older trees (the "before" of a change), which may lack a precision
     extra = {"precision": precision} if "precision" in {f.name for f in fields(SacConfig)} else {}
-    if precision != "fp32" and not extra:
-        return {"app": app, "precision": precision, "threads": threads, "skipped": "this code has no precision option"}
-    cfg = sim_config(**extra)
+    try:
+        if precision != "fp32" and not extra:
+            raise ValueError("no precision option")
+        cfg = sim_config(**extra)
+    except ValueError as e:
+        return {"app": app, "precision": precision, "threads": threads, "skipped": f"this code: {e}"}
     width = FrameStack(cfg.n_envs, M, k=cfg.k).width
     sac = Sac(width, cfg.k * ROW, M, cfg)
     buf = ReplayBuffer(20_000, M, width, cfg.n_envs, seed)
