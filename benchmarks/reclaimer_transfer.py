@@ -17,8 +17,6 @@ import argparse
 import json
 import time
 
-import numpy as np
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,10 +26,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    from agents.microservice_cores.episode import run_episodes
-    from agents.microservice_cores.experiment import FULL, levels
-    from agents.microservice_cores.hosting import make_controller
+    from agents.microservice_cores.policy import ReclaimerPolicy
     from agents.microservice_cores.topology import load_topology
+    from agents.microservice_cores.validation import evaluate
 
     topo = load_topology(args.app)
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -39,14 +36,9 @@ def main() -> None:
     rows = {}
     for spec in args.policy:
         name, _, path = spec.partition("=")
-        per_level = {}
-        for users in levels(topo, FULL.level_fractions):
-            eps = run_episodes(topo, lambda i, p=path: make_controller("reclaimer", topo, p), users, seeds)
-            per_level[str(users)] = {"mean_cores": float(np.mean([e.mean_cores for e in eps])),
-                                     "violation_rate": float(np.mean([e.violation_rate for e in eps]))}
-        rows[name] = {"policy": path, "levels": per_level,
-                      "mean_cores": float(np.mean([v["mean_cores"] for v in per_level.values()])),
-                      "violation_rate": float(np.mean([v["violation_rate"] for v in per_level.values()]))}
+        res = evaluate(ReclaimerPolicy.load(path), topo, seeds)
+        rows[name] = {"policy": path, "levels": res["levels"], "mean_cores": res["mean_cores"],
+                      "violation_rate": res["violation_rate"]}
     ref = rows[args.policy[0].partition("=")[0]]["mean_cores"]
     for r in rows.values():
         r["mean_cores_vs_reference_pct"] = round(100.0 * (r["mean_cores"] - ref) / ref, 1)

@@ -434,6 +434,57 @@ def test_training_runs_every_phase_reproducibly_and_saves_its_log(tmp_path):
     assert loaded.training["seed"] == 3
 
 
+def test_evaluating_during_training_keeps_the_best_checkpoint_and_changes_nothing_else(tmp_path):
+    """`eval_every` (ours): evaluations from the explorer's phase on, the best checkpoint saved with
+    how it was picked, and the training itself bit for bit the run without evaluations."""
+    from dataclasses import replace
+
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.train import train
+    from agents.microservice_cores.validation import evaluate
+
+    cfg = replace(_tiny_cfg(), total_steps=2400)
+    plain = train("chain3", cfg, seed=3, progress=False)
+    ev = train("chain3", cfg, seed=3, out=tmp_path / "a", progress=False, eval_every=600, eval_seeds=(101, 102),
+               best_max_violation=1.0)
+    assert [r["mean_cores"] for r in ev.log] == [r["mean_cores"] for r in plain.log]
+    assert all(torch.equal(a, b) for a, b in zip(ev.agent.state_dict().values(), plain.agent.state_dict().values()))
+    # no evaluation in the AutoScale phase, one after every later episode
+    assert [r["eval_mean_cores"] is not None for r in ev.log] == [False, True, True, True]
+    assert [h["steps"] for h in ev.evaluations] == [1200, 1800, 2400]
+    best = min(ev.evaluations, key=lambda h: h["mean_cores"])
+    saved = ReclaimerPolicy.load(tmp_path / "a" / "best-policy")
+    assert saved.training["steps"] == best["steps"] == ev.best.training["steps"]
+    assert saved.training["selected"]["mean_cores"] == round(best["mean_cores"], 4)
+    # the saved checkpoint is that policy: evaluated again, it gives the same figures
+    again = evaluate(saved, load_topology("chain3"), (101, 102))
+    assert again["mean_cores"] == best["mean_cores"] and again["violation_rate"] == best["violation_rate"]
+    # a moving average of the actor is offered beside it, and the training still does not move
+    ema = train("chain3", cfg, seed=3, progress=False, eval_every=600, eval_seeds=(101, 102),
+                best_max_violation=1.0, actor_ema=0.99)
+    assert all(torch.equal(a, b) for a, b in zip(ema.agent.state_dict().values(), plain.agent.state_dict().values()))
+    assert [h["actor"] for h in ema.evaluations] == ["live", "ema"] * 3
+    assert [h["mean_cores"] for h in ema.evaluations[::2]] == [h["mean_cores"] for h in ev.evaluations]
+    assert ema.evaluations[1]["mean_cores"] != ema.evaluations[0]["mean_cores"]
+    assert ema.best.training["selected"]["actor"] in ("live", "ema")
+    # a bound no evaluation meets keeps no checkpoint (the last policy stands alone)
+    none = train("chain3", replace(cfg, total_steps=1800), seed=3, progress=False, eval_every=600,
+                 eval_seeds=(101,), best_max_violation=-1.0)
+    assert none.best is None and len(none.evaluations) == 2
+
+
+def test_the_best_checkpoint_rule_wants_fewer_cores_within_the_violation_bound():
+    from agents.microservice_cores.validation import BestCheckpoint
+
+    b = BestCheckpoint(max_violation=0.001)
+    assert b.offer(100, {"mean_cores": 5.0, "violation_rate": 0.0})
+    assert not b.offer(200, {"mean_cores": 4.0, "violation_rate": 0.002})     # fewer cores, but unsafe
+    assert not b.offer(300, {"mean_cores": 5.0, "violation_rate": 0.0})       # a tie keeps the earlier one
+    assert not b.offer(400, {"mean_cores": float("nan"), "violation_rate": 0.0})
+    assert b.offer(500, {"mean_cores": 4.5, "violation_rate": 0.001})
+    assert b.steps == 500 and len(b.history) == 5
+
+
 def test_a_qos_margin_counts_violations_against_the_tighter_target(tmp_path):
     """`qos_margin` (ours) moves only the reward's threshold: with a margin no second can meet,
     every transition is a violation; the saved config keeps the margin; a bad one is refused."""
@@ -473,6 +524,11 @@ def test_samm_train_hands_its_own_flags_to_the_problems_trainer(tmp_path):
     b = ReclaimerPolicy.load(tmp_path / "b" / "policy")
     assert b.cfg.n_envs == 2 and b.training["init_policy"] == str(tmp_path / "a" / "policy")
     assert b.cfg.precision == "bf16-state" and all(p.dtype == torch.float32 for p in b.agent.parameters())
+    for bad in (["--eval-every", "-5"], ["--eval-seeds", "a,b"], ["--best-max-violations", "2"],
+                ["--actor-ema", "0.999"]):
+        r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3", *bad,
+                                     "--out", str(tmp_path / "f")])
+        assert r.exit_code == 2 and bad[0] in r.output, r.output
     r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3",
                                  "--precision", "fp16", "--out", str(tmp_path / "e")])
     assert r.exit_code == 2 and "--precision" in r.output

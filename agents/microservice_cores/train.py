@@ -13,7 +13,11 @@ then runs e_time = 300 one-second steps (d = 1 at the last). Three phases by tra
 One update (or `updates_per_step`) per batch step of n_envs transitions from phase 2 on.
 
 `train(app, cfg, seed, out)` returns the policy; a CSV and TensorBoard log per episode and the
-training curve PNG land in `out`. Deterministic for a seed (torch and NumPy seeded, 1 thread
+training curve PNG land in `out`. With `eval_every` (ours, off by default) the policy is evaluated
+on the experiment's protocol with validation seeds every so many transitions, and the checkpoint
+with the fewest mean cores at a violation rate within `best_max_violation` is kept
+(`policy.best`, and `out/best-policy`; validation.py). Evaluating does not change the training:
+its episodes run on their own simulator, and deterministic actions draw no random numbers. Deterministic for a seed (torch and NumPy seeded, 1 thread
 order-independent ops only).
 """
 from __future__ import annotations
@@ -35,6 +39,7 @@ from .features import ROW, FrameStack, feature_row_block
 from .sac import PRECISIONS, ReplayBuffer, Sac, SacConfig
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
+from .validation import VALIDATION_SEEDS, BestCheckpoint, evaluate
 
 #: what the simulator trains with on 2 CPU cores, ours (docs/microservice-cores.md): the paper's
 #: 7×256 network costs 160 ms per update here (260,000 updates = 11.5 h), 3 layers × 64 costs 13;
@@ -57,7 +62,8 @@ def sim_config(**overrides) -> SacConfig:
 
 def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out: str | Path | None = None,
           progress: bool = True, init: "Sac | None" = None, threads: int = 1, init_from: str | None = None,
-          keep_norm: bool = False):
+          keep_norm: bool = False, eval_every: int = 0, eval_seeds=VALIDATION_SEEDS,
+          best_max_violation: float = 0.0, actor_ema: float = 0.0):
     """`keep_norm` (continuing a policy of this same application): keep `init`'s input statistics
     instead of refitting them to a new AutoScale fill, and let SAC update only once the replay
     holds one episode of every copy (a fresh replay, filled by the policy itself)."""
@@ -108,6 +114,10 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     last_fit = 0
     learning_starts = EPISODE_S * E if fitted else 0
     stats = None
+    best = BestCheckpoint(max_violation=best_max_violation)
+    best_agent = None
+    ema_actor = _ema_copy(agent.actor, width, cfg) if actor_ema else None
+    last_eval = 0
     while seen < cfg.total_steps:
         users = rng.uniform(*topo.users, size=E)
         sim.reset(users)
@@ -153,9 +163,15 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                 elif seen - last_fit >= cfg.restandardise_every:
                     agent.refit_norm(_fit_sample(buf))
                     last_fit = seen
+                    if ema_actor is not None:   # the refit rewrote the first layer for the new scaling
+                        ema_actor.load_state_dict(agent.actor.state_dict())
                 if buf.size > learning_starts:
                     for _ in range(cfg.updates_per_step):
                         stats = agent.update(*buf.sample(cfg.batch))
+                        if ema_actor is not None:
+                            with torch.no_grad():
+                                torch._foreach_lerp_(list(ema_actor.parameters()), list(agent.actor.parameters()),
+                                                     1.0 - actor_ema)
             if bar:
                 bar.update(E)
         if phase == "autoscale" and seen >= cfg.autoscale_steps and not fitted:
@@ -169,12 +185,31 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                "violation_rate": float(ep_viol.mean() / EPISODE_S),
                "alpha": stats.alpha if stats else None, "entropy": stats.entropy if stats else None,
                "critic_loss": stats.critic_loss if stats else None, "q": stats.q if stats else None,
-               "classifier_loss": cls_loss}
+               "classifier_loss": cls_loss, "eval_mean_cores": None, "eval_violation_rate": None,
+               "ema_eval_mean_cores": None, "ema_eval_violation_rate": None}
+        if eval_every and phase != "autoscale" and (seen - last_eval >= eval_every or seen >= cfg.total_steps):
+            last_eval = seen
+            candidates = [("live", agent)] + ([("ema", _with_actor(agent, ema_actor, width, n_scaled, M, cfg))]
+                                              if ema_actor is not None else [])
+            for which, net in candidates:
+                res = evaluate(ReclaimerPolicy(net, topo, cfg), topo, eval_seeds)
+                net.train()   # the wrapper put it in eval mode (the networks have no mode-dependent layers)
+                prefix = "eval" if which == "live" else "ema_eval"
+                row[f"{prefix}_mean_cores"], row[f"{prefix}_violation_rate"] = res["mean_cores"], res["violation_rate"]
+                if best.offer(seen, res, actor=which):
+                    best_agent = _with_actor(agent, net.actor, width, n_scaled, M, cfg)
+                    if out_dir:
+                        ReclaimerPolicy(best_agent, topo, cfg, training=_best_training(
+                            seed, seen, init_from, keep_norm, best, eval_seeds)).save(out_dir / "best-policy")
         rows_csv.append(row)
         if writer:
             for key in ("reward", "mean_cores", "violation_rate", "alpha", "entropy", "critic_loss", "q", "classifier_loss"):
                 if row[key] is not None:
                     writer.add_scalar(f"train/{key}", row[key], seen)
+            for prefix in ("eval", "ema_eval"):
+                if row[f"{prefix}_mean_cores"] is not None:
+                    writer.add_scalar(f"{prefix}/mean_cores", row[f"{prefix}_mean_cores"], seen)
+                    writer.add_scalar(f"{prefix}/violation_rate", row[f"{prefix}_violation_rate"], seen)
         if bar:
             bar.set_postfix(phase=phase, cores=f"{row['mean_cores']:.2f}", viol=f"{row['violation_rate']:.3f}")
         episode += 1
@@ -190,7 +225,38 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         _write_log(out_dir, rows_csv)
         policy.save(out_dir / "policy")
     policy.log = rows_csv
+    policy.best = None
+    if best_agent is not None:
+        policy.best = ReclaimerPolicy(best_agent, topo, cfg, training=_best_training(seed, best.steps, init_from,
+                                                                                     keep_norm, best, eval_seeds))
+    policy.evaluations = best.history
     return policy
+
+
+def _ema_copy(actor: torch.nn.Module, width: int, cfg: SacConfig) -> torch.nn.Module:
+    from .sac import Actor
+
+    with torch.random.fork_rng():   # a fresh network's initialisation must not move the run's draws
+        ema = Actor(width, cfg)
+    ema.load_state_dict(actor.state_dict())
+    return ema.requires_grad_(False)
+
+
+def _with_actor(agent: Sac, actor: torch.nn.Module, width: int, n_scaled: int, M: int, cfg: SacConfig) -> Sac:
+    """A copy of the agent (its standardiser, critics, classifier) acting with `actor`'s weights."""
+    with torch.random.fork_rng():
+        net = Sac(width, n_scaled, M, cfg)
+    net.load_state_dict(agent.state_dict())
+    net.actor.load_state_dict(actor.state_dict())
+    return net
+
+
+def _best_training(seed, steps, init_from, keep_norm, best: BestCheckpoint, eval_seeds) -> dict:
+    """The best checkpoint's training metadata: where it stood, and how it was picked."""
+    return {"seed": seed, "steps": steps, "init_policy": init_from, **({"continued": True} if keep_norm else {}),
+            "selected": {"rule": f"fewest mean cores at a violation rate <= {best.max_violation}", "actor": best.actor,
+                         "validation_seeds": list(eval_seeds), "mean_cores": round(best.result["mean_cores"], 4),
+                         "violation_rate": round(best.result["violation_rate"], 6)}}
 
 
 def _classifier_guided(agent: Sac, obs, a, caps, cfg: SacConfig, rng, keep: float) -> np.ndarray:
@@ -282,6 +348,18 @@ def main(argv=None) -> int:
                    help="ours: bf16 runs the updates' hidden layers in bfloat16 (autocast; 2x faster on CPUs "
                         "with AVX-512 BF16), bf16-state only the layers that read the state alone (every layer that "
                         "sees the action stays float32); acting and the saved policy stay float32 (default fp32)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="ours: every N transitions (from the explorer's phase on, and at the end) evaluate the "
+                        "policy on the experiment's protocol with validation seeds and keep the checkpoint with "
+                        "the fewest mean cores within --best-max-violations in OUT/best-policy (default 0: off)")
+    p.add_argument("--eval-seeds", default=",".join(map(str, VALIDATION_SEEDS)),
+                   help="the validation episodes' seeds (keep them apart from the experiment's 1-5 and 6-10)")
+    p.add_argument("--best-max-violations", type=float, default=0.0,
+                   help="the best checkpoint's largest share of violating validation seconds (default 0)")
+    p.add_argument("--actor-ema", type=float, default=0.0, metavar="D",
+                   help="ours, with --eval-every: keep an exponential moving average of the actor's weights (decay D "
+                        "per update, e.g. 0.9995) and offer it to the best-checkpoint rule beside the live actor "
+                        "(default 0: off; the training itself is unchanged)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: under other load two threads were 12x slower; on a quiet "
@@ -305,6 +383,20 @@ def main(argv=None) -> int:
             print(f"error: --qos-margin must be in (0, 1], got {args.qos_margin}", file=sys.stderr)
             return 2
         overrides["qos_margin"] = args.qos_margin
+    if args.eval_every < 0 or not 0.0 <= args.best_max_violations <= 1.0:
+        print("error: --eval-every must be >= 0 and --best-max-violations in [0, 1]", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.actor_ema < 1.0 or (args.actor_ema and not args.eval_every):
+        print("error: --actor-ema must be in [0, 1) and needs --eval-every (it is offered at evaluations)",
+              file=sys.stderr)
+        return 2
+    try:
+        eval_seeds = tuple(int(x) for x in args.eval_seeds.split(",") if x.strip())
+    except ValueError:
+        eval_seeds = ()
+    if not eval_seeds:
+        print(f"error: --eval-seeds must be integers separated by commas, not {args.eval_seeds!r}", file=sys.stderr)
+        return 2
     cfg = sim_config(**overrides)
     total = args.steps or (args.episodes * EPISODE_S * cfg.n_envs if args.episodes else None)
     if total:
@@ -327,7 +419,8 @@ def main(argv=None) -> int:
                 cfg = replace(cfg, qos_margin=init.cfg.qos_margin, autoscale_steps=0, classifier_steps=0)
         policy = train(args.app, cfg, seed=args.seed, out=args.out, progress=not args.quiet,
                        init=init.agent if init else None, threads=args.threads, init_from=args.init_policy,
-                       keep_norm=args.cont)
+                       keep_norm=args.cont, eval_every=args.eval_every, eval_seeds=eval_seeds,
+                       best_max_violation=args.best_max_violations, actor_ema=args.actor_ema)
     except ValueError as e:  # a bad app, policy or option: say which, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -336,6 +429,14 @@ def main(argv=None) -> int:
           f"mean cores {last['mean_cores']:.2f}, QoS violations {last['violation_rate']:.3%}")
     if args.out:
         print(f"saved policy to {Path(args.out) / 'policy'}")
+    if args.eval_every:
+        if policy.best is None:
+            print(f"no evaluated checkpoint had a violation rate within {args.best_max_violations}: no best-policy")
+        else:
+            sel = policy.best.training["selected"]
+            print(f"best checkpoint ({sel['actor']} actor) at {policy.best.training['steps']:,} transitions: validation mean cores "
+                  f"{sel['mean_cores']:.2f}, QoS violations {sel['violation_rate']:.3%}"
+                  + (f"; saved to {Path(args.out) / 'best-policy'}" if args.out else ""))
     return 0
 
 
