@@ -53,8 +53,12 @@ def publish_busy_fleet(graphite, prefix, executor, window_end, cpu=95.0, submitt
                        queue_before={"submitted_total": submitted[0] - submitted[1], "waiting": 20, "running": 10,
                                      "completed_total": 50, "waiting_submitted_this_minute": 3},
                        history_start=window_end - 700)
-    wait_for_points(graphite.render_url, f"{prefix}.groups.*.instances.*.cpu_percent", window_end - 60,
-                    window_end - 1, expect_series=len(inst))
+    # every point graphite-web shows of the window (5 of its 6 in this render), CPU and RAM alike: a
+    # reader that came while carbon had written an instance's RAM but not yet its CPU saw a partial
+    # snapshot and held back (a flaky CI run)
+    for metric in ("cpu_percent", "ram_used_gb"):
+        wait_for_points(graphite.render_url, f"{prefix}.groups.*.instances.*.{metric}", window_end - 60,
+                        window_end - 1, expect_series=len(inst), expect_points=5)
     wait_for_points(graphite.render_url, f"{prefix}.queue.*", window_end - 60, window_end - 1, expect_series=5)
     return n
 
