@@ -13,15 +13,18 @@ then runs e_time = 300 one-second steps (d = 1 at the last). Three phases by tra
 One update (or `updates_per_step`) per batch step of n_envs transitions from phase 2 on.
 
 `train(app, cfg, seed, out)` returns the policy; a CSV and TensorBoard log per episode and the
-training curve PNG land in `out`. With `eval_every` (ours, off by default) the policy is evaluated
-on the experiment's protocol with validation seeds every so many transitions, and the checkpoint
-with the fewest mean cores at a violation rate within `best_max_violation` is kept
-(`policy.best`, and `out/best-policy`; validation.py). Evaluating does not change the training:
-its episodes run on their own simulator, and deterministic actions draw no random numbers. Deterministic for a seed (torch and NumPy seeded, 1 thread
+training curve PNG land in `out`. Deterministic for a seed (torch and NumPy seeded, 1 thread
 order-independent ops only).
+
+With `eval_every` (ours, off by default) the policy is evaluated on the experiment's protocol with
+validation seeds every so many transitions, and the checkpoint with the fewest mean cores at a
+violation rate within `best_max_violation` is kept (`policy.best`, and `out/best-policy`;
+validation.py). Evaluating does not change the training: its episodes run on their own
+simulator, and deterministic actions draw no random numbers.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import sys
 import time
@@ -116,7 +119,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     stats = None
     best = BestCheckpoint(max_violation=best_max_violation)
     best_agent = None
-    ema_actor = _ema_copy(agent.actor, width, cfg) if actor_ema else None
+    ema_actor = copy.deepcopy(agent.actor).requires_grad_(False) if actor_ema else None
+    ema_pairs = (list(ema_actor.parameters()), list(agent.actor.parameters())) if ema_actor is not None else None
     last_eval = 0
     while seen < cfg.total_steps:
         users = rng.uniform(*topo.users, size=E)
@@ -168,10 +172,9 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                 if buf.size > learning_starts:
                     for _ in range(cfg.updates_per_step):
                         stats = agent.update(*buf.sample(cfg.batch))
-                        if ema_actor is not None:
+                        if ema_pairs is not None:
                             with torch.no_grad():
-                                torch._foreach_lerp_(list(ema_actor.parameters()), list(agent.actor.parameters()),
-                                                     1.0 - actor_ema)
+                                torch._foreach_lerp_(*ema_pairs, 1.0 - actor_ema)
             if bar:
                 bar.update(E)
         if phase == "autoscale" and seen >= cfg.autoscale_steps and not fitted:
@@ -189,7 +192,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                "ema_eval_mean_cores": None, "ema_eval_violation_rate": None}
         if eval_every and phase != "autoscale" and (seen - last_eval >= eval_every or seen >= cfg.total_steps):
             last_eval = seen
-            candidates = [("live", agent)] + ([("ema", _with_actor(agent, ema_actor, width, n_scaled, M, cfg))]
+            candidates = [("live", agent)] + ([("ema", _snapshot(agent, ema_actor, width, n_scaled, M, cfg))]
                                               if ema_actor is not None else [])
             for which, net in candidates:
                 res = evaluate(ReclaimerPolicy(net, topo, cfg), topo, eval_seeds)
@@ -197,7 +200,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                 prefix = "eval" if which == "live" else "ema_eval"
                 row[f"{prefix}_mean_cores"], row[f"{prefix}_violation_rate"] = res["mean_cores"], res["violation_rate"]
                 if best.offer(seen, res, actor=which):
-                    best_agent = _with_actor(agent, net.actor, width, n_scaled, M, cfg)
+                    # the moving average's copy is already a snapshot; the live agent goes on training
+                    best_agent = net if net is not agent else _snapshot(agent, agent.actor, width, n_scaled, M, cfg)
                     if out_dir:
                         ReclaimerPolicy(best_agent, topo, cfg, training=_best_training(
                             seed, seen, init_from, keep_norm, best, eval_seeds)).save(out_dir / "best-policy")
@@ -233,18 +237,9 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     return policy
 
 
-def _ema_copy(actor: torch.nn.Module, width: int, cfg: SacConfig) -> torch.nn.Module:
-    from .sac import Actor
-
-    with torch.random.fork_rng():   # a fresh network's initialisation must not move the run's draws
-        ema = Actor(width, cfg)
-    ema.load_state_dict(actor.state_dict())
-    return ema.requires_grad_(False)
-
-
-def _with_actor(agent: Sac, actor: torch.nn.Module, width: int, n_scaled: int, M: int, cfg: SacConfig) -> Sac:
+def _snapshot(agent: Sac, actor: torch.nn.Module, width: int, n_scaled: int, M: int, cfg: SacConfig) -> Sac:
     """A copy of the agent (its standardiser, critics, classifier) acting with `actor`'s weights."""
-    with torch.random.fork_rng():
+    with torch.random.fork_rng():   # a fresh network's initialisation must not move the run's draws
         net = Sac(width, n_scaled, M, cfg)
     net.load_state_dict(agent.state_dict())
     net.actor.load_state_dict(actor.state_dict())

@@ -8,9 +8,10 @@ allocated cores and the share of control seconds over the QoS target, overall an
 `BestCheckpoint` is the rule a training run with `--eval-every` applies (ours, in the manner of
 Stable-Baselines3's EvalCallback): after every evaluation, keep the policy with the fewest mean
 cores among those whose violation rate is at most `max_violation`. With `--actor-ema` a moving
-average of the actor's weights is offered beside the live actor at each evaluation. The evaluation's seeds must
-not be the experiment's (1-5) or the check seeds (6-10): a checkpoint picked on the seeds that
-then report it would be picked on its own test (docs/microservice-cores.md).
+average of the actor's weights is offered beside the live actor at each evaluation. The
+evaluation's seeds must not be the experiment's (1-5) or the check seeds (6-10): a checkpoint
+picked on the seeds that then report it would be picked on its own test
+(docs/microservice-cores.md).
 """
 from __future__ import annotations
 
