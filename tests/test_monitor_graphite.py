@@ -195,6 +195,51 @@ def test_window_is_the_last_complete_interval_without_off_by_one(graphite, graph
     assert early.window() == (E - 120, E - 60)
 
 
+class _FlushRace(RenderClient):
+    """graphite-web as a cache flush leaves it for one render: `hide` absent from the first
+    render that holds it (graphite-web reads the whisper file before it asks carbon's cache)."""
+
+    def __init__(self, url: str, hide: str):
+        super().__init__(url)
+        self.hide, self.hidden = hide, 0
+
+    def render(self, targets, from_, until):
+        series = super().render(targets, from_, until)
+        if not self.hidden and any(s.target.endswith(self.hide) for s in series):
+            self.hidden += 1
+            series = [s for s in series if not s.target.endswith(self.hide)]
+        return series
+
+
+@pytest.mark.graphite
+def test_a_series_hidden_by_a_cache_flush_is_read_again_not_called_stale(graphite, graphite_prefix):
+    E = last_boundary(back=1)
+    sender = GraphiteSender(graphite.carbon_host, graphite.carbon_port)
+    publish_window(sender, graphite_prefix, E, [("small", "i1", 50.0, 1.0, E - 300)], queue=QUEUE,
+                   queue_before={**QUEUE, "submitted_total": 60}, history_start=E - 200)
+    wait_for_points(graphite.render_url, f"{graphite_prefix}.queue.*", E - 60, E - 1, expect_series=5)
+    wait_for_points(graphite.render_url, f"{graphite_prefix}.groups.small.instances.i1.*", E - 60, E - 1, 3, 5)
+
+    naps = []
+    race = _FlushRace(graphite.render_url, ".queue.submitted_total")
+    reading = source(graphite, graphite_prefix, E, render=race, sleep=naps.append).read()
+    assert race.hidden == 1 and naps == [0.5]
+    assert reading.status == "ok", reading.reasons
+    assert reading.queue.submitted_total == QUEUE["submitted_total"] and reading.queue.submitted_interval == 10
+    assert reading.instances[("small", "i1")].first_seen == E - 200   # the re-read started from the same state
+
+    # without the re-read the same race is a stale window, and no decision for a minute
+    once = source(graphite, graphite_prefix, E, render=_FlushRace(graphite.render_url, ".queue.submitted_total"),
+                  reread_delay_s=0).read()
+    assert once.status == "stale" and "submitted_total missing" in " ".join(once.reasons)
+
+    # data that is really missing is read twice and then called what it is
+    naps.clear()
+    gone = source(graphite, graphite_prefix + "x", E, sleep=naps.append).read()
+    assert naps == [0.5] and gone.status == "stale"
+    assert "the data is missing, not in flight" in gone.reasons[-1]
+
+
 @pytest.mark.graphite
 def test_counters_delta_gauges_and_call_count(graphite, graphite_prefix):
     E = last_boundary()

@@ -37,6 +37,12 @@ Status rules (each adds a line to `reasons`; the worst wins):
   `completed_total` missing; a cumulative counter going backwards (the delta then assumes a
   reset to 0); no `submitted_total` before the window (the delta is then a lower bound: last −
   first point of the window); the first-seen lookback failing.
+* A read that finds a series or a point missing (the stale and partial rules above that say
+  "missing", "without", "no data", "has no valid") is made once more, ``reread_delay_s`` (0.5 s)
+  later, from the same reader state, and the second answer stands: graphite-web reads a
+  series' whisper file before it asks carbon's cache, so a flush between the two hides that
+  series' newest points from one render (seen in CI as a queue series missing from a window
+  that a poll a moment earlier showed whole). A second miss adds a reason saying so.
 * ``ok`` otherwise. Instances that fell silent are listed (no CPU/RAM) but do not change the
   status here: only the inventory knows whether they were terminated (`assemble`).
 """
@@ -45,7 +51,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Literal, Mapping
 
 from .graphite_client import GraphiteError, RenderClient, Series, sanitize
@@ -111,11 +117,13 @@ class _Issues:
     def __init__(self) -> None:
         self.status: Status = "ok"
         self.reasons: list[str] = []
+        self.missing = False  # a series or a point the window should hold was absent
         self._dropped: dict[str, list[str]] = defaultdict(list)
 
-    def add(self, status: Status, reason: str) -> None:
+    def add(self, status: Status, reason: str, missing: bool = False) -> None:
         self.status = worst(self.status, status)
         self.reasons.append(reason)
+        self.missing = self.missing or missing
 
     def drop(self, rule: str, where: str) -> None:
         self._dropped[rule].append(where)
@@ -136,7 +144,8 @@ class GraphiteSource:
     def __init__(self, render: RenderClient, prefix: str, groups: Iterable[str], interval_s: float = 60.0,
                  lateness_s: float = 5.0, now: Callable[[], float] = time.time, history_s: float | None = None,
                  first_seen_lookback_s: float = 900.0, ram_gb: Mapping[str, float] | None = None,
-                 cpu_slack: float = 1.0, ram_factor: float = 4.0):
+                 cpu_slack: float = 1.0, ram_factor: float = 4.0, reread_delay_s: float = 0.5,
+                 sleep: Callable[[float], None] = time.sleep):
         self.render = render
         self.prefix = prefix
         self.groups = [sanitize(g) for g in groups]
@@ -154,6 +163,10 @@ class GraphiteSource:
         self.ram_gb = {sanitize(k): float(v) for k, v in (ram_gb or {}).items()}
         self.cpu_slack = float(cpu_slack)
         self.ram_factor = float(ram_factor)
+        if reread_delay_s < 0:
+            raise ValueError(f"reread_delay_s must be >= 0, got {reread_delay_s}")
+        self.reread_delay_s = float(reread_delay_s)
+        self._sleep = sleep
         self._first_seen: dict[tuple[str, str], float] = {}
         self._last_seen: dict[tuple[str, str], float] = {}
         self._covered: tuple[float, float] | None = None  # (heard completely since, until)
@@ -170,7 +183,19 @@ class GraphiteSource:
         except Exception as exc:  # noqa: BLE001 - a broken clock must not crash the loop
             return MonitorReading(math.nan, math.nan, status="stale", reasons=(f"cannot compute the window: {exc}",))
         try:
-            return self._read(start, end)
+            state = (dict(self._first_seen), dict(self._last_seen), self._covered)
+            reading, missing = self._read(start, end)
+            if missing and self.reread_delay_s > 0:
+                # graphite-web reads a series' whisper file, then asks carbon's cache: a flush in
+                # between hides the points being flushed from that one render. Read once more,
+                # from the same state, before calling a past window incomplete.
+                self._first_seen, self._last_seen, self._covered = dict(state[0]), dict(state[1]), state[2]
+                self._sleep(self.reread_delay_s)
+                reading, missing = self._read(start, end)
+                if missing:
+                    reading = replace(reading, reasons=reading.reasons + (
+                        f"read twice, {self.reread_delay_s:g} s apart: the data is missing, not in flight",))
+            return reading
         except GraphiteError as exc:
             return MonitorReading(start, end, status="stale", reasons=(f"Graphite unavailable: {exc}",))
         except Exception as exc:  # noqa: BLE001 - unexpected payloads: report, never raise
@@ -197,7 +222,8 @@ class GraphiteSource:
             return f"ram_used_gb above {self.ram_factor:g}x the type's RAM"
         return None
 
-    def _read(self, start: float, end: float) -> MonitorReading:
+    def _read(self, start: float, end: float) -> tuple[MonitorReading, bool]:
+        """The window's reading, and whether some series or point it should hold was absent."""
         issues = _Issues()
         a, b = int(math.floor(start)), int(math.floor(end))
         window_series = self.render.render(self._instances_glob("{cpu_percent,ram_used_gb}"), a - 1, b - 1)
@@ -248,9 +274,9 @@ class GraphiteSource:
         issues.finish()
         if not any(i.reported for i in instances.values()) and all(
                 not any(start <= ts < end for ts, _ in pts) for pts in queue_pts.values()):
-            issues.add("stale", f"no data in the window [{a}, {b}) under {self.prefix!r}")
+            issues.add("stale", f"no data in the window [{a}, {b}) under {self.prefix!r}", missing=True)
         self._covered = (covered_from, max(end, self._covered[1]) if contiguous else end)
-        return MonitorReading(start, end, instances, queue, issues.status, tuple(issues.reasons))
+        return MonitorReading(start, end, instances, queue, issues.status, tuple(issues.reasons)), issues.missing
 
     def _instances(self, values, seen_ts, covered_from: float, end: float, issues: _Issues) -> dict:
         need_lookback = []
@@ -277,7 +303,8 @@ class GraphiteSource:
             ram = v.get("ram_used_gb")
             if any(v.values()) and not (cpu and ram):
                 missing = " and ".join(m for m, x in (("cpu_percent", cpu), ("ram_used_gb", ram)) if not x)
-                issues.add("partial", f"instance {group}/{inst} reported but has no valid {missing} in the window")
+                issues.add("partial", f"instance {group}/{inst} reported but has no valid {missing} in the window",
+                           missing=True)
             out[key] = InstanceReading(group, inst, sum(cpu) / len(cpu) if cpu else None,
                                        sum(ram) / len(ram) if ram else None,
                                        self._first_seen.get(key), self._last_seen.get(key))
@@ -315,10 +342,10 @@ class GraphiteSource:
 
         missing = [m for m in REQUIRED_QUEUE if last_in_window(m) is None]
         if missing:
-            issues.add("stale", f"queue series {', '.join(missing)} missing in the window")
+            issues.add("stale", f"queue series {', '.join(missing)} missing in the window", missing=True)
         missing_opt = [m for m in OPTIONAL_QUEUE if last_in_window(m) is None]
         if missing_opt:
-            issues.add("partial", f"queue series {', '.join(missing_opt)} missing in the window")
+            issues.add("partial", f"queue series {', '.join(missing_opt)} missing in the window", missing=True)
         for name in COUNTERS:
             series = pts.get(name, [])
             for (t0, v0), (t1, v1) in zip(series, series[1:]):
