@@ -26,6 +26,24 @@ def cluster():
     ray.shutdown()
 
 
+def _kill(actor) -> None:
+    """`ray.kill`, then wait until the actor is dead: the kill is asynchronous, and a call made at
+    once could still be served by the dying actor (a CI run stepped it without an error)."""
+    import time
+
+    from ray.exceptions import RayActorError
+
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.pid.remote(), timeout=5)
+        except RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed Ray actor still answered after 30 s")
+
+
 def _same(a, b) -> None:
     assert np.array_equal(a.header, b.header) and np.array_equal(a.types, b.types)
     assert np.array_equal(a.raw.vm_type, b.raw.vm_type) and np.array_equal(a.raw.vm_cpu_busy, b.raw.vm_cpu_busy)
@@ -87,7 +105,7 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_its_rollout_discarded(clust
         def step(deltas):
             calls["n"] += 1
             if calls["n"] == 20:  # the second update's rollout, 4 steps in
-                ray.kill(b.actors[1], no_restart=True)
+                _kill(b.actors[1])
             return inner(deltas)
 
         b.step = step
@@ -106,7 +124,7 @@ def test_losing_a_worker_outside_training_is_a_clear_error(cluster):
     b = RaySimBatch(SimConfig(), seed_1551(), 2, workers=2)
     try:
         b.reset([0, 1], [1, 2])
-        ray.kill(b.actors[0], no_restart=True)
+        _kill(b.actors[0])
         with pytest.raises(RolloutWorkerLost, match="worker"):
             b.step(np.zeros((2, b.n_types)))
         b.reset([0, 1], [1, 2])  # the replacement's envs start afresh
