@@ -23,6 +23,14 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     # Grid-rho saves exactly 1 - rho of the requested cores
     assert abs(methods["tiny-cold/Grid-0.4"]["s_cores"]["mean"] - 0.6) < 1e-9
     assert any(t["name"].startswith("tiny-cold: C2MARL-0.95 S-Cores") for t in summary["targets"])
+    # the paper's own protocol (L369: training weekdays' requests, usage redrawn) is a second table,
+    # every method on it, and its targets say they are not the issue's test
+    assert "### the paper's protocol" in report and "### held-apart days" in report
+    for row in ("Grid-1.0", "NSigma", "C2MARL-0.95"):
+        assert f"tiny-cold/paper-protocol/{row}" in methods
+    assert abs(methods["tiny-cold/paper-protocol/Grid-0.4"]["s_cores"]["mean"] - 0.6) < 1e-9
+    assert any(t["name"].startswith("tiny-cold (paper-protocol, not the issue's test): C2MARL-0.95 S-Cores")
+               for t in summary["targets"])
     assert (tmp_path / "policies" / "tiny-cold-a0.95-s1" / "metadata.json").is_file()
 
 
@@ -42,3 +50,26 @@ def test_train_verb_passes_problem_options_through(tmp_path):
 def test_experiment_verb_has_help():
     res = CliRunner().invoke(cli, ["experiment", "c2marl", "--help"])
     assert res.exit_code == 0 and "Tables 1, 2, 3 and 5" in res.output
+
+
+def test_paper_protocol_replays_the_training_requests_with_fresh_usage():
+    """The paper's test (L369) keeps the training weekdays' requests and redraws usage; its seeds
+    stay apart from the tuning episodes', and the held-apart test is other weeks' requests."""
+    import numpy as np
+
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import (PAPER_PROTOCOL_SEED, held_apart_episodes,
+                                                    paper_protocol_episodes, test_specs)
+    from agents.oversubscription.settings import get_setting
+
+    trace = generate_trace(get_setting("tiny"), 0)
+    paper = paper_protocol_episodes(trace, 2, warm=False)
+    train = trace.train_redrawn(0)
+    for w in paper:
+        assert np.array_equal(w.arrive, train.arrive) and np.array_equal(w.cores, train.cores)
+        assert np.array_equal(w.sub, train.sub)
+    assert not np.array_equal(paper[0].usage, paper[1].usage)                 # usage redrawn per episode
+    assert not np.array_equal(paper[0].usage, trace.train_redrawn(0).usage)   # not a tuning episode
+    assert np.array_equal(paper[0].usage, trace.train_redrawn(PAPER_PROTOCOL_SEED).usage)
+    held = held_apart_episodes(trace, test_specs(trace, 1, False), warm=False)[0]
+    assert not (held.n_vms == train.n_vms and np.array_equal(held.arrive, train.arrive))
