@@ -725,8 +725,9 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
-    satisfaction per safety level) with ours beside them; baselines tuned on training days;
-    writes report.md, summary.json, training-curve PNGs and the trained policies."""
+    satisfaction per safety level) with ours beside them; baselines tuned on training days; every
+    method tested on held-apart days and under the paper's protocol (the training weekdays'
+    requests, usage redrawn); writes report.md, summary.json, training-curve PNGs and the policies."""
     _run_problem_experiment("oversubscription", out, quick=quick, seeds=_seeds(seeds),
                             cases=[c.strip() for c in cases.split(",")] if cases else None,
                             episodes=episodes, test_episodes=test_episodes, workers=workers, progress=not quiet)
