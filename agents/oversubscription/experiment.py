@@ -53,6 +53,7 @@ PAPER_TABLE_OF = {"internal-cold": "Tables 1 and 5", "internal-warm": "Table 2",
 
 # Evaluation protocols: the issue's held-apart days, and the paper's literal one (L369).
 HELD_APART, PAPER_PROTOCOL = "held-apart", "paper-protocol"
+PROTOCOLS = (HELD_APART, PAPER_PROTOCOL)
 PROTOCOL_TITLES = {
     HELD_APART: "held-apart days (the issue's test): weekday blocks of later weeks, usage redrawn from Gaussians",
     PAPER_PROTOCOL: "the paper's protocol (L369): the training weekdays' requests, usage redrawn from Gaussians",
@@ -148,8 +149,7 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
     specs = test_specs(trace, budget.test_episodes, case.warm)
-    protocols = (HELD_APART, PAPER_PROTOCOL)
-    rows: dict[str, dict[str, list[dict]]] = {p: {} for p in protocols}
+    rows: dict[str, dict[str, list[dict]]] = {p: {} for p in PROTOCOLS}   # protocol -> method -> runs
     tuned = {}
     t0 = time.perf_counter()
     # every rule tuned on training days only (the fixed Grid-rho rows have one "combination")
@@ -157,10 +157,10 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     for name, res in results.items():
         tuned[name] = {"params": res.params, "safe_on_training_days": res.safe, "training_days": res.metrics}
     evals = [(case, trace_seed, name, res.params, ctx, protocol, specs, budget.test_episodes)
-             for protocol in protocols for name, res in results.items()]
-    for job, metrics in zip(evals, map_runs(_evaluate_baseline, evals, workers, progress,
-                                            desc=f"baselines {case.key}")):
-        rows[job[5]][job[2]] = [metrics]
+             for protocol in PROTOCOLS for name, res in results.items()]
+    for (_, _, name, _, _, protocol, _, _), metrics in zip(
+            evals, map_runs(_evaluate_baseline, evals, workers, progress, desc=f"baselines {case.key}")):
+        rows[protocol][name] = [metrics]
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
     jobs = [(case, a, s, episodes, trace_seed, specs, budget.test_episodes, cfg_overrides or {})
@@ -174,8 +174,7 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
         curves.setdefault(r["alpha"], []).append(r["curve"])
         if keep_policies is not None:
             r["policy"].save(Path(keep_policies) / f"{case.key}-a{r['alpha']:.2f}-s{r['seed']}")
-    return {"case": case.key, "setting": case.setting, "warm": case.warm, "rows": rows[HELD_APART],
-            "rows_by_protocol": rows, "tuned": tuned,
+    return {"case": case.key, "setting": case.setting, "warm": case.warm, "rows": rows, "tuned": tuned,
             "curves": curves, "baseline_seconds": baseline_seconds,
             "trace": trace.describe() if hasattr(trace, "describe") else {}}
 
@@ -196,7 +195,7 @@ def case_table(res: dict, protocol: str = HELD_APART) -> str:
     paper = PAPER_TABLES.get(res["case"], {})
     header = ["method", "PM-Hot-R %", "C-Hot-R %", "S-Cores %", "0.75", "0.85", "0.95", "paper PM-Hot-R / S-Cores"]
     out = []
-    for name, rows in _rows(res, protocol).items():
+    for name, rows in res["rows"][protocol].items():
         p = paper.get(name)
         out.append([name, _cell([r["pm_hot_r"] for r in rows]), _cell([r["c_hot_r"] for r in rows]),
                     _cell([r["s_cores"] for r in rows]), _sat(rows, 0.75), _sat(rows, 0.85), _sat(rows, 0.95),
@@ -204,13 +203,9 @@ def case_table(res: dict, protocol: str = HELD_APART) -> str:
     return markdown_table(header, out)
 
 
-def _rows(res: dict, protocol: str) -> dict[str, list[dict]]:
-    return res.get("rows_by_protocol", {}).get(protocol, res["rows"] if protocol == HELD_APART else {})
-
-
 def best_safe_baseline(res: dict, alpha: float = 0.95, protocol: str = HELD_APART) -> tuple[str | None, float]:
     best, value = None, 0.0
-    for name, rows in _rows(res, protocol).items():
+    for name, rows in res["rows"][protocol].items():
         if name.startswith("C2MARL"):
             continue
         if all(r["satisfied"][f"{alpha:.2f}"] for r in rows):
@@ -274,15 +269,15 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     figures = _figures(results, out)
     targets, methods = [], {}
     for res in results:
-        for protocol in (HELD_APART, PAPER_PROTOCOL):
+        for protocol in PROTOCOLS:
             # held-apart keys stay "case/method" (the issue's test); the paper's protocol is named
             prefix = res["case"] if protocol == HELD_APART else f"{res['case']}/{protocol}"
-            for name, rows in _rows(res, protocol).items():
+            for name, rows in res["rows"][protocol].items():
                 methods[f"{prefix}/{name}"] = {k: [r[k] for r in rows] for k in ("pm_hot_r", "c_hot_r", "s_cores")}
             # the issue's targets are judged on held-apart days; the paper's protocol is reported beside them
             label = res["case"] if protocol == HELD_APART else f"{res['case']} ({protocol}, not the issue's test)"
             best, best_s = best_safe_baseline(res, 0.95, protocol)
-            ours = _rows(res, protocol).get("C2MARL-0.95", [])
+            ours = res["rows"][protocol].get("C2MARL-0.95", [])
             ours_s = float(np.mean([r["s_cores"] for r in ours])) if ours else 0.0
             ours_ok = bool(ours) and all(r["satisfied"]["0.95"] for r in ours)
             ratio = ours_s / best_s if best_s > 0 else None
@@ -290,12 +285,12 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
                                   None if ratio is None else round(ratio, 3), ">= 1.3 and constraint met",
                                   bool(ratio is not None and ratio >= 1.3 and ours_ok)))
             for a in budget.alphas:
-                rows = _rows(res, protocol).get(f"C2MARL-{a:.2f}", [])
+                rows = res["rows"][protocol].get(f"C2MARL-{a:.2f}", [])
                 ok = bool(rows) and all(r["satisfied"][f"{a:.2f}"] for r in rows)
                 days = "on test days" if protocol == HELD_APART else "on redrawn training days"
                 targets.append(Target(f"{label}: C2MARL-{a:.2f} satisfies alpha={a:.2f} {days} (all seeds)",
                                       ok, "true", ok))
-        secs = [r["train_seconds"] for rows in res["rows"].values() for r in rows if "train_seconds" in r]
+        secs = [r["train_seconds"] for rows in res["rows"][HELD_APART].values() for r in rows if "train_seconds" in r]
         if secs:
             targets.append(Target(f"{res['case']}: training minutes per run (max)", round(max(secs) / 60, 2),
                                   "<= 30", max(secs) <= 1800))
@@ -319,8 +314,8 @@ def _report(out: Path, results: list[dict], summary: dict) -> None:
              "Command: `samm experiment c2marl --out DIR` (see docs/oversubscription.md for every choice).", ""]
     for res in results:
         lines += [f"## {res['case']} ({PAPER_TABLE_OF.get(res['case'], 'ours only')})", ""]
-        for protocol in (HELD_APART, PAPER_PROTOCOL):
-            if _rows(res, protocol):
+        for protocol in PROTOCOLS:
+            if res["rows"][protocol]:
                 lines += [f"### {PROTOCOL_TITLES[protocol]}", "", case_table(res, protocol), ""]
         lines += ["Tuned baseline parameters (training days only, alpha = 0.95): "
                   + json.dumps({k: v["params"] for k, v in res["tuned"].items()}, default=str), ""]
