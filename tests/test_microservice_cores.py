@@ -542,6 +542,31 @@ def test_samm_train_hands_its_own_flags_to_the_problems_trainer(tmp_path):
 
 
 @pytest.mark.slow
+def test_entropy_spaces_pull_away_from_the_bounds_only_where_they_should():
+    """The action-space density carries −log a(1 − a): lowering a small action raises its
+    log-density, i.e. the entropy bonus pushes it up. Measured on u (latent), the log-density of
+    the same draw does not depend on where the mean sits; measured on log a (log-action), there
+    is no pull at a small action and the barrier at the cap stays."""
+    torch.manual_seed(0)
+    obs = torch.randn(64, 3, 10)
+    logps = {}
+    for space in ("action", "latent", "log-action"):
+        cfg = SacConfig(hidden=16, actor_layers=2, critic_pre_layers=1, critic_post_layers=1, entropy_space=space)
+        sac = Sac(width=10, n_scaled=8, n_services=3, cfg=cfg)
+        with torch.no_grad():
+            for bias in (0.0, -4.0, 4.0):     # the mean of u at about 0, −4 (a ≈ 0.02) and +4 (a ≈ 0.98)
+                sac.actor.head.bias[0] = bias
+                torch.manual_seed(1)
+                logps[space, bias] = sac.actor.sample(sac.norm(obs))[1].mean().item()
+    assert logps["latent", 0.0] == pytest.approx(logps["latent", -4.0], abs=1e-3)
+    assert logps["latent", 0.0] == pytest.approx(logps["latent", 4.0], abs=1e-3)
+    assert logps["action", -4.0] > logps["action", 0.0] + 2.0
+    assert logps["log-action", -4.0] < logps["log-action", 0.0]          # no pull up from a small limit
+    assert logps["log-action", 4.0] > logps["log-action", 0.0] + 2.0     # a pull down from the cap
+    with pytest.raises(ValueError, match="entropy_space"):
+        SacConfig(entropy_space="tanh")
+
+
 def test_sac_learns_the_smallest_safe_limit_of_one_service():
     """The one-service toy: 2 cores of load, QoS 50 ms; statically, 2.4 cores is the least that
     is safe (2.2 breaks QoS about 1 % of the time). SAC must end close to it, safely."""

@@ -9,7 +9,8 @@
   compared with the per-service mean log-density of the action (our reading: the paper pools Q
   by the mean over services, and we pool the entropy the same way). On an action in [0, 1] that
   target is within 7 % of a uniform draw, so the simulator's training names its own
-  (`target_entropy`, docs/microservice-cores.md).
+  (`target_entropy`, docs/microservice-cores.md), and may measure the density on log a or on the
+  Gaussian u instead (`entropy_space`, ours: the Jacobian of a holds small limits up).
 * Inputs are standardised by one global mean/variance vector, fitted on the AutoScale phase's
   data and refitted every RSC steps (L87–89).
 * A `mask` over services lets one network serve applications with fewer services than its id
@@ -30,6 +31,7 @@ from torch.nn import functional as F
 
 
 PRECISIONS = ("fp32", "bf16", "bf16-state")
+ENTROPY_SPACES = ("action", "latent", "log-action")
 
 
 @dataclass
@@ -49,6 +51,16 @@ class SacConfig:
     alpha_lr: float | None = None    # ours: the entropy coefficient's own rate (None = lr, the paper)
     #: per-service target entropy of the action in [0, 1]; None = the paper's −1/(|M|·|A|)
     target_entropy: float | None = None
+    #: ours: where the entropy is measured. "action" (the paper, standard SAC): the density of
+    #: a = sigmoid(u), whose Jacobian term −log a(1 − a) rewards moving a away from 0, so a
+    #: service that needs a few hundredths of its cap is held near a tenth; "latent": the
+    #: Gaussian density of u, whose entropy depends on σ alone (multiplicative noise on a small
+    #: a, no pull on the mean), but a saturated a = 1 then costs no entropy and a policy stuck at
+    #: the caps has no gradient back (measured on the testbed); "log-action": the density of
+    #: log a, whose Jacobian −log(1 − a) keeps the barrier at the cap and none at 0 (the
+    #: entropy of log-cores: noise in proportion to the limit). target_entropy is then the
+    #: entropy of u or of log a (0.0: σ ≈ 0.24 on a small a)
+    entropy_space: str = "action"
     k: int = 5                       # stacked frames
     log_std_min: float = -20.0       # log σ clipped to [−20, 2] (L93)
     log_std_max: float = 2.0
@@ -87,6 +99,8 @@ class SacConfig:
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
+        if self.entropy_space not in ENTROPY_SPACES:
+            raise ValueError(f"entropy_space must be one of {', '.join(ENTROPY_SPACES)}, not {self.entropy_space!r}")
 
     @property
     def learning_steps(self) -> int:
@@ -171,6 +185,7 @@ class Actor(nn.Module):
         self.body = mlp(width, cfg.hidden, cfg.actor_layers)
         self.head = nn.Linear(cfg.hidden, 2)
         self.log_std_min, self.log_std_max = cfg.log_std_min, cfg.log_std_max
+        self.entropy_space = cfg.entropy_space
 
     def forward(self, x: torch.Tensor):
         out = _float32_output(self.head, state_layers(self.body, x))
@@ -189,8 +204,11 @@ class Actor(nn.Module):
         # log-density of a = sigmoid(u): the Gaussian's, minus log |da/du| = log a(1 − a). Without
         # the Jacobian a saturated action (a wide σ pushing a to 0 or 1) looks like high entropy,
         # and the policy collapses to bang-bang (measured)
-        logp = (-0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
-                - (F.logsigmoid(u) + F.logsigmoid(-u)))
+        logp = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+        if self.entropy_space == "action":        # |da/du| = a(1 − a)
+            logp = logp - (F.logsigmoid(u) + F.logsigmoid(-u))
+        elif self.entropy_space == "log-action":  # |d log a / du| = 1 − a
+            logp = logp - F.logsigmoid(-u)
         return a, logp
 
     def deterministic(self, x: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ from .control import MIN_CORES
 from .env import reward_of
 from .episode import EPISODE_S, WARMUP_S
 from .features import ROW, FrameStack, feature_row_block
-from .sac import PRECISIONS, ReplayBuffer, Sac, SacConfig
+from .sac import ENTROPY_SPACES, PRECISIONS, ReplayBuffer, Sac, SacConfig
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 from .validation import VALIDATION_SEEDS, BestCheckpoint, evaluate
@@ -339,6 +339,13 @@ def main(argv=None) -> int:
     p.add_argument("--qos-margin", type=float, default=None,
                    help="ours: train against this fraction of the QoS target (default 1.0, the paper); "
                         "a policy headed to real containers keeps a margin for the simulator's optimism")
+    p.add_argument("--entropy-space", choices=ENTROPY_SPACES, default=None,
+                   help="ours: measure SAC's entropy on the action a (default, the paper), on log a (log-action: "
+                        "noise in proportion to the limit, no pull away from small limits) or on the Gaussian u "
+                        "before the sigmoid (latent; can stick at the caps); docs/microservice-cores.md")
+    p.add_argument("--target-entropy", type=float, default=None,
+                   help=f"per-service target entropy (default {SIM_TRAINING['target_entropy']} on the action; "
+                        "with --entropy-space latent or log-action the entropy of u or log a, e.g. 0.0 for sigma ~0.24)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="ours: bf16 runs the updates' hidden layers in bfloat16 (autocast; 2x faster on CPUs "
                         "with AVX-512 BF16), bf16-state only the layers that read the state alone (every layer that "
@@ -373,6 +380,10 @@ def main(argv=None) -> int:
         overrides["id_width"] = args.id_width
     if args.precision:
         overrides["precision"] = args.precision
+    if args.entropy_space:
+        overrides["entropy_space"] = args.entropy_space
+    if args.target_entropy is not None:
+        overrides["target_entropy"] = args.target_entropy
     if args.qos_margin is not None:
         if not 0.0 < args.qos_margin <= 1.0:
             print(f"error: --qos-margin must be in (0, 1], got {args.qos_margin}", file=sys.stderr)
