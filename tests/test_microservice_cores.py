@@ -567,6 +567,24 @@ def test_entropy_spaces_pull_away_from_the_bounds_only_where_they_should():
         SacConfig(entropy_space="tanh")
 
 
+def test_training_users_draw_uniform_as_the_paper_or_log_uniform():
+    """'uniform' is the paper's U ~ U[Umin, Umax] and draws exactly what rng.uniform draws (so
+    earlier runs reproduce); 'log-uniform' puts as many episodes in each doubling of the load."""
+    from agents.microservice_cores.train import draw_users
+
+    u = draw_users(np.random.default_rng(5), (500, 3500), 20_000, "uniform")
+    assert np.array_equal(u, np.random.default_rng(5).uniform(500, 3500, size=20_000))
+    v = draw_users(np.random.default_rng(5), (500, 3500), 20_000, "log-uniform")
+    assert v.min() >= 500 and v.max() <= 3500
+    low, high = np.mean(v < 1000), np.mean((v >= 1750) & (v < 3500))   # one doubling each
+    assert low == pytest.approx(high, abs=0.02) and low == pytest.approx(np.log(2) / np.log(7), abs=0.02)
+    assert np.mean(u < 1000) == pytest.approx(1 / 6, abs=0.02)
+    with pytest.raises(ValueError, match="users_draw"):
+        SacConfig(users_draw="beta")
+    with pytest.raises(ValueError, match="users_draw"):
+        draw_users(np.random.default_rng(0), (1, 2), 3, "beta")
+
+
 def test_sac_learns_the_smallest_safe_limit_of_one_service():
     """The one-service toy: 2 cores of load, QoS 50 ms; statically, 2.4 cores is the least that
     is safe (2.2 breaks QoS about 1 % of the time). SAC must end close to it, safely."""

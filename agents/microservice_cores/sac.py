@@ -32,6 +32,7 @@ from torch.nn import functional as F
 
 PRECISIONS = ("fp32", "bf16", "bf16-state")
 ENTROPY_SPACES = ("action", "latent", "log-action")
+USERS_DRAWS = ("uniform", "log-uniform")
 
 
 @dataclass
@@ -95,12 +96,18 @@ class SacConfig:
     #: count a violation above qos_margin x the target, so the simulator's optimism is absorbed
     #: by a margin; observations keep the real target. 1.0 = the paper.
     qos_margin: float = 1.0
+    #: ours: how each training episode draws its users within the app's range. "uniform" is the
+    #: paper's U ~ U[Umin, Umax]; "log-uniform" spends as many episodes on each doubling of the
+    #: load, so the low end (where the reward's cores term is smallest) is trained on more often
+    users_draw: str = "uniform"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
         if self.entropy_space not in ENTROPY_SPACES:
             raise ValueError(f"entropy_space must be one of {', '.join(ENTROPY_SPACES)}, not {self.entropy_space!r}")
+        if self.users_draw not in USERS_DRAWS:
+            raise ValueError(f"users_draw must be one of {', '.join(USERS_DRAWS)}, not {self.users_draw!r}")
 
     @property
     def learning_steps(self) -> int:

@@ -1,7 +1,7 @@
 """Reclaimer's training schedule (Algorithm 2) on the simulator.
 
-Episodes: every copy draws U ~ U[users], gives every service its cap for the W = 60 s warm-up,
-then runs e_time = 300 one-second steps (d = 1 at the last). Three phases by transitions seen:
+Episodes: every copy draws U ~ U[users] (or log-uniformly: `users_draw`, ours), gives every
+service its cap for the W = 60 s warm-up, then runs e_time = 300 one-second steps (d = 1 at the last). Three phases by transitions seen:
 1. AutoScale with ±5 % uniform noise drives the copies and fills the replay buffer; no updates.
    The standardiser is fitted on these rows.
 2. The agent acts (sampled), and the QoS classifier modifies each action: among the action scaled
@@ -39,7 +39,7 @@ from .control import MIN_CORES
 from .env import reward_of
 from .episode import EPISODE_S, WARMUP_S
 from .features import ROW, FrameStack, feature_row_block
-from .sac import ENTROPY_SPACES, PRECISIONS, ReplayBuffer, Sac, SacConfig
+from .sac import ENTROPY_SPACES, PRECISIONS, USERS_DRAWS, ReplayBuffer, Sac, SacConfig
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 from .validation import VALIDATION_SEEDS, BestCheckpoint, evaluate
@@ -123,7 +123,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     ema_pairs = (list(ema_actor.parameters()), list(agent.actor.parameters())) if ema_actor is not None else None
     last_eval = 0
     while seen < cfg.total_steps:
-        users = rng.uniform(*topo.users, size=E)
+        users = draw_users(rng, topo.users, E, cfg.users_draw)
         sim.reset(users)
         full = np.tile(caps, (E, 1))
         for _ in range(WARMUP_S):
@@ -237,6 +237,16 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     return policy
 
 
+def draw_users(rng: np.random.Generator, bounds, n: int, how: str = "uniform") -> np.ndarray:
+    """Each training copy's users for one episode (SacConfig.users_draw)."""
+    lo, hi = bounds
+    if how == "uniform":
+        return rng.uniform(lo, hi, size=n)
+    if how == "log-uniform":
+        return np.exp(rng.uniform(np.log(lo), np.log(hi), size=n))
+    raise ValueError(f"users_draw must be one of {', '.join(USERS_DRAWS)}, not {how!r}")
+
+
 def _snapshot(agent: Sac, actor: torch.nn.Module, width: int, n_scaled: int, M: int, cfg: SacConfig) -> Sac:
     """A copy of the agent (its standardiser, critics, classifier) acting with `actor`'s weights."""
     with torch.random.fork_rng():   # a fresh network's initialisation must not move the run's draws
@@ -346,6 +356,9 @@ def main(argv=None) -> int:
     p.add_argument("--target-entropy", type=float, default=None,
                    help=f"per-service target entropy (default {SIM_TRAINING['target_entropy']} on the action; "
                         "with --entropy-space latent or log-action the entropy of u or log a, e.g. 0.0 for sigma ~0.24)")
+    p.add_argument("--users-draw", choices=USERS_DRAWS, default=None,
+                   help="ours: how each training episode draws its users in the app's range (default uniform, the "
+                        "paper); log-uniform trains as often on each doubling of the load, the low end more")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="ours: bf16 runs the updates' hidden layers in bfloat16 (autocast; 2x faster on CPUs "
                         "with AVX-512 BF16), bf16-state only the layers that read the state alone (every layer that "
@@ -384,6 +397,8 @@ def main(argv=None) -> int:
         overrides["entropy_space"] = args.entropy_space
     if args.target_entropy is not None:
         overrides["target_entropy"] = args.target_entropy
+    if args.users_draw:
+        overrides["users_draw"] = args.users_draw
     if args.qos_margin is not None:
         if not 0.0 < args.qos_margin <= 1.0:
             print(f"error: --qos-margin must be in (0, 1], got {args.qos_margin}", file=sys.stderr)
