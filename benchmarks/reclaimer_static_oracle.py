@@ -19,11 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents.microservice_cores.static_search import (  # noqa: E402
     StaticSearchParams, search_static, violation_rate)
 from agents.microservice_cores.topology import load_topology  # noqa: E402
-
-
-def _seeds(text: str) -> tuple[int, ...]:
-    lo, _, hi = text.partition("-")
-    return tuple(range(int(lo), int(hi) + 1)) if hi else tuple(int(x) for x in text.split(","))
+from samm.cli.seeds import parse_seeds  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -37,7 +33,7 @@ def main(argv=None) -> int:
     topo = load_topology(a.app)
     lo, hi = topo.users
     users = [float(x) for x in a.users.split(",")] if a.users else [lo, (lo + hi) / 2, hi]
-    params = StaticSearchParams(max_violation=a.max_violation, seeds=_seeds(a.search_seeds))
+    params = StaticSearchParams(max_violation=a.max_violation, seeds=tuple(parse_seeds(a.search_seeds)))
     totals = []
     print(f"{a.app}: search budget {a.max_violation:.2%} on seeds {params.seeds}")
     print(f"{'users':>7}{'cores':>8}{'search':>9}{'seeds 1-5':>11}{'seeds 6-10':>12}{'secs':>6}")

@@ -28,6 +28,16 @@ def test_every_verb_has_help():
         assert "Usage:" in res.output
 
 
+def test_seed_lists_parse_as_ranges_or_commas_and_bad_ones_are_clear_errors():
+    from samm.cli.seeds import parse_seeds
+
+    assert parse_seeds("1-5") == [1, 2, 3, 4, 5] and parse_seeds("6,9") == [6, 9] and parse_seeds("7") == [7]
+    with pytest.raises(ValueError):
+        parse_seeds("a-b")
+    r = CliRunner().invoke(cli, ["evaluate", "--agent", "threshold", "--seeds", "one,two"])
+    assert r.exit_code != 0 and "--seeds must be a list" in r.output, r.output
+
+
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "samm.cli.main", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and "samm" in out.stdout

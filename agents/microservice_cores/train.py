@@ -1,7 +1,8 @@
 """Reclaimer's training schedule (Algorithm 2) on the simulator.
 
 Episodes: every copy draws U ~ U[users] (or log-uniformly: `users_draw`, ours), gives every
-service its cap for the W = 60 s warm-up, then runs e_time = 300 one-second steps (d = 1 at the last). Three phases by transitions seen:
+service its cap for the W = 60 s warm-up, then runs e_time = 300 one-second steps (d = 1 at the
+last). Three phases by transitions seen:
 1. AutoScale with ±5 % uniform noise drives the copies and fills the replay buffer; no updates.
    The standardiser is fitted on these rows.
 2. The agent acts (sampled), and the QoS classifier modifies each action: among the action scaled

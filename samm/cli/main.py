@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from samm import __version__
+from samm.cli.seeds import parse_seeds
 
 
 def _problem_choices() -> list[str]:
@@ -356,10 +357,7 @@ def testbed_cmd(agent_kind, params_json, policy_dir, workload, compression, cool
 
 def _seeds(text: str) -> list[int]:
     try:
-        if "-" in text and "," not in text:
-            a, b = text.split("-")
-            return list(range(int(a), int(b) + 1))
-        return [int(x) for x in text.split(",") if x.strip()]
+        return parse_seeds(text)
     except ValueError:
         _fail(f"--seeds must be a list like 1,2,3 or a range like 1-5, got {text!r}")
         return []
