@@ -2,6 +2,7 @@
 reward timing, the episode protocol, and the SAC pieces."""
 from __future__ import annotations
 
+from dataclasses import replace
 import csv
 import math
 
@@ -217,6 +218,24 @@ def test_reward_scores_the_action_of_the_second_it_was_in_force():
     _, r, _, _, info = env.step(np.full(3, 0.02))       # starved: this very second breaks QoS
     assert info["violated"] and r == -1.0
     assert reward_of(np.array([np.nan]), 50.0, np.ones((1, 3)), np.full(3, 2.0))[0] == pytest.approx(0.5)
+
+
+def test_log_cost_saves_as_much_per_halving_at_any_limit_and_keeps_the_range():
+    """cost 'log' (ours): at the caps nothing is saved and at the floor everything, as the
+    paper's linear cost; halving every limit saves the same wherever the limits sit, where the
+    linear saving of a small allocation is a small fraction of a large one's; a violation is −1."""
+    caps = np.array([4.0, 1.0])
+    lin = lambda c: reward_of(np.array([10.0]), 50.0, np.array([c]), caps)[0]
+    log = lambda c: reward_of(np.array([10.0]), 50.0, np.array([c]), caps, cost="log")[0]
+    assert log(caps) == pytest.approx(0.0) and log(caps * 1e-4) == pytest.approx(1.0)
+    small, large = caps * 0.02, caps * 0.4
+    assert log(small / 2) - log(small) == pytest.approx(log(large / 2) - log(large))
+    assert lin(small / 2) - lin(small) == pytest.approx((lin(large / 2) - lin(large)) / 20)
+    assert reward_of(np.array([60.0]), 50.0, np.array([small]), caps, cost="log")[0] == -1.0
+    with pytest.raises(ValueError, match="cost"):
+        reward_of(np.array([10.0]), 50.0, np.array([small]), caps, cost="sqrt")
+    with pytest.raises(ValueError, match="cost"):
+        SacConfig(cost="sqrt")
 
 
 def test_env_passes_gymnasium_check():
@@ -565,6 +584,44 @@ def test_entropy_spaces_pull_away_from_the_bounds_only_where_they_should():
     assert logps["log-action", 4.0] > logps["log-action", 0.0] + 2.0     # a pull down from the cap
     with pytest.raises(ValueError, match="entropy_space"):
         SacConfig(entropy_space="tanh")
+
+
+def test_log_critic_action_resolves_small_limits_and_round_trips():
+    """critic_action 'log' (ours) feeds the critics log a over [0.001, 1] rescaled to [0, 1]:
+    halving a limit moves the input by the same step wherever the limit sits, the gradient reaches
+    the action, and a saved config keeps the choice; 'linear' (the paper) feeds a itself, and
+    'both' feeds a and its log side by side."""
+    from agents.microservice_cores.sac import Critic, critic_log_action
+
+    a = torch.tensor([1e-4, 1e-3, 0.01, 0.02, 0.5, 1.0], requires_grad=True)
+    x = critic_log_action(a)
+    assert x[0].item() == pytest.approx(0.0) and x[1].item() == pytest.approx(0.0)
+    assert x[-1].item() == pytest.approx(1.0)
+    assert (x[3] - x[2]).item() == pytest.approx((x[5] - x[4]).item(), rel=1e-5)
+    x.sum().backward()
+    assert a.grad[2] > 10 * a.grad[5] > 0.0
+    cfg = SacConfig(hidden=8, actor_layers=1, critic_pre_layers=1, critic_post_layers=1, critic_action="log")
+    assert SacConfig.from_json(cfg.to_json()).critic_action == "log"
+    torch.manual_seed(0)
+    log_c, lin_c = Critic(4, cfg), Critic(4, replace(cfg, critic_action="linear"))
+    lin_c.load_state_dict(log_c.state_dict())
+    h = torch.randn(2, 3, 8)
+    small = torch.full((2, 3), 0.02)
+    with torch.no_grad():
+        assert torch.allclose(log_c.head(h, small), lin_c.head(h, critic_log_action(small)))
+        assert not torch.allclose(log_c.head(h, small), lin_c.head(h, small))
+    both = Critic(4, replace(cfg, critic_action="both"))
+    assert both.post[0][0].in_features == lin_c.post[0][0].in_features + 1
+    with torch.no_grad():      # the log column silenced, "both" is the linear critic
+        w = both.post[0][0].weight
+        w[:, :-1] = lin_c.post[0][0].weight
+        w[:, -1] = 0.0
+        both.post[0][0].bias.copy_(lin_c.post[0][0].bias)
+        for mine, theirs in zip(list(both.post.parameters())[2:], list(lin_c.post.parameters())[2:]):
+            mine.copy_(theirs)
+        assert torch.allclose(both.head(h, small), lin_c.head(h, small))
+    with pytest.raises(ValueError, match="critic_action"):
+        SacConfig(critic_action="sqrt")
 
 
 def test_training_users_draw_uniform_as_the_paper_or_log_uniform():

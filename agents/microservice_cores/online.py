@@ -95,7 +95,8 @@ class OnlineReclaimer:
         if gap:
             self._pending = None
         cores = np.where(np.isfinite(m.cpu_limit), m.cpu_limit, caps)   # unread limit: as if at the cap
-        reward = float(reward_of(m.p99_ms, self.topo.qos_ms * self.policy.cfg.qos_margin, cores, caps))
+        reward = float(reward_of(m.p99_ms, self.topo.qos_ms * self.policy.cfg.qos_margin, cores, caps,
+                                  cost=self.policy.cfg.cost))
         if self._pending is not None and finite:   # a non-finite row never enters the replay
             self.buf.add_batch(self._pending, in_force[None].astype(np.float32), np.array([reward]), obs,
                                np.zeros(1), np.array([reward == -1.0]), np.zeros(1, dtype=np.int64))

@@ -29,10 +29,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .env import COSTS
+
 
 PRECISIONS = ("fp32", "bf16", "bf16-state")
 ENTROPY_SPACES = ("action", "latent", "log-action")
 USERS_DRAWS = ("uniform", "log-uniform")
+CRITIC_ACTIONS = ("linear", "log", "both")
+#: the smallest a the log critic input tells apart (0.01 core on a 10-core cap)
+LOG_ACTION_FLOOR = 1e-3
 
 
 @dataclass
@@ -100,6 +105,16 @@ class SacConfig:
     #: paper's U ~ U[Umin, Umax]; "log-uniform" spends as many episodes on each doubling of the
     #: load, so the low end (where the reward's cores term is smallest) is trained on more often
     users_draw: str = "uniform"
+    #: ours: what the critics read of each service's action. "linear" is a in [0, 1] (the paper);
+    #: "log" is log a rescaled to [0, 1] over [LOG_ACTION_FLOOR, 1], so halving a small limit
+    #: moves the critic's input as much as halving a large one (a low load's limits all sit in
+    #: the first tenth of a's range); "both" reads a and its log (the log alone resolves a
+    #: large limit 7x more coarsely than a, and a policy at the caps leaves them slowly: measured)
+    critic_action: str = "linear"
+    #: ours: the reward's cost of the cores (env.reward_of): "linear" is the paper's Σ cores / Σ
+    #: caps; "log" weighs each service's log share of its cap, so a low load's small limits earn
+    #: as much per halving as a high load's large ones
+    cost: str = "linear"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -108,6 +123,10 @@ class SacConfig:
             raise ValueError(f"entropy_space must be one of {', '.join(ENTROPY_SPACES)}, not {self.entropy_space!r}")
         if self.users_draw not in USERS_DRAWS:
             raise ValueError(f"users_draw must be one of {', '.join(USERS_DRAWS)}, not {self.users_draw!r}")
+        if self.cost not in COSTS:
+            raise ValueError(f"cost must be one of {', '.join(COSTS)}, not {self.cost!r}")
+        if self.critic_action not in CRITIC_ACTIONS:
+            raise ValueError(f"critic_action must be one of {', '.join(CRITIC_ACTIONS)}, not {self.critic_action!r}")
 
     @property
     def learning_steps(self) -> int:
@@ -222,11 +241,18 @@ class Actor(nn.Module):
         return torch.sigmoid(self(x)[0])
 
 
+def critic_log_action(a: torch.Tensor) -> torch.Tensor:
+    """a in [0, 1] → log a rescaled to [0, 1] over [LOG_ACTION_FLOOR, 1] (SacConfig.critic_action)."""
+    return 1.0 + torch.log(a.clamp_min(LOG_ACTION_FLOOR)) / -math.log(LOG_ACTION_FLOOR)
+
+
 class Critic(nn.Module):
     def __init__(self, width: int, cfg: SacConfig):
         super().__init__()
         self.pre = mlp(width, cfg.hidden, cfg.critic_pre_layers)
-        self.post = nn.Sequential(mlp(cfg.hidden + 1, cfg.hidden, cfg.critic_post_layers),
+        self.action_in = cfg.critic_action
+        n_in = 2 if self.action_in == "both" else 1
+        self.post = nn.Sequential(mlp(cfg.hidden + n_in, cfg.hidden, cfg.critic_post_layers),
                                   nn.Linear(cfg.hidden, 1))
 
     def forward(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -235,7 +261,13 @@ class Critic(nn.Module):
     def head(self, h: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Q from the pre-action features h = pre(x): the actor's loss needs no gradient through
         pre(x), which does not depend on the action."""
-        hidden = self.post[0](torch.cat([h, a.unsqueeze(-1)], dim=-1))
+        if self.action_in == "log":
+            a_in = critic_log_action(a).unsqueeze(-1)
+        elif self.action_in == "both":
+            a_in = torch.stack([a, critic_log_action(a)], dim=-1)
+        else:
+            a_in = a.unsqueeze(-1)
+        hidden = self.post[0](torch.cat([h, a_in], dim=-1))
         return masked_mean(_float32_output(self.post[1], hidden).squeeze(-1), mask)
 
 

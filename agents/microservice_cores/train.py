@@ -37,10 +37,10 @@ import torch
 
 from .autoscale import autoscale_step
 from .control import MIN_CORES
-from .env import reward_of
+from .env import COSTS, reward_of
 from .episode import EPISODE_S, WARMUP_S
 from .features import ROW, FrameStack, feature_row_block
-from .sac import ENTROPY_SPACES, PRECISIONS, USERS_DRAWS, ReplayBuffer, Sac, SacConfig
+from .sac import CRITIC_ACTIONS, ENTROPY_SPACES, PRECISIONS, USERS_DRAWS, ReplayBuffer, Sac, SacConfig
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 from .validation import VALIDATION_SEEDS, BestCheckpoint, evaluate
@@ -150,7 +150,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             a = np.clip(a, MIN_CORES / caps, 1.0).astype(np.float32)
             cores = a * caps
             st = sim.step(cores)
-            r = reward_of(st.p99_ms, topo.qos_ms * cfg.qos_margin, cores, caps)
+            r = reward_of(st.p99_ms, topo.qos_ms * cfg.qos_margin, cores, caps, cost=cfg.cost)
             prev = a.astype(np.float64)
             nxt = stack.push(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
                                                topo.qos_ms, prev, caps))
@@ -360,6 +360,12 @@ def main(argv=None) -> int:
     p.add_argument("--users-draw", choices=USERS_DRAWS, default=None,
                    help="ours: how each training episode draws its users in the app's range (default uniform, the "
                         "paper); log-uniform trains as often on each doubling of the load, the low end more")
+    p.add_argument("--critic-action", choices=CRITIC_ACTIONS, default=None,
+                   help="ours: what the critics read of each service's action: linear a (default, the paper) or "
+                        "log, log a over [0.001, 1] rescaled to [0, 1] (relative changes of small limits resolved), or both")
+    p.add_argument("--cost", choices=COSTS, default=None,
+                   help="ours: the reward's cost of the cores: linear (default, the paper: 1 - sum cores / sum caps) "
+                        "or log (each service's log share of its cap, weighted by its cap)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="ours: bf16 runs the updates' hidden layers in bfloat16 (autocast; 2x faster on CPUs "
                         "with AVX-512 BF16), bf16-state only the layers that read the state alone (every layer that "
@@ -400,6 +406,10 @@ def main(argv=None) -> int:
         overrides["target_entropy"] = args.target_entropy
     if args.users_draw:
         overrides["users_draw"] = args.users_draw
+    if args.critic_action:
+        overrides["critic_action"] = args.critic_action
+    if args.cost:
+        overrides["cost"] = args.cost
     if args.qos_margin is not None:
         if not 0.0 < args.qos_margin <= 1.0:
             print(f"error: --qos-margin must be in (0, 1], got {args.qos_margin}", file=sys.stderr)
