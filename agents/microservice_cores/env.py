@@ -26,14 +26,16 @@ ALPHA = 1.0   # α of the reward (Table 2)
 
 
 COSTS = ("linear", "log")
-LOG_COST_FLOOR = 1e-3   # a share of a cap below which the log cost saves nothing more
+#: the smallest share of a cap the log scales tell apart (the log cost here, the critics' log input
+#: in sac.critic_log_action): 0.01 core on a 10-core cap
+LOG_SHARE_FLOOR = 1e-3
 
 
 def reward_of(p99_ms, qos_ms: float, cores, caps, alpha: float = ALPHA, cost: str = "linear") -> np.ndarray:
     """The paper's reward (L99–101) for E copies: p99 (E,), cores (E, M) in force that second.
 
     cost "linear" is the paper's saving 1 − Σ cores / Σ caps. "log" (ours, SacConfig.cost) is
-    1 − Σ (cap_i / Σ caps) · ℓ(cores_i / cap_i), ℓ(x) = 1 + log x / log(1/LOG_COST_FLOOR) clipped
+    1 − Σ (cap_i / Σ caps) · ℓ(cores_i / cap_i), ℓ(x) = 1 + log x / log(1/LOG_SHARE_FLOOR) clipped
     at the floor: the same [0, 1] range and the same weight per service, but halving a small limit
     saves as much as halving a large one, where the linear saving of a low load's limits is a few
     hundredths of the range."""
@@ -41,8 +43,8 @@ def reward_of(p99_ms, qos_ms: float, cores, caps, alpha: float = ALPHA, cost: st
     if cost == "linear":
         spent = np.asarray(cores).sum(axis=-1) / float(np.sum(caps))
     elif cost == "log":
-        share = np.clip(np.asarray(cores, dtype=np.float64) / caps, LOG_COST_FLOOR, 1.0)
-        spent = (caps * (1.0 + np.log(share) / -np.log(LOG_COST_FLOOR))).sum(axis=-1) / float(np.sum(caps))
+        share = np.clip(np.asarray(cores, dtype=np.float64) / caps, LOG_SHARE_FLOOR, 1.0)
+        spent = (caps * (1.0 + np.log(share) / -np.log(LOG_SHARE_FLOOR))).sum(axis=-1) / float(np.sum(caps))
     else:
         raise ValueError(f"cost must be one of {', '.join(COSTS)}, not {cost!r}")
     return np.where(np.nan_to_num(p99_ms, nan=0.0) > qos_ms, -1.0, alpha * (1.0 - spent))

@@ -29,15 +29,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .env import COSTS
+from .env import COSTS, LOG_SHARE_FLOOR
 
 
 PRECISIONS = ("fp32", "bf16", "bf16-state")
 ENTROPY_SPACES = ("action", "latent", "log-action")
 USERS_DRAWS = ("uniform", "log-uniform")
 CRITIC_ACTIONS = ("linear", "log", "both")
-#: the smallest a the log critic input tells apart (0.01 core on a 10-core cap)
-LOG_ACTION_FLOOR = 1e-3
 
 
 @dataclass
@@ -106,7 +104,7 @@ class SacConfig:
     #: load, so the low end (where the reward's cores term is smallest) is trained on more often
     users_draw: str = "uniform"
     #: ours: what the critics read of each service's action. "linear" is a in [0, 1] (the paper);
-    #: "log" is log a rescaled to [0, 1] over [LOG_ACTION_FLOOR, 1], so halving a small limit
+    #: "log" is log a rescaled to [0, 1] over [LOG_SHARE_FLOOR, 1], so halving a small limit
     #: moves the critic's input as much as halving a large one (a low load's limits all sit in
     #: the first tenth of a's range); "both" reads a and its log (the log alone resolves a
     #: large limit 7x more coarsely than a, and a policy at the caps leaves them slowly: measured)
@@ -242,8 +240,8 @@ class Actor(nn.Module):
 
 
 def critic_log_action(a: torch.Tensor) -> torch.Tensor:
-    """a in [0, 1] → log a rescaled to [0, 1] over [LOG_ACTION_FLOOR, 1] (SacConfig.critic_action)."""
-    return 1.0 + torch.log(a.clamp_min(LOG_ACTION_FLOOR)) / -math.log(LOG_ACTION_FLOOR)
+    """a in [0, 1] → log a rescaled to [0, 1] over [LOG_SHARE_FLOOR, 1] (SacConfig.critic_action)."""
+    return 1.0 + torch.log(a.clamp_min(LOG_SHARE_FLOOR)) / -math.log(LOG_SHARE_FLOOR)
 
 
 class Critic(nn.Module):

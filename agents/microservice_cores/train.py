@@ -392,24 +392,14 @@ def main(argv=None) -> int:
     overrides = {}
     if args.paper_network:
         overrides.update(hidden=256, actor_layers=7, critic_pre_layers=2, critic_post_layers=5, lr=3e-5)
-    if args.envs:
-        overrides["n_envs"] = args.envs
-    if args.updates_per_step:
-        overrides["updates_per_step"] = args.updates_per_step
-    if args.id_width:
-        overrides["id_width"] = args.id_width
-    if args.precision:
-        overrides["precision"] = args.precision
-    if args.entropy_space:
-        overrides["entropy_space"] = args.entropy_space
+    for field, value in (("n_envs", args.envs), ("updates_per_step", args.updates_per_step),
+                         ("id_width", args.id_width), ("precision", args.precision),
+                         ("entropy_space", args.entropy_space), ("users_draw", args.users_draw),
+                         ("critic_action", args.critic_action), ("cost", args.cost)):
+        if value:       # unset (None) or 0: the recipe's value stands
+            overrides[field] = value
     if args.target_entropy is not None:
         overrides["target_entropy"] = args.target_entropy
-    if args.users_draw:
-        overrides["users_draw"] = args.users_draw
-    if args.critic_action:
-        overrides["critic_action"] = args.critic_action
-    if args.cost:
-        overrides["cost"] = args.cost
     if args.qos_margin is not None:
         if not 0.0 < args.qos_margin <= 1.0:
             print(f"error: --qos-margin must be in (0, 1], got {args.qos_margin}", file=sys.stderr)
