@@ -624,6 +624,43 @@ def test_log_critic_action_resolves_small_limits_and_round_trips():
         SacConfig(critic_action="sqrt")
 
 
+def test_relative_actor_grad_moves_small_limits_by_their_share_and_keeps_values():
+    """actor_grad 'relative' (ours) keeps the action's value and divides the Q term's gradient by
+    a: through a = sigmoid(u), dQ/du becomes dQ/da · (1 − a) instead of SAC's dQ/da · a(1 − a),
+    floored at RELATIVE_GRAD_FLOOR; 'linear' (the default) is SAC's, and a saved config keeps it."""
+    from agents.microservice_cores.sac import RELATIVE_GRAD_FLOOR, Sac, relative_grad
+
+    u = torch.tensor([-6.0, -2.5, 0.0, 3.0], requires_grad=True)
+    a = torch.sigmoid(u)
+    slope = torch.tensor([1.0, -2.0, 0.5, 3.0])        # dQ/da of a linear Q
+    ar = relative_grad(a)
+    assert torch.equal(ar.detach(), a.detach())
+    (slope * ar).sum().backward()
+    ad = a.detach()
+    assert torch.allclose(u.grad, slope * ad * (1 - ad) / ad.clamp_min(RELATIVE_GRAD_FLOOR), rtol=1e-5)
+    assert u.grad[1].item() == pytest.approx(-2.0 * (1 - ad[1].item()), rel=1e-5)   # a = 0.076: (1 - a) in full
+    assert abs(u.grad[0].item()) < abs(slope[0].item()) * 0.2                       # a = 0.0025: floored
+    cfg = SacConfig(hidden=8, actor_layers=1, critic_pre_layers=1, critic_post_layers=1, actor_grad="relative")
+    assert SacConfig.from_json(cfg.to_json()).actor_grad == "relative"
+    assert SacConfig().actor_grad == "linear"
+    with pytest.raises(ValueError, match="actor_grad"):
+        SacConfig(actor_grad="natural")
+    # the update uses it: the same agent, batch and draws, only the actor's gradient differs
+    # (compared as gradients: Adam's first step is about lr · sign(g) either way)
+    torch.manual_seed(0)
+    obs, nxt, act = torch.randn(4, 3, 6), torch.randn(4, 3, 6), torch.rand(4, 3)
+    grads = {}
+    for grad in ("linear", "relative"):
+        torch.manual_seed(1)
+        agent = Sac(6, 5, 3, replace(cfg, actor_grad=grad))
+        agent.norm.fit(obs.numpy())
+        torch.manual_seed(2)
+        agent.update(obs, act, torch.rand(4), nxt, torch.zeros(4))
+        grads[grad] = torch.cat([p.grad.flatten() for p in agent.actor.parameters()])
+    assert grads["relative"].abs().sum() > 0
+    assert not torch.allclose(grads["linear"], grads["relative"])
+
+
 def test_training_users_draw_uniform_as_the_paper_or_log_uniform():
     """'uniform' is the paper's U ~ U[Umin, Umax] and draws exactly what rng.uniform draws (so
     earlier runs reproduce); 'log-uniform' puts as many episodes in each doubling of the load."""

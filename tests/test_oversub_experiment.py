@@ -38,13 +38,25 @@ def test_train_verb_passes_problem_options_through(tmp_path):
     out = tmp_path / "c2"
     res = CliRunner().invoke(cli, ["train", "--problem", "oversubscription", "--out", str(out), "--seed", "2",
                                    "--episodes", "3", "--setting", "tiny", "--alpha", "0.85",
-                                   "--constraint", "attributed"])
+                                   "--constraint", "attributed", "--updates-per-episode", "3", "--hidden", "16",
+                                   "--eps-decay-frac", "0.8"])
     assert res.exit_code == 0, res.output
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["problem"] == "oversubscription" and meta["training"]["config"]["alpha"] == 0.85
-    assert meta["training"]["config"]["constraint"] == "attributed"
+    conf = meta["training"]["config"]
+    assert meta["problem"] == "oversubscription" and conf["alpha"] == 0.85
+    assert conf["constraint"] == "attributed"
+    assert (conf["updates_per_episode"], conf["hidden"], conf["eps_decay_frac"]) == (3, 16, 0.8)
     bad = CliRunner().invoke(cli, ["train", "--problem", "oversubscription", "--out", str(out), "--setting", "nope"])
     assert bad.exit_code != 0
+
+
+def test_train_rejects_out_of_range_training_options(tmp_path, capsys):
+    from agents.oversubscription.train import main
+
+    for flag, value in (("--updates-per-episode", "0"), ("--hidden", "-4"), ("--eps-decay-frac", "1.5")):
+        assert main(["--setting", "tiny", "--episodes", "1", "--out", str(tmp_path / "x"), flag, value]) == 2
+        assert flag in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_experiment_verb_has_help():

@@ -36,6 +36,9 @@ PRECISIONS = ("fp32", "bf16", "bf16-state")
 ENTROPY_SPACES = ("action", "latent", "log-action")
 USERS_DRAWS = ("uniform", "log-uniform")
 CRITIC_ACTIONS = ("linear", "log", "both")
+ACTOR_GRADS = ("linear", "relative")
+#: the smallest a whose actor gradient "relative" amplifies in full (1/a at most 50x)
+RELATIVE_GRAD_FLOOR = 0.02
 
 
 @dataclass
@@ -113,6 +116,12 @@ class SacConfig:
     #: caps; "log" weighs each service's log share of its cap, so a low load's small limits earn
     #: as much per halving as a high load's large ones
     cost: str = "linear"
+    #: ours: how the critics' verdict reaches the actor. "linear" is SAC's gradient of Q through
+    #: a = sigmoid(u), dQ/da · a(1 − a): a service at a tenth of its cap moves a tenth as fast as
+    #: one at half, whatever Q says; "relative" divides the Q term's gradient by a (floored at
+    #: RELATIVE_GRAD_FLOOR), dQ/da · (1 − a), so a small limit moves by the same share of itself as
+    #: a large one for the same dQ/da. The critics, their input and the entropy term are unchanged
+    actor_grad: str = "linear"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -123,6 +132,8 @@ class SacConfig:
             raise ValueError(f"users_draw must be one of {', '.join(USERS_DRAWS)}, not {self.users_draw!r}")
         if self.cost not in COSTS:
             raise ValueError(f"cost must be one of {', '.join(COSTS)}, not {self.cost!r}")
+        if self.actor_grad not in ACTOR_GRADS:
+            raise ValueError(f"actor_grad must be one of {', '.join(ACTOR_GRADS)}, not {self.actor_grad!r}")
         if self.critic_action not in CRITIC_ACTIONS:
             raise ValueError(f"critic_action must be one of {', '.join(CRITIC_ACTIONS)}, not {self.critic_action!r}")
 
@@ -237,6 +248,12 @@ class Actor(nn.Module):
 
     def deterministic(self, x: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self(x)[0])
+
+
+def relative_grad(a: torch.Tensor) -> torch.Tensor:
+    """a with its value kept and the gradient through it divided by a (SacConfig.actor_grad)."""
+    scale = a.detach().clamp_min(RELATIVE_GRAD_FLOOR)
+    return a.detach() + (a - a.detach()) / scale
 
 
 def critic_log_action(a: torch.Tensor) -> torch.Tensor:
@@ -377,7 +394,8 @@ class Sac(nn.Module):
             h1, h2 = state_layers(self.q1.pre, x), state_layers(self.q2.pre, x)
         a, logp = self.actor.sample(x)
         logp_m = masked_mean(logp, mask)
-        q_pi = torch.min(self.q1.head(h1, a, mask), self.q2.head(h2, a, mask))
+        a_q = relative_grad(a) if cfg.actor_grad == "relative" else a
+        q_pi = torch.min(self.q1.head(h1, a_q, mask), self.q2.head(h2, a_q, mask))
         actor_loss = (alpha * logp_m - q_pi).mean()
         self.opt_actor.zero_grad(set_to_none=True)
         actor_loss.backward(inputs=list(self.actor.parameters()))

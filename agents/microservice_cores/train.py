@@ -40,7 +40,7 @@ from .control import MIN_CORES
 from .env import COSTS, reward_of
 from .episode import EPISODE_S, WARMUP_S
 from .features import ROW, FrameStack, feature_row_block
-from .sac import CRITIC_ACTIONS, ENTROPY_SPACES, PRECISIONS, USERS_DRAWS, ReplayBuffer, Sac, SacConfig
+from .sac import ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SPACES, PRECISIONS, USERS_DRAWS, ReplayBuffer, Sac, SacConfig
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 from .validation import VALIDATION_SEEDS, BestCheckpoint, evaluate
@@ -363,6 +363,9 @@ def main(argv=None) -> int:
     p.add_argument("--critic-action", choices=CRITIC_ACTIONS, default=None,
                    help="ours: what the critics read of each service's action: linear a (default, the paper) or "
                         "log, log a over [0.001, 1] rescaled to [0, 1] (relative changes of small limits resolved), or both")
+    p.add_argument("--actor-grad", choices=ACTOR_GRADS, default=None,
+                   help="ours: linear (default, SAC: dQ/da through the sigmoid) or relative (the Q term's gradient "
+                        "divided by a, so small limits move by the same share of themselves as large ones)")
     p.add_argument("--cost", choices=COSTS, default=None,
                    help="ours: the reward's cost of the cores: linear (default, the paper: 1 - sum cores / sum caps) "
                         "or log (each service's log share of its cap, weighted by its cap)")
@@ -395,7 +398,8 @@ def main(argv=None) -> int:
     for field, value in (("n_envs", args.envs), ("updates_per_step", args.updates_per_step),
                          ("id_width", args.id_width), ("precision", args.precision),
                          ("entropy_space", args.entropy_space), ("users_draw", args.users_draw),
-                         ("critic_action", args.critic_action), ("cost", args.cost)):
+                         ("critic_action", args.critic_action), ("cost", args.cost),
+                         ("actor_grad", args.actor_grad)):
         if value:       # unset (None) or 0: the recipe's value stands
             overrides[field] = value
     if args.target_entropy is not None:

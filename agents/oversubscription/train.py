@@ -224,13 +224,27 @@ def main(argv=None) -> int:
                    help="nsigma (ours): floor every rate at the N-sigma rule's with --shield-headroom; the agent "
                         "sees the floor and may only reserve more")
     p.add_argument("--shield-headroom", type=float, default=None)
+    p.add_argument("--updates-per-episode", type=int, default=None,
+                   help=f"gradient updates after each episode (K of Alg. 1; default {C2MarlConfig.updates_per_episode})")
+    p.add_argument("--hidden", type=int, default=None,
+                   help=f"hidden units of the Q networks (default {C2MarlConfig.hidden})")
+    p.add_argument("--eps-decay-frac", type=float, default=None,
+                   help=f"share of the episodes over which epsilon decays (default {C2MarlConfig.eps_decay_frac})")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    for flag, value, ok in (("--updates-per-episode", args.updates_per_episode, lambda v: v >= 1),
+                            ("--hidden", args.hidden, lambda v: v >= 1),
+                            ("--eps-decay-frac", args.eps_decay_frac, lambda v: 0.0 < v <= 1.0)):
+        if value is not None and not ok(value):
+            print(f"error: {flag} out of range: {value}", file=sys.stderr)
+            return 2
     cfg = C2MarlConfig(alpha=args.alpha, seed=args.seed, constraint=args.constraint, features=args.features,
                        shield=args.shield)
     changes = {k: v for k, v in (("episodes", args.episodes), ("lr", args.lr), ("dual_lr", args.dual_lr),
                                  ("dual_estimate", args.dual_estimate), ("dual_window", args.dual_window),
-                                 ("shield_headroom", args.shield_headroom))
+                                 ("shield_headroom", args.shield_headroom),
+                                 ("updates_per_episode", args.updates_per_episode), ("hidden", args.hidden),
+                                 ("eps_decay_frac", args.eps_decay_frac))
                if v is not None}
     cfg = replace(cfg, **changes)
     policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,
