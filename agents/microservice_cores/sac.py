@@ -124,18 +124,12 @@ class SacConfig:
     actor_grad: str = "linear"
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
-        if self.entropy_space not in ENTROPY_SPACES:
-            raise ValueError(f"entropy_space must be one of {', '.join(ENTROPY_SPACES)}, not {self.entropy_space!r}")
-        if self.users_draw not in USERS_DRAWS:
-            raise ValueError(f"users_draw must be one of {', '.join(USERS_DRAWS)}, not {self.users_draw!r}")
-        if self.cost not in COSTS:
-            raise ValueError(f"cost must be one of {', '.join(COSTS)}, not {self.cost!r}")
-        if self.actor_grad not in ACTOR_GRADS:
-            raise ValueError(f"actor_grad must be one of {', '.join(ACTOR_GRADS)}, not {self.actor_grad!r}")
-        if self.critic_action not in CRITIC_ACTIONS:
-            raise ValueError(f"critic_action must be one of {', '.join(CRITIC_ACTIONS)}, not {self.critic_action!r}")
+        for field, choices in (("precision", PRECISIONS), ("entropy_space", ENTROPY_SPACES),
+                               ("users_draw", USERS_DRAWS), ("cost", COSTS), ("actor_grad", ACTOR_GRADS),
+                               ("critic_action", CRITIC_ACTIONS)):
+            value = getattr(self, field)
+            if value not in choices:
+                raise ValueError(f"{field} must be one of {', '.join(choices)}, not {value!r}")
 
     @property
     def learning_steps(self) -> int:
@@ -252,8 +246,8 @@ class Actor(nn.Module):
 
 def relative_grad(a: torch.Tensor) -> torch.Tensor:
     """a with its value kept and the gradient through it divided by a (SacConfig.actor_grad)."""
-    scale = a.detach().clamp_min(RELATIVE_GRAD_FLOOR)
-    return a.detach() + (a - a.detach()) / scale
+    value = a.detach()
+    return value + (a - value) / value.clamp_min(RELATIVE_GRAD_FLOOR)
 
 
 def critic_log_action(a: torch.Tensor) -> torch.Tensor:
