@@ -1,7 +1,7 @@
 """Where a Reclaimer policy puts its cores, service by service, at one load (docs/microservice-cores.md,
 "Where the entropy is measured"): the deterministic policy steps the simulator env for 300 s at the
-given users; over the last 200 s it prints each service's cap, mean cores, action a and the actor's
-σ of u.
+given users; over the last 200 s it prints each service's cap, mean cores, mean cores used, action a
+(on the policy's action space) and the actor's σ of u.
 
     .venv/bin/python benchmarks/reclaimer_per_service.py --app hotel --users 500 [--policy DIR] [--seed 3]
 """
@@ -17,6 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agents.microservice_cores.env import MicroserviceCoresEnv  # noqa: E402
+from agents.microservice_cores.features import ROW, USED_COLUMN  # noqa: E402
 from agents.microservice_cores.policy import SHIPPED_DIR, ReclaimerPolicy  # noqa: E402
 
 
@@ -28,22 +29,24 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=3)
     a = ap.parse_args(argv)
     pol = ReclaimerPolicy.load(a.policy or SHIPPED_DIR / f"reclaimer-{a.app}")
-    env = MicroserviceCoresEnv(a.app, id_width=pol.cfg.id_width)
+    env = MicroserviceCoresEnv(a.app, id_width=pol.cfg.id_width, action_space=pol.cfg.action_space)
     obs, _ = env.reset(seed=a.seed, options={"users": a.users})
-    means, sigmas, cores, violations = [], [], [], 0
+    means, sigmas, cores, used, violations = [], [], [], [], 0
     for _ in range(300):
         with torch.no_grad():
             mu, log_std = pol.agent.actor(pol.agent.norm(torch.as_tensor(obs[None], dtype=torch.float32)))
         act = torch.sigmoid(mu)[0].numpy()
         means.append(act), sigmas.append(log_std.exp()[0].numpy()), cores.append(env.cores_of(act))
         obs, _, _, _, info = env.step(act)
+        used.append(obs[:, (env.k - 1) * ROW + USED_COLUMN] * env.topo.caps)   # the second just run
         violations += info["violated"]
-    act, sig, c = (np.array(x[100:]) for x in (means, sigmas, cores))
+    act, sig, c, u = (np.array(x[100:]) for x in (means, sigmas, cores, used))
     print(f"{a.app}, {a.users:g} users, seed {a.seed}: {c.sum(axis=1).mean():.3f} mean cores over the last 200 s, "
           f"{violations} violating seconds in 300")
-    print(f"{'service':<22}{'cap':>6}{'cores':>8}{'a':>7}{'sigma_u':>9}")
+    print(f"{'service':<22}{'cap':>6}{'cores':>8}{'used':>8}{'a':>7}{'sigma_u':>9}")
     for i, name in enumerate(env.topo.service_names):
-        print(f"{name:<22}{env.topo.caps[i]:>6.2f}{c[:, i].mean():>8.3f}{act[:, i].mean():>7.3f}{sig[:, i].mean():>9.3f}")
+        print(f"{name:<22}{env.topo.caps[i]:>6.2f}{c[:, i].mean():>8.3f}{u[:, i].mean():>8.3f}{act[:, i].mean():>7.3f}"
+              f"{sig[:, i].mean():>9.3f}")
     return 0
 
 

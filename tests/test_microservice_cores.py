@@ -15,7 +15,7 @@ import torch
 from agents.microservice_cores.control import MIN_CORES, AppLimits, clip_cores
 from agents.microservice_cores.env import MicroserviceCoresEnv, reward_of
 from agents.microservice_cores.episode import StaticController, run_episodes
-from agents.microservice_cores.features import ROW, FrameStack, feature_rows
+from agents.microservice_cores.features import ROW, FrameStack, feature_row_block, feature_rows
 from agents.microservice_cores.observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
 from agents.microservice_cores.sac import ReplayBuffer, Sac, SacConfig, Standardiser
 from agents.microservice_cores.sim import MicroserviceSim, erlang_c
@@ -551,6 +551,13 @@ def test_samm_train_hands_its_own_flags_to_the_problems_trainer(tmp_path):
     r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3",
                                  "--precision", "fp16", "--out", str(tmp_path / "e")])
     assert r.exit_code == 2 and "--precision" in r.output
+    r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3", "--steps", "600",
+                                 "--init-policy", str(tmp_path / "a" / "policy"), "--action-space", "usage",
+                                 "--out", str(tmp_path / "g")])
+    assert r.exit_code == 2 and "--action-space usage" in r.output and "'cap'" in r.output
+    r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3",
+                                 "--action-space", "share", "--out", str(tmp_path / "h")])
+    assert r.exit_code == 2 and "--action-space" in r.output
     r = CliRunner().invoke(cli, ["train", "--problem", "microservice-cores", "--app", "chain3",
                                  "--device", "cuda", "--out", str(tmp_path / "c")])
     assert r.exit_code != 0 and "--device" in r.output
@@ -903,3 +910,122 @@ def test_replay_sample_returns_the_stored_transitions_as_float32():
     for row, reward in zip(o, r):
         assert torch.equal(row, torch.as_tensor(obs[int(reward)]))
     assert torch.equal(n, o + 1)
+
+
+# -- the "usage" action space (ours) -------------------------------------------------------------
+def test_usage_actions_scale_with_use_and_invert_back():
+    """On "usage" the same action sets the same headroom over use at any load, its inverse gives
+    the action back, NaN holds the cap, and the explorer's candidates scale the cores themselves."""
+    from agents.microservice_cores.action_map import HEADROOM, action_of, cores_of, scaled_actions
+
+    caps = np.array([4.0, 4.0, 0.5])
+    a = np.array([0.25, 0.25, 1.0])
+    lo, hi = HEADROOM
+    low, high = cores_of(a, np.array([0.1, 1.0, 0.3]), caps, "usage"), cores_of(a, np.array([0.2, 2.0, 0.3]), caps, "usage")
+    assert high[:2] == pytest.approx(2 * low[:2])                 # twice the use, twice the limit
+    assert low[0] == pytest.approx(0.1 * lo * (hi / lo) ** 0.25)
+    assert low[2] == 0.5                                           # never above the cap
+    assert cores_of([0.0, 0.0, 0.0], np.zeros(3), caps, "usage").min() >= MIN_CORES   # never under the floor
+    used = np.array([0.3, 1.2, 0.05])
+    back = action_of(cores_of([0.1, 0.6, 0.3], used, caps, "usage"), used, caps, "usage")
+    assert back == pytest.approx([0.1, 0.6, 0.3])
+    assert cores_of([np.nan, 0.5, 0.5], used, caps, "usage")[0] == 4.0
+    assert cores_of([0.5, 0.5, 0.5], None, caps, "cap") == pytest.approx([2.0, 2.0, 0.25])   # the paper's a · cap
+    cands = scaled_actions(np.array([[0.4, 0.5, 0.2]]), np.array([0.9, 1.0, 1.1]), caps, "usage")
+    c = cores_of(cands[0], used, caps, "usage")
+    assert c[0] == pytest.approx(0.9 * c[1]) and c[2] == pytest.approx(1.1 * c[1])
+    with pytest.raises(ValueError, match="action_space"):
+        cores_of(a, used, caps, "share")
+    with pytest.raises(ValueError, match="action_space"):
+        SacConfig(action_space="share")
+
+
+def test_usage_env_passes_gymnasium_check_and_sets_the_headroom_over_the_stacked_use():
+    from gymnasium.utils.env_checker import check_env
+
+    from agents.microservice_cores.action_map import cores_of
+    from agents.microservice_cores.features import mean_used
+
+    env = MicroserviceCoresEnv("chain3", episode_steps=5, warmup=3, action_space="usage")
+    check_env(env, skip_render_check=True)
+    obs, _ = env.reset(seed=1, options={"users": 80})
+    a = np.full(env.M, 0.4, dtype=np.float32)
+    expect = cores_of(a, mean_used(obs, env.k, env.topo.caps), env.topo.caps, "usage")
+    *_, info = env.step(a)
+    assert info["cores"] == pytest.approx(expect.sum())
+    # the base is the mean use over the k stacked seconds (the rows store it as a share of the cap)
+    frames = obs[:, :env.k * ROW].reshape(env.M, env.k, ROW)
+    assert mean_used(obs, env.k, env.topo.caps) == pytest.approx(frames[:, :, 9].mean(axis=1) * env.topo.caps, rel=1e-6)
+
+
+def test_a_usage_policy_trains_saves_and_answers_the_same_cores_on_every_path(tmp_path):
+    """Training on "usage" runs every phase, the saved policy keeps its space, and `act` (the
+    controller), `decide` (the REST service) and the online learner's read-back agree."""
+    from agents.microservice_cores.action_map import action_of, cores_of
+    from agents.microservice_cores.features import mean_used
+    from agents.microservice_cores.online import OnlineConfig, OnlineReclaimer
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.train import train
+
+    cfg = replace(_tiny_cfg(), action_space="usage")
+    pol = train("chain3", cfg, seed=3, out=tmp_path / "u", progress=False)
+    assert [r["phase"] for r in pol.log] == ["autoscale", "classifier", "sac"]
+    loaded = ReclaimerPolicy.load(tmp_path / "u" / "policy")
+    assert loaded.cfg.action_space == "usage"
+    topo = loaded.topo
+    lim = AppLimits(topo.service_names, topo.caps, topo.qos_ms)
+    sim = MicroserviceSim(topo, n_envs=1, seed=0)
+    sim.reset(80)
+    m = sim.step(np.tile(topo.caps, (1, 1))).measurement(0, topo.service_names)
+    loaded.reset(lim)
+    cores = loaded.act(m)
+    assert np.all(cores >= MIN_CORES) and np.all(cores <= topo.caps)
+    obs = loaded._stack.observation()[0]
+    d, _ = loaded.decide(obs)
+    assert d.info["cores"] == pytest.approx(cores, abs=1e-4) and d.name == "headroom over use"
+    # the online learner stores the action in force, read back from the limits against its base
+    learner = OnlineReclaimer(loaded.fork(), OnlineConfig(start_after=10_000, explore=False))
+    learner.reset(lim)
+    first = learner.act(m)
+    seen = learner._pending.copy()
+    m2 = sim.step(first[None]).measurement(0, topo.service_names)
+    learner.act(m2)
+    assert learner.transitions == 1
+    base = mean_used(seen[0], cfg.k, topo.caps)
+    chosen = learner.agent.act(seen, deterministic=True)[0]
+    expect = action_of(cores_of(chosen, base, topo.caps, "usage"), base, topo.caps, "usage")
+    assert learner.buf.act[0] == pytest.approx(expect, abs=1e-5)
+    # a transfer or continuation keeps the initial policy's space
+    with pytest.raises(ValueError, match="'usage' space"):
+        train("chain3", _tiny_cfg(), seed=3, progress=False, init=loaded.agent)
+
+
+def test_mixed_fill_holds_odd_copies_at_their_drawn_headroom_and_leaves_the_rest_to_autoscale():
+    from agents.microservice_cores.action_map import cores_of
+    from agents.microservice_cores.autoscale import autoscale_step
+    from agents.microservice_cores.features import mean_used
+    from agents.microservice_cores.train import fill_actions, sim_config
+
+    topo = load_topology("chain3")
+    caps = topo.caps
+    stack = FrameStack(4, topo.n_services)
+    sim = MicroserviceSim(topo, n_envs=4, seed=1)
+    sim.reset(np.array([40.0, 80.0, 120.0, 160.0]))
+    for _ in range(6):
+        st = sim.step(np.tile(caps * 0.3, (4, 1)))
+        obs = stack.push(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
+                                           topo.qos_ms, np.full((4, 3), 0.3), caps))
+    noise = np.ones((4, 3))
+    limits = np.tile(caps * 0.3, (4, 1))
+    h = np.array([5.0, 1.5, 5.0, 3.0])
+    for space in ("cap", "usage"):
+        cfg = sim_config(action_space=space)
+        paper = fill_actions(st.cpu_used, limits, obs, caps, noise, cfg)
+        mixed = fill_actions(st.cpu_used, limits, obs, caps, noise, cfg, fill_h=h)
+        use = mean_used(obs, cfg.k, caps)
+        assert cores_of(paper, use, caps, space) == pytest.approx(np.clip(autoscale_step(st.cpu_used, limits), 0.01, caps))
+        assert mixed[0::2] == pytest.approx(paper[0::2])
+        held = cores_of(mixed[1::2], use[1::2], caps, space)
+        assert held == pytest.approx(np.clip(use[1::2] * h[1::2, None], 0.01, caps), rel=1e-5)
+    with pytest.raises(ValueError, match="fill"):
+        SacConfig(fill="random")

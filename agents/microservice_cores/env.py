@@ -2,7 +2,9 @@
 
 Observation: (M, k·ROW + M) float32, a row per service (features.FrameStack: the k = 5 latest
 rows of Table 1's features plus the one-hot id). Action: a ∈ [0, 1]^M, cores = a · cap (the
-paper's sigmoid output times the hand-set cap u), floored at control.MIN_CORES.
+paper's sigmoid output times the hand-set cap u), floored at control.MIN_CORES; with
+`action_space="usage"` (ours) a is the headroom over the mean use of the stacked seconds
+(action_map.py).
 
 Reward of step(a): the second in which `a` was in force scores it (the paper's "the reward at t
 is for the action of t−1": the action chosen after second t−1 runs during second t):
@@ -16,9 +18,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .control import MIN_CORES
+from .action_map import cores_of
 from .episode import EPISODE_S, WARMUP_S
-from .features import FrameStack, feature_row_block
+from .features import FrameStack, feature_row_block, mean_used
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 
@@ -54,7 +56,7 @@ class MicroserviceCoresEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, app: str | Topology = "chain3", k: int = 5, id_width: int | None = None,
-                 episode_steps: int = EPISODE_S, warmup: int = WARMUP_S):
+                 episode_steps: int = EPISODE_S, warmup: int = WARMUP_S, action_space: str = "cap"):
         self.topo = app if isinstance(app, Topology) else load_topology(app)
         self.M = self.topo.n_services
         self.k = k
@@ -63,13 +65,17 @@ class MicroserviceCoresEnv(gym.Env):
         self.stack = FrameStack(1, self.M, k=k, id_width=id_width)
         self.observation_space = spaces.Box(-np.inf, np.inf, (self.M, self.stack.width), np.float32)
         self.action_space = spaces.Box(0.0, 1.0, (self.M,), np.float32)
+        self.action_meaning = action_space
+        cores_of(np.zeros(self.M), np.zeros(self.M), self.topo.caps, action_space)   # a bad space fails here
         self.sim: MicroserviceSim | None = None
         self._t = 0
         self._prev = np.ones(self.M)
+        self._used = np.zeros(self.M)
 
     def cores_of(self, action) -> np.ndarray:
-        a = np.clip(np.nan_to_num(np.asarray(action, dtype=np.float64), nan=1.0), 0.0, 1.0)
-        return np.maximum(a * self.topo.caps, MIN_CORES)
+        """Cores for an action of the env's space (action_map.py), on "usage" from the mean use
+        over the stacked seconds of the last observation."""
+        return cores_of(action, self._used, self.topo.caps, self.action_meaning)
 
     def _rows(self, st, prev):
         return feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
@@ -89,6 +95,7 @@ class MicroserviceCoresEnv(gym.Env):
         self._prev = np.ones(self.M)
         self._t = 0
         obs = self.stack.reset(self._rows(st, self._prev))[0]
+        self._used = mean_used(obs, self.k, self.topo.caps)
         return obs, {"users": float(users)}
 
     def step(self, action):
@@ -98,5 +105,6 @@ class MicroserviceCoresEnv(gym.Env):
         self._prev = cores / self.topo.caps
         self._t += 1
         obs = self.stack.push(self._rows(st, self._prev))[0]
+        self._used = mean_used(obs, self.k, self.topo.caps)
         info = {"p99_ms": float(st.p99_ms[0]), "cores": float(cores.sum()), "violated": reward == -1.0}
         return obs, reward, False, self._t >= self.episode_steps, info

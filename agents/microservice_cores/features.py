@@ -24,6 +24,8 @@ ROW = N_NUMERIC + 1            # + the previous action
 LAT_CAP = 10.0
 _LOG_FIELDS = ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rss_bytes", "cache_bytes",
                "page_faults", "io_bytes", "io_ops")
+#: the column of a row that holds the cores used, as a share of the cap
+USED_COLUMN = len(_LOG_FIELDS)
 
 
 def feature_row_block(per_service: np.ndarray, latency_ms: np.ndarray, requests: np.ndarray,
@@ -35,7 +37,7 @@ def feature_row_block(per_service: np.ndarray, latency_ms: np.ndarray, requests:
     out = np.empty((E, M, ROW), dtype=np.float32)
     for j, name in enumerate(_LOG_FIELDS):
         out[..., j] = np.log1p(np.maximum(per_service[..., FIELD[name]], 0.0))
-    j = len(_LOG_FIELDS)
+    j = USED_COLUMN
     out[..., j] = per_service[..., FIELD["cpu_used"]] / caps
     out[..., j + 1] = per_service[..., FIELD["cpu_limit"]] / caps
     j += 2
@@ -48,6 +50,13 @@ def feature_row_block(per_service: np.ndarray, latency_ms: np.ndarray, requests:
     out[..., j + 3] = prev_action
     assert j + 4 == ROW
     return out
+
+
+def mean_used(obs: np.ndarray, k: int, caps: np.ndarray) -> np.ndarray:
+    """The cores each service used, averaged over the k seconds of a stacked observation
+    (..., M, width) -> (..., M): the base of the "usage" action space (action_map.py)."""
+    cols = (np.arange(k) * ROW + USED_COLUMN)
+    return np.asarray(obs, dtype=np.float64)[..., cols].mean(axis=-1) * caps
 
 
 def feature_rows(m: StepMeasurement, prev_action: np.ndarray, caps: np.ndarray) -> np.ndarray:

@@ -30,8 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .action_map import action_of
 from .control import AppLimits, clip_cores
 from .env import reward_of
+from .features import mean_used
 from .observation import StepMeasurement
 from .policy import ReclaimerPolicy
 from .sac import ReplayBuffer
@@ -74,6 +76,7 @@ class OnlineReclaimer:
         torch.manual_seed(cfg.seed)
         self._pending: np.ndarray | None = None
         self._last_t: float | None = None
+        self._base = None
         self.steps = self.updates = self.transitions = 0
         self.rows: list[dict] = []              # rows not yet in online.csv
         self._csv_started = False
@@ -84,10 +87,11 @@ class OnlineReclaimer:
         self.policy.reset(limits)
         self.limits = limits
         self._pending, self._last_t = None, None     # the policy's reset restarts its frame stack
+        self._base = None
 
     def act(self, m: StepMeasurement) -> np.ndarray:
         caps = self.topo.caps
-        in_force = np.clip(np.nan_to_num(m.cpu_limit / caps, nan=1.0), 0.0, 1.0)
+        space = self.policy.cfg.action_space
         gap = self._last_t is not None and (m.t - self._last_t) > self.cfg.max_gap_s
         self._last_t = m.t
         obs = self.policy.observe(m, restart=gap)
@@ -98,6 +102,9 @@ class OnlineReclaimer:
         reward = float(reward_of(m.p99_ms, self.topo.qos_ms * self.policy.cfg.qos_margin, cores, caps,
                                   cost=self.policy.cfg.cost))
         if self._pending is not None and finite:   # a non-finite row never enters the replay
+            # the action in force, read back from the limits (on "usage", against the base use of
+            # the observation it was chosen on)
+            in_force = action_of(cores, self._base, caps, space)
             self.buf.add_batch(self._pending, in_force[None].astype(np.float32), np.array([reward]), obs,
                                np.zeros(1), np.array([reward == -1.0]), np.zeros(1, dtype=np.int64))
             self.transitions += 1
@@ -117,7 +124,9 @@ class OnlineReclaimer:
                           "q": round(stats.q, 5) if stats else "", "gap": int(gap)})
         if self.out is not None and self.cfg.save_every and self.steps % self.cfg.save_every == 0:
             self.save()
-        return clip_cores(a * caps, self.limits)
+        cores_next = self.policy.cores(a, obs[0])
+        self._base = mean_used(obs[0], self.policy.cfg.k, caps) if space != "cap" else None
+        return clip_cores(cores_next, self.limits)
 
     # -- saving --------------------------------------------------------------------------------
     def fine_tuned_policy(self) -> ReclaimerPolicy:

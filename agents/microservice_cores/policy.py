@@ -22,8 +22,9 @@ from agents.policy import Decision, load_torch_weights, save_torch_policy
 from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
+from .action_map import cores_of
 from .control import AppLimits, clip_cores
-from .features import ROW, FrameStack, feature_rows
+from .features import ROW, FrameStack, feature_rows, mean_used
 from .observation import StepMeasurement
 from .sac import Sac, SacConfig
 from .topology import Topology, load_topology
@@ -86,8 +87,15 @@ class ReclaimerPolicy:
         return self._stack.push(rows)
 
     def act(self, m: StepMeasurement) -> np.ndarray:
-        a = self.agent.act(self.observe(m), deterministic=True)[0]
-        return clip_cores(a * self.topo.caps, self.limits)
+        obs = self.observe(m)
+        a = self.agent.act(obs, deterministic=True)[0]
+        return clip_cores(self.cores(a, obs[0]), self.limits)
+
+    def cores(self, a, obs) -> np.ndarray:
+        """Cores for the action a chosen on observation obs (M, width) (action_map.py)."""
+        caps = self.topo.caps
+        base = mean_used(obs, self.cfg.k, caps) if self.cfg.action_space != "cap" else None
+        return cores_of(a, base, caps, self.cfg.action_space)
 
     # -- Policy protocol --------------------------------------------------------------------
     def initial_state(self):
@@ -96,8 +104,9 @@ class ReclaimerPolicy:
     def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
         obs = np.asarray(observation, dtype=np.float32)[None]
         a = self.agent.act(obs, deterministic=deterministic)[0]
-        cores = a * self.topo.caps
-        return Decision(action=[float(x) for x in a], name="cores share",
+        cores = self.cores(a, obs[0])
+        return Decision(action=[float(x) for x in a],
+                        name="cores share" if self.cfg.action_space == "cap" else "headroom over use",
                         info={"cores": [round(float(c), 4) for c in cores],
                               "total_cores": round(float(cores.sum()), 4)}), None
 

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .action_map import ACTION_SPACES
 from .env import COSTS, LOG_SHARE_FLOOR
 
 
@@ -37,6 +38,9 @@ ENTROPY_SPACES = ("action", "latent", "log-action")
 USERS_DRAWS = ("uniform", "log-uniform")
 CRITIC_ACTIONS = ("linear", "log", "both")
 ACTOR_GRADS = ("linear", "relative")
+FILLS = ("autoscale", "mixed")
+#: the headroom range (x mean use) of the "mixed" fill's held copies
+FILL_HEADROOM = (1.1, 8.0)
 #: the smallest a whose actor gradient "relative" amplifies in full (1/a at most 50x)
 RELATIVE_GRAD_FLOOR = 0.02
 
@@ -122,11 +126,22 @@ class SacConfig:
     #: RELATIVE_GRAD_FLOOR), dQ/da · (1 − a), so a small limit moves by the same share of itself as
     #: a large one for the same dQ/da. The critics, their input and the entropy term are unchanged
     actor_grad: str = "linear"
+    #: ours: what the action means (action_map.py). "cap" is the paper's share of each service's
+    #: cap; "usage" is the headroom over the service's mean use in the k stacked seconds, on a
+    #: log scale from 0.5x to 8x, so the same action fits every load
+    action_space: str = "cap"
+    #: ours: what drives the copies while the replay fills (no updates). "autoscale" is the
+    #: paper's AutoScale with ±5 % noise on every copy; "mixed" leaves the even copies to it and
+    #: holds each odd copy, for an episode, at a headroom over its mean use drawn log-uniformly in
+    #: FILL_HEADROOM, so the critics and the QoS classifier also see tight limits and their
+    #: violations (AutoScale keeps use / limit in [0.1, 0.3): a headroom of 3.3-10 only)
+    fill: str = "autoscale"
 
     def __post_init__(self) -> None:
         for field, choices in (("precision", PRECISIONS), ("entropy_space", ENTROPY_SPACES),
                                ("users_draw", USERS_DRAWS), ("cost", COSTS), ("actor_grad", ACTOR_GRADS),
-                               ("critic_action", CRITIC_ACTIONS)):
+                               ("critic_action", CRITIC_ACTIONS), ("action_space", ACTION_SPACES),
+                               ("fill", FILLS)):
             value = getattr(self, field)
             if value not in choices:
                 raise ValueError(f"{field} must be one of {', '.join(choices)}, not {value!r}")

@@ -4,7 +4,8 @@ Episodes: every copy draws U ~ U[users] (or log-uniformly: `users_draw`, ours), 
 service its cap for the W = 60 s warm-up, then runs e_time = 300 one-second steps (d = 1 at the
 last). Three phases by transitions seen:
 1. AutoScale with ±5 % uniform noise drives the copies and fills the replay buffer; no updates.
-   The standardiser is fitted on these rows.
+   The standardiser is fitted on these rows. (Ours, off by default: `fill` "mixed" holds every
+   other copy at a headroom over its use drawn per episode, `fill_actions`.)
 2. The agent acts (sampled), and the QoS classifier modifies each action: among the action scaled
    by −10/−5/−1/0/+1/+5/+10 %, the cheapest with ≥ 80 % predicted chance of meeting QoS over the
    next 5 s (the most likely one when none reaches 80 %); the agent's own action is kept with a
@@ -35,12 +36,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .action_map import ACTION_SPACES, action_of, cores_of, scaled_actions
 from .autoscale import autoscale_step
 from .control import MIN_CORES
 from .env import COSTS, reward_of
 from .episode import EPISODE_S, WARMUP_S
-from .features import ROW, FrameStack, feature_row_block
-from .sac import ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SPACES, PRECISIONS, USERS_DRAWS, ReplayBuffer, Sac, SacConfig
+from .features import ROW, FrameStack, feature_row_block, mean_used
+from .sac import (ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SPACES, FILL_HEADROOM, FILLS, PRECISIONS, USERS_DRAWS,
+                  ReplayBuffer, Sac, SacConfig)
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 from .validation import VALIDATION_SEEDS, BestCheckpoint, evaluate
@@ -81,6 +84,9 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         if differ:
             raise ValueError(f"the initial policy's networks differ from this run's in {differ}: start it with "
                              "the initial policy's (`samm train --init-policy` does)")
+        if init.cfg.action_space != cfg.action_space:
+            raise ValueError(f"the initial policy's actions are on the {init.cfg.action_space!r} space, this run's on "
+                             f"{cfg.action_space!r}: start it with the initial policy's (`samm train --init-policy` does)")
     topo = app if isinstance(app, Topology) else load_topology(app)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -95,6 +101,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     buf = ReplayBuffer(cfg.replay, M, width, E, seed)
     sim = MicroserviceSim(topo, n_envs=E, seed=seed)
     caps = topo.caps
+    usage_actions = cfg.action_space != "cap"
     out_dir = Path(out) if out else None
     writer = None
     rows_csv = []
@@ -138,20 +145,30 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         ep_ids = episode * E + np.arange(E)
         phase = "autoscale" if seen < cfg.autoscale_steps else (
             "classifier" if seen < cfg.autoscale_steps + cfg.classifier_steps else "sac")
+        fill_h = None
+        if phase == "autoscale" and cfg.fill == "mixed":    # drawn only then: the paper's fill keeps its draws
+            fill_h = np.exp(rng.uniform(*np.log(FILL_HEADROOM), size=E))
         for t in range(EPISODE_S):
+            base = mean_used(obs, cfg.k, caps) if usage_actions else None
             if phase == "autoscale":
-                a = autoscale_step(st.cpu_used, prev * caps) / caps
-                a *= 1.0 + rng.uniform(-cfg.autoscale_noise, cfg.autoscale_noise, size=a.shape)
+                noise = 1.0 + rng.uniform(-cfg.autoscale_noise, cfg.autoscale_noise, size=(E, M))
+                a = fill_actions(st.cpu_used, prev * caps, obs, caps, noise, cfg, fill_h)
             else:
                 a = agent.act(obs, deterministic=False)
                 if phase == "classifier":
-                    a = _classifier_guided(agent, obs, a, caps, cfg, rng,
+                    a = _classifier_guided(agent, obs, a, base, caps, cfg, rng,
                                            keep=(seen - cfg.autoscale_steps) / max(cfg.classifier_steps, 1))
-            a = np.clip(a, MIN_CORES / caps, 1.0).astype(np.float32)
-            cores = a * caps
+            if usage_actions:
+                a = np.clip(a, 0.0, 1.0).astype(np.float32)
+                cores = cores_of(a, base, caps, cfg.action_space)
+            else:
+                a = np.clip(a, MIN_CORES / caps, 1.0).astype(np.float32)
+                cores = a * caps
             st = sim.step(cores)
             r = reward_of(st.p99_ms, topo.qos_ms * cfg.qos_margin, cores, caps, cost=cfg.cost)
-            prev = a.astype(np.float64)
+            # the features' previous action is the limit in force as a share of the cap (what
+            # the policy reads back from the engine), on either action space
+            prev = cores / caps if usage_actions else a.astype(np.float64)
             nxt = stack.push(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
                                                topo.qos_ms, prev, caps))
             done = np.full(E, float(t == EPISODE_S - 1))
@@ -238,6 +255,23 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     return policy
 
 
+def fill_actions(cpu_used, limits, obs, caps, noise, cfg: SacConfig, fill_h=None) -> np.ndarray:
+    """The replay fill's actions (E, M) on the config's action space: AutoScale's limits times the
+    noise (the paper), and with `fill_h` (the "mixed" fill, ours) each odd copy at fill_h[e] times
+    its mean use over the stacked seconds of `obs`, times the same noise."""
+    space = cfg.action_space
+    if space == "cap":
+        a = autoscale_step(cpu_used, limits) / caps * noise     # the paper's arithmetic, to the bit
+    else:
+        base = mean_used(obs, cfg.k, caps)
+        a = action_of(autoscale_step(cpu_used, limits) * noise, base, caps, space)
+    if fill_h is not None:
+        held = np.arange(len(a)) % 2 == 1
+        use = mean_used(obs[held], cfg.k, caps)
+        a[held] = action_of(use * fill_h[held, None] * noise[held], use, caps, space)
+    return a
+
+
 def draw_users(rng: np.random.Generator, bounds, n: int, how: str = "uniform") -> np.ndarray:
     """Each training copy's users for one episode (SacConfig.users_draw)."""
     lo, hi = bounds
@@ -265,13 +299,16 @@ def _best_training(seed, steps, init_from, keep_norm, best: BestCheckpoint, eval
                          "violation_rate": round(best.result["violation_rate"], 6)}}
 
 
-def _classifier_guided(agent: Sac, obs, a, caps, cfg: SacConfig, rng, keep: float) -> np.ndarray:
-    """The paper's QoS-classifier explorer for E copies."""
+def _classifier_guided(agent: Sac, obs, a, used, caps, cfg: SacConfig, rng, keep: float) -> np.ndarray:
+    """The paper's QoS-classifier explorer for E copies: candidates scale each action's cores."""
     E, M = a.shape
     scales = 1.0 + np.asarray(cfg.candidates)
-    cands = np.clip(a[:, None, :] * scales[None, :, None], MIN_CORES / caps, 1.0)      # (E, C, M)
+    cands = scaled_actions(a, scales, caps, cfg.action_space)                           # (E, C, M)
     p = agent.qos_probability(obs, cands.astype(np.float32))                            # (E, C)
-    cost = (cands * caps).sum(axis=2)
+    if cfg.action_space == "cap":
+        cost = (cands * caps).sum(axis=2)
+    else:
+        cost = cores_of(cands, used[:, None, :], caps, cfg.action_space).sum(axis=2)
     ok = p >= cfg.classifier_threshold
     cost_ok = np.where(ok, cost, np.inf)
     pick = np.where(ok.any(axis=1), cost_ok.argmin(axis=1), p.argmax(axis=1))
@@ -357,18 +394,23 @@ def main(argv=None) -> int:
     p.add_argument("--target-entropy", type=float, default=None,
                    help=f"per-service target entropy (default {SIM_TRAINING['target_entropy']} on the action; "
                         "with --entropy-space latent or log-action the entropy of u or log a, e.g. 0.0 for sigma ~0.24)")
-    p.add_argument("--users-draw", choices=USERS_DRAWS, default=None,
-                   help="ours: how each training episode draws its users in the app's range (default uniform, the "
-                        "paper); log-uniform trains as often on each doubling of the load, the low end more")
-    p.add_argument("--critic-action", choices=CRITIC_ACTIONS, default=None,
-                   help="ours: what the critics read of each service's action: linear a (default, the paper) or "
-                        "log, log a over [0.001, 1] rescaled to [0, 1] (relative changes of small limits resolved), or both")
-    p.add_argument("--actor-grad", choices=ACTOR_GRADS, default=None,
-                   help="ours: linear (default, SAC: dQ/da through the sigmoid) or relative (the Q term's gradient "
-                        "divided by a, so small limits move by the same share of themselves as large ones)")
-    p.add_argument("--cost", choices=COSTS, default=None,
-                   help="ours: the reward's cost of the cores: linear (default, the paper: 1 - sum cores / sum caps) "
-                        "or log (each service's log share of its cap, weighted by its cap)")
+    # the recipe's optional choices, all ours and off by default (SacConfig says what each does)
+    for flag, choices, text in (
+            ("--users-draw", USERS_DRAWS, "how each training episode draws its users in the app's range (default "
+             "uniform, the paper); log-uniform trains as often on each doubling of the load, the low end more"),
+            ("--critic-action", CRITIC_ACTIONS, "what the critics read of each service's action: linear a (default, "
+             "the paper) or log, log a over [0.001, 1] rescaled to [0, 1] (relative changes of small limits "
+             "resolved), or both"),
+            ("--actor-grad", ACTOR_GRADS, "linear (default, SAC: dQ/da through the sigmoid) or relative (the Q "
+             "term's gradient divided by a, so small limits move by the same share of themselves as large ones)"),
+            ("--action-space", ACTION_SPACES, "what the action means: cap (default, the paper: cores = a x cap) or "
+             "usage (the headroom over the mean use of the 5 stacked seconds, 0.5x to 8x on a log scale)"),
+            ("--fill", FILLS, "what fills the replay before learning: autoscale (default, the paper: AutoScale with "
+             "5%% noise) or mixed (half the copies AutoScale, half held at a headroom over use drawn per episode "
+             "in 1.1x-8x, so tight limits and their violations are in the data)"),
+            ("--cost", COSTS, "the reward's cost of the cores: linear (default, the paper: 1 - sum cores / sum "
+             "caps) or log (each service's log share of its cap, weighted by its cap)")):
+        p.add_argument(flag, choices=choices, default=None, help="ours: " + text)
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="ours: bf16 runs the updates' hidden layers in bfloat16 (autocast; 2x faster on CPUs "
                         "with AVX-512 BF16), bf16-state only the layers that read the state alone (every layer that "
@@ -399,7 +441,8 @@ def main(argv=None) -> int:
                          ("id_width", args.id_width), ("precision", args.precision),
                          ("entropy_space", args.entropy_space), ("users_draw", args.users_draw),
                          ("critic_action", args.critic_action), ("cost", args.cost),
-                         ("actor_grad", args.actor_grad)):
+                         ("actor_grad", args.actor_grad), ("action_space", args.action_space),
+                         ("fill", args.fill)):
         if value:       # unset (None) or 0: the recipe's value stands
             overrides[field] = value
     if args.target_entropy is not None:
@@ -435,7 +478,12 @@ def main(argv=None) -> int:
         if args.init_policy:
             from .policy import ReclaimerPolicy
             init = ReclaimerPolicy.load(args.init_policy)
-            cfg = replace(cfg, **{f: getattr(init.cfg, f) for f in NETWORK_FIELDS})
+            if args.action_space and args.action_space != init.cfg.action_space:
+                print(f"error: --action-space {args.action_space}: the initial policy acts on the "
+                      f"{init.cfg.action_space!r} space (a policy's actions keep their meaning)", file=sys.stderr)
+                return 2
+            cfg = replace(cfg, **{f: getattr(init.cfg, f) for f in NETWORK_FIELDS},
+                          action_space=init.cfg.action_space)
             if args.cont:
                 if init.topo.name != load_topology(args.app).name:
                     print(f"error: --continue: the policy is for {init.topo.name!r}, not {args.app!r} "

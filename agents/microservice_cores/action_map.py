@@ -1,0 +1,83 @@
+"""How the agent's action in [0, 1] per service becomes cores, and back: one implementation for
+the environment, the trainer, the policy, the REST service and the online learner.
+
+"cap" (the paper, L107–109): cores = a · cap, the hand-set cap u of each service.
+
+"usage" (ours, off by default; `SacConfig.action_space`): the action is the headroom over the
+cores the service used, averaged over the k seconds the agent sees (`features.mean_used` of its
+observation: the base every caller passes as `used`), on a log scale,
+
+    cores = base · h_lo · (h_hi / h_lo)^a,   base = max(mean use, MIN_CORES),
+
+clipped to [MIN_CORES, cap]. Why: on "cap", a low load's limits all sit in the first tenth of a's
+range, where the sigmoid's resolution and the linear cost term are smallest, and the shipped
+Hotel policy holds 2.3 times the per-load oracle's cores at 500 users; a headroom of 1.5 over
+use is one action at every load. When a service is throttled its use is its limit, so a
+headroom above 1 is how a limit grows (h_hi per second at most); h_lo < 1 lets a limit fall
+below a few seconds of noisy use. The 5-s mean rather than the last second: a fixed headroom over
+the last second breaks QoS far more often at Hotel's low load (benchmarks/reclaimer_headroom.py).
+HEADROOM reaches into AutoScale's own range (it holds use / limit in [0.1, 0.3), a headroom of
+3.3-10), so the AutoScale fill is represented up to h_hi.
+
+Measured not to help (docs/microservice-cores.md, "The action as a headroom over use"): Hotel's
+500 users fell to 1.61 cores but 3,500 users rose to 8.01.
+
+A NaN action (a controller that could not decide) gives the cap on either space, the safe side.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .control import MIN_CORES
+
+ACTION_SPACES = ("cap", "usage")
+#: (h_lo, h_hi) of the "usage" space: cores from half of the base use to 8 times it
+HEADROOM = (0.5, 8.0)
+
+
+def _check(space: str) -> None:
+    if space not in ACTION_SPACES:
+        raise ValueError(f"action_space must be one of {', '.join(ACTION_SPACES)}, not {space!r}")
+
+
+def cores_of(a, used, caps, space: str = "cap") -> np.ndarray:
+    """Cores per service for actions a (..., M); `used` (..., M) is the base use (cores), read
+    only on "usage"."""
+    _check(space)
+    caps = np.asarray(caps, dtype=np.float64)
+    a = np.asarray(a, dtype=np.float64)
+    nan = ~np.isfinite(a)
+    a = np.clip(np.where(nan, 1.0, a), 0.0, 1.0)
+    if space == "cap":
+        cores = a * caps
+    else:
+        lo, hi = HEADROOM
+        base = np.maximum(np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0), MIN_CORES)
+        cores = base * lo * (hi / lo) ** a
+    return np.clip(np.where(nan, caps, cores), MIN_CORES, caps)
+
+
+def action_of(cores, used, caps, space: str = "cap") -> np.ndarray:
+    """The action in [0, 1] that sets `cores` (clipped where no action of the space reaches them)."""
+    _check(space)
+    caps = np.asarray(caps, dtype=np.float64)
+    cores = np.asarray(cores, dtype=np.float64)
+    if space == "cap":
+        return np.clip(cores / caps, 0.0, 1.0)
+    lo, hi = HEADROOM
+    base = np.maximum(np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0), MIN_CORES)
+    return np.clip(np.log(np.maximum(cores, MIN_CORES) / (base * lo)) / np.log(hi / lo), 0.0, 1.0)
+
+
+def scaled_actions(a, scales, caps, space: str = "cap") -> np.ndarray:
+    """Each action (E, M) with its cores multiplied by each of `scales` (C,): (E, C, M) actions,
+    the QoS-classifier explorer's candidates. On "cap" this is the paper's a · (1 + c), floored at
+    MIN_CORES / cap; on "usage" the same cores, a shift of log(1 + c) / log(h_hi / h_lo)."""
+    _check(space)
+    a = np.asarray(a, dtype=np.float64)
+    scales = np.asarray(scales, dtype=np.float64)
+    if space == "cap":
+        caps = np.asarray(caps, dtype=np.float64)
+        return np.clip(a[:, None, :] * scales[None, :, None], MIN_CORES / caps, 1.0)
+    lo, hi = HEADROOM
+    return np.clip(a[:, None, :] + (np.log(scales) / np.log(hi / lo))[None, :, None], 0.0, 1.0)
