@@ -1020,9 +1020,9 @@ def test_mixed_fill_holds_odd_copies_at_their_drawn_headroom_and_leaves_the_rest
     h = np.array([5.0, 1.5, 5.0, 3.0])
     for space in ("cap", "usage"):
         cfg = sim_config(action_space=space)
-        paper = fill_actions(st.cpu_used, limits, obs, caps, noise, cfg)
-        mixed = fill_actions(st.cpu_used, limits, obs, caps, noise, cfg, fill_h=h)
         use = mean_used(obs, cfg.k, caps)
+        paper = fill_actions(st.cpu_used, limits, use if space == "usage" else None, caps, noise, cfg)
+        mixed = fill_actions(st.cpu_used, limits, use, caps, noise, cfg, fill_h=h)
         assert cores_of(paper, use, caps, space) == pytest.approx(np.clip(autoscale_step(st.cpu_used, limits), 0.01, caps))
         assert mixed[0::2] == pytest.approx(paper[0::2])
         held = cores_of(mixed[1::2], use[1::2], caps, space)

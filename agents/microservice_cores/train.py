@@ -149,10 +149,10 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         if phase == "autoscale" and cfg.fill == "mixed":    # drawn only then: the paper's fill keeps its draws
             fill_h = np.exp(rng.uniform(*np.log(FILL_HEADROOM), size=E))
         for t in range(EPISODE_S):
-            base = mean_used(obs, cfg.k, caps) if usage_actions else None
+            base = mean_used(obs, cfg.k, caps) if usage_actions or fill_h is not None else None
             if phase == "autoscale":
                 noise = 1.0 + rng.uniform(-cfg.autoscale_noise, cfg.autoscale_noise, size=(E, M))
-                a = fill_actions(st.cpu_used, prev * caps, obs, caps, noise, cfg, fill_h)
+                a = fill_actions(st.cpu_used, prev * caps, base, caps, noise, cfg, fill_h)
             else:
                 a = agent.act(obs, deterministic=False)
                 if phase == "classifier":
@@ -255,20 +255,19 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     return policy
 
 
-def fill_actions(cpu_used, limits, obs, caps, noise, cfg: SacConfig, fill_h=None) -> np.ndarray:
+def fill_actions(cpu_used, limits, base, caps, noise, cfg: SacConfig, fill_h=None) -> np.ndarray:
     """The replay fill's actions (E, M) on the config's action space: AutoScale's limits times the
     noise (the paper), and with `fill_h` (the "mixed" fill, ours) each odd copy at fill_h[e] times
-    its mean use over the stacked seconds of `obs`, times the same noise."""
+    its base use (`features.mean_used` of its observation), times the same noise. `base` is read
+    on the "usage" space and by the mixed fill only."""
     space = cfg.action_space
     if space == "cap":
         a = autoscale_step(cpu_used, limits) / caps * noise     # the paper's arithmetic, to the bit
     else:
-        base = mean_used(obs, cfg.k, caps)
         a = action_of(autoscale_step(cpu_used, limits) * noise, base, caps, space)
     if fill_h is not None:
         held = np.arange(len(a)) % 2 == 1
-        use = mean_used(obs[held], cfg.k, caps)
-        a[held] = action_of(use * fill_h[held, None] * noise[held], use, caps, space)
+        a[held] = action_of(base[held] * fill_h[held, None] * noise[held], base[held], caps, space)
     return a
 
 
