@@ -304,10 +304,8 @@ def _classifier_guided(agent: Sac, obs, a, used, caps, cfg: SacConfig, rng, keep
     scales = 1.0 + np.asarray(cfg.candidates)
     cands = scaled_actions(a, scales, caps, cfg.action_space)                           # (E, C, M)
     p = agent.qos_probability(obs, cands.astype(np.float32))                            # (E, C)
-    if cfg.action_space == "cap":
-        cost = (cands * caps).sum(axis=2)
-    else:
-        cost = cores_of(cands, used[:, None, :], caps, cfg.action_space).sum(axis=2)
+    base = used[:, None, :] if used is not None else None
+    cost = cores_of(cands, base, caps, cfg.action_space).sum(axis=2)
     ok = p >= cfg.classifier_threshold
     cost_ok = np.where(ok, cost, np.inf)
     pick = np.where(ok.any(axis=1), cost_ok.argmin(axis=1), p.argmax(axis=1))
