@@ -1029,3 +1029,50 @@ def test_mixed_fill_holds_odd_copies_at_their_drawn_headroom_and_leaves_the_rest
         assert held == pytest.approx(np.clip(use[1::2] * h[1::2, None], 0.01, caps), rel=1e-5)
     with pytest.raises(ValueError, match="fill"):
         SacConfig(fill="random")
+
+
+def test_per_service_entropy_coefficients_follow_each_services_own_entropy(tmp_path):
+    """entropy_scope "service": the coefficient of a service noisier than the target falls while a
+    quieter service's rises, where the paper's single coefficient follows their mean; a masked
+    service's coefficient does not move; a transfer starts every service at the source's mean; a
+    trained policy saves and loads its coefficients."""
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.train import train
+
+    def sac_with_two_noise_levels(scope):
+        # rows [x, x, id0, id1]: the actor's log σ is +2 on service 0 and −20 on service 1
+        cfg = SacConfig(hidden=2, actor_layers=1, critic_pre_layers=1, critic_post_layers=1,
+                        entropy_space="latent", target_entropy=0.0, entropy_scope=scope, lr=0.0, alpha_lr=0.1)
+        sac = Sac(width=4, n_scaled=2, n_services=2, cfg=cfg)
+        with torch.no_grad():
+            sac.actor.body[0].weight.copy_(torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0]]))
+            sac.actor.body[0].bias.zero_()
+            sac.actor.head.weight.copy_(torch.tensor([[0.0, 0.0], [5.0, -5.0]]))
+            sac.actor.head.bias.zero_()
+        return sac
+
+    obs = torch.zeros(8, 2, 4)
+    obs[:, 0, 2] = obs[:, 1, 3] = 1.0
+    args = (obs, torch.rand(8, 2), torch.zeros(8), obs, torch.zeros(8))
+    per, one = sac_with_two_noise_levels("service"), sac_with_two_noise_levels("app")
+    assert per.log_alpha.shape == (2,) and one.log_alpha.shape == ()
+    for _ in range(5):
+        per.update(*args)
+        one.update(*args)
+    assert per.log_alpha[0] < 0.0 < per.log_alpha[1]   # service 0 entropy ≈ 3.4 > 0, service 1 ≈ −18.6
+    assert one.log_alpha > 0.0                         # their mean is below the target
+    masked = sac_with_two_noise_levels("service")
+    masked.update(*args, mask=torch.tensor([[1.0, 0.0]] * 8))
+    assert masked.log_alpha[0] < 0.0 and masked.log_alpha[1] == 0.0
+
+    start = per.log_alpha.detach().exp().mean()
+    per.match_services(3)
+    assert per.log_alpha.shape == (3,) and torch.allclose(per.log_alpha.detach().exp(), start.expand(3))
+    with pytest.raises(ValueError, match="entropy_scope"):
+        SacConfig(entropy_scope="services")
+
+    pol = train("chain3", replace(_tiny_cfg(), entropy_scope="service"), seed=2, out=tmp_path / "t", progress=False)
+    again = ReclaimerPolicy.load(tmp_path / "t" / "policy")
+    assert again.cfg.entropy_scope == "service" and again.agent.log_alpha.shape == (pol.topo.n_services,)
+    assert torch.equal(again.agent.log_alpha, pol.agent.log_alpha)
+    assert not torch.equal(pol.agent.log_alpha, pol.agent.log_alpha[:1].expand(pol.topo.n_services))

@@ -10,7 +10,8 @@
   by the mean over services, and we pool the entropy the same way). On an action in [0, 1] that
   target is within 7 % of a uniform draw, so the simulator's training names its own
   (`target_entropy`, docs/microservice-cores.md), and may measure the density on log a or on the
-  Gaussian u instead (`entropy_space`, ours: the Jacobian of a holds small limits up).
+  Gaussian u instead (`entropy_space`, ours: the Jacobian of a holds small limits up), and may
+  learn one coefficient per service instead (`entropy_scope`, ours).
 * Inputs are standardised by one global mean/variance vector, fitted on the AutoScale phase's
   data and refitted every RSC steps (L87–89).
 * A `mask` over services lets one network serve applications with fewer services than its id
@@ -39,6 +40,7 @@ USERS_DRAWS = ("uniform", "log-uniform")
 CRITIC_ACTIONS = ("linear", "log", "both")
 ACTOR_GRADS = ("linear", "relative")
 FILLS = ("autoscale", "mixed")
+ENTROPY_SCOPES = ("app", "service")
 #: the headroom range (x mean use) of the "mixed" fill's held copies
 FILL_HEADROOM = (1.1, 8.0)
 #: the smallest a whose actor gradient "relative" amplifies in full (1/a at most 50x)
@@ -136,12 +138,17 @@ class SacConfig:
     #: FILL_HEADROOM, so the critics and the QoS classifier also see tight limits and their
     #: violations (AutoScale keeps use / limit in [0.1, 0.3): a headroom of 3.3-10 only)
     fill: str = "autoscale"
+    #: ours: what one entropy coefficient constrains. "app" (the paper's one η) holds the mean
+    #: entropy over services at the target, so the actor may keep its noise on the services whose
+    #: cores the cost barely sees (caches, databases) and still meet it; "service" learns one
+    #: coefficient per service row, holding each service's own entropy at the target
+    entropy_scope: str = "app"
 
     def __post_init__(self) -> None:
         for field, choices in (("precision", PRECISIONS), ("entropy_space", ENTROPY_SPACES),
                                ("users_draw", USERS_DRAWS), ("cost", COSTS), ("actor_grad", ACTOR_GRADS),
                                ("critic_action", CRITIC_ACTIONS), ("action_space", ACTION_SPACES),
-                               ("fill", FILLS)):
+                               ("fill", FILLS), ("entropy_scope", ENTROPY_SCOPES)):
             value = getattr(self, field)
             if value not in choices:
                 raise ValueError(f"{field} must be one of {', '.join(choices)}, not {value!r}")
@@ -331,7 +338,9 @@ class Sac(nn.Module):
         self.q2_targ.load_state_dict(self.q2.state_dict())
         for p in (*self.q1_targ.parameters(), *self.q2_targ.parameters()):
             p.requires_grad_(False)
-        self.log_alpha = nn.Parameter(torch.tensor(math.log(cfg.init_alpha)))
+        # one coefficient, or one per service row (entropy_scope "service", ours)
+        shape = (n_services,) if cfg.entropy_scope == "service" else ()
+        self.log_alpha = nn.Parameter(torch.full(shape, math.log(cfg.init_alpha)))
         # −1/(|M|·|A|) with |A| = 1 per service, unless the config names another
         self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -1.0 / n_services
         self.classifier = QosClassifier(width, cfg)
@@ -339,6 +348,16 @@ class Sac(nn.Module):
         self.opt_critic = torch.optim.Adam([*self.q1.parameters(), *self.q2.parameters()], lr=cfg.lr)
         self.opt_alpha = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr or cfg.lr)
         self.opt_cls = torch.optim.Adam(self.classifier.parameters(), lr=cfg.classifier_lr)
+
+    def match_services(self, n_services: int) -> None:
+        """Per-service coefficients for another application's rows (a transfer): each starts at
+        the source's mean coefficient, with its optimiser's state fresh."""
+        if self.log_alpha.dim() == 0 or self.log_alpha.numel() == n_services:
+            return
+        with torch.no_grad():
+            start = self.log_alpha.exp().mean().log()
+        self.log_alpha = nn.Parameter(torch.full((n_services,), float(start)))
+        self.opt_alpha = torch.optim.Adam([self.log_alpha], lr=self.cfg.alpha_lr or self.cfg.lr)
 
     def set_lr(self, lr: float) -> None:
         """The actor's and critics' learning rate from now on (the entropy coefficient keeps its own)."""
@@ -387,7 +406,7 @@ class Sac(nn.Module):
         with torch.no_grad():
             a2, logp2 = self.actor.sample(x2)
             q_next = torch.min(self.q1_targ(x2, a2, mask), self.q2_targ(x2, a2, mask))
-            y = rew + cfg.gamma * (1.0 - done) * (q_next - alpha * masked_mean(logp2, mask))
+            y = rew + cfg.gamma * (1.0 - done) * (q_next - masked_mean(alpha * logp2, mask))
         q1, q2 = self.q1(x, act, mask), self.q2(x, act, mask)
         critic_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
         self.opt_critic.zero_grad(set_to_none=True)
@@ -405,13 +424,14 @@ class Sac(nn.Module):
         logp_m = masked_mean(logp, mask)
         a_q = relative_grad(a) if cfg.actor_grad == "relative" else a
         q_pi = torch.min(self.q1.head(h1, a_q, mask), self.q2.head(h2, a_q, mask))
-        actor_loss = (alpha * logp_m - q_pi).mean()
+        actor_loss = (masked_mean(alpha * logp, mask) - q_pi).mean()
         self.opt_actor.zero_grad(set_to_none=True)
         actor_loss.backward(inputs=list(self.actor.parameters()))
         nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
         self.opt_actor.step()
 
-        alpha_loss = -(self.log_alpha * (logp_m.detach() + self.target_entropy)).mean()
+        # each coefficient moves with the entropy it weighs: the services' mean, or its own service's
+        alpha_loss = -masked_mean(self.log_alpha * (logp.detach() + self.target_entropy), mask).mean()
         self.opt_alpha.zero_grad(set_to_none=True)
         alpha_loss.backward()
         self.opt_alpha.step()
@@ -420,7 +440,7 @@ class Sac(nn.Module):
             targ = [*self.q1_targ.parameters(), *self.q2_targ.parameters()]
             torch._foreach_mul_(targ, cfg.polyak)
             torch._foreach_add_(targ, [*self.q1.parameters(), *self.q2.parameters()], alpha=1.0 - cfg.polyak)
-        return UpdateStats(critic_loss.item(), actor_loss.item(), alpha.item(), -logp_m.mean().item(),
+        return UpdateStats(critic_loss.item(), actor_loss.item(), alpha.mean().item(), -logp_m.mean().item(),
                            q1.mean().item())
 
     def classifier_update(self, obs, act, label, mask=None) -> float:

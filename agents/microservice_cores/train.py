@@ -42,8 +42,8 @@ from .control import MIN_CORES
 from .env import COSTS, reward_of
 from .episode import EPISODE_S, WARMUP_S
 from .features import ROW, FrameStack, feature_row_block, mean_used
-from .sac import (ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SPACES, FILL_HEADROOM, FILLS, PRECISIONS, USERS_DRAWS,
-                  ReplayBuffer, Sac, SacConfig)
+from .sac import (ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SCOPES, ENTROPY_SPACES, FILL_HEADROOM, FILLS, PRECISIONS,
+                  USERS_DRAWS, ReplayBuffer, Sac, SacConfig)
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 from .validation import VALIDATION_SEEDS, BestCheckpoint, evaluate
@@ -98,6 +98,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                          f"gives {width}: its one-hot service ids are {init.cfg.id_width or 'as wide as its app'}; "
                          f"train the source policy with --id-width {M} or more to transfer it here")
     agent = init if init is not None else Sac(width, n_scaled, M, cfg)
+    agent.match_services(M)
     buf = ReplayBuffer(cfg.replay, M, width, E, seed)
     sim = MicroserviceSim(topo, n_envs=E, seed=seed)
     caps = topo.caps
@@ -405,6 +406,9 @@ def main(argv=None) -> int:
             ("--fill", FILLS, "what fills the replay before learning: autoscale (default, the paper: AutoScale with "
              "5%% noise) or mixed (half the copies AutoScale, half held at a headroom over use drawn per episode "
              "in 1.1x-8x, so tight limits and their violations are in the data)"),
+            ("--entropy-scope", ENTROPY_SCOPES, "what the learned entropy coefficient holds at the target: app "
+             "(default, the paper: one coefficient, the mean entropy over services) or service (one coefficient "
+             "per service, so no service's noise can pay for another's)"),
             ("--cost", COSTS, "the reward's cost of the cores: linear (default, the paper: 1 - sum cores / sum "
              "caps) or log (each service's log share of its cap, weighted by its cap)")):
         p.add_argument(flag, choices=choices, default=None, help="ours: " + text)
@@ -439,7 +443,7 @@ def main(argv=None) -> int:
                          ("entropy_space", args.entropy_space), ("users_draw", args.users_draw),
                          ("critic_action", args.critic_action), ("cost", args.cost),
                          ("actor_grad", args.actor_grad), ("action_space", args.action_space),
-                         ("fill", args.fill)):
+                         ("fill", args.fill), ("entropy_scope", args.entropy_scope)):
         if value:       # unset (None) or 0: the recipe's value stands
             overrides[field] = value
     if args.target_entropy is not None:
