@@ -19,8 +19,10 @@ the last second breaks QoS far more often at Hotel's low load (benchmarks/reclai
 HEADROOM reaches into AutoScale's own range (it holds use / limit in [0.1, 0.3), a headroom of
 3.3-10), so the AutoScale fill is represented up to h_hi.
 
-Measured not to help (docs/microservice-cores.md, "The action as a headroom over use"): Hotel's
-500 users fell to 1.61 cores but 3,500 users rose to 8.01.
+Alone it did not help (docs/microservice-cores.md, "The action as a headroom over use"): Hotel's
+500 users fell to 1.61 cores but 3,500 users rose to 8.01. With the mixed fill and one entropy
+coefficient per service it gives the shipped Hotel policy (session 44, "One entropy coefficient
+per service").
 
 A NaN action (a controller that could not decide) gives the cap on either space, the safe side.
 """
@@ -35,15 +37,20 @@ ACTION_SPACES = ("cap", "usage")
 HEADROOM = (0.5, 8.0)
 
 
-def _check(space: str) -> None:
+def check_space(space: str) -> None:
     if space not in ACTION_SPACES:
         raise ValueError(f"action_space must be one of {', '.join(ACTION_SPACES)}, not {space!r}")
+
+
+def _base(used) -> np.ndarray:
+    """The use a "usage" action scales: NaN read as none, floored at MIN_CORES."""
+    return np.maximum(np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0), MIN_CORES)
 
 
 def cores_of(a, used, caps, space: str = "cap") -> np.ndarray:
     """Cores per service for actions a (..., M); `used` (..., M) is the base use (cores), read
     only on "usage"."""
-    _check(space)
+    check_space(space)
     caps = np.asarray(caps, dtype=np.float64)
     a = np.asarray(a, dtype=np.float64)
     nan = ~np.isfinite(a)
@@ -52,28 +59,26 @@ def cores_of(a, used, caps, space: str = "cap") -> np.ndarray:
         cores = a * caps
     else:
         lo, hi = HEADROOM
-        base = np.maximum(np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0), MIN_CORES)
-        cores = base * lo * (hi / lo) ** a
+        cores = _base(used) * lo * (hi / lo) ** a
     return np.clip(np.where(nan, caps, cores), MIN_CORES, caps)
 
 
 def action_of(cores, used, caps, space: str = "cap") -> np.ndarray:
     """The action in [0, 1] that sets `cores` (clipped where no action of the space reaches them)."""
-    _check(space)
+    check_space(space)
     caps = np.asarray(caps, dtype=np.float64)
     cores = np.asarray(cores, dtype=np.float64)
     if space == "cap":
         return np.clip(cores / caps, 0.0, 1.0)
     lo, hi = HEADROOM
-    base = np.maximum(np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0), MIN_CORES)
-    return np.clip(np.log(np.maximum(cores, MIN_CORES) / (base * lo)) / np.log(hi / lo), 0.0, 1.0)
+    return np.clip(np.log(np.maximum(cores, MIN_CORES) / (_base(used) * lo)) / np.log(hi / lo), 0.0, 1.0)
 
 
 def scaled_actions(a, scales, caps, space: str = "cap") -> np.ndarray:
     """Each action (E, M) with its cores multiplied by each of `scales` (C,): (E, C, M) actions,
     the QoS-classifier explorer's candidates. On "cap" this is the paper's a · (1 + c), floored at
     MIN_CORES / cap; on "usage" the same cores, a shift of log(1 + c) / log(h_hi / h_lo)."""
-    _check(space)
+    check_space(space)
     a = np.asarray(a, dtype=np.float64)
     scales = np.asarray(scales, dtype=np.float64)
     if space == "cap":

@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .action_map import cores_of
+from .action_map import check_space, cores_of
 from .episode import EPISODE_S, WARMUP_S
 from .features import FrameStack, feature_row_block, mean_used
 from .sim import MicroserviceSim
@@ -66,7 +66,7 @@ class MicroserviceCoresEnv(gym.Env):
         self.observation_space = spaces.Box(-np.inf, np.inf, (self.M, self.stack.width), np.float32)
         self.action_space = spaces.Box(0.0, 1.0, (self.M,), np.float32)
         self.action_meaning = action_space
-        cores_of(np.zeros(self.M), np.zeros(self.M), self.topo.caps, action_space)   # a bad space fails here
+        check_space(action_space)
         self.sim: MicroserviceSim | None = None
         self._t = 0
         self._prev = np.ones(self.M)

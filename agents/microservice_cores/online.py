@@ -30,10 +30,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .action_map import action_of
+from .action_map import action_of, cores_of
 from .control import AppLimits, clip_cores
 from .env import reward_of
-from .features import mean_used
 from .observation import StepMeasurement
 from .policy import ReclaimerPolicy
 from .sac import ReplayBuffer
@@ -124,9 +123,8 @@ class OnlineReclaimer:
                           "q": round(stats.q, 5) if stats else "", "gap": int(gap)})
         if self.out is not None and self.cfg.save_every and self.steps % self.cfg.save_every == 0:
             self.save()
-        cores_next = self.policy.cores(a, obs[0])
-        self._base = mean_used(obs[0], self.policy.cfg.k, caps) if space != "cap" else None
-        return clip_cores(cores_next, self.limits)
+        self._base = self.policy.base_use(obs[0])
+        return clip_cores(cores_of(a, self._base, caps, space), self.limits)
 
     # -- saving --------------------------------------------------------------------------------
     def fine_tuned_policy(self) -> ReclaimerPolicy:

@@ -93,9 +93,11 @@ class ReclaimerPolicy:
 
     def cores(self, a, obs) -> np.ndarray:
         """Cores for the action a chosen on observation obs (M, width) (action_map.py)."""
-        caps = self.topo.caps
-        base = mean_used(obs, self.cfg.k, caps) if self.cfg.action_space != "cap" else None
-        return cores_of(a, base, caps, self.cfg.action_space)
+        return cores_of(a, self.base_use(obs), self.topo.caps, self.cfg.action_space)
+
+    def base_use(self, obs) -> np.ndarray | None:
+        """The use a "usage" action scales (the mean over obs's stacked seconds); None on "cap"."""
+        return mean_used(obs, self.cfg.k, self.topo.caps) if self.cfg.action_space != "cap" else None
 
     # -- Policy protocol --------------------------------------------------------------------
     def initial_state(self):
