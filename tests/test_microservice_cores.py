@@ -1076,3 +1076,32 @@ def test_per_service_entropy_coefficients_follow_each_services_own_entropy(tmp_p
     assert again.cfg.entropy_scope == "service" and again.agent.log_alpha.shape == (pol.topo.n_services,)
     assert torch.equal(again.agent.log_alpha, pol.agent.log_alpha)
     assert not torch.equal(pol.agent.log_alpha, pol.agent.log_alpha[:1].expand(pol.topo.n_services))
+
+
+def test_learning_rate_falls_geometrically_over_the_sac_phase_only(tmp_path):
+    """lr_final (ours): the fill and the explorer run at lr; over plain SAC the actor's and critics'
+    rate falls geometrically to lr_final, the entropy coefficient keeping its own; None keeps lr."""
+    from agents.microservice_cores.train import train
+
+    cfg = SacConfig(lr=1e-3, lr_final=1e-5, autoscale_steps=100, classifier_steps=100, total_steps=300)
+    assert cfg.lr_at(0) == cfg.lr_at(200) == 1e-3
+    assert cfg.lr_at(250) == pytest.approx(1e-4) and cfg.lr_at(300) == cfg.lr_at(10_000) == pytest.approx(1e-5)
+    assert replace(cfg, lr_final=None).lr_at(300) == 1e-3
+    late = replace(cfg, lr_decay_start=0.5)                 # the decay begins halfway through SAC
+    assert late.lr_at(250) == 1e-3 and late.lr_at(275) == pytest.approx(1e-4) and late.lr_at(300) == pytest.approx(1e-5)
+    with pytest.raises(ValueError, match="lr_decay_start"):
+        replace(cfg, lr_decay_start=1.0)
+    with pytest.raises(ValueError, match="lr_final"):
+        SacConfig(lr=1e-3, lr_final=2e-3)
+
+    run = replace(_tiny_cfg(), total_steps=3000, lr_final=3e-5)
+    pol = train("chain3", run, seed=1, out=tmp_path / "t", progress=False)
+    lrs = [row["lr"] for row in pol.log]
+    assert lrs[:2] == [run.lr, run.lr]                      # the fill and the explorer
+    assert all(a > b for a, b in zip(lrs[2:], lrs[3:]))     # falling over SAC
+    assert lrs[-1] == pytest.approx(run.lr_at(2400)) and lrs[-1] < run.lr
+    assert pol.agent.opt_actor.param_groups[0]["lr"] == pytest.approx(lrs[-1])
+    assert pol.agent.opt_critic.param_groups[0]["lr"] == pytest.approx(lrs[-1])
+    assert pol.agent.opt_alpha.param_groups[0]["lr"] == run.alpha_lr
+    with open(tmp_path / "t" / "training.csv") as f:
+        assert [float(r["lr"]) for r in csv.DictReader(f)] == pytest.approx(lrs)

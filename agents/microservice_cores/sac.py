@@ -143,6 +143,12 @@ class SacConfig:
     #: cores the cost barely sees (caches, databases) and still meet it; "service" learns one
     #: coefficient per service row, holding each service's own entropy at the target
     entropy_scope: str = "app"
+    #: ours: None keeps lr throughout (the paper). A value makes the actor's and critics' rate fall
+    #: geometrically from lr to lr_final over the plain-SAC phase (after the explorer), from
+    #: lr_decay_start of the way through it, so late updates stop throwing a policy near its
+    #: cheapest safe limits back and forth (the entropy coefficient keeps its own rate)
+    lr_final: float | None = None
+    lr_decay_start: float = 0.0
 
     def __post_init__(self) -> None:
         for field, choices in (("precision", PRECISIONS), ("entropy_space", ENTROPY_SPACES),
@@ -152,6 +158,19 @@ class SacConfig:
             value = getattr(self, field)
             if value not in choices:
                 raise ValueError(f"{field} must be one of {', '.join(choices)}, not {value!r}")
+        if self.lr_final is not None and not 0.0 < self.lr_final <= self.lr:
+            raise ValueError(f"lr_final must be in (0, lr = {self.lr}], not {self.lr_final!r}")
+        if not 0.0 <= self.lr_decay_start < 1.0:
+            raise ValueError(f"lr_decay_start must be in [0, 1), not {self.lr_decay_start!r}")
+
+    def lr_at(self, seen: int) -> float:
+        """The actor's and critics' learning rate after `seen` transitions (`lr_final`)."""
+        sac = self.autoscale_steps + self.classifier_steps
+        start = sac + self.lr_decay_start * (self.total_steps - sac)
+        if self.lr_final is None or seen <= start:
+            return self.lr
+        done = min(1.0, (seen - start) / max(self.total_steps - start, 1))
+        return self.lr * (self.lr_final / self.lr) ** done
 
     @property
     def learning_steps(self) -> int:

@@ -146,6 +146,9 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         ep_ids = episode * E + np.arange(E)
         phase = "autoscale" if seen < cfg.autoscale_steps else (
             "classifier" if seen < cfg.autoscale_steps + cfg.classifier_steps else "sac")
+        lr = cfg.lr_at(seen)
+        if cfg.lr_final is not None:
+            agent.set_lr(lr)
         fill_h = None
         if phase == "autoscale" and cfg.fill == "mixed":    # drawn only then: the paper's fill keeps its draws
             fill_h = np.exp(rng.uniform(*np.log(FILL_HEADROOM), size=E))
@@ -207,7 +210,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                "violation_rate": float(ep_viol.mean() / EPISODE_S),
                "alpha": stats.alpha if stats else None, "entropy": stats.entropy if stats else None,
                "critic_loss": stats.critic_loss if stats else None, "q": stats.q if stats else None,
-               "classifier_loss": cls_loss, "eval_mean_cores": None, "eval_violation_rate": None,
+               "classifier_loss": cls_loss, "lr": lr, "eval_mean_cores": None, "eval_violation_rate": None,
                "ema_eval_mean_cores": None, "ema_eval_violation_rate": None}
         if eval_every and phase != "autoscale" and (seen - last_eval >= eval_every or seen >= cfg.total_steps):
             last_eval = seen
@@ -226,7 +229,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                             seed, seen, init_from, keep_norm, best, eval_seeds)).save(out_dir / "best-policy")
         rows_csv.append(row)
         if writer:
-            for key in ("reward", "mean_cores", "violation_rate", "alpha", "entropy", "critic_loss", "q", "classifier_loss"):
+            for key in ("reward", "mean_cores", "violation_rate", "alpha", "entropy", "critic_loss", "q", "classifier_loss", "lr"):
                 if row[key] is not None:
                     writer.add_scalar(f"train/{key}", row[key], seen)
             for prefix in ("eval", "ema_eval"):
@@ -412,6 +415,12 @@ def main(argv=None) -> int:
             ("--cost", COSTS, "the reward's cost of the cores: linear (default, the paper: 1 - sum cores / sum "
              "caps) or log (each service's log share of its cap, weighted by its cap)")):
         p.add_argument(flag, choices=choices, default=None, help="ours: " + text)
+    p.add_argument("--lr-final", type=float, default=None, metavar="LR",
+                   help="ours: the actor's and critics' learning rate falls geometrically from the recipe's "
+                        f"{SIM_TRAINING['lr']:g} to LR over the plain-SAC phase (e.g. 3e-5, Table 2's rate; "
+                        "default: constant, the paper)")
+    p.add_argument("--lr-decay-start", type=float, default=None, metavar="F",
+                   help="ours, with --lr-final: the decay begins F of the way through the plain-SAC phase (default 0)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="ours: bf16 runs the updates' hidden layers in bfloat16 (autocast; 2x faster on CPUs "
                         "with AVX-512 BF16), bf16-state only the layers that read the state alone (every layer that "
@@ -448,6 +457,13 @@ def main(argv=None) -> int:
             overrides[field] = value
     if args.target_entropy is not None:
         overrides["target_entropy"] = args.target_entropy
+    if args.lr_final is not None:
+        overrides["lr_final"] = args.lr_final
+    if args.lr_decay_start is not None:
+        if args.lr_final is None:
+            print("error: --lr-decay-start needs --lr-final (the rate it decays to)", file=sys.stderr)
+            return 2
+        overrides["lr_decay_start"] = args.lr_decay_start
     if args.qos_margin is not None:
         if not 0.0 < args.qos_margin <= 1.0:
             print(f"error: --qos-margin must be in (0, 1], got {args.qos_margin}", file=sys.stderr)
@@ -467,7 +483,11 @@ def main(argv=None) -> int:
     if not eval_seeds:
         print(f"error: --eval-seeds must be integers separated by commas, not {args.eval_seeds!r}", file=sys.stderr)
         return 2
-    cfg = sim_config(**overrides)
+    try:
+        cfg = sim_config(**overrides)
+    except ValueError as e:     # an option out of its range: say which
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     total = args.steps or (args.episodes * EPISODE_S * cfg.n_envs if args.episodes else None)
     if total:
         cfg = scaled_schedule(cfg, total)
