@@ -1091,6 +1091,8 @@ def test_learning_rate_falls_geometrically_over_the_sac_phase_only(tmp_path):
     assert late.lr_at(250) == 1e-3 and late.lr_at(275) == pytest.approx(1e-4) and late.lr_at(300) == pytest.approx(1e-5)
     with pytest.raises(ValueError, match="lr_decay_start"):
         replace(cfg, lr_decay_start=1.0)
+    with pytest.raises(ValueError, match="lr_decay_start needs lr_final"):
+        replace(cfg, lr_final=None, lr_decay_start=0.5)
     with pytest.raises(ValueError, match="lr_final"):
         SacConfig(lr=1e-3, lr_final=2e-3)
 

@@ -162,6 +162,8 @@ class SacConfig:
             raise ValueError(f"lr_final must be in (0, lr = {self.lr}], not {self.lr_final!r}")
         if not 0.0 <= self.lr_decay_start < 1.0:
             raise ValueError(f"lr_decay_start must be in [0, 1), not {self.lr_decay_start!r}")
+        if self.lr_decay_start and self.lr_final is None:
+            raise ValueError("lr_decay_start needs lr_final (the rate it decays to)")
 
     def lr_at(self, seen: int) -> float:
         """The actor's and critics' learning rate after `seen` transitions (`lr_final`)."""

@@ -457,13 +457,9 @@ def main(argv=None) -> int:
             overrides[field] = value
     if args.target_entropy is not None:
         overrides["target_entropy"] = args.target_entropy
-    if args.lr_final is not None:
-        overrides["lr_final"] = args.lr_final
-    if args.lr_decay_start is not None:
-        if args.lr_final is None:
-            print("error: --lr-decay-start needs --lr-final (the rate it decays to)", file=sys.stderr)
-            return 2
-        overrides["lr_decay_start"] = args.lr_decay_start
+    for field, value in (("lr_final", args.lr_final), ("lr_decay_start", args.lr_decay_start)):
+        if value is not None:   # SacConfig checks their ranges and that a decay start has its final rate
+            overrides[field] = value
     if args.qos_margin is not None:
         if not 0.0 < args.qos_margin <= 1.0:
             print(f"error: --qos-margin must be in (0, 1], got {args.qos_margin}", file=sys.stderr)
