@@ -1107,3 +1107,51 @@ def test_learning_rate_falls_geometrically_over_the_sac_phase_only(tmp_path):
     assert pol.agent.opt_alpha.param_groups[0]["lr"] == run.alpha_lr
     with open(tmp_path / "t" / "training.csv") as f:
         assert [float(r["lr"]) for r in csv.DictReader(f)] == pytest.approx(lrs)
+
+
+def test_the_queue_depth_ablation_adds_one_column_on_every_path_and_refuses_measurements_without_it(tmp_path):
+    """`observe_queue` (ours, the ablation the issue invites): one column per service between the
+    stacked frames and the id, the queued work in seconds of the limit (log1p, capped); the env, the
+    training, the saved policy and the episode protocol agree, and a policy that needs it refuses a
+    measurement that has none (the real containers')."""
+    from gymnasium.utils.env_checker import check_env
+
+    from agents.microservice_cores.features import QUEUE_CAP_S, observation_layout, queue_feature
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.train import train
+
+    q = queue_feature(np.array([[2.0, 0.0, 500.0, 1.0]]), np.array([[1.0, 1.0, 1.0, 0.0]]))
+    assert q[0] == pytest.approx([math.log1p(2.0), 0.0, math.log1p(QUEUE_CAP_S), math.log1p(QUEUE_CAP_S)])
+    assert observation_layout(5, 3, None, True) == (5 * ROW + 1 + 3, 5 * ROW + 1)
+    assert observation_layout(5, 3, None, False) == (5 * ROW + 3, 5 * ROW)
+
+    env = MicroserviceCoresEnv("chain3", episode_steps=5, warmup=3, observe_queue=True)
+    check_env(env, skip_render_check=True)
+    obs, _ = env.reset(seed=1, options={"users": 150})
+    assert obs.shape == (env.M, env.k * ROW + 1 + env.M)
+    # starve the first service: its queue builds and the column shows it
+    for _ in range(3):
+        obs, *_ = env.step(np.array([MIN_CORES / env.topo.caps[0], 1.0, 1.0], dtype=np.float32))
+    assert obs[0, env.k * ROW] > 0.5 and obs[1, env.k * ROW] == pytest.approx(0.0, abs=0.05)
+    assert obs[:, env.k * ROW + 1:].tolist() == np.eye(env.M).tolist()    # the id still closes the row
+
+    pol = train("chain3", replace(_tiny_cfg(), observe_queue=True), seed=3, out=tmp_path / "q", progress=False)
+    assert [r["phase"] for r in pol.log] == ["autoscale", "classifier", "sac"]
+    loaded = ReclaimerPolicy.load(tmp_path / "q" / "policy")
+    assert loaded.cfg.observe_queue and loaded.observation_space.shape == obs.shape
+    res = run_episodes(loaded.topo, lambda i: loaded.fork(), users=80, seeds=[1], steps=20, warmup=5)
+    assert res[0].cores.shape == (20, 3) and np.all(res[0].cores <= loaded.topo.caps + 1e-9)
+    topo = loaded.topo
+    sim = MicroserviceSim(topo, n_envs=1, seed=0)
+    sim.reset(80)
+    m = sim.step(np.tile(topo.caps, (1, 1))).measurement(0, topo.service_names)
+    live = StepMeasurement(services=m.services, per_service=m.per_service, latency_ms=m.latency_ms,
+                           requests_per_s=m.requests_per_s, failures_per_s=m.failures_per_s, qos_ms=m.qos_ms)
+    fresh = loaded.fork()
+    fresh.reset(AppLimits(topo.service_names, topo.caps, topo.qos_ms))
+    with pytest.raises(ValueError, match="queue depth"):
+        fresh.act(live)
+    # a policy without the ablation reads the same measurement as before
+    plain = _tiny_policy().fork()
+    plain.reset(AppLimits(topo.service_names, topo.caps, topo.qos_ms))
+    assert plain.act(live).shape == (3,)

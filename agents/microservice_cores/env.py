@@ -1,7 +1,8 @@
 """Gymnasium env `samm/MicroserviceCores-v0`: one application, one step = one second.
 
-Observation: (M, k·ROW + M) float32, a row per service (features.FrameStack: the k = 5 latest
-rows of Table 1's features plus the one-hot id). Action: a ∈ [0, 1]^M, cores = a · cap (the
+Observation: (M, k·ROW [+ 1] + M) float32, a row per service (features.FrameStack: the k = 5 latest
+rows of Table 1's features plus the one-hot id; with `observe_queue`, ours, each service's queue
+depth before the id: features.observation_layout). Action: a ∈ [0, 1]^M, cores = a · cap (the
 paper's sigmoid output times the hand-set cap u), floored at control.MIN_CORES; with
 `action_space="usage"` (ours) a is the headroom over the mean use of the stacked seconds
 (action_map.py).
@@ -20,7 +21,8 @@ from gymnasium import spaces
 
 from .action_map import check_space, cores_of
 from .episode import EPISODE_S, WARMUP_S
-from .features import FrameStack, feature_row_block, mean_used
+from .features import FrameStack, feature_row_block, mean_used, queue_feature
+from .observation import FIELD
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 
@@ -56,13 +58,15 @@ class MicroserviceCoresEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, app: str | Topology = "chain3", k: int = 5, id_width: int | None = None,
-                 episode_steps: int = EPISODE_S, warmup: int = WARMUP_S, action_space: str = "cap"):
+                 episode_steps: int = EPISODE_S, warmup: int = WARMUP_S, action_space: str = "cap",
+                 observe_queue: bool = False):
         self.topo = app if isinstance(app, Topology) else load_topology(app)
         self.M = self.topo.n_services
         self.k = k
         self.episode_steps = episode_steps
         self.warmup = warmup
-        self.stack = FrameStack(1, self.M, k=k, id_width=id_width)
+        self.observe_queue = observe_queue
+        self.stack = FrameStack(1, self.M, k=k, id_width=id_width, queue=observe_queue)
         self.observation_space = spaces.Box(-np.inf, np.inf, (self.M, self.stack.width), np.float32)
         self.action_space = spaces.Box(0.0, 1.0, (self.M,), np.float32)
         self.action_meaning = action_space
@@ -81,6 +85,9 @@ class MicroserviceCoresEnv(gym.Env):
         return feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
                                  self.topo.qos_ms, prev[None], self.topo.caps)
 
+    def _queue(self, st):
+        return queue_feature(st.backlog, st.per_service[..., FIELD["cpu_limit"]]) if self.observe_queue else None
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         sim_seed = int(self.np_random.integers(2**31))
@@ -94,7 +101,7 @@ class MicroserviceCoresEnv(gym.Env):
             st = self.sim.step(caps)
         self._prev = np.ones(self.M)
         self._t = 0
-        obs = self.stack.reset(self._rows(st, self._prev))[0]
+        obs = self.stack.reset(self._rows(st, self._prev), self._queue(st))[0]
         self._used = mean_used(obs, self.k, self.topo.caps)
         return obs, {"users": float(users)}
 
@@ -104,7 +111,7 @@ class MicroserviceCoresEnv(gym.Env):
         reward = float(reward_of(st.p99_ms, self.topo.qos_ms, cores[None], self.topo.caps)[0])
         self._prev = cores / self.topo.caps
         self._t += 1
-        obs = self.stack.push(self._rows(st, self._prev))[0]
+        obs = self.stack.push(self._rows(st, self._prev), self._queue(st))[0]
         self._used = mean_used(obs, self.k, self.topo.caps)
         info = {"p99_ms": float(st.p99_ms[0]), "cores": float(cores.sum()), "violated": reward == -1.0}
         return obs, reward, False, self._t >= self.episode_steps, info

@@ -12,6 +12,12 @@ mean and variance vector as the paper does (`sac.Standardiser`).
 service id once (the paper stacks it with every frame; it never changes, so once is the same
 information). Unknown latency (NaN) reads as 0: a controller never acts on such a second
 (the loop's guard), but the row must stay finite.
+
+The queue-depth ablation (ours, off by default; `SacConfig.observe_queue`): the paper keeps queue
+depth from the agent on purpose. With it on, one more column per service, after the stacked frames
+and before the id, holds the work queued at the end of the latest second in seconds of its limit,
+log1p-scaled like the counters (`queue_feature`). Only the simulator knows it (the real containers' queues are not measured),
+so such a policy runs in simulation only.
 """
 from __future__ import annotations
 
@@ -26,6 +32,24 @@ _LOG_FIELDS = ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rss_bytes", 
                "page_faults", "io_bytes", "io_ops")
 #: the column of a row that holds the cores used, as a share of the cap
 USED_COLUMN = len(_LOG_FIELDS)
+#: the queue-depth column's ceiling, in seconds of work at the limit in force
+QUEUE_CAP_S = 10.0
+
+
+def observation_layout(k: int, n_services: int, id_width: int | None, observe_queue: bool) -> tuple[int, int]:
+    """(width of a service's observation, how many of its leading columns are standardised):
+    k stacked rows, the queue-depth column when observed, then the one-hot id (not standardised)."""
+    scaled = k * ROW + int(observe_queue)
+    return scaled + (id_width or n_services), scaled
+
+
+def queue_feature(backlog: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """The queue-depth ablation's column (E, M): the work queued at a service (core-seconds) as
+    seconds of its CPU limit, capped at QUEUE_CAP_S, then log1p (mostly 0, so a linear column
+    would standardise a rare queue into a spike of tens of spreads)."""
+    limit = np.maximum(np.asarray(limit, dtype=np.float64), 1e-6)
+    q = np.nan_to_num(np.asarray(backlog, dtype=np.float64) / limit, nan=0.0, posinf=QUEUE_CAP_S)
+    return np.log1p(np.clip(q, 0.0, QUEUE_CAP_S)).astype(np.float32)
 
 
 def feature_row_block(per_service: np.ndarray, latency_ms: np.ndarray, requests: np.ndarray,
@@ -67,32 +91,44 @@ def feature_rows(m: StepMeasurement, prev_action: np.ndarray, caps: np.ndarray) 
 
 
 class FrameStack:
-    """The last k rows per service for E copies, plus the one-hot id: (E, M, k*ROW + id_width)."""
+    """The last k rows per service for E copies, then (with `queue`) the latest queue depth, then
+    the one-hot id: (E, M, observation_layout(...)[0])."""
 
-    def __init__(self, n_envs: int, n_services: int, k: int = 5, id_width: int | None = None):
+    def __init__(self, n_envs: int, n_services: int, k: int = 5, id_width: int | None = None,
+                 queue: bool = False):
         self.E, self.M, self.k = n_envs, n_services, k
         self.id_width = id_width or n_services
         if self.id_width < n_services:
             raise ValueError(f"id width {self.id_width} is below the {n_services} services")
         self.frames = np.zeros((n_envs, n_services, k, ROW), dtype=np.float32)
+        self.queue = np.zeros((n_envs, n_services, int(queue)), dtype=np.float32)
         self.ids = np.zeros((n_services, self.id_width), dtype=np.float32)
         self.ids[np.arange(n_services), np.arange(n_services)] = 1.0
 
     @property
     def width(self) -> int:
-        return self.k * ROW + self.id_width
+        return observation_layout(self.k, self.M, self.id_width, bool(self.queue.shape[2]))[0]
 
-    def reset(self, rows: np.ndarray) -> np.ndarray:
+    def reset(self, rows: np.ndarray, queue: np.ndarray | None = None) -> np.ndarray:
         """Every frame of every copy set to `rows` (E, M, ROW): the first second, repeated."""
         self.frames[:] = rows[:, :, None, :]
+        self._set_queue(queue)
         return self.observation()
 
-    def push(self, rows: np.ndarray) -> np.ndarray:
+    def push(self, rows: np.ndarray, queue: np.ndarray | None = None) -> np.ndarray:
         self.frames = np.roll(self.frames, -1, axis=2)
         self.frames[:, :, -1, :] = rows
+        self._set_queue(queue)
         return self.observation()
+
+    def _set_queue(self, queue) -> None:
+        if not self.queue.shape[2]:
+            return
+        if queue is None:
+            raise ValueError("this observation includes queue depth (the ablation): give each second's queue_feature")
+        self.queue[..., 0] = queue
 
     def observation(self) -> np.ndarray:
         flat = self.frames.reshape(self.E, self.M, self.k * ROW)
         ids = np.broadcast_to(self.ids, (self.E, self.M, self.id_width))
-        return np.concatenate([flat, ids], axis=2)
+        return np.concatenate([flat, self.queue, ids], axis=2)

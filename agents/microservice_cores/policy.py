@@ -3,7 +3,8 @@
     policy.act(measurement)            -> cores per service (a Controller: the simulator's
                                           episodes, the experiment, the testbed loop)
     policy.decide(observation)         -> Decision(action=[a_i in [0, 1]]) (the Policy protocol:
-                                          an env observation of (M, k·ROW + id) rows)
+                                          an env observation of (M, width) rows,
+                                          features.observation_layout)
     policy.save(dir) / ReclaimerPolicy.load(dir)
 
 The policy keeps its own frame stack for `act`; `reset` clears it. The application's topology is
@@ -24,7 +25,7 @@ from agents.spaces import check_spaces, space_from_json, space_to_json
 
 from .action_map import cores_of
 from .control import AppLimits, clip_cores
-from .features import ROW, FrameStack, feature_rows, mean_used
+from .features import FrameStack, feature_rows, mean_used, observation_layout, queue_feature
 from .observation import StepMeasurement
 from .sac import Sac, SacConfig
 from .topology import Topology, load_topology
@@ -38,7 +39,7 @@ SHIPPED_DIR = Path(__file__).parent / "policies"
 
 
 def policy_spaces(topo: Topology, cfg: SacConfig) -> tuple[spaces.Box, spaces.Box]:
-    width = cfg.k * ROW + (cfg.id_width or topo.n_services)
+    width, _ = observation_layout(cfg.k, topo.n_services, cfg.id_width, cfg.observe_queue)
     return (spaces.Box(-np.inf, np.inf, (topo.n_services, width), np.float32),
             spaces.Box(0.0, 1.0, (topo.n_services,), np.float32))
 
@@ -81,10 +82,21 @@ class ReclaimerPolicy:
         # the previous action is what was in force, as a share of the cap (read back, not assumed)
         prev = np.clip(m.cpu_limit / caps, 0.0, 1.0)
         rows = feature_rows(m, prev, caps)[None]
+        queue = self._queue(m)
         if self._stack is None or restart:
-            self._stack = FrameStack(1, self.topo.n_services, k=self.cfg.k, id_width=self.cfg.id_width)
-            return self._stack.reset(rows)
-        return self._stack.push(rows)
+            self._stack = FrameStack(1, self.topo.n_services, k=self.cfg.k, id_width=self.cfg.id_width,
+                                     queue=self.cfg.observe_queue)
+            return self._stack.reset(rows, queue)
+        return self._stack.push(rows, queue)
+
+    def _queue(self, m: StepMeasurement) -> np.ndarray | None:
+        if not self.cfg.observe_queue:
+            return None
+        backlog = m.extra.get("backlog")
+        if backlog is None or np.shape(backlog) != (self.topo.n_services,):
+            raise ValueError("this policy observes each service's queue depth (the queue-depth ablation), which only "
+                             "the simulator measures: it cannot act on measurements without one")
+        return queue_feature(np.asarray(backlog)[None], m.cpu_limit[None])
 
     def act(self, m: StepMeasurement) -> np.ndarray:
         obs = self.observe(m)
@@ -136,8 +148,8 @@ class ReclaimerPolicy:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
         check_spaces(saved_obs, saved_act, *policy_spaces(topo, cfg), what=str(d))
-        width = cfg.k * ROW + (cfg.id_width or topo.n_services)
-        agent = Sac(width, cfg.k * ROW, topo.n_services, cfg)
+        agent = Sac(*observation_layout(cfg.k, topo.n_services, cfg.id_width, cfg.observe_queue),
+                    topo.n_services, cfg)
         load_torch_weights(d, agent, WEIGHTS_FILE, METADATA_FILE)
         return cls(agent, topo, cfg, meta.get("training"), meta.get("version"))
 

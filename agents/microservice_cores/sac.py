@@ -149,6 +149,11 @@ class SacConfig:
     #: cheapest safe limits back and forth (the entropy coefficient keeps its own rate)
     lr_final: float | None = None
     lr_decay_start: float = 0.0
+    #: ours, the ablation the issue invites: the paper keeps queue depth from the agent on purpose;
+    #: True adds each service's queued work (seconds of its limit) to its observation
+    #: (features.queue_feature). The simulator knows it, the real containers do not, so such a
+    #: policy runs in simulation only
+    observe_queue: bool = False
 
     def __post_init__(self) -> None:
         for field, choices in (("precision", PRECISIONS), ("entropy_space", ENTROPY_SPACES),

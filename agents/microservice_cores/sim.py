@@ -308,4 +308,5 @@ class SimStep:
     def measurement(self, e: int, services: tuple[str, ...]) -> StepMeasurement:
         return StepMeasurement(services=services, per_service=self.per_service[e],
                                latency_ms=self.latency_ms[e], requests_per_s=float(self.requests[e]),
-                               failures_per_s=float(self.failures[e]), qos_ms=self.qos_ms, t=float(self.t))
+                               failures_per_s=float(self.failures[e]), qos_ms=self.qos_ms, t=float(self.t),
+                               extra={"backlog": self.backlog[e]})

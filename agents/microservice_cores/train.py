@@ -41,7 +41,8 @@ from .autoscale import autoscale_step
 from .control import MIN_CORES
 from .env import COSTS, reward_of
 from .episode import EPISODE_S, WARMUP_S
-from .features import ROW, FrameStack, feature_row_block, mean_used
+from .observation import FIELD
+from .features import FrameStack, feature_row_block, mean_used, observation_layout, queue_feature
 from .sac import (ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SCOPES, ENTROPY_SPACES, FILL_HEADROOM, FILLS, PRECISIONS,
                   USERS_DRAWS, ReplayBuffer, Sac, SacConfig)
 from .sim import MicroserviceSim
@@ -60,7 +61,7 @@ SIM_TRAINING = dict(hidden=64, actor_layers=3, critic_pre_layers=1, critic_post_
 
 #: the fields that shape the networks: a run started from a saved policy takes them from it
 NETWORK_FIELDS = ("hidden", "actor_layers", "critic_pre_layers", "critic_post_layers", "k", "id_width",
-                  "classifier_hidden")
+                  "classifier_hidden", "observe_queue")
 
 
 def sim_config(**overrides) -> SacConfig:
@@ -91,8 +92,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     E, M = cfg.n_envs, topo.n_services
-    stack = FrameStack(E, M, k=cfg.k, id_width=cfg.id_width)
-    width, n_scaled = stack.width, cfg.k * ROW
+    stack = FrameStack(E, M, k=cfg.k, id_width=cfg.id_width, queue=cfg.observe_queue)
+    width, n_scaled = observation_layout(cfg.k, M, cfg.id_width, cfg.observe_queue)
     if init is not None and init.actor.body[0].in_features != width:
         raise ValueError(f"the initial policy reads rows of {init.actor.body[0].in_features} numbers, {topo.name} "
                          f"gives {width}: its one-hot service ids are {init.cfg.id_width or 'as wide as its app'}; "
@@ -139,7 +140,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             st = sim.step(full)
         prev = np.ones((E, M))
         obs = stack.reset(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
-                                            topo.qos_ms, prev, caps))
+                                            topo.qos_ms, prev, caps), _queue(st, cfg))
         ep_reward = np.zeros(E)
         ep_cores = np.zeros(E)
         ep_viol = np.zeros(E)
@@ -174,7 +175,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             # the policy reads back from the engine), on either action space
             prev = cores / caps if usage_actions else a.astype(np.float64)
             nxt = stack.push(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
-                                               topo.qos_ms, prev, caps))
+                                               topo.qos_ms, prev, caps), _queue(st, cfg))
             done = np.full(E, float(t == EPISODE_S - 1))
             buf.add_batch(obs, a, r, nxt, done, r == -1.0, ep_ids)
             obs = nxt
@@ -330,6 +331,11 @@ def _train_classifier(agent: Sac, buf: ReplayBuffer, cfg: SacConfig, batch: int 
     return loss
 
 
+def _queue(st, cfg: SacConfig) -> np.ndarray | None:
+    """The queue-depth ablation's column of a simulator step, when the config observes it."""
+    return queue_feature(st.backlog, st.per_service[..., FIELD["cpu_limit"]]) if cfg.observe_queue else None
+
+
 def _fit_sample(buf: ReplayBuffer, n: int = 20_000) -> np.ndarray:
     """The rows the standardiser is fitted on: all of the buffer, or a random n transitions of it."""
     if buf.size <= n:
@@ -421,6 +427,10 @@ def main(argv=None) -> int:
                         "default: constant, the paper)")
     p.add_argument("--lr-decay-start", type=float, default=None, metavar="F",
                    help="ours, with --lr-final: the decay begins F of the way through the plain-SAC phase (default 0)")
+    p.add_argument("--observe-queue", action="store_true",
+                   help="ours, the ablation: add each service's queued work (seconds of its limit) to its "
+                        "observation, which the paper keeps from the agent; such a policy runs in simulation only "
+                        "(the real containers' queues are not measured)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="ours: bf16 runs the updates' hidden layers in bfloat16 (autocast; 2x faster on CPUs "
                         "with AVX-512 BF16), bf16-state only the layers that read the state alone (every layer that "
@@ -457,6 +467,8 @@ def main(argv=None) -> int:
             overrides[field] = value
     if args.target_entropy is not None:
         overrides["target_entropy"] = args.target_entropy
+    if args.observe_queue:
+        overrides["observe_queue"] = True
     for field, value in (("lr_final", args.lr_final), ("lr_decay_start", args.lr_decay_start)):
         if value is not None:   # SacConfig checks their ranges and that a decay start has its final rate
             overrides[field] = value
