@@ -250,8 +250,16 @@ def test_a_restarted_container_gets_the_loops_limit_back(app, engine, tmp_path):
         rep = loop.run_once()
         back = [a for a in rep.actions if a["group"] == victim and a["key"].endswith(":reapply")]
         assert back and back[0]["status"] == "succeeded" and back[0]["target"] == pytest.approx(want[victim])
-        # then the controller decided on the measured second as usual: still within bounds
+        # then the controller decides as usual, within bounds. The requests in flight while the
+        # container was gone may fail into the measured second (under load they did: 6 of 6), and
+        # the guard rightly refuses to act on such a second, so allow a few seconds for it
+        for _ in range(5):
+            if d.store.decision(rep.key, loop="hotel").source == "agent":
+                break
+            next_second()
+            rep = loop.run_once()
+        assert d.store.decision(rep.key, loop="hotel").source == "agent", (rep.status, rep.reasons)
         assert MIN_CORES - 1e-9 <= containers.read_limit(victim) <= CAPS[victim] + 1e-9
-        assert f"cores.{victim}" in rep.features and d.store.decision(rep.key, loop="hotel").source == "agent"
+        assert f"cores.{victim}" in rep.features
     finally:
         d.close()
