@@ -16,8 +16,8 @@ information). Unknown latency (NaN) reads as 0: a controller never acts on such 
 The queue-depth ablation (ours, off by default; `SacConfig.observe_queue`): the paper keeps queue
 depth from the agent on purpose. With it on, one more column per service, after the stacked frames
 and before the id, holds the work queued at the end of the latest second in seconds of its limit,
-log1p-scaled like the counters (`queue_feature`). Only the simulator knows it (the real containers' queues are not measured),
-so such a policy runs in simulation only.
+log1p-scaled like the counters (`queue_feature`). Only the simulator knows it (the real
+containers' queues are not measured), so such a policy runs in simulation only.
 """
 from __future__ import annotations
 
