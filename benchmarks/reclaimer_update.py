@@ -34,7 +34,7 @@ def _time(fn, n: int, repeats: int) -> float:
 
 
 def measure(app: str, precision: str, threads: int, updates: int, repeats: int, seed: int = 0) -> dict:
-    from agents.microservice_cores.features import ROW, FrameStack
+    from agents.microservice_cores.features import observation_layout
     from agents.microservice_cores.sac import ReplayBuffer, Sac, SacConfig
     from agents.microservice_cores.topology import load_topology
     from agents.microservice_cores.train import sim_config
@@ -51,8 +51,8 @@ def measure(app: str, precision: str, threads: int, updates: int, repeats: int, 
         cfg = sim_config(**extra)
     except ValueError as e:
         return {"app": app, "precision": precision, "threads": threads, "skipped": f"this code: {e}"}
-    width = FrameStack(cfg.n_envs, M, k=cfg.k).width
-    sac = Sac(width, cfg.k * ROW, M, cfg)
+    width, n_scaled = observation_layout(cfg.k, M, cfg.id_width, cfg.observe_queue)
+    sac = Sac(width, n_scaled, M, cfg)
     buf = ReplayBuffer(20_000, M, width, cfg.n_envs, seed)
     rng = np.random.default_rng(seed)
     for _ in range(25):  # rows on the standardised scale the networks see in training

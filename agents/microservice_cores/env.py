@@ -21,8 +21,7 @@ from gymnasium import spaces
 
 from .action_map import check_space, cores_of
 from .episode import EPISODE_S, WARMUP_S
-from .features import FrameStack, feature_row_block, mean_used, queue_feature
-from .observation import FIELD
+from .features import FrameStack, feature_row_block, mean_used
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 
@@ -85,9 +84,6 @@ class MicroserviceCoresEnv(gym.Env):
         return feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
                                  self.topo.qos_ms, prev[None], self.topo.caps)
 
-    def _queue(self, st):
-        return queue_feature(st.backlog, st.per_service[..., FIELD["cpu_limit"]]) if self.observe_queue else None
-
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         sim_seed = int(self.np_random.integers(2**31))
@@ -101,7 +97,7 @@ class MicroserviceCoresEnv(gym.Env):
             st = self.sim.step(caps)
         self._prev = np.ones(self.M)
         self._t = 0
-        obs = self.stack.reset(self._rows(st, self._prev), self._queue(st))[0]
+        obs = self.stack.reset(self._rows(st, self._prev), st.queue if self.observe_queue else None)[0]
         self._used = mean_used(obs, self.k, self.topo.caps)
         return obs, {"users": float(users)}
 
@@ -111,7 +107,7 @@ class MicroserviceCoresEnv(gym.Env):
         reward = float(reward_of(st.p99_ms, self.topo.qos_ms, cores[None], self.topo.caps)[0])
         self._prev = cores / self.topo.caps
         self._t += 1
-        obs = self.stack.push(self._rows(st, self._prev), self._queue(st))[0]
+        obs = self.stack.push(self._rows(st, self._prev), st.queue if self.observe_queue else None)[0]
         self._used = mean_used(obs, self.k, self.topo.caps)
         info = {"p99_ms": float(st.p99_ms[0]), "cores": float(cores.sum()), "violated": reward == -1.0}
         return obs, reward, False, self._t >= self.episode_steps, info

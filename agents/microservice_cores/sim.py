@@ -305,6 +305,13 @@ class SimStep:
     def cpu_used(self) -> np.ndarray:
         return self.per_service[..., FIELD["cpu_used"]]
 
+    @property
+    def queue(self) -> np.ndarray:
+        """The queue-depth ablation's column of this second (features.queue_feature), (E, M)."""
+        from .features import queue_feature
+
+        return queue_feature(self.backlog, self.per_service[..., FIELD["cpu_limit"]])
+
     def measurement(self, e: int, services: tuple[str, ...]) -> StepMeasurement:
         return StepMeasurement(services=services, per_service=self.per_service[e],
                                latency_ms=self.latency_ms[e], requests_per_s=float(self.requests[e]),

@@ -41,8 +41,7 @@ from .autoscale import autoscale_step
 from .control import MIN_CORES
 from .env import COSTS, reward_of
 from .episode import EPISODE_S, WARMUP_S
-from .observation import FIELD
-from .features import FrameStack, feature_row_block, mean_used, observation_layout, queue_feature
+from .features import FrameStack, feature_row_block, mean_used, observation_layout
 from .sac import (ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SCOPES, ENTROPY_SPACES, FILL_HEADROOM, FILLS, PRECISIONS,
                   USERS_DRAWS, ReplayBuffer, Sac, SacConfig)
 from .sim import MicroserviceSim
@@ -140,7 +139,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             st = sim.step(full)
         prev = np.ones((E, M))
         obs = stack.reset(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
-                                            topo.qos_ms, prev, caps), _queue(st, cfg))
+                                            topo.qos_ms, prev, caps), st.queue if cfg.observe_queue else None)
         ep_reward = np.zeros(E)
         ep_cores = np.zeros(E)
         ep_viol = np.zeros(E)
@@ -175,7 +174,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             # the policy reads back from the engine), on either action space
             prev = cores / caps if usage_actions else a.astype(np.float64)
             nxt = stack.push(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
-                                               topo.qos_ms, prev, caps), _queue(st, cfg))
+                                               topo.qos_ms, prev, caps), st.queue if cfg.observe_queue else None)
             done = np.full(E, float(t == EPISODE_S - 1))
             buf.add_batch(obs, a, r, nxt, done, r == -1.0, ep_ids)
             obs = nxt
@@ -329,11 +328,6 @@ def _train_classifier(agent: Sac, buf: ReplayBuffer, cfg: SacConfig, batch: int 
         label = buf.qos_labels(idx, cfg.classifier_horizon)
         loss = agent.classifier_update(*buf.rows(idx), torch.as_tensor(label))
     return loss
-
-
-def _queue(st, cfg: SacConfig) -> np.ndarray | None:
-    """The queue-depth ablation's column of a simulator step, when the config observes it."""
-    return queue_feature(st.backlog, st.per_service[..., FIELD["cpu_limit"]]) if cfg.observe_queue else None
 
 
 def _fit_sample(buf: ReplayBuffer, n: int = 20_000) -> np.ndarray:
