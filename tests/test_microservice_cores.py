@@ -1155,3 +1155,57 @@ def test_the_queue_depth_ablation_adds_one_column_on_every_path_and_refuses_meas
     plain = _tiny_policy().fork()
     plain.reset(AppLimits(topo.service_names, topo.caps, topo.qos_ms))
     assert plain.act(live).shape == (3,)
+
+
+def test_the_per_service_reward_split_charges_each_service_its_own_cores_and_keeps_the_apps_q(tmp_path):
+    """reward_split "service" (ours): the rows of a second's reward average to the paper's reward,
+    a service's row falls with its own cores only, a violation is every row's −1; each critic row
+    is fitted to its own target, whose mean is the paper's target; training stores a reward per
+    service and the saved policy keeps the choice."""
+    import torch
+    from agents.microservice_cores.env import service_rewards
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.sac import Sac, SacConfig
+    from agents.microservice_cores.train import train
+
+    caps = np.array([4.0, 2.0, 1.0])
+    p99 = np.array([10.0, 10.0, 60.0])
+    cores = np.array([[1.0, 1.0, 0.5], [2.0, 1.0, 0.5], [1.0, 1.0, 0.5]])
+    for cost in ("linear", "log"):
+        rows = service_rewards(p99, 50.0, cores, caps, cost=cost)
+        assert rows.shape == (3, 3)
+        assert rows.mean(axis=1) == pytest.approx(reward_of(p99, 50.0, cores, caps, cost=cost))
+        assert rows[1, 0] < rows[0, 0] and rows[1, 1:] == pytest.approx(rows[0, 1:])   # only its own cores
+        assert (rows[2] == -1.0).all()
+    # linear: each service pays M x its cores over the sum of caps
+    assert service_rewards(p99[:1], 50.0, cores[:1], caps)[0] == pytest.approx(1.0 - 3 * cores[0] / caps.sum())
+
+    with pytest.raises(ValueError, match="reward_split"):
+        SacConfig(reward_split="services")
+    cfg = SacConfig(hidden=16, actor_layers=2, critic_pre_layers=1, critic_post_layers=1, reward_split="service")
+    torch.manual_seed(0)
+    agent = Sac(width=6, n_services=3, n_scaled=4, cfg=cfg)
+    with torch.no_grad():   # make the twin targets differ, so the pick between them matters
+        for p in agent.q2_targ.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    B = 64
+    x2 = torch.randn(B, 3, 6)
+    rew = torch.randn(B, 3)
+    done = (torch.rand(B) < 0.2).float()
+    alpha = agent.log_alpha.exp().detach()
+    torch.manual_seed(1)
+    y_rows = agent.service_targets(rew, x2, done, None, alpha)
+    torch.manual_seed(1)   # the same next actions, the paper's target for the mean reward
+    with torch.no_grad():
+        a2, logp2 = agent.actor.sample(x2)
+        q_next = torch.min(agent.q1_targ(x2, a2), agent.q2_targ(x2, a2))
+        y_app = rew.mean(-1) + cfg.gamma * (1.0 - done) * (q_next - (alpha * logp2).mean(-1))
+    assert y_rows.shape == (B, 3)
+    assert torch.allclose(y_rows.mean(-1), y_app, atol=1e-5)
+    stats = agent.update(torch.randn(B, 3, 6), torch.rand(B, 3), rew, x2, done)
+    assert np.isfinite(stats.critic_loss) and np.isfinite(stats.q)
+
+    tiny = _tiny_cfg()
+    pol = train("chain3", replace(tiny, reward_split="service"), seed=3, out=tmp_path / "t", progress=False)
+    assert pol.cfg.reward_split == "service"
+    assert ReclaimerPolicy.load(tmp_path / "t" / "policy").cfg.reward_split == "service"

@@ -34,23 +34,42 @@ COSTS = ("linear", "log")
 LOG_SHARE_FLOOR = 1e-3
 
 
-def reward_of(p99_ms, qos_ms: float, cores, caps, alpha: float = ALPHA, cost: str = "linear") -> np.ndarray:
-    """The paper's reward (L99–101) for E copies: p99 (E,), cores (E, M) in force that second.
+def cost_shares(cores, caps, cost: str = "linear") -> np.ndarray:
+    """Each service's part of the reward's cost (E, M): the row sums to the cost of reward_of.
 
-    cost "linear" is the paper's saving 1 − Σ cores / Σ caps. "log" (ours, SacConfig.cost) is
-    1 − Σ (cap_i / Σ caps) · ℓ(cores_i / cap_i), ℓ(x) = 1 + log x / log(1/LOG_SHARE_FLOOR) clipped
-    at the floor: the same [0, 1] range and the same weight per service, but halving a small limit
+    cost "linear" is the paper's cores_i / Σ caps. "log" (ours, SacConfig.cost) is
+    (cap_i / Σ caps) · ℓ(cores_i / cap_i), ℓ(x) = 1 + log x / log(1/LOG_SHARE_FLOOR) clipped at
+    the floor: the same [0, 1] range and the same weight per service, but halving a small limit
     saves as much as halving a large one, where the linear saving of a low load's limits is a few
     hundredths of the range."""
     caps = np.asarray(caps, dtype=np.float64)
+    cores = np.asarray(cores, dtype=np.float64)
     if cost == "linear":
-        spent = np.asarray(cores).sum(axis=-1) / float(np.sum(caps))
-    elif cost == "log":
-        share = np.clip(np.asarray(cores, dtype=np.float64) / caps, LOG_SHARE_FLOOR, 1.0)
-        spent = (caps * (1.0 + np.log(share) / -np.log(LOG_SHARE_FLOOR))).sum(axis=-1) / float(np.sum(caps))
-    else:
-        raise ValueError(f"cost must be one of {', '.join(COSTS)}, not {cost!r}")
-    return np.where(np.nan_to_num(p99_ms, nan=0.0) > qos_ms, -1.0, alpha * (1.0 - spent))
+        return cores / float(np.sum(caps))
+    if cost == "log":
+        share = np.clip(cores / caps, LOG_SHARE_FLOOR, 1.0)
+        return caps * (1.0 + np.log(share) / -np.log(LOG_SHARE_FLOOR)) / float(np.sum(caps))
+    raise ValueError(f"cost must be one of {', '.join(COSTS)}, not {cost!r}")
+
+
+def _violated(p99_ms, qos_ms: float) -> np.ndarray:
+    return np.nan_to_num(p99_ms, nan=0.0) > qos_ms
+
+
+def reward_of(p99_ms, qos_ms: float, cores, caps, alpha: float = ALPHA, cost: str = "linear") -> np.ndarray:
+    """The paper's reward (L99–101) for E copies: p99 (E,), cores (E, M) in force that second:
+    −1 when the second broke QoS, else α(1 − the cost of the cores, `cost_shares` summed)."""
+    spent = cost_shares(cores, caps, cost).sum(axis=-1)
+    return np.where(_violated(p99_ms, qos_ms), -1.0, alpha * (1.0 - spent))
+
+
+def service_rewards(p99_ms, qos_ms: float, cores, caps, alpha: float = ALPHA, cost: str = "linear") -> np.ndarray:
+    """reward_of split over the M services (E, M), for SacConfig.reward_split "service" (ours):
+    each service is charged M times its own share of the cost and every service shares a QoS
+    violation's −1, so a row's mean is reward_of's value for its copy."""
+    shares = cost_shares(cores, caps, cost)
+    M = shares.shape[-1]
+    return np.where(_violated(p99_ms, qos_ms)[..., None], -1.0, alpha * (1.0 - M * shares))
 
 
 class MicroserviceCoresEnv(gym.Env):

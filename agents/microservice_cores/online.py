@@ -32,7 +32,7 @@ import torch
 
 from .action_map import action_of, cores_of
 from .control import AppLimits, clip_cores
-from .env import reward_of
+from .env import reward_of, service_rewards
 from .observation import StepMeasurement
 from .policy import ReclaimerPolicy
 from .sac import ReplayBuffer
@@ -69,7 +69,8 @@ class OnlineReclaimer:
         self.limits: AppLimits | None = None
         M = self.topo.n_services
         width = policy.observation_space.shape[1]
-        self.buf = ReplayBuffer(cfg.replay, M, width, n_envs=1, seed=cfg.seed)
+        self.split = policy.cfg.reward_split == "service"
+        self.buf = ReplayBuffer(cfg.replay, M, width, n_envs=1, seed=cfg.seed, service_rewards=self.split)
         if cfg.lr is not None:
             self.agent.set_lr(cfg.lr)
         torch.manual_seed(cfg.seed)
@@ -98,13 +99,15 @@ class OnlineReclaimer:
         if gap:
             self._pending = None
         cores = np.where(np.isfinite(m.cpu_limit), m.cpu_limit, caps)   # unread limit: as if at the cap
-        reward = float(reward_of(m.p99_ms, self.topo.qos_ms * self.policy.cfg.qos_margin, cores, caps,
-                                  cost=self.policy.cfg.cost))
+        qos = self.topo.qos_ms * self.policy.cfg.qos_margin
+        reward = float(reward_of(m.p99_ms, qos, cores, caps, cost=self.policy.cfg.cost))
         if self._pending is not None and finite:   # a non-finite row never enters the replay
             # the action in force, read back from the limits (on "usage", against the base use of
             # the observation it was chosen on)
             in_force = action_of(cores, self._base, caps, space)
-            self.buf.add_batch(self._pending, in_force[None].astype(np.float32), np.array([reward]), obs,
+            stored = (service_rewards(np.array([m.p99_ms]), qos, cores[None], caps, cost=self.policy.cfg.cost)
+                      if self.split else np.array([reward]))
+            self.buf.add_batch(self._pending, in_force[None].astype(np.float32), stored, obs,
                                np.zeros(1), np.array([reward == -1.0]), np.zeros(1, dtype=np.int64))
             self.transitions += 1
         stats = None

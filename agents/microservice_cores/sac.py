@@ -41,6 +41,7 @@ CRITIC_ACTIONS = ("linear", "log", "both")
 ACTOR_GRADS = ("linear", "relative")
 FILLS = ("autoscale", "mixed")
 ENTROPY_SCOPES = ("app", "service")
+REWARD_SPLITS = ("app", "service")
 #: the headroom range (x mean use) of the "mixed" fill's held copies
 FILL_HEADROOM = (1.1, 8.0)
 #: the smallest a whose actor gradient "relative" amplifies in full (1/a at most 50x)
@@ -154,12 +155,19 @@ class SacConfig:
     #: (features.queue_feature). The simulator knows it, the real containers do not, so such a
     #: policy runs in simulation only
     observe_queue: bool = False
+    #: ours: what the critics are trained to predict. "app" is the paper's: the mean of the
+    #: per-service scalars is fitted to the application's return. "service" fits each service's
+    #: scalar to its own return, with the reward split by env.service_rewards (its own cores
+    #: charged M times, a violation's −1 shared), so the rows still average to the paper's Q but
+    #: a service's cost is no longer buried under the exploration noise of the other services'
+    reward_split: str = "app"
 
     def __post_init__(self) -> None:
         for field, choices in (("precision", PRECISIONS), ("entropy_space", ENTROPY_SPACES),
                                ("users_draw", USERS_DRAWS), ("cost", COSTS), ("actor_grad", ACTOR_GRADS),
                                ("critic_action", CRITIC_ACTIONS), ("action_space", ACTION_SPACES),
-                               ("fill", FILLS), ("entropy_scope", ENTROPY_SCOPES)):
+                               ("fill", FILLS), ("entropy_scope", ENTROPY_SCOPES),
+                               ("reward_split", REWARD_SPLITS)):
             value = getattr(self, field)
             if value not in choices:
                 raise ValueError(f"{field} must be one of {', '.join(choices)}, not {value!r}")
@@ -318,6 +326,10 @@ class Critic(nn.Module):
     def head(self, h: torch.Tensor, a: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Q from the pre-action features h = pre(x): the actor's loss needs no gradient through
         pre(x), which does not depend on the action."""
+        return masked_mean(self.rows(h, a), mask)
+
+    def rows(self, h: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The per-service scalars (…, M) whose mean is Q."""
         if self.action_in == "log":
             a_in = critic_log_action(a).unsqueeze(-1)
         elif self.action_in == "both":
@@ -325,7 +337,7 @@ class Critic(nn.Module):
         else:
             a_in = a.unsqueeze(-1)
         hidden = self.post[0](torch.cat([h, a_in], dim=-1))
-        return masked_mean(_float32_output(self.post[1], hidden).squeeze(-1), mask)
+        return _float32_output(self.post[1], hidden).squeeze(-1)
 
 
 class QosClassifier(nn.Module):
@@ -429,12 +441,15 @@ class Sac(nn.Module):
             # every layer that sees the action, and every output, stays float32
             x, x2 = x.bfloat16(), x2.bfloat16()
         alpha = self.log_alpha.exp().detach()
-        with torch.no_grad():
-            a2, logp2 = self.actor.sample(x2)
-            q_next = torch.min(self.q1_targ(x2, a2, mask), self.q2_targ(x2, a2, mask))
-            y = rew + cfg.gamma * (1.0 - done) * (q_next - masked_mean(alpha * logp2, mask))
-        q1, q2 = self.q1(x, act, mask), self.q2(x, act, mask)
-        critic_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
+        if cfg.reward_split == "service":
+            critic_loss, q1 = self._service_critic_loss(x, act, rew, x2, done, mask, alpha)
+        else:
+            with torch.no_grad():
+                a2, logp2 = self.actor.sample(x2)
+                q_next = torch.min(self.q1_targ(x2, a2, mask), self.q2_targ(x2, a2, mask))
+                y = rew + cfg.gamma * (1.0 - done) * (q_next - masked_mean(alpha * logp2, mask))
+            q1, q2 = self.q1(x, act, mask), self.q2(x, act, mask)
+            critic_loss = F.mse_loss(q1, y) + F.mse_loss(q2, y)
         self.opt_critic.zero_grad(set_to_none=True)
         critic_loss.backward()
         nn.utils.clip_grad_norm_([*self.q1.parameters(), *self.q2.parameters()], cfg.max_grad_norm)
@@ -469,6 +484,25 @@ class Sac(nn.Module):
         return UpdateStats(critic_loss.item(), actor_loss.item(), alpha.mean().item(), -logp_m.mean().item(),
                            q1.mean().item())
 
+    @torch.no_grad()
+    def service_targets(self, rew, x2, done, mask, alpha) -> torch.Tensor:
+        """Each service's TD target (B, M) for reward_split "service" (rew is (B, M)). The next
+        state's values are the rows of the target critic whose mean Q is the smaller, so the rows'
+        mean is exactly the "app" target for the rewards' mean."""
+        a2, logp2 = self.actor.sample(x2)
+        r1 = self.q1_targ.rows(state_layers(self.q1_targ.pre, x2), a2)
+        r2 = self.q2_targ.rows(state_layers(self.q2_targ.pre, x2), a2)
+        first = (masked_mean(r1, mask) <= masked_mean(r2, mask)).unsqueeze(-1)
+        return rew + self.cfg.gamma * (1.0 - done).unsqueeze(-1) * (torch.where(first, r1, r2) - alpha * logp2)
+
+    def _service_critic_loss(self, x, act, rew, x2, done, mask, alpha):
+        """Each service's scalar fitted to its own target; returns (loss, the first critic's Q)."""
+        y = self.service_targets(rew, x2, done, mask, alpha)
+        q1 = self.q1.rows(state_layers(self.q1.pre, x), act)
+        q2 = self.q2.rows(state_layers(self.q2.pre, x), act)
+        loss = masked_mean((q1 - y) ** 2, mask).mean() + masked_mean((q2 - y) ** 2, mask).mean()
+        return loss, masked_mean(q1, mask)
+
     def classifier_update(self, obs, act, label, mask=None) -> float:
         logit = self.classifier.logit(self.norm(obs), act, mask)
         loss = F.binary_cross_entropy_with_logits(logit, label)
@@ -490,7 +524,8 @@ class ReplayBuffer:
     """Transitions of whole applications, in the order they happened: index i's next second of
     the same copy is i + n_envs (used for the classifier's 5-second labels)."""
 
-    def __init__(self, capacity: int, n_services: int, width: int, n_envs: int, seed: int):
+    def __init__(self, capacity: int, n_services: int, width: int, n_envs: int, seed: int,
+                 service_rewards: bool = False):
         self.cap = capacity - capacity % n_envs
         self.E = n_envs
         # half precision: the rows are log-scaled counters and shares (0-30), 3 digits are plenty,
@@ -498,7 +533,8 @@ class ReplayBuffer:
         self.obs = np.zeros((self.cap, n_services, width), dtype=np.float16)
         self.nxt = np.zeros(self.obs.shape, dtype=np.float16)   # not zeros_like: its pages are written at once (1.5 s)
         self.act = np.zeros((self.cap, n_services), dtype=np.float32)
-        self.rew = np.zeros(self.cap, dtype=np.float32)
+        # one reward per transition, or one per service (SacConfig.reward_split "service")
+        self.rew = np.zeros((self.cap, n_services) if service_rewards else self.cap, dtype=np.float32)
         self.done = np.zeros(self.cap, dtype=np.float32)
         self.violated = np.zeros(self.cap, dtype=bool)
         self.episode = np.full(self.cap, -1, dtype=np.int64)

@@ -39,10 +39,11 @@ import torch
 from .action_map import ACTION_SPACES, action_of, cores_of, scaled_actions
 from .autoscale import autoscale_step
 from .control import MIN_CORES
-from .env import COSTS, reward_of
+from .env import COSTS, reward_of, service_rewards
 from .episode import EPISODE_S, WARMUP_S
 from .features import FrameStack, feature_row_block, mean_used, observation_layout
 from .sac import (ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SCOPES, ENTROPY_SPACES, FILL_HEADROOM, FILLS, PRECISIONS,
+                  REWARD_SPLITS,
                   USERS_DRAWS, ReplayBuffer, Sac, SacConfig)
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
@@ -99,7 +100,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                          f"train the source policy with --id-width {M} or more to transfer it here")
     agent = init if init is not None else Sac(width, n_scaled, M, cfg)
     agent.match_services(M)
-    buf = ReplayBuffer(cfg.replay, M, width, E, seed)
+    buf = ReplayBuffer(cfg.replay, M, width, E, seed, service_rewards=cfg.reward_split == "service")
     sim = MicroserviceSim(topo, n_envs=E, seed=seed)
     caps = topo.caps
     usage_actions = cfg.action_space != "cap"
@@ -176,7 +177,9 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             nxt = stack.push(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
                                                topo.qos_ms, prev, caps), st.queue if cfg.observe_queue else None)
             done = np.full(E, float(t == EPISODE_S - 1))
-            buf.add_batch(obs, a, r, nxt, done, r == -1.0, ep_ids)
+            stored = r if cfg.reward_split == "app" else \
+                service_rewards(st.p99_ms, topo.qos_ms * cfg.qos_margin, cores, caps, cost=cfg.cost)
+            buf.add_batch(obs, a, stored, nxt, done, r == -1.0, ep_ids)
             obs = nxt
             ep_reward += r
             ep_cores += cores.sum(axis=1)
@@ -413,7 +416,10 @@ def main(argv=None) -> int:
              "(default, the paper: one coefficient, the mean entropy over services) or service (one coefficient "
              "per service, so no service's noise can pay for another's)"),
             ("--cost", COSTS, "the reward's cost of the cores: linear (default, the paper: 1 - sum cores / sum "
-             "caps) or log (each service's log share of its cap, weighted by its cap)")):
+             "caps) or log (each service's log share of its cap, weighted by its cap)"),
+            ("--reward-split", REWARD_SPLITS, "what each critic scalar is fitted to: app (default, the paper: their "
+             "mean to the app's return) or service (each service's to its own, its cores charged M times and a "
+             "violation shared)")):
         p.add_argument(flag, choices=choices, default=None, help="ours: " + text)
     p.add_argument("--lr-final", type=float, default=None, metavar="LR",
                    help="ours: the actor's and critics' learning rate falls geometrically from the recipe's "
@@ -456,7 +462,8 @@ def main(argv=None) -> int:
                          ("entropy_space", args.entropy_space), ("users_draw", args.users_draw),
                          ("critic_action", args.critic_action), ("cost", args.cost),
                          ("actor_grad", args.actor_grad), ("action_space", args.action_space),
-                         ("fill", args.fill), ("entropy_scope", args.entropy_scope)):
+                         ("fill", args.fill), ("entropy_scope", args.entropy_scope),
+                         ("reward_split", args.reward_split)):
         if value:       # unset (None) or 0: the recipe's value stands
             overrides[field] = value
     if args.target_entropy is not None:
