@@ -33,6 +33,26 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
                for t in summary["targets"])
     assert (tmp_path / "policies" / "tiny-cold-a0.95-s1" / "metadata.json").is_file()
 
+    # the saved policies evaluated again without training: the same test episodes give the same rows
+    import shutil
+
+    import pytest
+
+    again = run(tmp_path / "again", quick=True, seeds=[1], test_episodes=3, workers=1, progress=False,
+                policies=tmp_path)
+    for key in ("tiny-cold/C2MARL-0.95", "tiny-cold/paper-protocol/C2MARL-0.75"):
+        assert again["methods"][key] == methods[key]
+    assert not (tmp_path / "again" / "training-tiny-cold.png").exists()    # no training, no curves
+    with pytest.raises(FileNotFoundError, match="seed 2"):
+        run(tmp_path / "other", quick=True, seeds=[2], test_episodes=3, workers=1, progress=False, policies=tmp_path)
+    # a policy saved under another alpha's name is refused, not tabled as that alpha
+    mixed = tmp_path / "mixed" / "policies"
+    shutil.copytree(tmp_path / "policies", mixed)
+    shutil.rmtree(mixed / "tiny-cold-a0.75-s1")
+    shutil.copytree(tmp_path / "policies" / "tiny-cold-a0.95-s1", mixed / "tiny-cold-a0.75-s1")
+    with pytest.raises(ValueError, match="alpha"):
+        run(tmp_path / "m", quick=True, seeds=[1], test_episodes=3, workers=1, progress=False, policies=mixed)
+
 
 def test_train_verb_passes_problem_options_through(tmp_path):
     out = tmp_path / "c2"

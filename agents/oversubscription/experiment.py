@@ -91,7 +91,7 @@ QUICK = Budget(episodes_cold=60, episodes_warm=60, test_episodes=6, tune_episode
 
 def _train_one(args) -> dict:
     """One C2MARL training run + its evaluation under both protocols (a worker process)."""
-    case, alpha, seed, episodes, trace_seed, test_specs, n_paper, cfg_overrides = args
+    case, alpha, seed, episodes, trace_seed, test_specs, n_paper, cfg_overrides, saved = args
     import torch
 
     torch.set_num_threads(1)
@@ -100,18 +100,45 @@ def _train_one(args) -> dict:
 
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
-    cfg = replace(C2MarlConfig(alpha=alpha, seed=seed, episodes=episodes), **cfg_overrides)
-    t0 = time.perf_counter()
-    policy, logs = train(setting, cfg, trace=trace, warm=case.warm, progress=False)
-    seconds = time.perf_counter() - t0
+    if saved is not None:
+        policy, seconds = load_run_policy(saved, case, alpha, seed, trace_seed)
+        logs = None
+    else:
+        cfg = replace(C2MarlConfig(alpha=alpha, seed=seed, episodes=episodes), **cfg_overrides)
+        t0 = time.perf_counter()
+        policy, logs = train(setting, cfg, trace=trace, warm=case.warm, progress=False)
+        seconds = time.perf_counter() - t0
     metrics = {HELD_APART: evaluate_policy(policy.rates, setting, held_apart_episodes(trace, test_specs, case.warm),
                                            warm=case.warm),
                PAPER_PROTOCOL: evaluate_policy(policy.rates, setting, paper_protocol_episodes(trace, n_paper, case.warm),
                                                warm=case.warm)}
-    curve = {"hot_cluster_steps": [l.hot_cluster_steps for l in logs], "s_cores": [l.s_cores for l in logs],
-             "lam": [l.lam for l in logs], "reward": [l.reward for l in logs]}
+    curve = None if logs is None else {
+        "hot_cluster_steps": [l.hot_cluster_steps for l in logs], "s_cores": [l.s_cores for l in logs],
+        "lam": [l.lam for l in logs], "reward": [l.reward for l in logs]}
     return {"case": case.key, "alpha": alpha, "seed": seed, "metrics": metrics, "train_seconds": seconds,
             "curve": curve, "policy": policy}
+
+
+def policy_name(case: Case, alpha: float, seed: int) -> str:
+    """A run's policy folder under OUT/policies."""
+    return f"{case.key}-a{alpha:.2f}-s{seed}"
+
+
+def load_run_policy(saved: Path, case: Case, alpha: float, seed: int, trace_seed: int):
+    """(policy, its training seconds) saved by an earlier run for this case, α and seed; a policy
+    trained for another case, α, seed or trace is refused, so a table never mixes runs."""
+    from .policy import OversubPolicy
+
+    policy = OversubPolicy.load(saved)
+    t = policy.training or {}
+    cfg = t.get("config", {})
+    want = {"alpha": alpha, "seed": seed, "warm": case.warm, "trace_seed": trace_seed, "setting": case.setting}
+    have = {"alpha": cfg.get("alpha"), "seed": cfg.get("seed"), "warm": t.get("warm"),
+            "trace_seed": t.get("trace_seed"), "setting": policy.setting.name}
+    differ = {k: have[k] for k in want if have[k] != want[k]}
+    if differ:
+        raise ValueError(f"{saved}: trained with {differ}, not {({k: want[k] for k in differ})}")
+    return policy, float(t.get("seconds", float("nan")))
 
 
 def _evaluate_baseline(args) -> dict:
@@ -142,7 +169,10 @@ def paper_protocol_episodes(trace, n: int, warm: bool) -> list:
 
 
 def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, progress: bool = True,
-             cfg_overrides: dict | None = None, keep_policies: Path | None = None) -> dict:
+             cfg_overrides: dict | None = None, keep_policies: Path | None = None,
+             saved_policies: Path | None = None) -> dict:
+    """One case's table. With `saved_policies` (an earlier run's OUT/policies) its C2MARL policies are
+    evaluated instead of trained: the test episodes can grow without training again."""
     from .data import generate_trace
     from .tuning import tune_all
 
@@ -163,7 +193,15 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
         rows[protocol][name] = [metrics]
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
-    jobs = [(case, a, s, episodes, trace_seed, specs, budget.test_episodes, cfg_overrides or {})
+    def saved(a, s):
+        if saved_policies is None:
+            return None
+        path = Path(saved_policies) / policy_name(case, a, s)
+        if not path.is_dir():
+            raise FileNotFoundError(f"no saved policy {path} (C2MARL-{a:.2f}, seed {s})")
+        return path
+
+    jobs = [(case, a, s, episodes, trace_seed, specs, budget.test_episodes, cfg_overrides or {}, saved(a, s))
             for a in budget.alphas for s in budget.seeds]
     results = map_runs(_train_one, jobs, workers, progress, desc=f"c2marl {case.key}")
     curves = {}
@@ -171,9 +209,10 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
         for protocol, metrics in r["metrics"].items():
             rows[protocol].setdefault(f"C2MARL-{r['alpha']:.2f}", []).append(
                 metrics | {"train_seconds": r["train_seconds"]})
-        curves.setdefault(r["alpha"], []).append(r["curve"])
+        if r["curve"] is not None:
+            curves.setdefault(r["alpha"], []).append(r["curve"])
         if keep_policies is not None:
-            r["policy"].save(Path(keep_policies) / f"{case.key}-a{r['alpha']:.2f}-s{r['seed']}")
+            r["policy"].save(Path(keep_policies) / policy_name(case, r["alpha"], r["seed"]))
     return {"case": case.key, "setting": case.setting, "warm": case.warm, "rows": rows, "tuned": tuned,
             "curves": curves, "baseline_seconds": baseline_seconds,
             "trace": trace.describe() if hasattr(trace, "describe") else {}}
@@ -222,6 +261,8 @@ def _figures(results: list[dict], out: Path) -> list[str]:
 
     names = []
     for res in results:
+        if not res["curves"]:       # evaluated from saved policies: no training to draw
+            continue
         fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
         for alpha, curves in sorted(res["curves"].items()):
             for ax, key, label in zip(axes, ("hot_cluster_steps", "s_cores", "lam"),
@@ -247,7 +288,7 @@ def _figures(results: list[dict], out: Path) -> list[str]:
 
 def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Sequence[str] | None = None,
         episodes: int | None = None, test_episodes: int | None = None, workers: int = 2, progress: bool = True,
-        trace_seed: int = 0) -> dict:
+        trace_seed: int = 0, policies: str | Path | None = None) -> dict:
     started = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -265,7 +306,14 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         if not chosen:
             raise ValueError(f"no case among {sorted(wanted)}; choose from "
                              f"{[c.key for c in FULL_CASES + QUICK_CASES]}")
-    results = [run_case(c, budget, trace_seed, workers, progress, keep_policies=out / "policies") for c in chosen]
+    saved = None
+    if policies is not None:
+        saved = Path(policies)
+        saved = saved / "policies" if (saved / "policies").is_dir() else saved
+        if saved.resolve() == (out / "policies").resolve():
+            raise ValueError("--policies must name another run's directory than --out")
+    results = [run_case(c, budget, trace_seed, workers, progress, keep_policies=out / "policies",
+                        saved_policies=saved) for c in chosen]
     figures = _figures(results, out)
     targets, methods = [], {}
     for res in results:

@@ -720,15 +720,19 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
 @click.option("--episodes", type=int, default=None, help="Training episodes per run (default: 1800 cold, 1200 warm).")
 @click.option("--test-episodes", type=int, default=None, help="Test episodes per method (default: 300, the paper's).")
 @click.option("--workers", type=int, default=2, show_default=True, help="Training runs in parallel processes.")
+@click.option("--policies", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Evaluate the C2MARL policies an earlier run saved (its --out or its policies/ folder) "
+                   "instead of training them, e.g. on more --test-episodes.")
 @click.option("--quiet", is_flag=True)
-def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, quiet) -> None:
+def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
     requests, usage redrawn); writes report.md, summary.json, training-curve PNGs and the policies."""
     _run_problem_experiment("oversubscription", out, quick=quick, seeds=_seeds(seeds),
                             cases=[c.strip() for c in cases.split(",")] if cases else None,
-                            episodes=episodes, test_episodes=test_episodes, workers=workers, progress=not quiet)
+                            episodes=episodes, test_episodes=test_episodes, workers=workers, policies=policies,
+                            progress=not quiet)
 
 
 @experiment.command("osdec")
