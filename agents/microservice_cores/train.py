@@ -43,8 +43,7 @@ from .env import COSTS, reward_of, service_rewards
 from .episode import EPISODE_S, WARMUP_S
 from .features import FrameStack, feature_row_block, mean_used, observation_layout
 from .sac import (ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SCOPES, ENTROPY_SPACES, FILL_HEADROOM, FILLS, PRECISIONS,
-                  REWARD_SPLITS,
-                  USERS_DRAWS, ReplayBuffer, Sac, SacConfig)
+                  REWARD_SPLITS, USERS_DRAWS, ReplayBuffer, Sac, SacConfig)
 from .sim import MicroserviceSim
 from .topology import Topology, load_topology
 from .validation import VALIDATION_SEEDS, BestCheckpoint, evaluate

@@ -100,9 +100,8 @@ def _train_one(args) -> dict:
 
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
-    if saved is not None:
-        policy, seconds = load_run_policy(saved, case, alpha, seed, trace_seed)
-        logs = None
+    if saved is not None:       # (policy, training seconds) of an earlier run, checked by run_case
+        (policy, seconds), logs = saved, None
     else:
         cfg = replace(C2MarlConfig(alpha=alpha, seed=seed, episodes=episodes), **cfg_overrides)
         t0 = time.perf_counter()
@@ -176,6 +175,15 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     from .data import generate_trace
     from .tuning import tune_all
 
+    # the saved policies are found and checked before the baselines' half hour, not after it
+    saved = {}
+    if saved_policies is not None:
+        for a in budget.alphas:
+            for s in budget.seeds:
+                path = Path(saved_policies) / policy_name(case, a, s)
+                if not path.is_dir():
+                    raise FileNotFoundError(f"no saved policy {path} (C2MARL-{a:.2f}, seed {s})")
+                saved[a, s] = load_run_policy(path, case, a, s, trace_seed)
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
     specs = test_specs(trace, budget.test_episodes, case.warm)
@@ -193,15 +201,7 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
         rows[protocol][name] = [metrics]
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
-    def saved(a, s):
-        if saved_policies is None:
-            return None
-        path = Path(saved_policies) / policy_name(case, a, s)
-        if not path.is_dir():
-            raise FileNotFoundError(f"no saved policy {path} (C2MARL-{a:.2f}, seed {s})")
-        return path
-
-    jobs = [(case, a, s, episodes, trace_seed, specs, budget.test_episodes, cfg_overrides or {}, saved(a, s))
+    jobs = [(case, a, s, episodes, trace_seed, specs, budget.test_episodes, cfg_overrides or {}, saved.get((a, s)))
             for a in budget.alphas for s in budget.seeds]
     results = map_runs(_train_one, jobs, workers, progress, desc=f"c2marl {case.key}")
     curves = {}
