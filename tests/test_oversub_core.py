@@ -164,3 +164,38 @@ def test_compiled_best_fit_matches_the_reference_loop():
     ref = _place_batch_py(Cluster(20, 64, 256, 20)._free, cores, mem, net, np.empty(300, np.int64))
     assert np.array_equal(ref, fast)
     assert np.all(c1.free >= -1e-9)
+
+
+def test_agent_networks_are_n_independent_mlps_whatever_the_batched_layout():
+    """C2MarlNet evaluates the N per-agent Q networks as one agent-major bmm; each agent's Q values
+    and gradients must be those of its own three-layer MLP (the einsum definition over [B, N, .])."""
+    import torch
+
+    from agents.oversubscription.network import C2MarlNet
+
+    torch.manual_seed(0)
+    net = C2MarlNet(n_agents=5, obs_dim=11, n_actions=6, hidden=16)
+    obs = torch.randn(7, 11)
+
+    def reference(obs):
+        x = obs.unsqueeze(1).expand(-1, 5, -1)
+        for layer, act in ((net.agents.l1, True), (net.agents.l2, True), (net.agents.out, False)):
+            x = torch.einsum("bni,nio->bno", x, layer.weight) + layer.bias
+            x = torch.relu(x) if act else x
+        return x
+
+    q = net.agent_q(obs)
+    assert q.shape == (7, 5, 6)
+    torch.testing.assert_close(q, reference(obs), rtol=1e-6, atol=1e-6)
+    net.zero_grad()
+    net.agent_q(obs).square().sum().backward()
+    grads = [p.grad.clone() for p in net.agents.parameters()]
+    net.zero_grad()
+    reference(obs).square().sum().backward()
+    for g, ref in zip(grads, (p.grad for p in net.agents.parameters())):
+        torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6)
+    # agent 2's values depend on agent 2's weights only
+    with torch.no_grad():
+        net.agents.l1.weight[3] += 1.0
+    q2 = net.agent_q(obs)
+    assert torch.equal(q2[:, 2], q[:, 2]) and not torch.equal(q2[:, 3], q[:, 3])

@@ -52,6 +52,27 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     shutil.copytree(tmp_path / "policies" / "tiny-cold-a0.95-s1", mixed / "tiny-cold-a0.75-s1")
     with pytest.raises(ValueError, match="alpha"):
         run(tmp_path / "m", quick=True, seeds=[1], test_episodes=3, workers=1, progress=False, policies=mixed)
+    # --alphas keeps the C2MARL rows (and needs the saved policies) of the levels asked for only
+    one = run(tmp_path / "one", quick=True, seeds=[1], test_episodes=3, workers=1, progress=False, policies=mixed,
+              alphas=[0.95])
+    assert one["methods"]["tiny-cold/C2MARL-0.95"] == methods["tiny-cold/C2MARL-0.95"]
+    assert not any("C2MARL-0.75" in k or "C2MARL-0.85" in k for k in one["methods"])
+    assert "tiny-cold/Grid-1.0" in one["methods"]
+    for bad in ({"alphas": [0.9]}, {"threads": 0}):
+        with pytest.raises(ValueError, match="alpha|threads"):
+            run(tmp_path / "bad", quick=True, seeds=[1], test_episodes=3, workers=1, progress=False, **bad)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_experiment_trains_with_the_threads_asked_for(tmp_path):
+    from agents.oversubscription.experiment import run
+    from agents.oversubscription.policy import OversubPolicy
+
+    run(tmp_path, quick=True, seeds=[1], episodes=2, test_episodes=1, workers=1, progress=False, alphas=[0.85],
+        threads=2)
+    policy = OversubPolicy.load(tmp_path / "policies" / "tiny-cold-a0.85-s1")
+    assert policy.training["config"]["torch_threads"] == 2
+    assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == ["tiny-cold-a0.85-s1"]
 
 
 def test_train_verb_passes_problem_options_through(tmp_path):
@@ -59,13 +80,14 @@ def test_train_verb_passes_problem_options_through(tmp_path):
     res = CliRunner().invoke(cli, ["train", "--problem", "oversubscription", "--out", str(out), "--seed", "2",
                                    "--episodes", "3", "--setting", "tiny", "--alpha", "0.85",
                                    "--constraint", "attributed", "--updates-per-episode", "3", "--hidden", "16",
-                                   "--eps-decay-frac", "0.8"])
+                                   "--eps-decay-frac", "0.8", "--threads", "2"])
     assert res.exit_code == 0, res.output
     meta = json.loads((out / "metadata.json").read_text())
     conf = meta["training"]["config"]
     assert meta["problem"] == "oversubscription" and conf["alpha"] == 0.85
     assert conf["constraint"] == "attributed"
     assert (conf["updates_per_episode"], conf["hidden"], conf["eps_decay_frac"]) == (3, 16, 0.8)
+    assert conf["torch_threads"] == 2
     bad = CliRunner().invoke(cli, ["train", "--problem", "oversubscription", "--out", str(out), "--setting", "nope"])
     assert bad.exit_code != 0
 
@@ -73,7 +95,8 @@ def test_train_verb_passes_problem_options_through(tmp_path):
 def test_train_rejects_out_of_range_training_options(tmp_path, capsys):
     from agents.oversubscription.train import main
 
-    for flag, value in (("--updates-per-episode", "0"), ("--hidden", "-4"), ("--eps-decay-frac", "1.5")):
+    for flag, value in (("--updates-per-episode", "0"), ("--hidden", "-4"), ("--eps-decay-frac", "1.5"),
+                        ("--threads", "0")):
         assert main(["--setting", "tiny", "--episodes", "1", "--out", str(tmp_path / "x"), flag, value]) == 2
         assert flag in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -501,12 +501,20 @@ class Trace:
         s = self.sub[rows]
         hours = (start + np.arange(T)) % HOURS
         r = rho[s][:, None]
-        z = np.sqrt(r) * z_sub[s] + np.sqrt(1.0 - r) * z_vm
-        u = np.clip(mean[s][:, hours] + std[s][:, hours] * z, 0.0, 1.0)
+        # u = clip(mean + std * (sqrt(r) z_sub + sqrt(1 - r) z_vm), 0, 1), computed in place: the
+        # same numbers (each step is one IEEE operation on the same operands) without a dozen
+        # [rows, T] temporaries, the bulk of a training episode's workload draw
+        z = np.sqrt(r) * z_sub[s]
+        z_vm *= np.sqrt(1.0 - r)
+        z += z_vm
+        u = std[s][:, hours]
+        u *= z
+        u += mean[s][:, hours]
+        np.clip(u, 0.0, 1.0, out=u)
         arrive, depart = times if times is not None else (self.arrive[rows], self.depart[rows])
         t = start + np.arange(T)
-        live = (t[None, :] >= arrive[:, None]) & (t[None, :] < depart[:, None])
-        usage = np.where(live, u, 0.0).astype(np.float32)
+        usage = u.astype(np.float32)
+        usage[(t[None, :] < arrive[:, None]) | (t[None, :] >= depart[:, None])] = 0.0
         return self._workload(rows, start, usage, name, {"warm": warm, "usage_seed": int(seed), **meta},
                               times=(arrive, depart))
 

@@ -288,13 +288,24 @@ def _figures(results: list[dict], out: Path) -> list[str]:
 
 def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Sequence[str] | None = None,
         episodes: int | None = None, test_episodes: int | None = None, workers: int = 2, progress: bool = True,
-        trace_seed: int = 0, policies: str | Path | None = None) -> dict:
+        trace_seed: int = 0, policies: str | Path | None = None, alphas: Sequence[float] | None = None,
+        threads: int = 1) -> dict:
+    """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
+    per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
+    `--workers 1 --threads 2` gives one run the two cores)."""
     started = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     budget = QUICK if quick else FULL
     if seeds:
         budget = replace(budget, seeds=tuple(int(s) for s in seeds))
+    if alphas:
+        unknown = sorted({float(a) for a in alphas} - set(ALPHAS))
+        if unknown:
+            raise ValueError(f"alpha {unknown} is not one of the paper's safety levels {list(ALPHAS)}")
+        budget = replace(budget, alphas=tuple(a for a in ALPHAS if a in {float(x) for x in alphas}))
+    if int(threads) < 1:
+        raise ValueError(f"threads must be at least 1, not {threads}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     if episodes:
         budget = replace(budget, episodes_cold=int(episodes), episodes_warm=int(episodes))
     if test_episodes:
@@ -312,8 +323,9 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         saved = saved / "policies" if (saved / "policies").is_dir() else saved
         if saved.resolve() == (out / "policies").resolve():
             raise ValueError("--policies must name another run's directory than --out")
-    results = [run_case(c, budget, trace_seed, workers, progress, keep_policies=out / "policies",
-                        saved_policies=saved) for c in chosen]
+    overrides = {"torch_threads": int(threads)} if int(threads) != 1 else None
+    results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
+                        keep_policies=out / "policies", saved_policies=saved) for c in chosen]
     figures = _figures(results, out)
     targets, methods = [], {}
     for res in results:

@@ -230,11 +230,15 @@ def main(argv=None) -> int:
                    help=f"hidden units of the Q networks (default {C2MarlConfig.hidden})")
     p.add_argument("--eps-decay-frac", type=float, default=None,
                    help=f"share of the episodes over which epsilon decays (default {C2MarlConfig.eps_decay_frac})")
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"torch threads (default {C2MarlConfig.torch_threads}); 1 and 2 gave the same weights on our "
+                        "machine (docs/oversubscription.md), only the time changed")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     for flag, value, ok in (("--updates-per-episode", args.updates_per_episode, lambda v: v >= 1),
                             ("--hidden", args.hidden, lambda v: v >= 1),
-                            ("--eps-decay-frac", args.eps_decay_frac, lambda v: 0.0 < v <= 1.0)):
+                            ("--eps-decay-frac", args.eps_decay_frac, lambda v: 0.0 < v <= 1.0),
+                            ("--threads", args.threads, lambda v: v >= 1)):
         if value is not None and not ok(value):
             print(f"error: {flag} out of range: {value}", file=sys.stderr)
             return 2
@@ -244,7 +248,7 @@ def main(argv=None) -> int:
                                  ("dual_estimate", args.dual_estimate), ("dual_window", args.dual_window),
                                  ("shield_headroom", args.shield_headroom),
                                  ("updates_per_episode", args.updates_per_episode), ("hidden", args.hidden),
-                                 ("eps_decay_frac", args.eps_decay_frac))
+                                 ("eps_decay_frac", args.eps_decay_frac), ("torch_threads", args.threads))
                if v is not None}
     cfg = replace(cfg, **changes)
     policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,

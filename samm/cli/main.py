@@ -363,6 +363,14 @@ def _seeds(text: str) -> list[int]:
         return []
 
 
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        _fail(f"{flag} must be a comma-separated list of numbers, got {text!r}")
+        return []
+
+
 def _params(text: str | None) -> dict | None:
     if not text:
         return None
@@ -723,8 +731,13 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
 @click.option("--policies", type=click.Path(exists=True, file_okay=False), default=None,
               help="Evaluate the C2MARL policies an earlier run saved (its --out or its policies/ folder) "
                    "instead of training them, e.g. on more --test-episodes.")
+@click.option("--alphas", default=None, help="Comma-separated safety levels among 0.75, 0.85, 0.95 (default: all).")
+@click.option("--threads", type=int, default=1, show_default=True,
+              help="Torch threads per training run (1 and 2 gave the same weights on our machine; --workers 1 "
+                   "--threads 2 gives one run the two cores).")
 @click.option("--quiet", is_flag=True)
-def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, quiet) -> None:
+def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
+                      quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -732,6 +745,7 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
     _run_problem_experiment("oversubscription", out, quick=quick, seeds=_seeds(seeds),
                             cases=[c.strip() for c in cases.split(",")] if cases else None,
                             episodes=episodes, test_episodes=test_episodes, workers=workers, policies=policies,
+                            alphas=_floats(alphas, "--alphas") if alphas else None, threads=threads,
                             progress=not quiet)
 
 
