@@ -58,6 +58,14 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     assert one["methods"]["tiny-cold/C2MARL-0.95"] == methods["tiny-cold/C2MARL-0.95"]
     assert not any("C2MARL-0.75" in k or "C2MARL-0.85" in k for k in one["methods"])
     assert "tiny-cold/Grid-1.0" in one["methods"]
+    # --held-apart-only: the test only, the same rows, no paper's-protocol table
+    held = run(tmp_path / "held", quick=True, seeds=[1], test_episodes=3, workers=1, progress=False, policies=tmp_path,
+               held_apart_only=True)
+    assert held["methods"]["tiny-cold/C2MARL-0.75"] == methods["tiny-cold/C2MARL-0.75"]
+    assert held["methods"]["tiny-cold/MA"] == methods["tiny-cold/MA"]
+    assert not any("paper-protocol" in k for k in held["methods"])
+    assert not any("paper-protocol" in t["name"] for t in held["targets"])
+    assert "### the paper's protocol" not in (tmp_path / "held" / "report.md").read_text()
     for bad in ({"alphas": [0.9]}, {"threads": 0}):
         with pytest.raises(ValueError, match="alpha|threads"):
             run(tmp_path / "bad", quick=True, seeds=[1], test_episodes=3, workers=1, progress=False, **bad)

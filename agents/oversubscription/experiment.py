@@ -83,6 +83,11 @@ class Budget:
     tune_episodes: int = 20
     seeds: tuple = (1, 2, 3)      # §6.5 "3 different seeds"
     alphas: tuple = ALPHAS
+    paper_protocol: bool = True   # also test under the paper's protocol (L369), beside the held-apart days
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        return PROTOCOLS if self.paper_protocol else (HELD_APART,)
 
 
 FULL = Budget()
@@ -108,9 +113,10 @@ def _train_one(args) -> dict:
         policy, logs = train(setting, cfg, trace=trace, warm=case.warm, progress=False)
         seconds = time.perf_counter() - t0
     metrics = {HELD_APART: evaluate_policy(policy.rates, setting, held_apart_episodes(trace, test_specs, case.warm),
-                                           warm=case.warm),
-               PAPER_PROTOCOL: evaluate_policy(policy.rates, setting, paper_protocol_episodes(trace, n_paper, case.warm),
-                                               warm=case.warm)}
+                                           warm=case.warm)}
+    if n_paper:     # 0: the held-apart days only (--held-apart-only)
+        metrics[PAPER_PROTOCOL] = evaluate_policy(policy.rates, setting, paper_protocol_episodes(trace, n_paper, case.warm),
+                                                  warm=case.warm)
     curve = None if logs is None else {
         "hot_cluster_steps": [l.hot_cluster_steps for l in logs], "s_cores": [l.s_cores for l in logs],
         "lam": [l.lam for l in logs], "reward": [l.reward for l in logs]}
@@ -187,7 +193,7 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
     specs = test_specs(trace, budget.test_episodes, case.warm)
-    rows: dict[str, dict[str, list[dict]]] = {p: {} for p in PROTOCOLS}   # protocol -> method -> runs
+    rows: dict[str, dict[str, list[dict]]] = {p: {} for p in budget.protocols}   # protocol -> method -> runs
     tuned = {}
     t0 = time.perf_counter()
     # every rule tuned on training days only (the fixed Grid-rho rows have one "combination")
@@ -195,13 +201,14 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     for name, res in results.items():
         tuned[name] = {"params": res.params, "safe_on_training_days": res.safe, "training_days": res.metrics}
     evals = [(case, trace_seed, name, res.params, ctx, protocol, specs, budget.test_episodes)
-             for protocol in PROTOCOLS for name, res in results.items()]
+             for protocol in budget.protocols for name, res in results.items()]
     for (_, _, name, _, _, protocol, _, _), metrics in zip(
             evals, map_runs(_evaluate_baseline, evals, workers, progress, desc=f"baselines {case.key}")):
         rows[protocol][name] = [metrics]
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
-    jobs = [(case, a, s, episodes, trace_seed, specs, budget.test_episodes, cfg_overrides or {}, saved.get((a, s)))
+    n_paper = budget.test_episodes if budget.paper_protocol else 0
+    jobs = [(case, a, s, episodes, trace_seed, specs, n_paper, cfg_overrides or {}, saved.get((a, s)))
             for a in budget.alphas for s in budget.seeds]
     results = map_runs(_train_one, jobs, workers, progress, desc=f"c2marl {case.key}")
     curves = {}
@@ -289,10 +296,11 @@ def _figures(results: list[dict], out: Path) -> list[str]:
 def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Sequence[str] | None = None,
         episodes: int | None = None, test_episodes: int | None = None, workers: int = 2, progress: bool = True,
         trace_seed: int = 0, policies: str | Path | None = None, alphas: Sequence[float] | None = None,
-        threads: int = 1) -> dict:
+        threads: int = 1, held_apart_only: bool = False) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
-    `--workers 1 --threads 2` gives one run the two cores)."""
+    `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
+    days (the issue's test) only, not also under the paper's protocol: half the testing time."""
     started = time.perf_counter()
     budget = QUICK if quick else FULL
     if seeds:
@@ -302,6 +310,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         if unknown:
             raise ValueError(f"alpha {unknown} is not one of the paper's safety levels {list(ALPHAS)}")
         budget = replace(budget, alphas=tuple(a for a in ALPHAS if a in {float(x) for x in alphas}))
+    if held_apart_only:
+        budget = replace(budget, paper_protocol=False)
     if int(threads) < 1:
         raise ValueError(f"threads must be at least 1, not {threads}")
     out = Path(out)
@@ -329,7 +339,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     figures = _figures(results, out)
     targets, methods = [], {}
     for res in results:
-        for protocol in PROTOCOLS:
+        for protocol in res["rows"]:
             # held-apart keys stay "case/method" (the issue's test); the paper's protocol is named
             prefix = res["case"] if protocol == HELD_APART else f"{res['case']}/{protocol}"
             for name, rows in res["rows"][protocol].items():
@@ -375,7 +385,7 @@ def _report(out: Path, results: list[dict], summary: dict) -> None:
     for res in results:
         lines += [f"## {res['case']} ({PAPER_TABLE_OF.get(res['case'], 'ours only')})", ""]
         for protocol in PROTOCOLS:
-            if res["rows"][protocol]:
+            if res["rows"].get(protocol):
                 lines += [f"### {PROTOCOL_TITLES[protocol]}", "", case_table(res, protocol), ""]
         lines += ["Tuned baseline parameters (training days only, alpha = 0.95): "
                   + json.dumps({k: v["params"] for k, v in res["tuned"].items()}, default=str), ""]
