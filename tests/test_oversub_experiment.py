@@ -126,7 +126,7 @@ def test_paper_protocol_replays_the_training_requests_with_fresh_usage():
     from agents.oversubscription.settings import get_setting
 
     trace = generate_trace(get_setting("tiny"), 0)
-    paper = paper_protocol_episodes(trace, 2, warm=False)
+    paper = list(paper_protocol_episodes(trace, 2, warm=False))     # drawn one at a time, as they are run
     train = trace.train_redrawn(0)
     for w in paper:
         assert np.array_equal(w.arrive, train.arrive) and np.array_equal(w.cores, train.cores)
@@ -134,5 +134,5 @@ def test_paper_protocol_replays_the_training_requests_with_fresh_usage():
     assert not np.array_equal(paper[0].usage, paper[1].usage)                 # usage redrawn per episode
     assert not np.array_equal(paper[0].usage, trace.train_redrawn(0).usage)   # not a tuning episode
     assert np.array_equal(paper[0].usage, trace.train_redrawn(PAPER_PROTOCOL_SEED).usage)
-    held = held_apart_episodes(trace, test_specs(trace, 1, False), warm=False)[0]
+    held = next(iter(held_apart_episodes(trace, test_specs(trace, 1, False), warm=False)))
     assert not (held.n_vms == train.n_vms and np.array_equal(held.arrive, train.arrive))
