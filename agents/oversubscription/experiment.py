@@ -308,10 +308,10 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     if seeds:
         budget = replace(budget, seeds=tuple(int(s) for s in seeds))
     if alphas:
-        unknown = sorted({float(a) for a in alphas} - set(ALPHAS))
-        if unknown:
-            raise ValueError(f"alpha {unknown} is not one of the paper's safety levels {list(ALPHAS)}")
-        budget = replace(budget, alphas=tuple(a for a in ALPHAS if a in {float(x) for x in alphas}))
+        wanted = {float(a) for a in alphas}
+        if wanted - set(ALPHAS):
+            raise ValueError(f"alpha {sorted(wanted - set(ALPHAS))} is not one of the paper's safety levels {list(ALPHAS)}")
+        budget = replace(budget, alphas=tuple(a for a in ALPHAS if a in wanted))
     if held_apart_only:
         budget = replace(budget, paper_protocol=False)
     if int(threads) < 1:

@@ -1,0 +1,52 @@
+"""Each saved C2MARL policy of a `samm experiment c2marl` run on its own: the per-seed figures behind
+the report's mean ± std (docs/oversubscription.md, "Three seeds of C2MARL-0.95").
+
+    .venv/bin/python benchmarks/oversub_per_seed.py --policies DIR --case internal-warm --alpha 0.95 --seeds 1,2,3
+
+The policies are found and checked as `--policies` does (`load_run_policy`); each one is tested on
+the experiment's held-apart episodes (the same seeds, drawn one at a time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> int:
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import (FULL_CASES, QUICK_CASES, held_apart_episodes, load_run_policy,
+                                                    policy_name, test_specs)
+    from agents.oversubscription.settings import get_setting
+    from agents.oversubscription.train import evaluate_policy
+
+    cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policies", required=True, help="an experiment's --out or its policies/ folder")
+    p.add_argument("--case", choices=sorted(cases), required=True)
+    p.add_argument("--alpha", type=float, default=0.95)
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--test-episodes", type=int, default=300)
+    p.add_argument("--trace-seed", type=int, default=0)
+    args = p.parse_args(argv)
+    case = cases[args.case]
+    root = Path(args.policies)
+    root = root / "policies" if (root / "policies").is_dir() else root
+    setting = get_setting(case.setting)
+    trace = generate_trace(setting, args.trace_seed)
+    specs = test_specs(trace, args.test_episodes, case.warm)
+    for seed in (int(s) for s in args.seeds.split(",")):
+        policy, seconds = load_run_policy(root / policy_name(case, args.alpha, seed), case, args.alpha, seed,
+                                          args.trace_seed)
+        m = evaluate_policy(policy.rates, setting, held_apart_episodes(trace, specs, case.warm), warm=case.warm)
+        print(json.dumps({"case": case.key, "alpha": args.alpha, "seed": seed, "pm_hot_r": round(m["pm_hot_r"], 4),
+                          "s_cores": round(m["s_cores"], 4), "satisfied": m["satisfied"],
+                          "train_seconds": round(seconds)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
