@@ -32,6 +32,13 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     assert any(t["name"].startswith("tiny-cold (paper-protocol, not the issue's test): C2MARL-0.95 S-Cores")
                for t in summary["targets"])
     assert (tmp_path / "policies" / "tiny-cold-a0.95-s1" / "metadata.json").is_file()
+    # each seed on its own beside the mean, with whether it meets its own level
+    one_seed = summary["per_seed"]["tiny-cold"]["C2MARL-0.95"]
+    assert [r["seed"] for r in one_seed] == [1]
+    assert one_seed[0]["s_cores"] == methods["tiny-cold/C2MARL-0.95"]["s_cores"]["mean"]
+    assert isinstance(one_seed[0]["satisfied"], bool)
+    assert set(summary["per_seed"]["tiny-cold/paper-protocol"]) == {"C2MARL-0.75", "C2MARL-0.85", "C2MARL-0.95"}
+    assert "Each C2MARL seed on its own" in report and "| C2MARL-0.85 | 1 |" in report
 
     # the saved policies evaluated again without training: the same test episodes give the same rows
     import shutil
