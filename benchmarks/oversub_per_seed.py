@@ -1,7 +1,7 @@
 """Each saved C2MARL policy of a `samm experiment c2marl` run on its own: the per-seed figures behind
 the report's mean ± std (docs/oversubscription.md, "Three seeds of C2MARL-0.95"). Since session 50
-the experiment's report and summary list each seed too; this script is for a policy on its own (a
-run of runs made before, or a seed trained later) without the baselines' half hour.
+the experiment's report and summary list each seed too; this script tests a policy on its own (for
+runs made before, or a seed trained later) without the baselines' half hour.
 
     .venv/bin/python benchmarks/oversub_per_seed.py --policies DIR --case internal-warm --alpha 0.95 --seeds 1,2,3
 
