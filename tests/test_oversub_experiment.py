@@ -37,6 +37,7 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     assert [r["seed"] for r in one_seed] == [1]
     assert one_seed[0]["s_cores"] == methods["tiny-cold/C2MARL-0.95"]["s_cores"]["mean"]
     assert isinstance(one_seed[0]["satisfied"], bool)
+    assert one_seed[0]["checkpoint_episode"] == 15          # no validation: the last weights
     assert set(summary["per_seed"]["tiny-cold/paper-protocol"]) == {"C2MARL-0.75", "C2MARL-0.85", "C2MARL-0.95"}
     assert "Each C2MARL seed on its own" in report and "| C2MARL-0.85 | 1 |" in report
 
@@ -73,8 +74,8 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     assert not any("paper-protocol" in k for k in held["methods"])
     assert not any("paper-protocol" in t["name"] for t in held["targets"])
     assert "### the paper's protocol" not in (tmp_path / "held" / "report.md").read_text()
-    for bad in ({"alphas": [0.9]}, {"threads": 0}):
-        with pytest.raises(ValueError, match="alpha|threads"):
+    for bad in ({"alphas": [0.9]}, {"threads": 0}, {"validate_every": -1}):
+        with pytest.raises(ValueError, match="alpha|threads|validate_every"):
             run(tmp_path / "bad", quick=True, seeds=[1], test_episodes=3, workers=1, progress=False, **bad)
     assert not (tmp_path / "bad").exists()
 
@@ -88,6 +89,20 @@ def test_experiment_trains_with_the_threads_asked_for(tmp_path):
     policy = OversubPolicy.load(tmp_path / "policies" / "tiny-cold-a0.85-s1")
     assert policy.training["config"]["torch_threads"] == 2
     assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == ["tiny-cold-a0.85-s1"]
+
+
+def test_experiment_keeps_the_checkpoint_chosen_on_the_validation_week(tmp_path):
+    from agents.oversubscription.experiment import run
+    from agents.oversubscription.policy import OversubPolicy
+
+    summary = run(tmp_path, quick=True, seeds=[1], episodes=6, test_episodes=1, workers=1, progress=False,
+                  alphas=[0.95], held_apart_only=True, validate_every=2)
+    policy = OversubPolicy.load(tmp_path / "policies" / "tiny-cold-a0.95-s1")
+    assert policy.training["checkpoint"] == "validation"
+    assert [r["episode"] for r in policy.training["validation"]["history"]] == [3, 5, 6]
+    kept = summary["per_seed"]["tiny-cold"]["C2MARL-0.95"][0]["checkpoint_episode"]
+    assert kept == policy.training["checkpoint_episode"] in (3, 5, 6)
+    assert "weights of episode" in (tmp_path / "report.md").read_text()
 
 
 def test_train_verb_passes_problem_options_through(tmp_path):

@@ -96,7 +96,7 @@ QUICK = Budget(episodes_cold=60, episodes_warm=60, test_episodes=6, tune_episode
 
 def _train_one(args) -> dict:
     """One C2MARL training run + its evaluation under both protocols (a worker process)."""
-    case, alpha, seed, episodes, trace_seed, test_specs, n_paper, cfg_overrides, saved = args
+    case, alpha, seed, episodes, trace_seed, test_specs, n_paper, cfg_overrides, saved, validate_every = args
     import torch
 
     torch.set_num_threads(1)
@@ -110,7 +110,7 @@ def _train_one(args) -> dict:
     else:
         cfg = replace(C2MarlConfig(alpha=alpha, seed=seed, episodes=episodes), **cfg_overrides)
         t0 = time.perf_counter()
-        policy, logs = train(setting, cfg, trace=trace, warm=case.warm, progress=False)
+        policy, logs = train(setting, cfg, trace=trace, warm=case.warm, progress=False, validate_every=validate_every)
         seconds = time.perf_counter() - t0
     metrics = {HELD_APART: evaluate_policy(policy.rates, setting, held_apart_episodes(trace, test_specs, case.warm),
                                            warm=case.warm)}
@@ -120,8 +120,9 @@ def _train_one(args) -> dict:
     curve = None if logs is None else {
         "hot_cluster_steps": [l.hot_cluster_steps for l in logs], "s_cores": [l.s_cores for l in logs],
         "lam": [l.lam for l in logs], "reward": [l.reward for l in logs]}
+    t = policy.training or {}    # policies saved before checkpoints were chosen kept their last weights
     return {"case": case.key, "alpha": alpha, "seed": seed, "metrics": metrics, "train_seconds": seconds,
-            "curve": curve, "policy": policy}
+            "curve": curve, "policy": policy, "checkpoint_episode": t.get("checkpoint_episode", t.get("episodes"))}
 
 
 def policy_name(case: Case, alpha: float, seed: int) -> str:
@@ -177,9 +178,10 @@ def paper_protocol_episodes(trace, n: int, warm: bool) -> Iterator:
 
 def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, progress: bool = True,
              cfg_overrides: dict | None = None, keep_policies: Path | None = None,
-             saved_policies: Path | None = None) -> dict:
+             saved_policies: Path | None = None, validate_every: int = 0) -> dict:
     """One case's table. With `saved_policies` (an earlier run's OUT/policies) its C2MARL policies are
-    evaluated instead of trained: the test episodes can grow without training again."""
+    evaluated instead of trained: the test episodes can grow without training again. `validate_every`:
+    train.py's checkpoint selection on the validation week (0: the last weights, the paper)."""
     from .data import generate_trace
     from .tuning import tune_all
 
@@ -210,14 +212,15 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
     n_paper = budget.test_episodes if budget.paper_protocol else 0
-    jobs = [(case, a, s, episodes, trace_seed, specs, n_paper, cfg_overrides or {}, saved.get((a, s)))
+    jobs = [(case, a, s, episodes, trace_seed, specs, n_paper, cfg_overrides or {}, saved.get((a, s)), validate_every)
             for a in budget.alphas for s in budget.seeds]
     results = map_runs(_train_one, jobs, workers, progress, desc=f"c2marl {case.key}")
     curves = {}
     for r in results:
         for protocol, metrics in r["metrics"].items():
             rows[protocol].setdefault(f"C2MARL-{r['alpha']:.2f}", []).append(
-                metrics | {"train_seconds": r["train_seconds"], "seed": r["seed"]})
+                metrics | {"train_seconds": r["train_seconds"], "seed": r["seed"],
+                           "checkpoint_episode": r["checkpoint_episode"]})
         if r["curve"] is not None:
             curves.setdefault(r["alpha"], []).append(r["curve"])
         if keep_policies is not None:
@@ -254,15 +257,16 @@ def case_table(res: dict, protocol: str = HELD_APART) -> str:
 def per_seed(res: dict, protocol: str = HELD_APART) -> dict[str, list[dict]]:
     """Each C2MARL row's seeds one by one: whether every seed meets its level is what the mean hides."""
     return {name: [{"seed": r["seed"], "pm_hot_r": r["pm_hot_r"], "s_cores": r["s_cores"],
-                    "satisfied": r["satisfied"][name.split("-")[1]]} for r in rows]
+                    "satisfied": r["satisfied"][name.split("-")[1]],
+                    "checkpoint_episode": r.get("checkpoint_episode")} for r in rows]
             for name, rows in res["rows"][protocol].items() if name.startswith("C2MARL")}
 
 
 def per_seed_table(res: dict, protocol: str = HELD_APART) -> str:
     out = [[name, r["seed"], f"{100 * r['pm_hot_r']:.1f}", f"{100 * r['s_cores']:.1f}",
-            "✓" if r["satisfied"] else "✗"]
+            "✓" if r["satisfied"] else "✗", "–" if r["checkpoint_episode"] is None else r["checkpoint_episode"]]
            for name, runs in per_seed(res, protocol).items() for r in sorted(runs, key=lambda r: r["seed"])]
-    return markdown_table(["method", "seed", "PM-Hot-R %", "S-Cores %", "own level met"], out)
+    return markdown_table(["method", "seed", "PM-Hot-R %", "S-Cores %", "own level met", "weights of episode"], out)
 
 
 def best_safe_baseline(res: dict, alpha: float = 0.95, protocol: str = HELD_APART) -> tuple[str | None, float]:
@@ -312,7 +316,7 @@ def _figures(results: list[dict], out: Path) -> list[str]:
 def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Sequence[str] | None = None,
         episodes: int | None = None, test_episodes: int | None = None, workers: int = 2, progress: bool = True,
         trace_seed: int = 0, policies: str | Path | None = None, alphas: Sequence[float] | None = None,
-        threads: int = 1, held_apart_only: bool = False) -> dict:
+        threads: int = 1, held_apart_only: bool = False, validate_every: int = 0) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
     `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
@@ -330,6 +334,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         budget = replace(budget, paper_protocol=False)
     if int(threads) < 1:
         raise ValueError(f"threads must be at least 1, not {threads}")
+    if int(validate_every) < 0:
+        raise ValueError(f"validate_every must be >= 0, not {validate_every}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if episodes:
@@ -351,7 +357,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
             raise ValueError("--policies must name another run's directory than --out")
     overrides = {"torch_threads": int(threads)} if int(threads) != 1 else None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
-                        keep_policies=out / "policies", saved_policies=saved) for c in chosen]
+                        keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every))
+               for c in chosen]
     figures = _figures(results, out)
     targets, methods = [], {}
     for res in results:

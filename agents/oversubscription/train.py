@@ -30,23 +30,45 @@ from agents.train_log import tensorboard_writer
 
 from .c2marl import C2Marl, C2MarlConfig, EpisodeLog, run_training_episode
 from .features import observation, observation_size, request_mask
-from .metrics import summarise
+from .metrics import satisfied, summarise
 from .policy import OversubPolicy
 from .settings import RATES, SETTINGS, Setting, get_setting
 from .sim import OversubSim, run_episode
 
 
+VALIDATION_EPISODES = 40       # ours: 2.5 % steps of PM-Hot-R, about 30 s per checkpoint (internal-like)
+VALIDATION_SEED0 = 90_000      # ours: usage seeds of the validation episodes (the test's start at 50,000)
+
+
+def validation_episodes(trace, n: int, warm: bool):
+    """The validation week's blocks in turn, usage redrawn with seeds VALIDATION_SEED0 + i; drawn one
+    at a time (an internal-like episode is ~20 MB)."""
+    return (trace.validation_workload(i, VALIDATION_SEED0 + i, warm=warm) for i in range(n))
+
+
 def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, trace_seed: int = 0,
           warm: bool = False, train_usage: str = "bootstrap", out: str | Path | None = None,
           progress: bool = True, workload_fn=None, trace=None, validate_every: int = 0,
-          validate_episodes: int = 10, shield_prior: np.ndarray | None = None
-          ) -> tuple[OversubPolicy, list[EpisodeLog]]:
+          validate_episodes: int = VALIDATION_EPISODES, validate_from: int | None = None,
+          shield_prior: np.ndarray | None = None) -> tuple[OversubPolicy, list[EpisodeLog]]:
     """`shield_prior`: the shield's usage history when `workload_fn` replaces the trace (else the
-    trace's training days replayed, as the baselines' prior)."""
+    trace's training days replayed, as the baselines' prior).
+
+    `validate_every` > 0 (ours; the paper keeps the last weights): from episode `validate_from`
+    (default: where epsilon reaches its floor) and every `validate_every` episodes after, and at the
+    end, the greedy policy is rolled out on `validate_episodes` episodes of the validation week
+    (`Trace.validation_workload`: the week before training, never a test week) and the checkpoint
+    `choose_checkpoint` prefers is returned and saved to `out`; the last weights go to
+    `out/last-policy`. The roll-outs draw nothing from the training's random streams, so the last
+    weights are those of the same run without validation."""
     setting = get_setting(setting)
     cfg = cfg or C2MarlConfig()
     torch.set_num_threads(max(1, cfg.torch_threads))
-    if trace is None and (workload_fn is None or (cfg.shield != "none" and shield_prior is None)):
+    if validate_every < 0 or validate_episodes < 1:
+        raise ValueError("validate_every must be >= 0 and validate_episodes >= 1")
+    if validate_from is None:
+        validate_from = max(1, int(np.ceil(cfg.eps_decay_frac * cfg.episodes)))
+    if trace is None and (workload_fn is None or validate_every or (cfg.shield != "none" and shield_prior is None)):
         from .data import generate_trace
         trace = generate_trace(setting, trace_seed)
     if workload_fn is None:
@@ -81,6 +103,10 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
         from tqdm import tqdm
         bar = tqdm(total=cfg.episodes, unit="ep", file=sys.stderr, mininterval=1.0, desc=f"c2marl {setting.name} a={cfg.alpha}")
     sim_cache: dict[int, OversubSim] = {}
+    training = {"config": cfg.to_json(), "trace_seed": trace_seed, "warm": warm, "train_usage": train_usage,
+                "episodes": cfg.episodes}
+    validation: list[dict] = []
+    chosen: OversubPolicy | None = None
     start = time.perf_counter()
     for ep in range(cfg.episodes):
         w = workload_fn(ep)
@@ -97,20 +123,65 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
         if bar is not None:
             bar.update(1)
             bar.set_postfix(s_cores=f"{log.s_cores:.3f}", hot=log.hot_cluster_steps, lam=f"{agent.lam:.2f}")
+        done = ep + 1
+        if validate_every and done >= validate_from and (
+                (done - validate_from) % validate_every == 0 or done == cfg.episodes):
+            candidate = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features,
+                                      shield=copy.deepcopy(shield))
+            t0 = time.perf_counter()
+            m = evaluate_policy(candidate.rates, setting, validation_episodes(trace, validate_episodes, warm), warm=warm)
+            row = {"episode": done, "pm_hot_r": m["pm_hot_r"], "c_hot_r": m["c_hot_r"], "s_cores": m["s_cores"],
+                   "satisfied": satisfied(m["pm_hot_r"], cfg.alpha), "lam": agent.lam,
+                   "seconds": round(time.perf_counter() - t0, 2)}
+            validation.append(row)
+            if choose_checkpoint(validation, cfg.alpha) == len(validation) - 1:
+                chosen = candidate
+            if writer is not None:
+                for k in ("pm_hot_r", "s_cores"):
+                    writer.add_scalar(f"validation/{k}", row[k], ep)
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - start
-    policy = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features, shield=shield, training={
-        "config": cfg.to_json(), "trace_seed": trace_seed, "warm": warm, "train_usage": train_usage,
-        "episodes": cfg.episodes, "seconds": elapsed, "final_lambda": agent.lam,
-        "constraint_bound": agent.c})
+    training.update(seconds=elapsed, final_lambda=agent.lam, constraint_bound=agent.c)
+    last = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features, shield=shield,
+                         training={**training, "checkpoint": "last", "checkpoint_episode": cfg.episodes})
+    policy = last
+    if chosen is not None:
+        best = validation[choose_checkpoint(validation, cfg.alpha)]
+        chosen.training = {**training, "checkpoint": "validation", "checkpoint_episode": best["episode"],
+                           "validation": {"every": validate_every, "episodes": validate_episodes,
+                                          "from": validate_from, "seed0": VALIDATION_SEED0, "history": validation}}
+        policy = chosen
     if out is not None:
         out = Path(out)
         policy.save(out)
+        if chosen is not None:
+            last.save(out / "last-policy")
+            _write_rows(validation, out / "validation.csv")
         write_log(logs, out / "train-log.csv")
     if writer is not None:
         writer.close()
     return policy, logs
+
+
+def choose_checkpoint(history: list[dict], alpha: float) -> int:
+    """Index of the checkpoint to keep (ours): of those whose validation PM-Hot-R meets alpha's level,
+    the one that saves most cores; when none does, the one that breaks PMs in fewest episodes, then
+    the one that saves most. Ties go to the earlier checkpoint."""
+    if not history:
+        raise ValueError("no checkpoint was validated")
+    def key(i):
+        h = history[i]
+        return (1, 0.0, h["s_cores"]) if satisfied(h["pm_hot_r"], alpha) else (0, -h["pm_hot_r"], h["s_cores"])
+    return max(range(len(history)), key=lambda i: (key(i), -i))
+
+
+def _write_rows(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
 
 
 def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: np.ndarray | None = None):
@@ -233,8 +304,20 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None,
                    help=f"torch threads (default {C2MarlConfig.torch_threads}); 1 and 2 gave the same weights on our "
                         "machine (docs/oversubscription.md), only the time changed")
+    p.add_argument("--validate-every", type=int, default=0, metavar="N",
+                   help="ours: from --validate-from on, every N episodes and at the end, roll the greedy policy "
+                        "out on the validation week (the week before training, never a test week) and keep the "
+                        "checkpoint that meets alpha's level there and saves most (else breaks fewest PMs); "
+                        "--out gets it, --out/last-policy the last weights; 0 = keep the last (the paper)")
+    p.add_argument("--validate-episodes", type=int, default=VALIDATION_EPISODES, metavar="K")
+    p.add_argument("--validate-from", type=int, default=None, metavar="E",
+                   help="first episode validated (default: where epsilon reaches its floor)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if args.validate_every < 0 or args.validate_episodes < 1 or (args.validate_from is not None
+                                                                  and args.validate_from < 1):
+        print("error: --validate-every must be >= 0, --validate-episodes and --validate-from >= 1", file=sys.stderr)
+        return 2
     for flag, value, ok in (("--updates-per-episode", args.updates_per_episode, lambda v: v >= 1),
                             ("--hidden", args.hidden, lambda v: v >= 1),
                             ("--eps-decay-frac", args.eps_decay_frac, lambda v: 0.0 < v <= 1.0),
@@ -252,7 +335,13 @@ def main(argv=None) -> int:
                if v is not None}
     cfg = replace(cfg, **changes)
     policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,
-                         train_usage=args.train_usage, out=args.out, progress=not args.quiet)
+                         train_usage=args.train_usage, out=args.out, progress=not args.quiet,
+                         validate_every=args.validate_every, validate_episodes=args.validate_episodes,
+                         validate_from=args.validate_from)
+    if policy.training.get("checkpoint") == "validation":
+        h = {r["episode"]: r for r in policy.training["validation"]["history"]}[policy.training["checkpoint_episode"]]
+        print(f"kept the checkpoint of episode {h['episode']}: validation PM-Hot-R {h['pm_hot_r']:.3f}, "
+              f"S-Cores {h['s_cores']:.3f}")
     last = logs[-20:]
     print(f"last 20 episodes: S-Cores {np.mean([l.s_cores for l in last]):.3f}, hot-cluster steps "
           f"{np.mean([l.hot_cluster_steps for l in last]):.2f}, lambda {logs[-1].lam:.3f}")

@@ -737,9 +737,12 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
                    "--threads 2 gives one run the two cores).")
 @click.option("--held-apart-only", is_flag=True,
               help="Test on the held-apart days (the issue's test) only, not also under the paper's protocol.")
+@click.option("--validate-every", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Ours: keep the checkpoint chosen on the validation week (the week before training), "
+                   "validated every N episodes once epsilon is at its floor; 0 keeps the last weights (the paper).")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
-                      held_apart_only, quiet) -> None:
+                      held_apart_only, validate_every, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -748,7 +751,7 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
                             cases=[c.strip() for c in cases.split(",")] if cases else None,
                             episodes=episodes, test_episodes=test_episodes, workers=workers, policies=policies,
                             alphas=_floats(alphas, "--alphas") if alphas else None, threads=threads,
-                            held_apart_only=held_apart_only, progress=not quiet)
+                            held_apart_only=held_apart_only, validate_every=validate_every, progress=not quiet)
 
 
 @experiment.command("osdec")

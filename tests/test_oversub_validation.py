@@ -1,0 +1,83 @@
+"""Checkpoint selection on the validation week (train.py `validate_every`, ours): the week is held
+apart from training and test, the rule prefers a checkpoint that meets the level, and validating
+changes nothing in the training itself."""
+import numpy as np
+import pytest
+
+from agents.oversubscription import data
+from agents.oversubscription.c2marl import C2MarlConfig
+from agents.oversubscription.data import generate_trace
+from agents.oversubscription.train import choose_checkpoint, train
+
+HAVE_DATA = (data.data_dir() / "azure-v2-2019-summary-distributions" / "cpu.txt").exists() and \
+    (data.data_dir() / "azure-v1-100vm-cpu" / "microsoft_max_100.csv.gz").exists()
+needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"Azure summary files not under {data.data_dir()}")
+
+
+def _h(episode, pm_hot_r, s_cores):
+    return {"episode": episode, "pm_hot_r": pm_hot_r, "s_cores": s_cores}
+
+
+def test_the_rule_keeps_the_most_saving_checkpoint_that_meets_the_level():
+    history = [_h(900, 0.10, 0.60), _h(1000, 0.05, 0.50), _h(1100, 0.025, 0.55), _h(1200, 0.0, 0.40)]
+    assert choose_checkpoint(history, 0.95) == 2          # 0.05 and 0.025 meet 5 %; 0.55 saves more
+    assert choose_checkpoint(history, 0.85) == 0          # all meet 15 %: the most saving one
+    assert choose_checkpoint(history, 0.99) == 3          # only 0 meets 1 %
+
+
+def test_with_no_checkpoint_at_the_level_the_fewest_breaks_win_then_the_saving_then_the_earliest():
+    history = [_h(1, 0.30, 0.70), _h(2, 0.20, 0.40), _h(3, 0.20, 0.45), _h(4, 0.20, 0.45)]
+    assert choose_checkpoint(history, 0.95) == 2
+    with pytest.raises(ValueError, match="no checkpoint"):
+        choose_checkpoint([], 0.95)
+
+
+@needs_data
+def test_the_validation_week_is_the_week_before_training_and_shares_no_day_with_test():
+    trace = generate_trace("tiny", 7)
+    T = trace.setting.episode_steps
+    start = trace.validation_start()
+    assert start == trace.train_start() - 7 * 24 and start >= 0
+    days = lambda w: {(w.meta["start_abs_hour"] + t) // 24 for t in range(T)}   # noqa: E731
+    v = trace.validation_workload(0, seed=5)
+    assert v.meta["split"] == "validation" and days(v).isdisjoint(days(trace.train_workload()))
+    for i in range(trace.n_test_blocks):
+        assert days(v).isdisjoint(days(trace.test_workload(i, seed=5)))
+    # seeded, and its own usage stream: not the training days' redraw with the same seed
+    again = trace.validation_workload(0, seed=5)
+    assert np.array_equal(v.usage, again.usage) and not np.array_equal(
+        v.usage, trace.validation_workload(0, seed=6).usage)
+    assert trace.episode("validation", 5).meta["split"] == "validation"
+
+
+@needs_data
+def test_validating_keeps_the_training_and_saves_the_chosen_and_the_last(tmp_path):
+    from agents.oversubscription.policy import OversubPolicy
+
+    cfg = C2MarlConfig(episodes=8, seed=2, updates_per_episode=3)
+    plain, logs = train("tiny", cfg, trace_seed=7, progress=False)
+    chosen, vlogs = train("tiny", cfg, trace_seed=7, progress=False, out=tmp_path / "p",
+                          validate_every=2, validate_episodes=3, validate_from=3)
+    assert [x.reward for x in vlogs] == [x.reward for x in logs] and [x.lam for x in vlogs] == [x.lam for x in logs]
+    last = OversubPolicy.load(tmp_path / "p" / "last-policy")
+    for a, b in zip(plain.net.state_dict().values(), last.net.state_dict().values()):
+        assert np.array_equal(a.numpy(), b.numpy())
+    v = chosen.training["validation"]
+    assert [r["episode"] for r in v["history"]] == [3, 5, 7, 8]            # from 3, every 2, and the end
+    assert chosen.training["checkpoint"] == "validation"
+    assert chosen.training["checkpoint_episode"] == v["history"][choose_checkpoint(v["history"], cfg.alpha)]["episode"]
+    assert last.training["checkpoint"] == "last" and last.training["checkpoint_episode"] == 8
+    saved = OversubPolicy.load(tmp_path / "p")
+    assert saved.training["checkpoint_episode"] == chosen.training["checkpoint_episode"]
+    rows = (tmp_path / "p" / "validation.csv").read_text().splitlines()
+    assert rows[0].startswith("episode,pm_hot_r") and len(rows) == 5
+    with pytest.raises(ValueError, match="validate_every"):
+        train("tiny", cfg, trace_seed=7, progress=False, validate_every=-1)
+
+
+@needs_data
+def test_the_cli_refuses_bad_validation_flags(capsys):
+    from agents.oversubscription.train import main
+
+    assert main(["--setting", "tiny", "--episodes", "2", "--validate-every", "-1"]) == 2
+    assert "--validate-every" in capsys.readouterr().err
