@@ -179,9 +179,10 @@ def choose_checkpoint(history: list[dict], alpha: float) -> int:
 def _write_rows(rows: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+        if rows:        # an empty log leaves an empty file
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
 
 
 def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: np.ndarray | None = None):
@@ -249,14 +250,7 @@ def constraint_bound(setting: Setting, cfg: C2MarlConfig) -> float:
 
 
 def write_log(logs: list[EpisodeLog], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(asdict(logs[0]))) if logs else None
-        if w is None:
-            return
-        w.writeheader()
-        for log in logs:
-            w.writerow(asdict(log))
+    _write_rows([asdict(log) for log in logs], path)
 
 
 def evaluate_policy(rates_fn, setting: Setting, workloads, warm: bool = False) -> dict:
