@@ -69,6 +69,11 @@ def test_validating_keeps_the_training_and_saves_the_chosen_and_the_last(tmp_pat
     assert last.training["checkpoint"] == "last" and last.training["checkpoint_episode"] == 8
     saved = OversubPolicy.load(tmp_path / "p")
     assert saved.training["checkpoint_episode"] == chosen.training["checkpoint_episode"]
+    assert sorted(d.name for d in (tmp_path / "p" / "checkpoints").iterdir()) == [
+        "episode-3", "episode-5", "episode-7", "episode-8"]
+    kept = OversubPolicy.load(tmp_path / "p" / "checkpoints" / f"episode-{chosen.training['checkpoint_episode']}")
+    for a, b in zip(chosen.net.state_dict().values(), kept.net.state_dict().values()):
+        assert np.array_equal(a.numpy(), b.numpy())
     rows = (tmp_path / "p" / "validation.csv").read_text().splitlines()
     assert rows[0].startswith("episode,pm_hot_r") and len(rows) == 5
     with pytest.raises(ValueError, match="validate_every"):

@@ -59,7 +59,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     end, the greedy policy is rolled out on `validate_episodes` episodes of the validation week
     (`Trace.validation_workload`: the week before training, never a test week) and the checkpoint
     `choose_checkpoint` prefers is returned and saved to `out`; the last weights go to
-    `out/last-policy`. The roll-outs draw nothing from the training's random streams, so the last
+    `out/last-policy`, every validated checkpoint to `out/checkpoints/episode-E`. The roll-outs draw nothing from the training's random streams, so the last
     weights are those of the same run without validation."""
     setting = get_setting(setting)
     cfg = cfg or C2MarlConfig()
@@ -136,6 +136,10 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             validation.append(row)
             if choose_checkpoint(validation, cfg.alpha) == len(validation) - 1:
                 chosen = candidate
+            if out is not None:     # every validated checkpoint, to test or re-choose afterwards
+                candidate.training = {**training, "seconds": time.perf_counter() - start, "checkpoint": "episode",
+                                      "checkpoint_episode": done}
+                candidate.save(Path(out) / "checkpoints" / f"episode-{done}")
             if writer is not None:
                 for k in ("pm_hot_r", "s_cores"):
                     writer.add_scalar(f"validation/{k}", row[k], ep)
