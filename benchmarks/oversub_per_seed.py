@@ -6,7 +6,9 @@ runs made before, or a seed trained later) without the baselines' half hour.
     .venv/bin/python benchmarks/oversub_per_seed.py --policies DIR --case internal-warm --alpha 0.95 --seeds 1,2,3
 
 The policies are found and checked as `--policies` does (`load_run_policy`); each one is tested on
-the experiment's held-apart episodes (the same seeds, drawn one at a time).
+the experiment's held-apart episodes (the same seeds, drawn one at a time). With `--checkpoints`, every
+checkpoint a `--validate-every` run saved (`checkpoints/episode-E`) is tested too, beside its
+validation-week figures: how well the validation week predicts the test weeks.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--test-episodes", type=int, default=300)
     p.add_argument("--trace-seed", type=int, default=0)
+    p.add_argument("--checkpoints", action="store_true",
+                   help="also test every validated checkpoint under each policy's checkpoints/ folder")
     args = p.parse_args(argv)
     case = cases[args.case]
     root = Path(args.policies)
@@ -41,12 +45,23 @@ def main(argv=None) -> int:
     trace = generate_trace(setting, args.trace_seed)
     specs = test_specs(trace, args.test_episodes, case.warm)
     for seed in (int(s) for s in args.seeds.split(",")):
-        policy, seconds = load_run_policy(root / policy_name(case, args.alpha, seed), case, args.alpha, seed,
-                                          args.trace_seed)
-        m = evaluate_policy(policy.rates, setting, held_apart_episodes(trace, specs, case.warm), warm=case.warm)
-        print(json.dumps({"case": case.key, "alpha": args.alpha, "seed": seed, "pm_hot_r": round(m["pm_hot_r"], 4),
-                          "s_cores": round(m["s_cores"], 4), "satisfied": m["satisfied"],
-                          "train_seconds": round(seconds)}), flush=True)
+        saved = root / policy_name(case, args.alpha, seed)
+        policy, seconds = load_run_policy(saved, case, args.alpha, seed, args.trace_seed)
+        kept = policy.training.get("checkpoint_episode", policy.training.get("episodes"))
+        validated = {h["episode"]: h for h in policy.training.get("validation", {}).get("history", [])}
+        tested = [(kept, policy, seconds)]
+        if args.checkpoints and (saved / "checkpoints").is_dir():
+            for d in sorted((saved / "checkpoints").iterdir(), key=lambda d: int(d.name.split("-")[-1])):
+                cp, cp_seconds = load_run_policy(d, case, args.alpha, seed, args.trace_seed)
+                tested.append((cp.training["checkpoint_episode"], cp, cp_seconds))
+        for i, (episode, pol, secs) in enumerate(tested):
+            m = evaluate_policy(pol.rates, setting, held_apart_episodes(trace, specs, case.warm), warm=case.warm)
+            row = {"case": case.key, "alpha": args.alpha, "seed": seed, "episode": episode, "kept": i == 0,
+                   "pm_hot_r": round(m["pm_hot_r"], 4), "s_cores": round(m["s_cores"], 4),
+                   "satisfied": m["satisfied"], "train_seconds": round(secs)}
+            if episode in validated:
+                row["validation"] = {k: round(validated[episode][k], 4) for k in ("pm_hot_r", "s_cores")}
+            print(json.dumps(row), flush=True)
     return 0
 
 

@@ -86,3 +86,28 @@ def test_the_cli_refuses_bad_validation_flags(capsys):
 
     assert main(["--setting", "tiny", "--episodes", "2", "--validate-every", "-1"]) == 2
     assert "--validate-every" in capsys.readouterr().err
+
+
+@needs_data
+def test_the_per_seed_benchmark_tests_each_saved_checkpoint_beside_its_validation(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from agents.oversubscription.train import main
+
+    spec = importlib.util.spec_from_file_location(
+        "oversub_per_seed", Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_per_seed.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = tmp_path / "tiny-cold-a0.95-s1"
+    assert main(["--setting", "tiny", "--episodes", "6", "--seed", "1", "--updates-per-episode", "2", "--quiet",
+                 "--trace-seed", "0", "--validate-every", "2", "--validate-episodes", "2", "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert mod.main(["--policies", str(tmp_path), "--case", "tiny-cold", "--seeds", "1", "--test-episodes", "2",
+                     "--checkpoints"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["episode"] for r in rows[1:]] == [3, 5, 6] and rows[0]["kept"] and not any(r["kept"] for r in rows[1:])
+    kept = next(r for r in rows[1:] if r["episode"] == rows[0]["episode"])
+    assert (kept["pm_hot_r"], kept["s_cores"]) == (rows[0]["pm_hot_r"], rows[0]["s_cores"])   # the same weights
+    assert all("validation" in r for r in rows)
