@@ -537,7 +537,7 @@ class Trace:
         """Validation block `index` (the week before training), usage redrawn as the test's (its own
         stream). That week is the log's second, so a warm start there finds a week of running VMs
         where week 1 finds two: its requested cores are lighter (internal, trace seed 0: 0.89x
-        the training block's warm, 0.91x cold), yet the trained agents break PMs there at least as
+        the training block's warm, 0.91x cold), yet the trained agents break PMs there about as
         often as on the test weeks (measured, docs/oversubscription.md)."""
         b = int(index) % len(self.blocks()[0])
         return self._redrawn(self.validation_start(index), seed, warm, 3, f"{self.setting.name}-validation{b}",

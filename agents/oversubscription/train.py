@@ -36,7 +36,7 @@ from .settings import RATES, SETTINGS, Setting, get_setting
 from .sim import OversubSim, run_episode
 
 
-VALIDATION_EPISODES = 40       # ours: 2.5 % steps of PM-Hot-R, about 30 s per checkpoint (internal-like)
+VALIDATION_EPISODES = 40       # ours: 2.5 % steps of PM-Hot-R, 11-15 s per checkpoint (internal-like, measured)
 VALIDATION_SEED0 = 90_000      # ours: usage seeds of the validation episodes (the test's start at 50,000)
 
 
@@ -59,8 +59,9 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     end, the greedy policy is rolled out on `validate_episodes` episodes of the validation week
     (`Trace.validation_workload`: the week before training, never a test week) and the checkpoint
     `choose_checkpoint` prefers is returned and saved to `out`; the last weights go to
-    `out/last-policy`, every validated checkpoint to `out/checkpoints/episode-E`. The roll-outs draw nothing from the training's random streams, so the last
-    weights are those of the same run without validation."""
+    `out/last-policy`, every validated checkpoint to `out/checkpoints/episode-E`. The roll-outs draw
+    nothing from the training's random streams, so the last weights are those of the same run
+    without validation."""
     setting = get_setting(setting)
     cfg = cfg or C2MarlConfig()
     torch.set_num_threads(max(1, cfg.torch_threads))
@@ -129,7 +130,8 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             candidate = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features,
                                       shield=copy.deepcopy(shield))
             t0 = time.perf_counter()
-            m = evaluate_policy(candidate.rates, setting, validation_episodes(trace, validate_episodes, warm), warm=warm)
+            m = evaluate_policy(candidate.rates, setting, validation_episodes(trace, validate_episodes, warm),
+                                warm=warm)
             row = {"episode": done, "pm_hot_r": m["pm_hot_r"], "c_hot_r": m["c_hot_r"], "s_cores": m["s_cores"],
                    "satisfied": satisfied(m["pm_hot_r"], cfg.alpha), "lam": agent.lam,
                    "seconds": round(time.perf_counter() - t0, 2)}
