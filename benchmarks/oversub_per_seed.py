@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv=None) -> int:
     from agents.oversubscription.data import generate_trace
-    from agents.oversubscription.experiment import (FULL_CASES, QUICK_CASES, held_apart_episodes, load_run_policy,
-                                                    policy_name, test_specs)
+    from agents.oversubscription.experiment import (FULL_CASES, QUICK_CASES, held_apart_episodes, kept_episode,
+                                                    load_run_policy, policy_name, test_specs)
     from agents.oversubscription.settings import get_setting
     from agents.oversubscription.train import evaluate_policy
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     for seed in (int(s) for s in args.seeds.split(",")):
         saved = root / policy_name(case, args.alpha, seed)
         policy, seconds = load_run_policy(saved, case, args.alpha, seed, args.trace_seed)
-        kept = policy.training.get("checkpoint_episode", policy.training.get("episodes"))
+        kept = kept_episode(policy)
         validated = {h["episode"]: h for h in policy.training.get("validation", {}).get("history", [])}
         tested = [(kept, policy, seconds)]
         if args.checkpoints and (saved / "checkpoints").is_dir():

@@ -120,9 +120,15 @@ def _train_one(args) -> dict:
     curve = None if logs is None else {
         "hot_cluster_steps": [l.hot_cluster_steps for l in logs], "s_cores": [l.s_cores for l in logs],
         "lam": [l.lam for l in logs], "reward": [l.reward for l in logs]}
-    t = policy.training or {}    # policies saved before checkpoints were chosen kept their last weights
     return {"case": case.key, "alpha": alpha, "seed": seed, "metrics": metrics, "train_seconds": seconds,
-            "curve": curve, "policy": policy, "checkpoint_episode": t.get("checkpoint_episode", t.get("episodes"))}
+            "curve": curve, "policy": policy, "checkpoint_episode": kept_episode(policy)}
+
+
+def kept_episode(policy) -> int | None:
+    """The training episode whose weights a saved policy holds (policies saved before checkpoints were
+    chosen on the validation week kept their last weights)."""
+    t = policy.training or {}
+    return t.get("checkpoint_episode", t.get("episodes"))
 
 
 def policy_name(case: Case, alpha: float, seed: int) -> str:
