@@ -111,3 +111,45 @@ def test_the_per_seed_benchmark_tests_each_saved_checkpoint_beside_its_validatio
     kept = next(r for r in rows[1:] if r["episode"] == rows[0]["episode"])
     assert (kept["pm_hot_r"], kept["s_cores"]) == (rows[0]["pm_hot_r"], rows[0]["s_cores"])   # the same weights
     assert all("validation" in r for r in rows)
+
+
+@needs_data
+def test_the_validation_size_benchmark_replays_the_trainings_choice_on_its_first_episodes(tmp_path, capsys):
+    """The benchmark's first K validation episodes are the training's own, so with K = the training's
+    count it reproduces the validation figures and the kept checkpoint; more episodes extend them."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from agents.oversubscription.policy import OversubPolicy
+    from agents.oversubscription.train import main
+
+    spec = importlib.util.spec_from_file_location(
+        "oversub_validation_size", Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_validation_size.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = tmp_path / "run"
+    assert main(["--setting", "tiny", "--episodes", "6", "--seed", "1", "--updates-per-episode", "2", "--quiet",
+                 "--trace-seed", "0", "--validate-every", "2", "--validate-episodes", "2", "--out", str(run)]) == 0
+    capsys.readouterr()
+    args = ["--runs", str(run), "--cache", str(tmp_path / "cache"), "--validation-episodes", "3",
+            "--test-episodes", "2", "--sizes", "2,3"]
+    assert mod.main(args) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    rows = [x["checkpoint"] for x in lines if "checkpoint" in x]
+    choices = {x["choice"]["validation_episodes"]: x["choice"] for x in lines if "choice" in x}
+    kept = OversubPolicy.load(run).training
+    history = {h["episode"]: h for h in kept["validation"]["history"]}
+    assert [r["episode"] for r in rows] == [3, 5, 6]
+    for r in rows:
+        assert r["val2"] == pytest.approx([history[r["episode"]]["pm_hot_r"], history[r["episode"]]["s_cores"]])
+    assert choices[2]["kept_episode"] == kept["checkpoint_episode"]
+    assert set(choices) == {2, 3} and all(len(c["kept_test"]) == 2 for c in choices.values())
+    # a second call only reads the cache; a cache of fewer episodes than asked for is refused
+    assert mod.main(args + ["--report"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == lines
+    more = ["--runs", str(run), "--cache", str(tmp_path / "cache"), "--validation-episodes", "4", "--sizes", "4"]
+    assert mod.main(more + ["--report"]) == 2
+    assert "fewer than 4" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mod.main(more[:-1] + ["5"])         # a size above --validation-episodes

@@ -36,7 +36,8 @@ from .settings import RATES, SETTINGS, Setting, get_setting
 from .sim import OversubSim, run_episode
 
 
-VALIDATION_EPISODES = 40       # ours: 2.5 % steps of PM-Hot-R, 11-15 s per checkpoint (internal-like, measured)
+VALIDATION_EPISODES = 40       # ours: 2.5 % steps of PM-Hot-R, 11-15 s per checkpoint (internal-like, measured);
+                               # 160 ranked the checkpoints no better (docs/oversubscription.md, session 52)
 VALIDATION_SEED0 = 90_000      # ours: usage seeds of the validation episodes (the test's start at 50,000)
 
 
