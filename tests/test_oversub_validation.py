@@ -88,22 +88,32 @@ def test_the_cli_refuses_bad_validation_flags(capsys):
     assert "--validate-every" in capsys.readouterr().err
 
 
-@needs_data
-def test_the_per_seed_benchmark_tests_each_saved_checkpoint_beside_its_validation(tmp_path, capsys):
+def _benchmark(name: str):
+    """A script of benchmarks/ as a module."""
     import importlib.util
-    import json
     from pathlib import Path
 
-    from agents.oversubscription.train import main
-
-    spec = importlib.util.spec_from_file_location(
-        "oversub_per_seed", Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_per_seed.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    run = tmp_path / "tiny-cold-a0.95-s1"
+    return mod
+
+
+def _tiny_validated_run(run, capsys) -> None:
+    """Six tiny episodes, validated on two episodes at 3, 5 and 6, checkpoints saved under run."""
+    from agents.oversubscription.train import main
+
     assert main(["--setting", "tiny", "--episodes", "6", "--seed", "1", "--updates-per-episode", "2", "--quiet",
                  "--trace-seed", "0", "--validate-every", "2", "--validate-episodes", "2", "--out", str(run)]) == 0
     capsys.readouterr()
+
+
+@needs_data
+def test_the_per_seed_benchmark_tests_each_saved_checkpoint_beside_its_validation(tmp_path, capsys):
+    import json
+
+    mod = _benchmark("oversub_per_seed")
+    _tiny_validated_run(tmp_path / "tiny-cold-a0.95-s1", capsys)
     assert mod.main(["--policies", str(tmp_path), "--case", "tiny-cold", "--seeds", "1", "--test-episodes", "2",
                      "--checkpoints"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -117,21 +127,13 @@ def test_the_per_seed_benchmark_tests_each_saved_checkpoint_beside_its_validatio
 def test_the_validation_size_benchmark_replays_the_trainings_choice_on_its_first_episodes(tmp_path, capsys):
     """The benchmark's first K validation episodes are the training's own, so with K = the training's
     count it reproduces the validation figures and the kept checkpoint; more episodes extend them."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     from agents.oversubscription.policy import OversubPolicy
-    from agents.oversubscription.train import main
 
-    spec = importlib.util.spec_from_file_location(
-        "oversub_validation_size", Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_validation_size.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark("oversub_validation_size")
     run = tmp_path / "run"
-    assert main(["--setting", "tiny", "--episodes", "6", "--seed", "1", "--updates-per-episode", "2", "--quiet",
-                 "--trace-seed", "0", "--validate-every", "2", "--validate-episodes", "2", "--out", str(run)]) == 0
-    capsys.readouterr()
+    _tiny_validated_run(run, capsys)
     args = ["--runs", str(run), "--cache", str(tmp_path / "cache"), "--validation-episodes", "3",
             "--test-episodes", "2", "--sizes", "2,3"]
     assert mod.main(args) == 0
