@@ -309,7 +309,9 @@ def main(argv=None) -> int:
                    help="ours: from --validate-from on, every N episodes and at the end, roll the greedy policy "
                         "out on the validation week (the week before training, never a test week) and keep the "
                         "checkpoint that meets alpha's level there and saves most (else breaks fewest PMs); "
-                        "--out gets it, --out/last-policy the last weights; 0 = keep the last (the paper)")
+                        "--out gets it, --out/last-policy the last weights; 0 = keep the last (the paper). Measured on "
+                        "the internal-like setting: that week ranks checkpoints no better than chance "
+                        "(docs/oversubscription.md)")
     p.add_argument("--validate-episodes", type=int, default=VALIDATION_EPISODES, metavar="K")
     p.add_argument("--validate-from", type=int, default=None, metavar="E",
                    help="first episode validated (default: where epsilon reaches its floor)")

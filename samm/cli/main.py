@@ -739,7 +739,9 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
               help="Test on the held-apart days (the issue's test) only, not also under the paper's protocol.")
 @click.option("--validate-every", type=click.IntRange(min=0), default=0, show_default=True,
               help="Ours: keep the checkpoint chosen on the validation week (the week before training), "
-                   "validated every N episodes once epsilon is at its floor; 0 keeps the last weights (the paper).")
+                   "validated every N episodes once epsilon is at its floor; 0 keeps the last weights (the paper). "
+                   "Measured on the internal-like setting: the week ranks checkpoints no better than chance "
+                   "(docs/oversubscription.md).")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
                       held_apart_only, validate_every, quiet) -> None:
