@@ -107,13 +107,18 @@ def main(argv=None) -> int:
                 t_over, t_saved = _outcomes(policy, setting, held_apart_episodes(trace, specs, warm), warm,
                                             args.test_episodes, f"{f.stem} test")
                 np.savez_compressed(f, v_over=v_over, v_saved=v_saved, t_over=t_over, t_saved=t_saved,
-                                    alpha=t["config"]["alpha"])
+                                    alpha=t["config"]["alpha"], checkpoint=str(d.resolve()))
             z = np.load(f)
             row = {"run": run.name, "episode": int(d.name.split("-")[-1]), "alpha": float(z["alpha"])}
-            if len(z["v_saved"]) < max(sizes):
-                print(f"error: {f} holds {len(z['v_saved'])} validation episodes, fewer than {max(sizes)}",
+            if str(z["checkpoint"]) != str(d.resolve()):     # two runs of one folder name share a cache name
+                print(f"error: {f} was measured for {z['checkpoint']}, not {d.resolve()}; use another --cache",
                       file=sys.stderr)
                 return 2
+            for kind, have, want in (("validation", len(z["v_saved"]), max(sizes)),
+                                     ("test", len(z["t_saved"]), args.test_episodes)):
+                if have < want:
+                    print(f"error: {f} holds {have} {kind} episodes, fewer than {want}", file=sys.stderr)
+                    return 2
             for k in sizes:
                 row[f"val{k}"] = _figures(z["v_over"][:k], z["v_saved"][:k])
             row["test"] = _figures(z["t_over"][:args.test_episodes], z["t_saved"][:args.test_episodes])

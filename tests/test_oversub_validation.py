@@ -153,5 +153,12 @@ def test_the_validation_size_benchmark_replays_the_trainings_choice_on_its_first
     more = ["--runs", str(run), "--cache", str(tmp_path / "cache"), "--validation-episodes", "4", "--sizes", "4"]
     assert mod.main(more + ["--report"]) == 2
     assert "fewer than 4" in capsys.readouterr().err
+    assert mod.main(args[:-2] + ["--test-episodes", "3", "--sizes", "2", "--report"]) == 2
+    assert "2 test episodes, fewer than 3" in capsys.readouterr().err
+    other = tmp_path / "elsewhere" / "run"          # another run of the same folder name
+    (other / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "episode-3").rename(other / "checkpoints" / "episode-3")
+    assert mod.main(["--runs", str(other)] + args[2:] + ["--report"]) == 2
+    assert "use another --cache" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         mod.main(more[:-1] + ["5"])         # a size above --validation-episodes
