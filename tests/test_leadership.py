@@ -144,3 +144,26 @@ def test_default_lease_outlasts_a_short_pause():
     from samm.daemon.leadership import MIN_DEFAULT_TTL_S, default_lease_ttl
     assert default_lease_ttl(0.2) == MIN_DEFAULT_TTL_S >= 1.0
     assert default_lease_ttl(60.0) == 45.0
+
+
+def test_a_stop_keeps_the_lease_until_the_iteration_under_way_has_written(tmp_path):
+    """SIGTERM while an iteration runs: the scheduler lets that iteration finish, so the lease must
+    be renewed until it has, or a slow iteration's write meets a lapsed lease and a clean stop exits
+    as a deposed leader (CI saw exit 3 from the testbed's restarted daemon)."""
+    url = f"sqlite:///{tmp_path}/k.db"
+    ttl = 0.3
+    runner = DaemonRunner(build_daemon(_config(url, lease_ttl_s=ttl)), max_iterations=50)
+    loop = runner.loops[0]
+    run_once = loop.run_once
+
+    def slow_iteration_stopped_midway():
+        runner.stop_event.set()         # what the SIGTERM handler does
+        time.sleep(4 * ttl)             # longer than the lease: only renewal keeps it
+        return run_once()
+
+    loop.run_once = slow_iteration_stopped_midway
+    assert runner.run(install_signals=False) == 0
+    assert not runner.lost_leadership and len(runner.reports) == 1
+    with KnowledgeStore(url) as store:
+        assert store.counts()["decisions"] == 1
+        assert store.lease("daemon").expires_at < time.time()       # released on the clean stop

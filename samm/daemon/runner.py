@@ -52,6 +52,9 @@ class DaemonRunner:
         ttl = ha.lease_ttl_s or default_lease_ttl(min(lp.config.timing.interval_s for lp in self.loops))
         self.leadership = Leadership(daemon.store, ttl, ha=ha.enabled, holder=ha.holder or "")
         self.lost_leadership = False
+        # set once no iteration can run any more: a stop request lets the iteration under way
+        # finish (and write), so the lease is kept until then, not until the request
+        self.lease_done = threading.Event()
 
     # runs in the scheduler's worker thread
     def _iterate(self, loop=None) -> None:
@@ -93,12 +96,13 @@ class DaemonRunner:
         log.error("lost the leader lease, stepping down: %s", why)
         self.lost_leadership = True
         self.leadership.forget()
+        self.lease_done.set()
         self.stop_event.set()
 
     def _keep_lease(self) -> None:
         lead = self.leadership
         last_ok = time.monotonic()
-        while not self.stop_event.wait(lead.ttl_s / 3):
+        while not self.lease_done.wait(lead.ttl_s / 3):
             try:
                 if lead.renew():
                     last_ok = time.monotonic()
@@ -159,7 +163,8 @@ class DaemonRunner:
             return 0 if self.leadership.ha else ANOTHER_LEADER
         log.info("leading as %s (lease token %d, ttl %.3g s)", self.leadership.holder,
                  self.leadership.current.token, self.leadership.ttl_s)
-        threading.Thread(target=self._keep_lease, name="samm-lease", daemon=True).start()
+        keeper = threading.Thread(target=self._keep_lease, name="samm-lease", daemon=True)
+        keeper.start()
         for loop in self.loops:
             for note in loop.recover():
                 log.warning("loop %s recovered: %s", loop.name, note)
@@ -187,6 +192,8 @@ class DaemonRunner:
         finally:
             sdnotify.stopping()
             sched.shutdown(wait=True)  # lets a running iteration finish
+            self.lease_done.set()
+            keeper.join(self.leadership.ttl_s)  # a renewal under way must not re-extend a released lease
             if not self.lost_leadership:
                 self.leadership.release()  # a standby takes over at once
             self.daemon.close()
