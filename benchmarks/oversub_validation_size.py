@@ -31,11 +31,11 @@ def _outcomes(policy, setting, workloads, warm: bool, total: int, desc: str) -> 
     """Per episode: which PMs broke (hot on delta or more steps) and the episode's S-Cores."""
     from tqdm import tqdm
 
-    from agents.oversubscription.sim import OversubSim, run_episode
+    from agents.oversubscription.train import roll_out
 
     over, saved = [], []
-    for w in tqdm(workloads, total=total, desc=desc, unit="ep", file=sys.stderr, mininterval=2.0):
-        rec = run_episode(OversubSim(setting, w, warm_start=warm), policy.rates)
+    bar = tqdm(workloads, total=total, desc=desc, unit="ep", file=sys.stderr, mininterval=2.0)
+    for rec in roll_out(policy.rates, setting, bar, warm):
         over.append(rec.hot_counts >= setting.delta_steps)
         saved.append(rec.s_cores)
     return np.stack(over), np.asarray(saved, dtype=float)

@@ -260,13 +260,15 @@ def write_log(logs: list[EpisodeLog], path: Path) -> None:
     _write_rows([asdict(log) for log in logs], path)
 
 
+def roll_out(rates_fn, setting: Setting, workloads, warm: bool = False):
+    """Greedy roll-outs of `rates_fn(view) -> [N]`, one EpisodeRecord per workload, as they run."""
+    for w in workloads:
+        yield run_episode(OversubSim(setting, w, warm_start=warm), rates_fn)
+
+
 def evaluate_policy(rates_fn, setting: Setting, workloads, warm: bool = False) -> dict:
     """Greedy roll-outs of `rates_fn(view) -> [N]` over `workloads`; the paper's metrics."""
-    records = []
-    for w in workloads:
-        sim = OversubSim(setting, w, warm_start=warm)
-        records.append(run_episode(sim, rates_fn))
-    return summarise(records, setting.delta_steps)
+    return summarise(list(roll_out(rates_fn, setting, workloads, warm)), setting.delta_steps)
 
 
 def main(argv=None) -> int:
