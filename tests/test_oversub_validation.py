@@ -162,3 +162,98 @@ def test_the_validation_size_benchmark_replays_the_trainings_choice_on_its_first
     assert "use another --cache" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         mod.main(more[:-1] + ["5"])         # a size above --validation-episodes
+
+
+def test_an_ensemble_votes_the_median_rate_or_maximises_the_mean_q_or_takes_the_safest_rate():
+    import torch
+
+    from agents.oversubscription.network import vote
+
+    # three members, two agents, actions = indices of ascending rates
+    q = torch.tensor([[[3.0, 2.9, 0.0], [0.0, 0.0, 1.0]],       # member 0 prefers 0 then 2
+                      [[0.0, 1.0, 0.5], [5.0, 0.0, 0.0]],       # member 1 prefers 1 then 0
+                      [[0.0, 0.0, 0.1], [0.0, 0.2, 0.0]]])      # member 2 prefers 2 then 1
+    assert vote(q, "median").tolist() == [1, 1]
+    assert vote(q, "max").tolist() == [2, 2]
+    assert vote(q, "mean-q").tolist() == [1, 0]      # mean Q: 1.0/1.3/0.2 and 1.67/0.07/0.33
+    assert vote(q[:2], "median").tolist() == [0, 0]   # even K: the lower median
+    assert vote(q[:1], "mean-q").tolist() == vote(q[:1], "median").tolist() == vote(q[:1], "max").tolist() == [0, 2]
+    with pytest.raises(ValueError, match="vote must be"):
+        vote(q, "min")
+
+
+@needs_data
+def test_the_ensemble_benchmark_of_one_checkpoint_is_the_last_weights(tmp_path, capsys):
+    import json
+
+    mod = _benchmark("oversub_snapshot_ensemble")
+    run = tmp_path / "run"
+    _tiny_validated_run(run, capsys)
+    assert mod.main(["--runs", str(run), "--last", "1", "--test-episodes", "2"]) == 0
+    rows = {r["how"]: r for r in (json.loads(line) for line in capsys.readouterr().out.splitlines())}
+    assert set(rows) == {"last", "mean-q", "median", "max"} and rows["mean-q"]["members"] == [6]
+    for how in ("mean-q", "median", "max"):
+        assert (rows[how]["pm_hot_r"], rows[how]["s_cores"]) == (rows["last"]["pm_hot_r"], rows["last"]["s_cores"])
+        assert rows[how]["s_cores_vs_last"] == 1.0
+    assert mod.main(["--runs", str(run), "--last", "3", "--how", "max", "--test-episodes", "2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["how"] for r in rows] == ["last", "max"] and rows[1]["members"] == [3, 5, 6]
+    assert mod.main(["--runs", str(run), "--last", "4", "--test-episodes", "2"]) == 2
+    assert "fewer than --last 4" in capsys.readouterr().err
+
+
+@needs_data
+def test_an_ensemble_run_keeps_its_last_snapshots_voting_and_trains_as_without(tmp_path, capsys):
+    import torch
+
+    from agents.oversubscription.network import C2MarlEnsemble
+    from agents.oversubscription.policy import OversubPolicy
+    from agents.oversubscription.train import main
+
+    tiny = ["--setting", "tiny", "--episodes", "6", "--seed", "1", "--updates-per-episode", "2", "--quiet",
+            "--trace-seed", "0"]
+    assert main(tiny + ["--out", str(tmp_path / "plain")]) == 0
+    assert main(tiny + ["--ensemble", "3", "--ensemble-every", "2", "--ensemble-vote", "max",
+                        "--out", str(tmp_path / "ens")]) == 0
+    assert "episodes 2, 4, 6" in capsys.readouterr().out
+    plain, last = OversubPolicy.load(tmp_path / "plain"), OversubPolicy.load(tmp_path / "ens" / "last-policy")
+    ens = OversubPolicy.load(tmp_path / "ens")
+    assert isinstance(ens.net, C2MarlEnsemble) and len(ens.net.members) == 3 and ens.net.how == "max"
+    assert ens.training["checkpoint"] == "ensemble" and ens.training["ensemble"]["episodes"] == [2, 4, 6]
+    weights = lambda net: torch.cat([p.flatten() for p in net.parameters()])  # noqa: E731
+    assert torch.equal(weights(plain.net), weights(last.net))          # snapshots change nothing in training
+    assert torch.equal(weights(ens.net.members[-1]), weights(last.net))
+    assert not torch.equal(weights(ens.net.members[0]), weights(last.net))
+    # the safest-rate vote never reserves less than the last weights alone, observation by observation
+    obs = np.random.default_rng(0).uniform(0, 2, (64, ens.observation_space.shape[0])).astype(np.float32)
+    for o in obs:
+        assert (ens.action_indices(o) >= last.action_indices(o)).all()
+        assert ens.decide(o)[0].action == [int(a) for a in ens.action_indices(o)]
+    # a policy folder whose metadata disagrees with its weights is refused, naming the file
+    import json
+
+    meta_file = tmp_path / "ens" / "metadata.json"
+    meta = json.loads(meta_file.read_text())
+    for ensemble, match in (({"members": 2, "vote": "median"}, "weights do not fit"),
+                            ({"members": 3, "vote": "min"}, "vote must be"),
+                            ({"members": 0, "vote": "median"}, "members 0 < 1")):
+        meta_file.write_text(json.dumps({**meta, "ensemble": ensemble}))
+        with pytest.raises(ValueError, match=match):
+            OversubPolicy.load(tmp_path / "ens")
+    assert main(tiny + ["--ensemble", "4", "--ensemble-every", "2"]) == 2       # a member before episode 1
+    assert "needs more than 6 episodes" in capsys.readouterr().err
+
+
+def test_an_ensemble_needs_its_snapshots_inside_the_run_and_excludes_validation(capsys):
+    from agents.oversubscription.train import ensemble_episodes, main
+
+    assert ensemble_episodes(1800, 5, 100) == {1400, 1500, 1600, 1700, 1800}
+    assert ensemble_episodes(10, 0, 100) == set()
+    with pytest.raises(ValueError, match="more than 300 episodes"):
+        ensemble_episodes(300, 4, 100)
+    with pytest.raises(ValueError, match="vote one of"):
+        ensemble_episodes(300, 2, 100, "min")
+    assert main(["--setting", "tiny", "--episodes", "2", "--ensemble", "2", "--validate-every", "1"]) == 2
+    assert "exclusive" in capsys.readouterr().err
+    assert main(["--setting", "tiny", "--episodes", "2", "--ensemble", "-1"]) == 2
+    assert "--ensemble out of range" in capsys.readouterr().err

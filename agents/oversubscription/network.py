@@ -6,6 +6,10 @@ agent-major ([N, B, .]) between layers, so torch.bmm needs no permuted copy at e
 machine it gives the einsum over [B, N, .] of earlier versions bit for bit (the same trained weights),
 and a test checks it against that definition.
 Sizes are not given by the paper (Table 4 gives only ReLU and Adam): two hidden layers of 64, ours.
+
+`C2MarlEnsemble` (ours, opt-in: train.py `--ensemble K`) lets the last K snapshots of one run act
+together, each agent taking a vote over the members' greedy actions (`vote`): docs/oversubscription.md,
+"Snapshot ensembles of the last checkpoints".
 """
 from __future__ import annotations
 
@@ -71,3 +75,41 @@ class C2MarlNet(nn.Module):
         """Eq. 9: Q(s, a) = Q^c(s^c) + sum_i m^i Q^i(o^i, a^i)."""
         q = self.agent_q(obs).gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # [B, N]
         return self.cluster(obs) + (q * mask).sum(-1)
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """obs [B, obs] -> [B, N]: each agent's action on its own Q^i (decentralised execution, §5.3)."""
+        return self.agent_q(obs).argmax(-1)
+
+
+VOTES = ("median", "mean-q", "max")
+
+
+def vote(q: torch.Tensor, how: str) -> torch.Tensor:
+    """q [K, ..., A] of K members -> the action index each agent takes [...] (ours). RATES ascend, so
+    an index's order is its rate's: median is the members' median rate (the lower one for even K),
+    max the safest, mean-q the argmax of the members' mean Q^i (a snapshot ensemble)."""
+    if how == "mean-q":
+        return q.mean(0).argmax(-1)
+    greedy = q.argmax(-1)
+    if how == "median":
+        return greedy.median(0).values
+    if how == "max":
+        return greedy.max(0).values
+    raise ValueError(f"vote must be one of {VOTES}, not {how!r}")
+
+
+class C2MarlEnsemble(nn.Module):
+    """Snapshots of one run's C2MarlNet acting together by `vote`; greedy() as one net's."""
+
+    def __init__(self, members: list[C2MarlNet], how: str = "median"):
+        super().__init__()
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        if how not in VOTES:
+            raise ValueError(f"vote must be one of {VOTES}, not {how!r}")
+        self.members = nn.ModuleList(members)
+        self.how = how
+        self.hidden = members[0].hidden
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        return vote(torch.stack([m.agent_q(obs) for m in self.members]), self.how)

@@ -5,6 +5,9 @@ decentralised execution of §5.3; Q^c is a training device and is not needed to 
     policy.decide(observation_vector)  -> Decision(action=[N] rate indices)   (Policy protocol)
     policy.save(dir) / OversubPolicy.load(dir)
 
+Its network is one C2MarlNet or, from `--ensemble K` (ours), a C2MarlEnsemble of the run's last K
+snapshots voting per agent; the metadata's "ensemble" says which, and load rebuilds the same.
+
 A shielded policy (shield.py, ours) carries its N-sigma floor and the prior it starts from: `rates`
 computes the floor from the view's usage history and returns max(RATES[a], floor); its observation
 vector ends with the floor, so `decide` applies the same max (its `info["rates"]`).
@@ -23,7 +26,7 @@ from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
 from .features import observation, observation_size
-from .network import C2MarlNet
+from .network import C2MarlEnsemble, C2MarlNet
 from .baselines import rates_from_prior
 from .settings import RATES, SETTINGS, Setting
 from .shield import Shield
@@ -48,8 +51,8 @@ class OversubPolicy:
     kind = KIND
     stateful = False
 
-    def __init__(self, net: C2MarlNet, setting: Setting, training: dict | None = None, version: str | None = None,
-                 features: str = "paper", shield: Shield | None = None):
+    def __init__(self, net: C2MarlNet | C2MarlEnsemble, setting: Setting, training: dict | None = None,
+                 version: str | None = None, features: str = "paper", shield: Shield | None = None):
         self.net = net.eval()
         self.setting = setting
         self.features = features
@@ -63,8 +66,7 @@ class OversubPolicy:
 
     def action_indices(self, obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            q = self.net.agent_q(torch.as_tensor(np.asarray(obs, np.float32)).reshape(1, -1))[0]
-        return q.argmax(-1).numpy()
+            return self.net.greedy(torch.as_tensor(np.asarray(obs, np.float32)).reshape(1, -1))[0].numpy()
 
     def rates(self, view) -> np.ndarray:
         floor = None if self.shield is None else self.shield.floor_fresh(view)
@@ -87,6 +89,8 @@ class OversubPolicy:
                 "samm_version": __version__, "setting": asdict(self.setting), "rates": list(RATES),
                 "features": self.features, "hidden": self.net.hidden,
                 "shield": None if self.shield is None else self.shield.to_json(),
+                "ensemble": None if not isinstance(self.net, C2MarlEnsemble)
+                else {"members": len(self.net.members), "vote": self.net.how},
                 "observation_space": space_to_json(self.observation_space),
                 "action_space": space_to_json(self.action_space), "training": self.training}
 
@@ -104,11 +108,21 @@ class OversubPolicy:
             saved_obs = space_from_json(meta["observation_space"])
             saved_act = space_from_json(meta["action_space"])
             shield = None if meta.get("shield") is None else Shield.from_json(meta["shield"], setting.n_subscribers)
+            ensemble = meta.get("ensemble")
+            if ensemble is not None:
+                members, how = int(ensemble["members"]), str(ensemble["vote"])
+                if members < 1:
+                    raise ValueError(f"ensemble members {members} < 1")
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
         floor = shield is not None
         check_spaces(saved_obs, saved_act, *oversub_spaces(setting, features, floor), what=str(d))
-        net = C2MarlNet(setting.n_subscribers, observation_size(setting, features, floor), len(RATES), hidden)
+        shape = (setting.n_subscribers, observation_size(setting, features, floor), len(RATES), hidden)
+        try:
+            net = C2MarlNet(*shape) if ensemble is None else C2MarlEnsemble([C2MarlNet(*shape) for _ in range(members)],
+                                                                             how)
+        except ValueError as e:
+            raise ValueError(f"{d / METADATA_FILE}: {e}") from None
         load_torch_weights(d, net, WEIGHTS_FILE, METADATA_FILE)
         return cls(net, setting, meta.get("training"), meta.get("version"), features=features, shield=shield)
 

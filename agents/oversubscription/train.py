@@ -31,11 +31,13 @@ from agents.train_log import tensorboard_writer
 from .c2marl import C2Marl, C2MarlConfig, EpisodeLog, run_training_episode
 from .features import observation, observation_size, request_mask
 from .metrics import satisfied, summarise
+from .network import VOTES, C2MarlEnsemble
 from .policy import OversubPolicy
 from .settings import RATES, SETTINGS, Setting, get_setting
 from .sim import OversubSim, run_episode
 
 
+ENSEMBLE_EVERY = 100           # ours: the checkpoints of session 53's study, 100 episodes apart
 VALIDATION_EPISODES = 40       # ours: 2.5 % steps of PM-Hot-R, 11-15 s per checkpoint (internal-like, measured);
                                # 160 ranked the checkpoints no better (docs/oversubscription.md, session 52)
 VALIDATION_SEED0 = 90_000      # ours: usage seeds of the validation episodes (the test's start at 50,000)
@@ -51,7 +53,8 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
           warm: bool = False, train_usage: str = "bootstrap", out: str | Path | None = None,
           progress: bool = True, workload_fn=None, trace=None, validate_every: int = 0,
           validate_episodes: int = VALIDATION_EPISODES, validate_from: int | None = None,
-          shield_prior: np.ndarray | None = None) -> tuple[OversubPolicy, list[EpisodeLog]]:
+          shield_prior: np.ndarray | None = None, ensemble: int = 0, ensemble_every: int = ENSEMBLE_EVERY,
+          ensemble_vote: str = "median") -> tuple[OversubPolicy, list[EpisodeLog]]:
     """`shield_prior`: the shield's usage history when `workload_fn` replaces the trace (else the
     trace's training days replayed, as the baselines' prior).
 
@@ -62,12 +65,21 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     `choose_checkpoint` prefers is returned and saved to `out`; the last weights go to
     `out/last-policy`, every validated checkpoint to `out/checkpoints/episode-E`. The roll-outs draw
     nothing from the training's random streams, so the last weights are those of the same run
-    without validation."""
+    without validation.
+
+    `ensemble` = K > 0 (ours, exclusive with validation): the weights of the last episode and of every
+    `ensemble_every` episodes before it, K in all, act together as a C2MarlEnsemble voting per agent by
+    `ensemble_vote`; that policy is returned and saved to `out`, the last weights to `out/last-policy`.
+    Snapshots are copies of the net, so training is the same as without."""
     setting = get_setting(setting)
     cfg = cfg or C2MarlConfig()
     torch.set_num_threads(max(1, cfg.torch_threads))
     if validate_every < 0 or validate_episodes < 1:
         raise ValueError("validate_every must be >= 0 and validate_episodes >= 1")
+    snapshot_at = ensemble_episodes(cfg.episodes, ensemble, ensemble_every, ensemble_vote)
+    if snapshot_at and validate_every:
+        raise ValueError("ensemble and validate_every are exclusive: an ensemble keeps the last snapshots")
+    snapshots: list[tuple[int, object]] = []
     if validate_from is None:
         validate_from = max(1, int(np.ceil(cfg.eps_decay_frac * cfg.episodes)))
     if trace is None and (workload_fn is None or validate_every or (cfg.shield != "none" and shield_prior is None)):
@@ -126,6 +138,8 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             bar.update(1)
             bar.set_postfix(s_cores=f"{log.s_cores:.3f}", hot=log.hot_cluster_steps, lam=f"{agent.lam:.2f}")
         done = ep + 1
+        if done in snapshot_at:
+            snapshots.append((done, copy.deepcopy(agent.net).eval()))
         if validate_every and done >= validate_from and (
                 (done - validate_from) % validate_every == 0 or done == cfg.episodes):
             candidate = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features,
@@ -159,16 +173,32 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
                            "validation": {"every": validate_every, "episodes": validate_episodes,
                                           "from": validate_from, "seed0": VALIDATION_SEED0, "history": validation}}
         policy = chosen
+    if snapshots:
+        policy = OversubPolicy(C2MarlEnsemble([net for _, net in snapshots], ensemble_vote), setting,
+                               features=cfg.features, shield=shield,
+                               training={**training, "checkpoint": "ensemble", "checkpoint_episode": cfg.episodes,
+                                         "ensemble": {"episodes": [e for e, _ in snapshots], "vote": ensemble_vote}})
     if out is not None:
         out = Path(out)
         policy.save(out)
-        if chosen is not None:
+        if policy is not last:
             last.save(out / "last-policy")
+        if validation:
             _write_rows(validation, out / "validation.csv")
         write_log(logs, out / "train-log.csv")
     if writer is not None:
         writer.close()
     return policy, logs
+
+
+def ensemble_episodes(episodes: int, k: int, every: int, how: str = "median") -> set[int]:
+    """The episodes whose weights a K-member ensemble keeps: the last and every `every` before it."""
+    if k < 0 or every < 1 or how not in VOTES:
+        raise ValueError(f"ensemble must be >= 0, ensemble_every >= 1 and the vote one of {VOTES}")
+    if k and (k - 1) * every >= episodes:
+        raise ValueError(f"an ensemble of {k} snapshots {every} episodes apart needs more than "
+                         f"{(k - 1) * every} episodes, not {episodes}")
+    return {episodes - i * every for i in range(k)}
 
 
 def choose_checkpoint(history: list[dict], alpha: float) -> int:
@@ -317,13 +347,26 @@ def main(argv=None) -> int:
     p.add_argument("--validate-episodes", type=int, default=VALIDATION_EPISODES, metavar="K")
     p.add_argument("--validate-from", type=int, default=None, metavar="E",
                    help="first episode validated (default: where epsilon reaches its floor)")
+    p.add_argument("--ensemble", type=int, default=0, metavar="K",
+                   help="ours: the last weights and those of every --ensemble-every episodes before them, K in "
+                        "all, act together, each agent voting by --ensemble-vote; --out gets that policy, "
+                        "--out/last-policy the last weights; 0 = the last weights alone (the paper). Measured on "
+                        "six internal-like 0.95 runs in docs/oversubscription.md (snapshot ensembles)")
+    p.add_argument("--ensemble-every", type=int, default=ENSEMBLE_EVERY, metavar="N")
+    p.add_argument("--ensemble-vote", choices=VOTES, default="median",
+                   help="median: the members' median rate; mean-q: argmax of their mean Q; max: the safest rate")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.validate_every < 0 or args.validate_episodes < 1 or (args.validate_from is not None
                                                                   and args.validate_from < 1):
         print("error: --validate-every must be >= 0, --validate-episodes and --validate-from >= 1", file=sys.stderr)
         return 2
-    for flag, value, ok in (("--updates-per-episode", args.updates_per_episode, lambda v: v >= 1),
+    if args.ensemble and args.validate_every:
+        print("error: --ensemble and --validate-every are exclusive", file=sys.stderr)
+        return 2
+    for flag, value, ok in (("--ensemble", args.ensemble, lambda v: v >= 0),
+                            ("--ensemble-every", args.ensemble_every, lambda v: v >= 1),
+                            ("--updates-per-episode", args.updates_per_episode, lambda v: v >= 1),
                             ("--hidden", args.hidden, lambda v: v >= 1),
                             ("--eps-decay-frac", args.eps_decay_frac, lambda v: 0.0 < v <= 1.0),
                             ("--threads", args.threads, lambda v: v >= 1)):
@@ -339,14 +382,23 @@ def main(argv=None) -> int:
                                  ("eps_decay_frac", args.eps_decay_frac), ("torch_threads", args.threads))
                if v is not None}
     cfg = replace(cfg, **changes)
+    try:
+        ensemble_episodes(cfg.episodes, args.ensemble, args.ensemble_every, args.ensemble_vote)
+    except ValueError as e:
+        print(f"error: --ensemble: {e}", file=sys.stderr)
+        return 2
     policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,
                          train_usage=args.train_usage, out=args.out, progress=not args.quiet,
                          validate_every=args.validate_every, validate_episodes=args.validate_episodes,
-                         validate_from=args.validate_from)
+                         validate_from=args.validate_from, ensemble=args.ensemble,
+                         ensemble_every=args.ensemble_every, ensemble_vote=args.ensemble_vote)
     if policy.training.get("checkpoint") == "validation":
         h = {r["episode"]: r for r in policy.training["validation"]["history"]}[policy.training["checkpoint_episode"]]
         print(f"kept the checkpoint of episode {h['episode']}: validation PM-Hot-R {h['pm_hot_r']:.3f}, "
               f"S-Cores {h['s_cores']:.3f}")
+    if policy.training.get("checkpoint") == "ensemble":
+        e = policy.training["ensemble"]
+        print(f"kept an ensemble ({e['vote']} vote) of the weights of episodes {', '.join(map(str, e['episodes']))}")
     last = logs[-20:]
     print(f"last 20 episodes: S-Cores {np.mean([l.s_cores for l in last]):.3f}, hot-cluster steps "
           f"{np.mean([l.hot_cluster_steps for l in last]):.2f}, lambda {logs[-1].lam:.3f}")
