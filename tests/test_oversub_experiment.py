@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from agents.report import validate_summary
@@ -43,8 +44,6 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
 
     # the saved policies evaluated again without training: the same test episodes give the same rows
     import shutil
-
-    import pytest
 
     again = run(tmp_path / "again", quick=True, seeds=[1], test_episodes=3, workers=1, progress=False,
                 policies=tmp_path)
@@ -103,6 +102,24 @@ def test_experiment_keeps_the_checkpoint_chosen_on_the_validation_week(tmp_path)
     kept = summary["per_seed"]["tiny-cold"]["C2MARL-0.95"][0]["checkpoint_episode"]
     assert kept == policy.training["checkpoint_episode"] in (3, 5, 6)
     assert "weights of episode" in (tmp_path / "report.md").read_text()
+
+
+def test_experiment_acts_with_the_ensemble_of_the_last_snapshots(tmp_path):
+    from agents.oversubscription.experiment import run
+    from agents.oversubscription.network import C2MarlEnsemble
+    from agents.oversubscription.policy import OversubPolicy
+
+    summary = run(tmp_path, quick=True, seeds=[1], episodes=6, test_episodes=1, workers=1, progress=False,
+                  alphas=[0.95], held_apart_only=True, ensemble=3, ensemble_every=2)
+    policy = OversubPolicy.load(tmp_path / "policies" / "tiny-cold-a0.95-s1")
+    assert isinstance(policy.net, C2MarlEnsemble) and policy.training["ensemble"]["episodes"] == [2, 4, 6]
+    assert summary["per_seed"]["tiny-cold"]["C2MARL-0.95"][0]["ensemble"]["vote"] == "median"
+    assert "2, 4, 6 (median vote)" in (tmp_path / "report.md").read_text()
+    with pytest.raises(ValueError, match="ensemble excludes validate_every"):
+        run(tmp_path / "bad", quick=True, seeds=[1], episodes=6, workers=1, progress=False, ensemble=3,
+            validate_every=2)
+    res = CliRunner().invoke(cli, ["experiment", "c2marl", "--out", str(tmp_path / "cli"), "--ensemble", "-1"])
+    assert res.exit_code != 0 and "--ensemble" in res.output
 
 
 def test_train_verb_passes_problem_options_through(tmp_path):

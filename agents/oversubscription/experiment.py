@@ -96,12 +96,13 @@ QUICK = Budget(episodes_cold=60, episodes_warm=60, test_episodes=6, tune_episode
 
 def _train_one(args) -> dict:
     """One C2MARL training run + its evaluation under both protocols (a worker process)."""
-    case, alpha, seed, episodes, trace_seed, test_specs, n_paper, cfg_overrides, saved, validate_every = args
+    (case, alpha, seed, episodes, trace_seed, test_specs, n_paper, cfg_overrides, saved, validate_every,
+     ensemble) = args
     import torch
 
     torch.set_num_threads(1)
     from .data import generate_trace
-    from .train import evaluate_policy, train
+    from .train import ENSEMBLE_EVERY, evaluate_policy, train
 
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
@@ -110,7 +111,8 @@ def _train_one(args) -> dict:
     else:
         cfg = replace(C2MarlConfig(alpha=alpha, seed=seed, episodes=episodes), **cfg_overrides)
         t0 = time.perf_counter()
-        policy, logs = train(setting, cfg, trace=trace, warm=case.warm, progress=False, validate_every=validate_every)
+        policy, logs = train(setting, cfg, trace=trace, warm=case.warm, progress=False, validate_every=validate_every,
+                             ensemble=ensemble[0], ensemble_every=ensemble[1] or ENSEMBLE_EVERY)
         seconds = time.perf_counter() - t0
     metrics = {HELD_APART: evaluate_policy(policy.rates, setting, held_apart_episodes(trace, test_specs, case.warm),
                                            warm=case.warm)}
@@ -121,7 +123,8 @@ def _train_one(args) -> dict:
         "hot_cluster_steps": [l.hot_cluster_steps for l in logs], "s_cores": [l.s_cores for l in logs],
         "lam": [l.lam for l in logs], "reward": [l.reward for l in logs]}
     return {"case": case.key, "alpha": alpha, "seed": seed, "metrics": metrics, "train_seconds": seconds,
-            "curve": curve, "policy": policy, "checkpoint_episode": kept_episode(policy)}
+            "curve": curve, "policy": policy, "checkpoint_episode": kept_episode(policy),
+            "ensemble": (policy.training or {}).get("ensemble")}
 
 
 def kept_episode(policy) -> int | None:
@@ -184,10 +187,13 @@ def paper_protocol_episodes(trace, n: int, warm: bool) -> Iterator:
 
 def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, progress: bool = True,
              cfg_overrides: dict | None = None, keep_policies: Path | None = None,
-             saved_policies: Path | None = None, validate_every: int = 0) -> dict:
+             saved_policies: Path | None = None, validate_every: int = 0,
+             ensemble: tuple[int, int | None] = (0, None)) -> dict:
     """One case's table. With `saved_policies` (an earlier run's OUT/policies) its C2MARL policies are
     evaluated instead of trained: the test episodes can grow without training again. `validate_every`:
-    train.py's checkpoint selection on the validation week (0: the last weights, the paper)."""
+    train.py's checkpoint selection on the validation week (0: the last weights, the paper).
+    `ensemble`: (K, N) of train.py's `--ensemble K --ensemble-every N` (None: its default), the median
+    vote (K = 0: none)."""
     from .data import generate_trace
     from .tuning import tune_all
 
@@ -218,15 +224,15 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
     n_paper = budget.test_episodes if budget.paper_protocol else 0
-    jobs = [(case, a, s, episodes, trace_seed, specs, n_paper, cfg_overrides or {}, saved.get((a, s)), validate_every)
-            for a in budget.alphas for s in budget.seeds]
+    jobs = [(case, a, s, episodes, trace_seed, specs, n_paper, cfg_overrides or {}, saved.get((a, s)), validate_every,
+             ensemble) for a in budget.alphas for s in budget.seeds]
     results = map_runs(_train_one, jobs, workers, progress, desc=f"c2marl {case.key}")
     curves = {}
     for r in results:
         for protocol, metrics in r["metrics"].items():
             rows[protocol].setdefault(f"C2MARL-{r['alpha']:.2f}", []).append(
                 metrics | {"train_seconds": r["train_seconds"], "seed": r["seed"],
-                           "checkpoint_episode": r["checkpoint_episode"]})
+                           "checkpoint_episode": r["checkpoint_episode"], "ensemble": r.get("ensemble")})
         if r["curve"] is not None:
             curves.setdefault(r["alpha"], []).append(r["curve"])
         if keep_policies is not None:
@@ -264,15 +270,23 @@ def per_seed(res: dict, protocol: str = HELD_APART) -> dict[str, list[dict]]:
     """Each C2MARL row's seeds one by one: whether every seed meets its level is what the mean hides."""
     return {name: [{"seed": r["seed"], "pm_hot_r": r["pm_hot_r"], "s_cores": r["s_cores"],
                     "satisfied": r["satisfied"][name.split("-")[1]],
-                    "checkpoint_episode": r.get("checkpoint_episode")} for r in rows]
+                    "checkpoint_episode": r.get("checkpoint_episode"), "ensemble": r.get("ensemble")} for r in rows]
             for name, rows in res["rows"][protocol].items() if name.startswith("C2MARL")}
 
 
 def per_seed_table(res: dict, protocol: str = HELD_APART) -> str:
     out = [[name, r["seed"], f"{100 * r['pm_hot_r']:.1f}", f"{100 * r['s_cores']:.1f}",
-            "✓" if r["satisfied"] else "✗", "–" if r["checkpoint_episode"] is None else r["checkpoint_episode"]]
+            "✓" if r["satisfied"] else "✗", _weights(r)]
            for name, runs in per_seed(res, protocol).items() for r in sorted(runs, key=lambda r: r["seed"])]
     return markdown_table(["method", "seed", "PM-Hot-R %", "S-Cores %", "own level met", "weights of episode"], out)
+
+
+def _weights(r: dict) -> str:
+    """The per-seed table's "weights of episode": one checkpoint's episode, or an ensemble's."""
+    e = r.get("ensemble")
+    if e:
+        return f"{', '.join(map(str, e['episodes']))} ({e['vote']} vote)"
+    return "–" if r["checkpoint_episode"] is None else str(r["checkpoint_episode"])
 
 
 def best_safe_baseline(res: dict, alpha: float = 0.95, protocol: str = HELD_APART) -> tuple[str | None, float]:
@@ -322,7 +336,8 @@ def _figures(results: list[dict], out: Path) -> list[str]:
 def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Sequence[str] | None = None,
         episodes: int | None = None, test_episodes: int | None = None, workers: int = 2, progress: bool = True,
         trace_seed: int = 0, policies: str | Path | None = None, alphas: Sequence[float] | None = None,
-        threads: int = 1, held_apart_only: bool = False, validate_every: int = 0) -> dict:
+        threads: int = 1, held_apart_only: bool = False, validate_every: int = 0, ensemble: int = 0,
+        ensemble_every: int | None = None) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
     `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
@@ -342,6 +357,10 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         raise ValueError(f"threads must be at least 1, not {threads}")
     if int(validate_every) < 0:
         raise ValueError(f"validate_every must be >= 0, not {validate_every}")
+    if int(ensemble) < 0 or (ensemble_every is not None and int(ensemble_every) < 1) or (
+            int(ensemble) and int(validate_every)):
+        raise ValueError(f"ensemble must be >= 0 and ensemble_every >= 1, and ensemble excludes validate_every "
+                         f"(ensemble {ensemble}, ensemble_every {ensemble_every}, validate_every {validate_every})")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if episodes:
@@ -363,7 +382,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
             raise ValueError("--policies must name another run's directory than --out")
     overrides = {"torch_threads": int(threads)} if int(threads) != 1 else None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
-                        keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every))
+                        keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),
+                        ensemble=(int(ensemble), ensemble_every))
                for c in chosen]
     figures = _figures(results, out)
     targets, methods = [], {}

@@ -742,9 +742,15 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
                    "validated every N episodes once epsilon is at its floor; 0 keeps the last weights (the paper). "
                    "Measured on the internal-like setting: the week ranks checkpoints no better than chance "
                    "(docs/oversubscription.md).")
+@click.option("--ensemble", type=click.IntRange(min=0), default=0, show_default=True, metavar="K",
+              help="Ours: the last weights and those of every --ensemble-every episodes before them, K in all, "
+                   "act as one policy by a median vote of their rates; 0 keeps the last weights (the paper). "
+                   "Excludes --validate-every (docs/oversubscription.md, snapshot ensembles).")
+@click.option("--ensemble-every", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Episodes between the ensemble's members (default: train.py's, 100).")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
-                      held_apart_only, validate_every, quiet) -> None:
+                      held_apart_only, validate_every, ensemble, ensemble_every, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -753,7 +759,8 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
                             cases=[c.strip() for c in cases.split(",")] if cases else None,
                             episodes=episodes, test_episodes=test_episodes, workers=workers, policies=policies,
                             alphas=_floats(alphas, "--alphas") if alphas else None, threads=threads,
-                            held_apart_only=held_apart_only, validate_every=validate_every, progress=not quiet)
+                            held_apart_only=held_apart_only, validate_every=validate_every, ensemble=ensemble,
+                            ensemble_every=ensemble_every, progress=not quiet)
 
 
 @experiment.command("osdec")
