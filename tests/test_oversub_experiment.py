@@ -118,6 +118,10 @@ def test_experiment_acts_with_the_ensemble_of_the_last_snapshots(tmp_path):
     with pytest.raises(ValueError, match="ensemble excludes validate_every"):
         run(tmp_path / "bad", quick=True, seeds=[1], episodes=6, workers=1, progress=False, ensemble=3,
             validate_every=2)
+    for bad, match in (({"episodes": 6, "ensemble_every": 3}, "needs more than 6 episodes"),    # 3 members, 3 apart
+                       ({"episodes": 6, "ensemble_every": 2, "policies": tmp_path}, "--policies evaluates")):
+        with pytest.raises(ValueError, match=match):
+            run(tmp_path / "bad", quick=True, seeds=[1], workers=1, progress=False, ensemble=3, **bad)
     res = CliRunner().invoke(cli, ["experiment", "c2marl", "--out", str(tmp_path / "cli"), "--ensemble", "-1"])
     assert res.exit_code != 0 and "--ensemble" in res.output
 

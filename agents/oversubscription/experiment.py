@@ -374,6 +374,14 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         if not chosen:
             raise ValueError(f"no case among {sorted(wanted)}; choose from "
                              f"{[c.key for c in FULL_CASES + QUICK_CASES]}")
+    if int(ensemble):        # refused now, not in the training workers after the baselines' tuning
+        from .train import ENSEMBLE_EVERY, ensemble_episodes
+
+        if policies is not None:
+            raise ValueError("ensemble is how runs are trained; --policies evaluates saved policies as they are")
+        for c in chosen:
+            ensemble_episodes(budget.episodes_warm if c.warm else budget.episodes_cold, int(ensemble),
+                              int(ensemble_every or ENSEMBLE_EVERY))
     saved = None
     if policies is not None:
         saved = Path(policies)
