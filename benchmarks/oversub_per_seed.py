@@ -37,7 +37,12 @@ def main(argv=None) -> int:
     p.add_argument("--trace-seed", type=int, default=0)
     p.add_argument("--checkpoints", action="store_true",
                    help="also test every validated checkpoint under each policy's checkpoints/ folder")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: session 52 saw two beside trainings run about 10x slower)")
     args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
     case = cases[args.case]
     root = Path(args.policies)
     root = root / "policies" if (root / "policies").is_dir() else root
