@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     from agents.oversubscription.experiment import (FULL_CASES, QUICK_CASES, held_apart_episodes, kept_episode,
                                                     load_run_policy, policy_name, test_specs)
     from agents.oversubscription.settings import get_setting
-    from agents.oversubscription.train import evaluate_policy
+    from agents.oversubscription.train import evaluate_policy, saved_checkpoints
 
     cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,8 +55,8 @@ def main(argv=None) -> int:
         kept = kept_episode(policy)
         validated = {h["episode"]: h for h in policy.training.get("validation", {}).get("history", [])}
         tested = [(kept, policy, seconds)]
-        if args.checkpoints and (saved / "checkpoints").is_dir():
-            for d in sorted((saved / "checkpoints").iterdir(), key=lambda d: int(d.name.split("-")[-1])):
+        if args.checkpoints:
+            for _, d in saved_checkpoints(saved):
                 cp, cp_seconds = load_run_policy(d, case, args.alpha, seed, args.trace_seed)
                 tested.append((cp.training["checkpoint_episode"], cp, cp_seconds))
         for i, (episode, pol, secs) in enumerate(tested):

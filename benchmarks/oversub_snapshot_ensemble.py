@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     from agents.oversubscription.metrics import satisfied, summarise
     from agents.oversubscription.network import VOTES
     from agents.oversubscription.policy import OversubPolicy
-    from agents.oversubscription.train import roll_out
+    from agents.oversubscription.train import roll_out, saved_checkpoints
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", nargs="+", required=True, help="training --out folders with a checkpoints/ folder")
@@ -59,16 +59,17 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     for run in (Path(r) for r in args.runs):
-        folders = sorted((run / "checkpoints").glob("episode-*"), key=lambda d: int(d.name.split("-")[-1]))
-        if len(folders) < args.last:
-            print(f"error: {run} has {len(folders)} checkpoints/episode-E folders, fewer than --last {args.last}",
+        saved = saved_checkpoints(run)
+        if len(saved) < args.last:
+            print(f"error: {run} has {len(saved)} checkpoints/episode-E folders, fewer than --last {args.last}",
                   file=sys.stderr)
             return 2
-        members = [OversubPolicy.load(d) for d in folders[-args.last:]]
+        episodes = [e for e, _ in saved[-args.last:]]
+        members = [OversubPolicy.load(d) for _, d in saved[-args.last:]]
         last = members[-1]
         t = last.training
         if t.get("checkpoint_episode") != t.get("episodes"):
-            print(f"error: {folders[-1]} is not the run's last weights", file=sys.stderr)
+            print(f"error: {saved[-1][1]} is not the run's last weights", file=sys.stderr)
             return 2
         setting, warm, alpha = last.setting, bool(t["warm"]), float(t["config"]["alpha"])
         trace = generate_trace(setting, t["trace_seed"])
@@ -80,8 +81,8 @@ def main(argv=None) -> int:
                           setting.delta_steps)
             results[how] = m
             print(json.dumps({
-                "run": run.name, "how": how, "members": [int(d.name.split("-")[-1]) for d in folders[-args.last:]]
-                if how != "last" else [t["episodes"]], "alpha": alpha, "test_episodes": args.test_episodes,
+                "run": run.name, "how": how, "members": episodes if how != "last" else [t["episodes"]],
+                "alpha": alpha, "test_episodes": args.test_episodes,
                 "pm_hot_r": round(m["pm_hot_r"], 4), "s_cores": round(m["s_cores"], 4),
                 "satisfied": satisfied(m["pm_hot_r"], alpha),
                 "s_cores_vs_last": round(m["s_cores"] / results["last"]["s_cores"], 3)

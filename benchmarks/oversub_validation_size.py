@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from agents.oversubscription.metrics import satisfied
     from agents.oversubscription.policy import OversubPolicy
     from agents.oversubscription.settings import get_setting
-    from agents.oversubscription.train import choose_checkpoint, validation_episodes
+    from agents.oversubscription.train import choose_checkpoint, saved_checkpoints, validation_episodes
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", nargs="+", required=True, help="training --out folders with a checkpoints/ folder")
@@ -83,12 +83,12 @@ def main(argv=None) -> int:
     traces: dict = {}
     summary = []
     for run in (Path(r) for r in args.runs):
-        folders = sorted((run / "checkpoints").glob("episode-*"), key=lambda d: int(d.name.split("-")[-1]))
-        if not folders:
+        saved = saved_checkpoints(run)
+        if not saved:
             print(f"error: {run} has no checkpoints/episode-E folders", file=sys.stderr)
             return 2
         rows = []
-        for d in folders:
+        for episode, d in saved:
             f = cache / f"{run.name}-{d.name}.npz"
             if not f.exists():
                 if args.report:
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                 np.savez_compressed(f, v_over=v_over, v_saved=v_saved, t_over=t_over, t_saved=t_saved,
                                     alpha=t["config"]["alpha"], checkpoint=str(d.resolve()))
             z = np.load(f)
-            row = {"run": run.name, "episode": int(d.name.split("-")[-1]), "alpha": float(z["alpha"])}
+            row = {"run": run.name, "episode": episode, "alpha": float(z["alpha"])}
             if str(z["checkpoint"]) != str(d.resolve()):     # two runs of one folder name share a cache name
                 print(f"error: {f} was measured for {z['checkpoint']}, not {d.resolve()}; use another --cache",
                       file=sys.stderr)

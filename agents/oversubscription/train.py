@@ -79,7 +79,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     snapshot_at = ensemble_episodes(cfg.episodes, ensemble, ensemble_every, ensemble_vote)
     if snapshot_at and validate_every:
         raise ValueError("ensemble and validate_every are exclusive: an ensemble keeps the last snapshots")
-    snapshots: list[tuple[int, object]] = []
+    snapshots: list[tuple[int, torch.nn.Module]] = []
     if validate_from is None:
         validate_from = max(1, int(np.ceil(cfg.eps_decay_frac * cfg.episodes)))
     if trace is None and (workload_fn is None or validate_every or (cfg.shield != "none" and shield_prior is None)):
@@ -156,7 +156,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             if out is not None:     # every validated checkpoint, to test or re-choose afterwards
                 candidate.training = {**training, "seconds": time.perf_counter() - start, "checkpoint": "episode",
                                       "checkpoint_episode": done}
-                candidate.save(Path(out) / "checkpoints" / f"episode-{done}")
+                candidate.save(checkpoint_dir(out, done))
             if writer is not None:
                 for k in ("pm_hot_r", "s_cores"):
                     writer.add_scalar(f"validation/{k}", row[k], ep)
@@ -189,6 +189,18 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     if writer is not None:
         writer.close()
     return policy, logs
+
+
+def checkpoint_dir(out: str | Path, episode: int) -> Path:
+    """Where a `--validate-every` run saves the weights of `episode`."""
+    return Path(out) / "checkpoints" / f"episode-{episode}"
+
+
+def saved_checkpoints(out: str | Path) -> list[tuple[int, Path]]:
+    """(episode, folder) of every checkpoint a run saved under `out`, in training order."""
+    found = [(int(d.name.removeprefix("episode-")), d) for d in (Path(out) / "checkpoints").glob("episode-*")
+             if d.name.removeprefix("episode-").isdigit()]
+    return sorted(found)
 
 
 def ensemble_episodes(episodes: int, k: int, every: int, how: str = "median") -> set[int]:
