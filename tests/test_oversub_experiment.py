@@ -15,6 +15,7 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
 
     summary = run(tmp_path, quick=True, seeds=[1], episodes=15, test_episodes=3, workers=1, progress=False)
     assert validate_summary(summary) == []
+    assert summary["setting"]["dual_estimate"] == "broken"      # the default, named in the summary
     report = (tmp_path / "report.md").read_text()
     for row in ("Grid-0.2", "Grid-1.0", "MA", "SL", "NSigma", "Percentile", "Max", "BorgDefault",
                 "C2MARL-0.75", "C2MARL-0.85", "C2MARL-0.95"):
@@ -79,15 +80,21 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     assert not (tmp_path / "bad").exists()
 
 
-def test_experiment_trains_with_the_threads_asked_for(tmp_path):
+def test_experiment_trains_with_the_threads_and_dual_estimate_asked_for(tmp_path):
     from agents.oversubscription.experiment import run
     from agents.oversubscription.policy import OversubPolicy
 
-    run(tmp_path, quick=True, seeds=[1], episodes=2, test_episodes=1, workers=1, progress=False, alphas=[0.85],
-        threads=2)
+    summary = run(tmp_path, quick=True, seeds=[1], episodes=2, test_episodes=1, workers=1, progress=False,
+                  alphas=[0.85], threads=2, dual_estimate="pm-max")
     policy = OversubPolicy.load(tmp_path / "policies" / "tiny-cold-a0.85-s1")
     assert policy.training["config"]["torch_threads"] == 2
+    assert policy.training["config"]["dual_estimate"] == "pm-max" == summary["setting"]["dual_estimate"]
     assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == ["tiny-cold-a0.85-s1"]
+    with pytest.raises(ValueError, match="dual_estimate must be one of"):
+        run(tmp_path / "bad", quick=True, seeds=[1], episodes=2, workers=1, progress=False, dual_estimate="mean")
+    assert not (tmp_path / "bad").exists()
+    res = CliRunner().invoke(cli, ["experiment", "c2marl", "--out", str(tmp_path / "cli"), "--dual-estimate", "x"])
+    assert res.exit_code != 0 and "--dual-estimate" in res.output
 
 
 def test_experiment_keeps_the_checkpoint_chosen_on_the_validation_week(tmp_path):

@@ -47,6 +47,8 @@ import torch
 from .network import C2MarlNet
 from .settings import RATES
 
+DUAL_ESTIMATES = ("broken", "pm-max")     # what U of Eq. 11 measures (C2MarlConfig.dual_estimate)
+
 
 @dataclass
 class C2MarlConfig:
@@ -165,7 +167,7 @@ class C2Marl:
         if self.cfg.dual_estimate == "pm-max":
             self.recent_breaks = (self.recent_breaks + [np.asarray(broken, dtype=bool)])[-self.cfg.dual_window:]
             return float(np.mean(self.recent_breaks, axis=0).max()) / max(1, steps)
-        raise ValueError(f"dual_estimate must be 'broken' or 'pm-max', not {self.cfg.dual_estimate!r}")
+        raise ValueError(f"dual_estimate must be one of {list(DUAL_ESTIMATES)}, not {self.cfg.dual_estimate!r}")
 
     def size_replay(self, episode_steps: int) -> None:
         """Scale memory and minibatch to the episode length when they count episodes."""

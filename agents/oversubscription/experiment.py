@@ -27,7 +27,7 @@ import numpy as np
 from agents.parallel import map_runs
 from agents.report import Target, experiment_summary, markdown_table, write_summary
 
-from .c2marl import C2MarlConfig
+from .c2marl import DUAL_ESTIMATES, C2MarlConfig
 from .settings import ALPHAS, RATES, get_setting
 
 PAPER = {"title": "Learning Cooperative Oversubscription for Cloud by Chance-Constrained Multi-Agent RL (C2MARL)",
@@ -337,11 +337,12 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         episodes: int | None = None, test_episodes: int | None = None, workers: int = 2, progress: bool = True,
         trace_seed: int = 0, policies: str | Path | None = None, alphas: Sequence[float] | None = None,
         threads: int = 1, held_apart_only: bool = False, validate_every: int = 0, ensemble: int = 0,
-        ensemble_every: int | None = None) -> dict:
+        ensemble_every: int | None = None, dual_estimate: str | None = None) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
     `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
-    days (the issue's test) only, not also under the paper's protocol: half the testing time."""
+    days (the issue's test) only, not also under the paper's protocol: half the testing time.
+    `dual_estimate`: U of the dual update (C2MarlConfig.dual_estimate; None: its default, "broken")."""
     started = time.perf_counter()
     budget = QUICK if quick else FULL
     if seeds:
@@ -361,6 +362,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
             int(ensemble) and int(validate_every)):
         raise ValueError(f"ensemble must be >= 0 and ensemble_every >= 1, and ensemble excludes validate_every "
                          f"(ensemble {ensemble}, ensemble_every {ensemble_every}, validate_every {validate_every})")
+    if dual_estimate is not None and dual_estimate not in DUAL_ESTIMATES:
+        raise ValueError(f"dual_estimate must be one of {list(DUAL_ESTIMATES)}, not {dual_estimate!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if episodes:
@@ -388,7 +391,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         saved = saved / "policies" if (saved / "policies").is_dir() else saved
         if saved.resolve() == (out / "policies").resolve():
             raise ValueError("--policies must name another run's directory than --out")
-    overrides = {"torch_threads": int(threads)} if int(threads) != 1 else None
+    overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate))
+                 if v is not None and v != getattr(C2MarlConfig, k)} or None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
                         keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),
                         ensemble=(int(ensemble), ensemble_every))
@@ -425,6 +429,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         "oversubscription", PAPER,
         {"cases": [r["case"] for r in results], "budget": {k: v for k, v in budget.__dict__.items()},
          "quick": quick, "trace_seed": trace_seed, "rates": list(RATES),
+         "dual_estimate": dual_estimate or C2MarlConfig.dual_estimate,
          "differences": "synthetic traces calibrated to Azure's public distributions (the paper's internal and "
                         "subscription-level Azure data are not public); hourly steps and 120-step episodes (ours)"},
         methods, {k: {m: {"pm_hot_r": v[0], "s_cores": v[1], "c_hot_r": v[2]} for m, v in t.items()}

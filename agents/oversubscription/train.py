@@ -28,7 +28,7 @@ import torch
 
 from agents.train_log import tensorboard_writer
 
-from .c2marl import C2Marl, C2MarlConfig, EpisodeLog, run_training_episode
+from .c2marl import DUAL_ESTIMATES, C2Marl, C2MarlConfig, EpisodeLog, run_training_episode
 from .features import observation, observation_size, request_mask
 from .metrics import satisfied, summarise
 from .network import VOTES, C2MarlEnsemble
@@ -332,7 +332,7 @@ def main(argv=None) -> int:
                    help="cluster: the paper's per-step cluster bound; pm: ours, PMs breaking their own bound")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--dual-lr", type=float, default=None)
-    p.add_argument("--dual-estimate", choices=("broken", "pm-max"), default=None,
+    p.add_argument("--dual-estimate", choices=DUAL_ESTIMATES, default=None,
                    help="U of the dual update: broken PMs per episode, or the largest per-PM break share "
                         "over the last --dual-window episodes (ours)")
     p.add_argument("--dual-window", type=int, default=None)

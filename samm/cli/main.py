@@ -748,9 +748,15 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
                    "Excludes --validate-every (docs/oversubscription.md, snapshot ensembles).")
 @click.option("--ensemble-every", type=click.IntRange(min=1), default=None, metavar="N",
               help="Episodes between the ensemble's members (default: train.py's, 100).")
+@click.option("--dual-estimate", type=click.Choice(["broken", "pm-max"]), default=None,
+              help="Ours: what the dual update of lambda measures. broken (the default): PMs broken per episode "
+                   "against 1 - alpha, which every alpha exceeds on our traces, so alpha hardly changes the "
+                   "policy; pm-max: the worst PM's break share over the last 20 episodes against 1 - alpha, so "
+                   "alpha orders the policies, but they break PMs on held-apart days far more often "
+                   "(docs/oversubscription.md).")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
-                      held_apart_only, validate_every, ensemble, ensemble_every, quiet) -> None:
+                      held_apart_only, validate_every, ensemble, ensemble_every, dual_estimate, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -760,7 +766,7 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
                             episodes=episodes, test_episodes=test_episodes, workers=workers, policies=policies,
                             alphas=_floats(alphas, "--alphas") if alphas else None, threads=threads,
                             held_apart_only=held_apart_only, validate_every=validate_every, ensemble=ensemble,
-                            ensemble_every=ensemble_every, progress=not quiet)
+                            ensemble_every=ensemble_every, dual_estimate=dual_estimate, progress=not quiet)
 
 
 @experiment.command("osdec")
