@@ -92,6 +92,9 @@ def test_experiment_trains_with_the_threads_and_dual_estimate_asked_for(tmp_path
     assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == ["tiny-cold-a0.85-s1"]
     with pytest.raises(ValueError, match="dual_estimate must be one of"):
         run(tmp_path / "bad", quick=True, seeds=[1], episodes=2, workers=1, progress=False, dual_estimate="mean")
+    with pytest.raises(ValueError, match="--policies evaluates"):
+        run(tmp_path / "bad", quick=True, seeds=[1], workers=1, progress=False, dual_estimate="pm-max",
+            policies=tmp_path)
     assert not (tmp_path / "bad").exists()
     res = CliRunner().invoke(cli, ["experiment", "c2marl", "--out", str(tmp_path / "cli"), "--dual-estimate", "x"])
     assert res.exit_code != 0 and "--dual-estimate" in res.output

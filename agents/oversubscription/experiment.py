@@ -364,6 +364,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
                          f"(ensemble {ensemble}, ensemble_every {ensemble_every}, validate_every {validate_every})")
     if dual_estimate is not None and dual_estimate not in DUAL_ESTIMATES:
         raise ValueError(f"dual_estimate must be one of {list(DUAL_ESTIMATES)}, not {dual_estimate!r}")
+    if dual_estimate is not None and policies is not None:
+        raise ValueError("dual_estimate is how runs are trained; --policies evaluates saved policies as they are")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if episodes:
@@ -429,7 +431,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         "oversubscription", PAPER,
         {"cases": [r["case"] for r in results], "budget": {k: v for k, v in budget.__dict__.items()},
          "quick": quick, "trace_seed": trace_seed, "rates": list(RATES),
-         "dual_estimate": dual_estimate or C2MarlConfig.dual_estimate,
+         "dual_estimate": None if policies is not None else dual_estimate or C2MarlConfig.dual_estimate,
          "differences": "synthetic traces calibrated to Azure's public distributions (the paper's internal and "
                         "subscription-level Azure data are not public); hourly steps and 120-step episodes (ours)"},
         methods, {k: {m: {"pm_hot_r": v[0], "s_cores": v[1], "c_hot_r": v[2]} for m, v in t.items()}
