@@ -104,6 +104,31 @@ def test_constraint_estimates_count_broken_pms_or_the_worst_pms_share():
         C2Marl(2, 10, C2MarlConfig(dual_estimate="nope"), constraint_bound=0.1).constraint_estimate(spread[0], T)
 
 
+def test_a_budget_margin_tightens_the_bound_the_dual_update_sees_but_not_the_level():
+    from dataclasses import replace
+
+    from agents.oversubscription.train import constraint_bound
+
+    s = SETTINGS["internal"]
+    for constraint in ("pm", "attributed", "cluster"):
+        paper = C2MarlConfig(alpha=0.85, constraint=constraint)
+        halved = replace(paper, budget_margin=2.0)
+        assert constraint_bound(s, halved) == pytest.approx(constraint_bound(s, paper) / 2)
+        assert halved.alpha == 0.85
+    assert constraint_bound(s, C2MarlConfig(alpha=0.85)) == pytest.approx(0.15 / s.episode_steps)
+    with pytest.raises(ValueError, match="budget_margin"):
+        constraint_bound(s, C2MarlConfig(budget_margin=0.5))
+    # the worst PM breaking in 1 of 10 episodes meets 0.85's budget (0.15) but not half of it: lambda
+    # falls under the paper's budget and rises under the halved one
+    T = s.episode_steps
+    u = 0.1 / T
+    for margin, moves in ((1.0, "falls"), (2.0, "rises")):
+        agent = C2Marl(2, 10, C2MarlConfig(alpha=0.85, budget_margin=margin, lambda_init=1.0),
+                       constraint_bound=constraint_bound(s, C2MarlConfig(alpha=0.85, budget_margin=margin)))
+        agent.dual_update(u)
+        assert (agent.lam > 1.0) == (moves == "rises")
+
+
 def test_observation_layout():
     s = SETTINGS["tiny"]
     sim = OversubSim(s, toy_workload())

@@ -6,6 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from agents.oversubscription.settings import get_setting
 from agents.report import validate_summary
 from samm.cli.main import cli
 
@@ -16,6 +17,7 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     summary = run(tmp_path, quick=True, seeds=[1], episodes=15, test_episodes=3, workers=1, progress=False)
     assert validate_summary(summary) == []
     assert summary["setting"]["dual_estimate"] == "broken"      # the default, named in the summary
+    assert summary["setting"]["budget_margin"] == 1.0
     report = (tmp_path / "report.md").read_text()
     for row in ("Grid-0.2", "Grid-1.0", "MA", "SL", "NSigma", "Percentile", "Max", "BorgDefault",
                 "C2MARL-0.75", "C2MARL-0.85", "C2MARL-0.95"):
@@ -80,24 +82,31 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     assert not (tmp_path / "bad").exists()
 
 
-def test_experiment_trains_with_the_threads_and_dual_estimate_asked_for(tmp_path):
+def test_experiment_trains_with_the_threads_dual_estimate_and_budget_margin_asked_for(tmp_path):
     from agents.oversubscription.experiment import run
     from agents.oversubscription.policy import OversubPolicy
 
     summary = run(tmp_path, quick=True, seeds=[1], episodes=2, test_episodes=1, workers=1, progress=False,
-                  alphas=[0.85], threads=2, dual_estimate="pm-max")
+                  alphas=[0.85], threads=2, dual_estimate="pm-max", budget_margin=2)
     policy = OversubPolicy.load(tmp_path / "policies" / "tiny-cold-a0.85-s1")
     assert policy.training["config"]["torch_threads"] == 2
     assert policy.training["config"]["dual_estimate"] == "pm-max" == summary["setting"]["dual_estimate"]
+    assert policy.training["config"]["budget_margin"] == 2.0 == summary["setting"]["budget_margin"]
+    assert policy.training["config"]["alpha"] == 0.85     # still judged on its own level
     assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == ["tiny-cold-a0.85-s1"]
     with pytest.raises(ValueError, match="dual_estimate must be one of"):
         run(tmp_path / "bad", quick=True, seeds=[1], episodes=2, workers=1, progress=False, dual_estimate="mean")
     with pytest.raises(ValueError, match="--policies evaluates"):
         run(tmp_path / "bad", quick=True, seeds=[1], workers=1, progress=False, dual_estimate="pm-max",
             policies=tmp_path)
+    for bad, match in (({"budget_margin": 0.5}, "budget_margin must be >= 1"),
+                       ({"budget_margin": 2, "policies": tmp_path}, "--policies evaluates")):
+        with pytest.raises(ValueError, match=match):
+            run(tmp_path / "bad", quick=True, seeds=[1], workers=1, progress=False, **bad)
     assert not (tmp_path / "bad").exists()
-    res = CliRunner().invoke(cli, ["experiment", "c2marl", "--out", str(tmp_path / "cli"), "--dual-estimate", "x"])
-    assert res.exit_code != 0 and "--dual-estimate" in res.output
+    for flag, value in (("--dual-estimate", "x"), ("--budget-margin", "0.5")):
+        res = CliRunner().invoke(cli, ["experiment", "c2marl", "--out", str(tmp_path / "cli"), flag, value])
+        assert res.exit_code != 0 and flag in res.output
 
 
 def test_experiment_keeps_the_checkpoint_chosen_on_the_validation_week(tmp_path):
@@ -141,7 +150,7 @@ def test_train_verb_passes_problem_options_through(tmp_path):
     res = CliRunner().invoke(cli, ["train", "--problem", "oversubscription", "--out", str(out), "--seed", "2",
                                    "--episodes", "3", "--setting", "tiny", "--alpha", "0.85",
                                    "--constraint", "attributed", "--updates-per-episode", "3", "--hidden", "16",
-                                   "--eps-decay-frac", "0.8", "--threads", "2"])
+                                   "--eps-decay-frac", "0.8", "--threads", "2", "--budget-margin", "2"])
     assert res.exit_code == 0, res.output
     meta = json.loads((out / "metadata.json").read_text())
     conf = meta["training"]["config"]
@@ -149,6 +158,9 @@ def test_train_verb_passes_problem_options_through(tmp_path):
     assert conf["constraint"] == "attributed"
     assert (conf["updates_per_episode"], conf["hidden"], conf["eps_decay_frac"]) == (3, 16, 0.8)
     assert conf["torch_threads"] == 2
+    # trained to half of 0.85's budget, still a 0.85 policy
+    steps = get_setting("tiny").episode_steps
+    assert conf["budget_margin"] == 2.0 and meta["training"]["constraint_bound"] == pytest.approx(0.15 / 2 / steps)
     bad = CliRunner().invoke(cli, ["train", "--problem", "oversubscription", "--out", str(out), "--setting", "nope"])
     assert bad.exit_code != 0
 
@@ -157,7 +169,7 @@ def test_train_rejects_out_of_range_training_options(tmp_path, capsys):
     from agents.oversubscription.train import main
 
     for flag, value in (("--updates-per-episode", "0"), ("--hidden", "-4"), ("--eps-decay-frac", "1.5"),
-                        ("--threads", "0")):
+                        ("--threads", "0"), ("--budget-margin", "0.9")):
         assert main(["--setting", "tiny", "--episodes", "1", "--out", str(tmp_path / "x"), flag, value]) == 2
         assert flag in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

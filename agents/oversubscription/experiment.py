@@ -337,12 +337,15 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         episodes: int | None = None, test_episodes: int | None = None, workers: int = 2, progress: bool = True,
         trace_seed: int = 0, policies: str | Path | None = None, alphas: Sequence[float] | None = None,
         threads: int = 1, held_apart_only: bool = False, validate_every: int = 0, ensemble: int = 0,
-        ensemble_every: int | None = None, dual_estimate: str | None = None) -> dict:
+        ensemble_every: int | None = None, dual_estimate: str | None = None,
+        budget_margin: float | None = None) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
     `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
     days (the issue's test) only, not also under the paper's protocol: half the testing time.
-    `dual_estimate`: U of the dual update (C2MarlConfig.dual_estimate; None: its default, "broken")."""
+    `dual_estimate`: U of the dual update (C2MarlConfig.dual_estimate; None: its default, "broken").
+    `budget_margin`: train each level's agent to (1 - alpha) / F of its budget, every verdict still on
+    alpha (C2MarlConfig.budget_margin; None: 1, the paper's)."""
     started = time.perf_counter()
     budget = QUICK if quick else FULL
     if seeds:
@@ -366,6 +369,10 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         raise ValueError(f"dual_estimate must be one of {list(DUAL_ESTIMATES)}, not {dual_estimate!r}")
     if dual_estimate is not None and policies is not None:
         raise ValueError("dual_estimate is how runs are trained; --policies evaluates saved policies as they are")
+    if budget_margin is not None and not float(budget_margin) >= 1.0:
+        raise ValueError(f"budget_margin must be >= 1 (1 = the paper's budget), not {budget_margin!r}")
+    if budget_margin is not None and policies is not None:
+        raise ValueError("budget_margin is how runs are trained; --policies evaluates saved policies as they are")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if episodes:
@@ -393,7 +400,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         saved = saved / "policies" if (saved / "policies").is_dir() else saved
         if saved.resolve() == (out / "policies").resolve():
             raise ValueError("--policies must name another run's directory than --out")
-    overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate))
+    overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate),
+                                   ("budget_margin", None if budget_margin is None else float(budget_margin)))
                  if v is not None and v != getattr(C2MarlConfig, k)} or None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
                         keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),
@@ -432,6 +440,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         {"cases": [r["case"] for r in results], "budget": {k: v for k, v in budget.__dict__.items()},
          "quick": quick, "trace_seed": trace_seed, "rates": list(RATES),
          "dual_estimate": None if policies is not None else dual_estimate or C2MarlConfig.dual_estimate,
+         "budget_margin": None if policies is not None else float(budget_margin or C2MarlConfig.budget_margin),
          "differences": "synthetic traces calibrated to Azure's public distributions (the paper's internal and "
                         "subscription-level Azure data are not public); hourly steps and 120-step episodes (ours)"},
         methods, {k: {m: {"pm_hot_r": v[0], "s_cores": v[1], "c_hot_r": v[2]} for m, v in t.items()}

@@ -291,10 +291,13 @@ VOLUME_RANGE = (0.85, 1.3)  # ours: spans the held-apart blocks' peaks relative 
 
 
 def constraint_bound(setting: Setting, cfg: C2MarlConfig) -> float:
+    """c of Eq. 8 and 11, the budget divided by `budget_margin` (1: the paper's)."""
+    if not cfg.budget_margin >= 1.0:
+        raise ValueError(f"budget_margin must be >= 1 (1 = the paper's budget), not {cfg.budget_margin!r}")
     if cfg.constraint in ("pm", "attributed"):
-        return (1.0 - cfg.alpha) / setting.episode_steps
+        return (1.0 - cfg.alpha) / setting.episode_steps / cfg.budget_margin
     if cfg.constraint == "cluster":
-        return setting.constraint_bound(cfg.alpha)
+        return setting.constraint_bound(cfg.alpha) / cfg.budget_margin
     raise ValueError(f"constraint must be 'cluster', 'pm' or 'attributed', not {cfg.constraint!r}")
 
 
@@ -336,6 +339,9 @@ def main(argv=None) -> int:
                    help="U of the dual update: broken PMs per episode, or the largest per-PM break share "
                         "over the last --dual-window episodes (ours)")
     p.add_argument("--dual-window", type=int, default=None)
+    p.add_argument("--budget-margin", type=float, default=None, metavar="F",
+                   help="ours: train to (1 - alpha) / F of the budget; the level alpha, and every verdict on it, "
+                        "stays (default 1, the paper's)")
     p.add_argument("--shield", choices=("none", "nsigma"), default="none",
                    help="nsigma (ours): floor every rate at the N-sigma rule's with --shield-headroom; the agent "
                         "sees the floor and may only reserve more")
@@ -381,7 +387,8 @@ def main(argv=None) -> int:
                             ("--updates-per-episode", args.updates_per_episode, lambda v: v >= 1),
                             ("--hidden", args.hidden, lambda v: v >= 1),
                             ("--eps-decay-frac", args.eps_decay_frac, lambda v: 0.0 < v <= 1.0),
-                            ("--threads", args.threads, lambda v: v >= 1)):
+                            ("--threads", args.threads, lambda v: v >= 1),
+                            ("--budget-margin", args.budget_margin, lambda v: v >= 1.0)):
         if value is not None and not ok(value):
             print(f"error: {flag} out of range: {value}", file=sys.stderr)
             return 2
@@ -389,6 +396,7 @@ def main(argv=None) -> int:
                        shield=args.shield)
     changes = {k: v for k, v in (("episodes", args.episodes), ("lr", args.lr), ("dual_lr", args.dual_lr),
                                  ("dual_estimate", args.dual_estimate), ("dual_window", args.dual_window),
+                                 ("budget_margin", args.budget_margin),
                                  ("shield_headroom", args.shield_headroom),
                                  ("updates_per_episode", args.updates_per_episode), ("hidden", args.hidden),
                                  ("eps_decay_frac", args.eps_decay_frac), ("torch_threads", args.threads))

@@ -754,9 +754,13 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
                    "policy; pm-max: the worst PM's break share over the last 20 episodes against 1 - alpha, so "
                    "alpha orders the policies, but they break PMs on held-apart days far more often "
                    "(docs/oversubscription.md).")
+@click.option("--budget-margin", type=click.FloatRange(min=1.0), default=None, metavar="F",
+              help="Ours: train each level's agents to (1 - alpha) / F of its budget; every verdict stays on "
+                   "alpha (default 1, the paper's; docs/oversubscription.md, a budget margin).")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
-                      held_apart_only, validate_every, ensemble, ensemble_every, dual_estimate, quiet) -> None:
+                      held_apart_only, validate_every, ensemble, ensemble_every, dual_estimate, budget_margin,
+                      quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -766,7 +770,8 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
                             episodes=episodes, test_episodes=test_episodes, workers=workers, policies=policies,
                             alphas=_floats(alphas, "--alphas") if alphas else None, threads=threads,
                             held_apart_only=held_apart_only, validate_every=validate_every, ensemble=ensemble,
-                            ensemble_every=ensemble_every, dual_estimate=dual_estimate, progress=not quiet)
+                            ensemble_every=ensemble_every, dual_estimate=dual_estimate,
+                            budget_margin=budget_margin, progress=not quiet)
 
 
 @experiment.command("osdec")
