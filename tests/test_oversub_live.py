@@ -160,8 +160,11 @@ def test_measured_usage_from_graphite_matches_expected(live_run):
             # 2 emulated cores = 0.6 % of one host core at this scale; plus 8 % for timing jitter
             assert abs(r.pm_used[j] - expected) <= 2.0 + 0.08 * expected, (r.step, j, r.pm_used, r.pm_sim)
     assert first.summary["gap"]["mean_abs_cores"] < 2.0
-    # the per-subscriber usage rates the executor measured from the workers' CPU time
-    assert first.records[0].sub_usage_rate[0] == pytest.approx(0.7, abs=0.07)
+    # the per-subscriber usage rates the executor measured from the workers' CPU time, in steps 1-4,
+    # where subscriber 0's four VMs run at 0.7 the whole step; step 0's span includes the workers'
+    # start-up (measured 0.56 on a slow host, 2026-11-29), so it is not a steady-state check
+    for r in first.records[1:5]:
+        assert r.sub_usage_rate[0] == pytest.approx(0.7, abs=0.07), [x.sub_usage_rate for x in first.records]
 
 
 def test_hot_pm_detected_and_recorded(live_run, graphite):
