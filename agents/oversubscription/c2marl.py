@@ -50,6 +50,13 @@ from .settings import RATES
 DUAL_ESTIMATES = ("broken", "pm-max")     # what U of Eq. 11 measures (C2MarlConfig.dual_estimate)
 
 
+def check_budget_margin(value: float) -> float:
+    """C2MarlConfig.budget_margin as a float, refused below 1 (a looser budget than the level's)."""
+    if not float(value) >= 1.0:
+        raise ValueError(f"budget_margin must be >= 1 (1 = the paper's budget), not {value!r}")
+    return float(value)
+
+
 @dataclass
 class C2MarlConfig:
     alpha: float = 0.95               # safety level (paper: 0.75 / 0.85 / 0.95)

@@ -27,7 +27,7 @@ import numpy as np
 from agents.parallel import map_runs
 from agents.report import Target, experiment_summary, markdown_table, write_summary
 
-from .c2marl import DUAL_ESTIMATES, C2MarlConfig
+from .c2marl import DUAL_ESTIMATES, C2MarlConfig, check_budget_margin
 from .settings import ALPHAS, RATES, get_setting
 
 PAPER = {"title": "Learning Cooperative Oversubscription for Cloud by Chance-Constrained Multi-Agent RL (C2MARL)",
@@ -369,8 +369,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         raise ValueError(f"dual_estimate must be one of {list(DUAL_ESTIMATES)}, not {dual_estimate!r}")
     if dual_estimate is not None and policies is not None:
         raise ValueError("dual_estimate is how runs are trained; --policies evaluates saved policies as they are")
-    if budget_margin is not None and not float(budget_margin) >= 1.0:
-        raise ValueError(f"budget_margin must be >= 1 (1 = the paper's budget), not {budget_margin!r}")
+    if budget_margin is not None:
+        budget_margin = check_budget_margin(budget_margin)
     if budget_margin is not None and policies is not None:
         raise ValueError("budget_margin is how runs are trained; --policies evaluates saved policies as they are")
     out = Path(out)
@@ -401,7 +401,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         if saved.resolve() == (out / "policies").resolve():
             raise ValueError("--policies must name another run's directory than --out")
     overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate),
-                                   ("budget_margin", None if budget_margin is None else float(budget_margin)))
+                                   ("budget_margin", budget_margin))
                  if v is not None and v != getattr(C2MarlConfig, k)} or None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
                         keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),

@@ -28,7 +28,7 @@ import torch
 
 from agents.train_log import tensorboard_writer
 
-from .c2marl import DUAL_ESTIMATES, C2Marl, C2MarlConfig, EpisodeLog, run_training_episode
+from .c2marl import DUAL_ESTIMATES, C2Marl, C2MarlConfig, EpisodeLog, check_budget_margin, run_training_episode
 from .features import observation, observation_size, request_mask
 from .metrics import satisfied, summarise
 from .network import VOTES, C2MarlEnsemble
@@ -292,12 +292,11 @@ VOLUME_RANGE = (0.85, 1.3)  # ours: spans the held-apart blocks' peaks relative 
 
 def constraint_bound(setting: Setting, cfg: C2MarlConfig) -> float:
     """c of Eq. 8 and 11, the budget divided by `budget_margin` (1: the paper's)."""
-    if not cfg.budget_margin >= 1.0:
-        raise ValueError(f"budget_margin must be >= 1 (1 = the paper's budget), not {cfg.budget_margin!r}")
+    margin = check_budget_margin(cfg.budget_margin)
     if cfg.constraint in ("pm", "attributed"):
-        return (1.0 - cfg.alpha) / setting.episode_steps / cfg.budget_margin
+        return (1.0 - cfg.alpha) / setting.episode_steps / margin
     if cfg.constraint == "cluster":
-        return setting.constraint_bound(cfg.alpha) / cfg.budget_margin
+        return setting.constraint_bound(cfg.alpha) / margin
     raise ValueError(f"constraint must be 'cluster', 'pm' or 'attributed', not {cfg.constraint!r}")
 
 
