@@ -5,7 +5,7 @@ baseline tuned at a level meets it on held-apart days.
 
     .venv/bin/python benchmarks/oversub_baselines_at.py --case internal-warm --tune-alpha 0.925 --json out.json
 
-Each rule is tuned by `tuning.tune_all` at --tune-alpha on the experiment's training episodes, as the
+Each rule is tuned (`experiment.tune_and_test_baselines`, as the experiment) at --tune-alpha on the experiment's training episodes, as the
 experiment tunes at 0.95, and tested with the experiment's own code on the same held-apart episodes;
 the verdicts are given for every level of the paper.
 """
@@ -22,18 +22,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main(argv=None) -> int:
     from agents.oversubscription.data import generate_trace
-    from agents.oversubscription.experiment import (FULL, FULL_CASES, HELD_APART, QUICK_CASES,
-                                                    _evaluate_baseline, test_specs)
-    from agents.oversubscription.settings import ALPHAS
-    from agents.parallel import map_runs
-    from agents.oversubscription.settings import get_setting
-    from agents.oversubscription.tuning import tune_all
+    from agents.oversubscription.experiment import (FULL, FULL_CASES, HELD_APART, QUICK_CASES, test_specs,
+                                                    tune_and_test_baselines)
+    from agents.oversubscription.settings import ALPHAS, get_setting
 
     cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--case", choices=sorted(cases), required=True)
     p.add_argument("--tune-alpha", type=float, required=True, help="the level the rules are tuned to")
     p.add_argument("--test-episodes", type=int, default=FULL.test_episodes)
+    p.add_argument("--tune-episodes", type=int, default=FULL.tune_episodes,
+                   help="training episodes each rule is tuned on (the experiment's default)")
     p.add_argument("--trace-seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json", default=None, help="also write the rows here")
@@ -46,17 +45,14 @@ def main(argv=None) -> int:
     trace = generate_trace(setting, args.trace_seed)
     specs = test_specs(trace, args.test_episodes, case.warm)
     t0 = time.perf_counter()
-    results, ctx = tune_all(setting, trace, args.tune_alpha, episodes=FULL.tune_episodes, warm=case.warm)
-    tuned_s = time.perf_counter() - t0
-    jobs = [(case, args.trace_seed, name, res.params, ctx, HELD_APART, specs, args.test_episodes)
-            for name, res in results.items()]
-    rows = []
-    for (_, _, name, params, *_), m in zip(jobs, map_runs(_evaluate_baseline, jobs, args.workers, True,
-                                                          desc=f"baselines at {args.tune_alpha}")):
-        rows.append({"method": name, "params": params, "safe_on_training_days": results[name].safe,
-                     "pm_hot_r": m["pm_hot_r"], "s_cores": m["s_cores"],
-                     "satisfied": {f"{a:.2f}": m["satisfied"][f"{a:.2f}"] for a in ALPHAS}})
-    print(f"{case.key}: tuned at alpha {args.tune_alpha} in {tuned_s:.0f} s; {args.test_episodes} held-apart episodes")
+    results, tested = tune_and_test_baselines(case, trace, args.trace_seed, args.tune_alpha, args.tune_episodes,
+                                              specs, args.test_episodes, (HELD_APART,), args.workers)
+    seconds = time.perf_counter() - t0
+    rows = [{"method": name, "params": results[name].params, "safe_on_training_days": results[name].safe,
+             "pm_hot_r": m["pm_hot_r"], "s_cores": m["s_cores"],
+             "satisfied": {f"{a:.2f}": m["satisfied"][f"{a:.2f}"] for a in ALPHAS}}
+            for name, m in tested[HELD_APART].items()]
+    print(f"{case.key}: tuned at alpha {args.tune_alpha} and tested in {seconds:.0f} s; {args.test_episodes} held-apart episodes")
     print("| method | params | safe on training days | PM-Hot-R % | S-Cores % | " + " | ".join(f"{a:.2f}" for a in ALPHAS) + " |")
     for r in rows:
         marks = " | ".join("✓" if r["satisfied"][f"{a:.2f}"] else "✗" for a in ALPHAS)

@@ -309,3 +309,32 @@ def test_hindsight_reference_rounds_up_to_the_agents_rates_and_reserves_from_fut
         assert np.all(rates[~view.has_request] == pytest.approx(0.2))
         discrete = Hindsight(3, h=1.5, stat="max", agg=agg, discrete=True).bind(w).rates(view)
         assert set(np.round(discrete, 6)) <= {0.2, 0.3, 0.4, 0.5, 0.6, 1.0} and np.all(discrete >= rates - 1e-12)
+
+
+def test_baselines_at_another_level_match_the_experiments_rows_when_tuned_at_its_level(tmp_path):
+    """benchmarks/oversub_baselines_at.py tunes and tests with the experiment's own code: at the
+    experiment's 0.95 it gives the experiment's baseline rows, number for number."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from agents.oversubscription.experiment import HELD_APART, Budget, Case, run_case
+
+    spec = importlib.util.spec_from_file_location(
+        "oversub_baselines_at", Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_baselines_at.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    out = tmp_path / "rows.json"
+    assert mod.main(["--case", "tiny-cold", "--tune-alpha", "0.95", "--test-episodes", "3", "--tune-episodes", "2",
+                     "--workers", "1", "--json", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads(out.read_text())["rows"]}
+    res = run_case(Case("tiny", False), Budget(test_episodes=3, tune_episodes=2, seeds=(), paper_protocol=False),
+                   workers=1, progress=False)
+    expected = res["rows"][HELD_APART]
+    assert set(rows) == set(expected) and {"MA", "SL", "NSigma", "Grid-1.0"} <= set(rows)
+    for name, r in rows.items():
+        assert r["params"] == res["tuned"][name]["params"]
+        assert r["pm_hot_r"] == expected[name][0]["pm_hot_r"] and r["s_cores"] == expected[name][0]["s_cores"]
+    assert rows["Grid-0.4"]["s_cores"] == pytest.approx(0.6)
+    assert mod.main(["--case", "tiny-cold", "--tune-alpha", "1.0"]) == 2     # not a level

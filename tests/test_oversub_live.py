@@ -160,10 +160,10 @@ def test_measured_usage_from_graphite_matches_expected(live_run):
             # 2 emulated cores = 0.6 % of one host core at this scale; plus 8 % for timing jitter
             assert abs(r.pm_used[j] - expected) <= 2.0 + 0.08 * expected, (r.step, j, r.pm_used, r.pm_sim)
     assert first.summary["gap"]["mean_abs_cores"] < 2.0
-    # the per-subscriber usage rates the executor measured from the workers' CPU time, in steps 1-4,
-    # where subscriber 0's four VMs run at 0.7 the whole step; step 0's span includes the workers'
-    # start-up (measured 0.56 on a slow host, 2026-11-29), so it is not a steady-state check
-    for r in first.records[1:5]:
+    # the per-subscriber usage rates the executor measured from the workers' CPU time, in steps 0-4,
+    # where subscriber 0's four VMs run at 0.7; step 0 included, whose workers start in the step:
+    # each VM is measured from when it was let go (over the whole step it read 0.56 on a slow host)
+    for r in first.records[:5]:
         assert r.sub_usage_rate[0] == pytest.approx(0.7, abs=0.07), [x.sub_usage_rate for x in first.records]
 
 
@@ -327,3 +327,23 @@ def test_shipped_c2marl_policy_admits_live(graphite, tmp_path):
     assert admits and all(d.agent == "c2marl" for d in admits)
     assert all(any(abs(d.action["rate"] - r) < 1e-9 for r in RATES) for d in admits if d.action.get("pm") is not None)
     assert our_groups() == []
+
+
+def test_usage_rate_of_a_vm_let_go_mid_step_is_over_the_time_it_ran():
+    """Step 0's workers start inside the step: a VM let go halfway that burned 0.7 of its cores
+    since is at rate 0.7, not 0.35; VMs there from the start are measured over the whole step."""
+    from samm.testbed.oversub.admission import subscriber_usage_rates
+
+    begin, now, scale = 100.0, 110.0, 0.01          # a 10 s step; 1 emulated core = 0.01 host cores
+    sub = np.array([0, 0, 2])
+    cores = np.array([4.0, 4.0, 8.0])
+    since = np.array([105.0, 90.0, 100.0])           # let go at 105; two there before the step
+    # CPU ns: 0.7 x 4 cores x scale for 5 s; 0.5 x 4 for 10 s; 0.25 x 8 for 10 s
+    used_ns = np.array([0.7 * 4 * scale * 5, 0.5 * 4 * scale * 10, 0.25 * 8 * scale * 10]) * 1e9
+    rates = subscriber_usage_rates(sub, cores, used_ns, since, begin, now, 3, scale)
+    assert rates[0] == pytest.approx((0.7 * 4 + 0.5 * 4) / 8)
+    assert np.isnan(rates[1])                        # no VM live
+    assert rates[2] == pytest.approx(0.25)
+    empty = subscriber_usage_rates(np.array([], dtype=int), np.array([]), np.array([]), np.array([]),
+                                   begin, now, 3, scale)
+    assert np.isnan(empty).all()

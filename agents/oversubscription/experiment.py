@@ -185,6 +185,25 @@ def paper_protocol_episodes(trace, n: int, warm: bool) -> Iterator:
     return (trace.train_redrawn(PAPER_PROTOCOL_SEED + i, warm=warm) for i in range(n))
 
 
+def tune_and_test_baselines(case: Case, trace, trace_seed: int, alpha: float, tune_episodes: int, specs,
+                            test_episodes: int, protocols=(HELD_APART,), workers: int = 2,
+                            progress: bool = True) -> tuple[dict, dict[str, dict[str, dict]]]:
+    """Every baseline tuned at level `alpha` on the training days only (the fixed Grid-rho rows have one
+    "combination"), then tested on `specs` under each protocol: (tune_all's results, protocol -> method
+    -> metrics). The experiment tunes at 0.95; benchmarks/oversub_baselines_at.py at other levels."""
+    from .tuning import tune_all
+
+    setting = get_setting(case.setting)
+    results, ctx = tune_all(setting, trace, alpha, episodes=tune_episodes, warm=case.warm)
+    evals = [(case, trace_seed, name, res.params, ctx, protocol, specs, test_episodes)
+             for protocol in protocols for name, res in results.items()]
+    tested: dict[str, dict[str, dict]] = {p: {} for p in protocols}
+    for (_, _, name, _, _, protocol, _, _), metrics in zip(
+            evals, map_runs(_evaluate_baseline, evals, workers, progress, desc=f"baselines {case.key}")):
+        tested[protocol][name] = metrics
+    return results, tested
+
+
 def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, progress: bool = True,
              cfg_overrides: dict | None = None, keep_policies: Path | None = None,
              saved_policies: Path | None = None, validate_every: int = 0,
@@ -195,7 +214,6 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     `ensemble`: (K, N) of train.py's `--ensemble K --ensemble-every N` (None: its default), the median
     vote (K = 0: none)."""
     from .data import generate_trace
-    from .tuning import tune_all
 
     # the saved policies are found and checked before the baselines' half hour, not after it
     saved = {}
@@ -209,18 +227,13 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
     specs = test_specs(trace, budget.test_episodes, case.warm)
-    rows: dict[str, dict[str, list[dict]]] = {p: {} for p in budget.protocols}   # protocol -> method -> runs
-    tuned = {}
     t0 = time.perf_counter()
-    # every rule tuned on training days only (the fixed Grid-rho rows have one "combination")
-    results, ctx = tune_all(setting, trace, 0.95, episodes=budget.tune_episodes, warm=case.warm)
-    for name, res in results.items():
-        tuned[name] = {"params": res.params, "safe_on_training_days": res.safe, "training_days": res.metrics}
-    evals = [(case, trace_seed, name, res.params, ctx, protocol, specs, budget.test_episodes)
-             for protocol in budget.protocols for name, res in results.items()]
-    for (_, _, name, _, _, protocol, _, _), metrics in zip(
-            evals, map_runs(_evaluate_baseline, evals, workers, progress, desc=f"baselines {case.key}")):
-        rows[protocol][name] = [metrics]
+    results, tested = tune_and_test_baselines(case, trace, trace_seed, 0.95, budget.tune_episodes, specs,
+                                              budget.test_episodes, budget.protocols, workers, progress)
+    tuned = {name: {"params": res.params, "safe_on_training_days": res.safe, "training_days": res.metrics}
+             for name, res in results.items()}
+    rows: dict[str, dict[str, list[dict]]] = {p: {name: [m] for name, m in tested[p].items()}
+                                              for p in budget.protocols}   # protocol -> method -> runs
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
     n_paper = budget.test_episodes if budget.paper_protocol else 0

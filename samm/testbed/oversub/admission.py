@@ -95,7 +95,8 @@ class VmProcess:
     row: int
     pm: int
     proc: subprocess.Popen
-    cpu_ns_at_step: int = 0      # its CPU time when the current step began
+    cpu_ns_at_step: int = 0      # its CPU time when the current step began (or when it started)
+    t_at_step: float = 0.0       # when that was: a VM started after its step began is measured from its start
 
 
 @dataclass
@@ -137,6 +138,19 @@ def proc_cpu_ns(pid: int) -> int | None:
     except OSError:
         return None
     return total
+
+
+def subscriber_usage_rates(sub: np.ndarray, cores: np.ndarray, used_ns: np.ndarray, since: np.ndarray,
+                           begin: float, now: float, n_subscribers: int, scale: float) -> np.ndarray:
+    """Each subscriber's usage rate (cores used / cores requested) over a step begun at `begin`,
+    from its VMs' CPU time used since `since` (NaN: none live). A worker let go after the step
+    began (step 0's, whose interpreters start in it) burns only from then, so its rate is taken
+    over the time it ran, not the whole step."""
+    span = np.maximum(now - np.maximum(begin, since), 1e-6)
+    used = np.bincount(sub, weights=used_ns / 1e9 / span / scale, minlength=n_subscribers)
+    req = np.bincount(sub, weights=np.asarray(cores, dtype=float), minlength=n_subscribers)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(req > 0, used / req, np.nan)
 
 
 class AdmissionExecutor:
@@ -393,7 +407,7 @@ class AdmissionExecutor:
                 self.cluster.release(pm, float(self.assigned[v]), float(self.w.mem[v]), float(self.w.net[v]))
                 self.pm_of[v] = NO_PM
                 continue
-            self.procs[v] = VmProcess(v, pm, p, proc_cpu_ns(p.pid) or 0)
+            self.procs[v] = VmProcess(v, pm, p, proc_cpu_ns(p.pid) or 0, self.clock())
 
     @staticmethod
     def _handshake(p: subprocess.Popen, deadline: float) -> None:
@@ -414,21 +428,21 @@ class AdmissionExecutor:
     def _measure_rates(self, step: int, now: float, final: bool) -> np.ndarray:
         """Per-subscriber usage rate (used / requested cores) of the VMs live in `step`, from its
         start to `now`; `final` (the step is over) makes `now` the next step's base."""
-        n = self.setting.n_subscribers
-        used, req = np.zeros(n), np.zeros(n)
-        span = max(now - self.step_start(step), 1e-6)
+        rows, used_ns, since = [], [], []
         for vp in list(self.procs.values()) + self.leaving:
             ns = proc_cpu_ns(vp.proc.pid)
             if ns is None:
                 continue
             if self.w.arrive[vp.row] <= step:  # VMs admitted for the next step are not in it yet
-                sub = int(self.w.sub[vp.row])
-                used[sub] += (ns - vp.cpu_ns_at_step) / 1e9 / span / self.scale
-                req[sub] += float(self.w.cores[vp.row])
+                rows.append(vp.row)
+                used_ns.append(ns - vp.cpu_ns_at_step)
+                since.append(vp.t_at_step)
             if final:
-                vp.cpu_ns_at_step = ns
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(req > 0, used / req, np.nan)
+                vp.cpu_ns_at_step, vp.t_at_step = ns, now
+        rows = np.asarray(rows, dtype=int)
+        return subscriber_usage_rates(self.w.sub[rows], self.w.cores[rows], np.asarray(used_ns, dtype=float),
+                                      np.asarray(since, dtype=float), self.step_start(step), now,
+                                      self.setting.n_subscribers, self.scale)
 
     def begin_step(self, k: int) -> None:
         """Step k has just begun: close step k-1's per-VM measurement, stop the VMs that left."""
@@ -439,7 +453,7 @@ class AdmissionExecutor:
             self.records[k - 1].sub_usage_rate = rates.tolist()
         else:
             for vp in self.procs.values():
-                vp.cpu_ns_at_step = proc_cpu_ns(vp.proc.pid) or 0
+                vp.cpu_ns_at_step, vp.t_at_step = proc_cpu_ns(vp.proc.pid) or 0, now
         for vp in self.leaving:
             self.cg.release(vp.proc.pid)  # it has left its PM: its exit is not the PM's CPU
             _stop(vp.proc)
