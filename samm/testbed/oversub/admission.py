@@ -427,7 +427,8 @@ class AdmissionExecutor:
     # ------------------------------------------------------------------ measurement
     def _measure_rates(self, step: int, now: float, final: bool) -> np.ndarray:
         """Per-subscriber usage rate (used / requested cores) of the VMs live in `step`, from its
-        start to `now`; `final` (the step is over) makes `now` the next step's base."""
+        start (or each VM's, if later) to `now`; `final` (the step is over) makes `now` the next
+        step's base."""
         rows, used_ns, since = [], [], []
         for vp in list(self.procs.values()) + self.leaving:
             ns = proc_cpu_ns(vp.proc.pid)
