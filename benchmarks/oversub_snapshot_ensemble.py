@@ -8,6 +8,7 @@ last weights alone (the paper's policy), in the same run. How the members act to
 `network.vote`, as `python -m agents.oversubscription.train --ensemble K` keeps them):
 
     median   each agent takes the median of the members' greedy rates (a vote)
+    upper-quartile  the members' 75th-percentile rate (the 4th of 5), between median and max
     mean-q   each agent's action maximises the members' mean Q^i (a snapshot ensemble)
     max      each agent takes the highest (safest) of the members' greedy rates
 

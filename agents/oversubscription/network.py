@@ -81,18 +81,22 @@ class C2MarlNet(nn.Module):
         return self.agent_q(obs).argmax(-1)
 
 
-VOTES = ("median", "mean-q", "max")
+VOTES = ("median", "upper-quartile", "mean-q", "max")
 
 
 def vote(q: torch.Tensor, how: str) -> torch.Tensor:
     """q [K, ..., A] of K members -> the action index each agent takes [...] (ours). RATES ascend, so
     an index's order is its rate's: median is the members' median rate (the lower one for even K),
-    max the safest, mean-q the argmax of the members' mean Q^i (a snapshot ensemble)."""
+    upper-quartile the members' 75th-percentile rate at the higher rank (sorted ascending, index
+    ceil(0.75 (K - 1)): the 4th of 5), between the median and max, the safest, mean-q the argmax of the members'
+    mean Q^i (a snapshot ensemble)."""
     if how == "mean-q":
         return q.mean(0).argmax(-1)
     greedy = q.argmax(-1)
     if how == "median":
         return greedy.median(0).values
+    if how == "upper-quartile":
+        return greedy.sort(0).values[math.ceil(0.75 * (greedy.shape[0] - 1))]
     if how == "max":
         return greedy.max(0).values
     raise ValueError(f"vote must be one of {VOTES}, not {how!r}")

@@ -371,7 +371,8 @@ def main(argv=None) -> int:
                         "six internal-like 0.95 runs in docs/oversubscription.md (snapshot ensembles)")
     p.add_argument("--ensemble-every", type=int, default=ENSEMBLE_EVERY, metavar="N")
     p.add_argument("--ensemble-vote", choices=VOTES, default="median",
-                   help="median: the members' median rate; mean-q: argmax of their mean Q; max: the safest rate")
+                   help="median: the members' median rate; upper-quartile: their 75th-percentile rate (the 4th of 5); "
+                        "mean-q: argmax of their mean Q; max: the safest rate")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.validate_every < 0 or args.validate_episodes < 1 or (args.validate_from is not None
