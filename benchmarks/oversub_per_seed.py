@@ -6,7 +6,8 @@ runs made before, or a seed trained later) without the baselines' half hour.
     .venv/bin/python benchmarks/oversub_per_seed.py --policies DIR --case internal-warm --alpha 0.95 --seeds 1,2,3
 
 The policies are found and checked as `--policies` does (`load_run_policy`); each one is tested on
-the experiment's held-apart episodes (the same seeds, drawn one at a time). With `--checkpoints`, every
+the experiment's held-apart episodes (the same seeds, drawn one at a time). With `--votes`, a saved
+ensemble (`--ensemble K`) is tested under each vote named, its weights unchanged. With `--checkpoints`, every
 checkpoint a `--validate-every` run saved (`checkpoints/episode-E`) is tested too, beside its
 validation-week figures: how well the validation week predicts the test weeks.
 """
@@ -24,6 +25,7 @@ def main(argv=None) -> int:
     from agents.oversubscription.data import generate_trace
     from agents.oversubscription.experiment import (FULL_CASES, QUICK_CASES, held_apart_episodes, kept_episode,
                                                     load_run_policy, policy_name, test_specs)
+    from agents.oversubscription.network import C2MarlEnsemble
     from agents.oversubscription.settings import get_setting
     from agents.oversubscription.train import evaluate_policy, saved_checkpoints
 
@@ -37,6 +39,9 @@ def main(argv=None) -> int:
     p.add_argument("--trace-seed", type=int, default=0)
     p.add_argument("--checkpoints", action="store_true",
                    help="also test every validated checkpoint under each policy's checkpoints/ folder")
+    p.add_argument("--votes", default=None,
+                   help="comma-separated votes (median, upper-quartile, mean-q, max): test a saved ensemble "
+                        "under each, without training again (default: the vote it was saved with)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: session 52 saw two beside trainings run about 10x slower)")
     args = p.parse_args(argv)
@@ -54,16 +59,26 @@ def main(argv=None) -> int:
         policy, seconds = load_run_policy(saved, case, args.alpha, seed, args.trace_seed)
         kept = kept_episode(policy)
         validated = {h["episode"]: h for h in policy.training.get("validation", {}).get("history", [])}
-        tested = [(kept, policy, seconds)]
+        if args.votes:
+            votes = [v.strip() for v in args.votes.split(",") if v.strip()]
+            try:
+                tested = [(kept, policy.with_vote(v), seconds) for v in votes]
+            except ValueError as e:
+                p.error(f"{saved}: {e}")
+        else:
+            tested = [(kept, policy, seconds)]
+        n_kept = len(tested)
         if args.checkpoints:
             for _, d in saved_checkpoints(saved):
                 cp, cp_seconds = load_run_policy(d, case, args.alpha, seed, args.trace_seed)
                 tested.append((cp.training["checkpoint_episode"], cp, cp_seconds))
         for i, (episode, pol, secs) in enumerate(tested):
             m = evaluate_policy(pol.rates, setting, held_apart_episodes(trace, specs, case.warm), warm=case.warm)
-            row = {"case": case.key, "alpha": args.alpha, "seed": seed, "episode": episode, "kept": i == 0,
+            row = {"case": case.key, "alpha": args.alpha, "seed": seed, "episode": episode, "kept": i < n_kept,
                    "pm_hot_r": round(m["pm_hot_r"], 4), "s_cores": round(m["s_cores"], 4),
                    "satisfied": m["satisfied"], "train_seconds": round(secs)}
+            if isinstance(pol.net, C2MarlEnsemble):
+                row["vote"] = pol.net.how
             if episode in validated:
                 row["validation"] = {k: round(validated[episode][k], 4) for k in ("pm_hot_r", "s_cores")}
             print(json.dumps(row), flush=True)

@@ -143,6 +143,21 @@ def test_experiment_acts_with_the_ensemble_of_the_last_snapshots(tmp_path):
             run(tmp_path / "bad", quick=True, seeds=[1], workers=1, progress=False, ensemble=3, **bad)
     res = CliRunner().invoke(cli, ["experiment", "c2marl", "--out", str(tmp_path / "cli"), "--ensemble", "-1"])
     assert res.exit_code != 0 and "--ensemble" in res.output
+    # the saved ensembles tested under another vote: same weights, the vote in the tables
+    again = run(tmp_path / "revoted", quick=True, seeds=[1], test_episodes=1, workers=1, progress=False,
+                alphas=[0.95], held_apart_only=True, policies=tmp_path, ensemble_vote="max")
+    row = again["per_seed"]["tiny-cold"]["C2MARL-0.95"][0]
+    assert row["ensemble"] == {"episodes": [2, 4, 6], "vote": "max"}
+    assert "2, 4, 6 (max vote)" in (tmp_path / "revoted" / "report.md").read_text()
+    assert OversubPolicy.load(tmp_path / "revoted" / "policies" / "tiny-cold-a0.95-s1").net.how == "max"
+    for bad, match in (({"ensemble_vote": "min", "ensemble": 3}, "ensemble_vote must be one of"),
+                       ({"ensemble_vote": "max"}, "ensemble_vote needs ensemble")):
+        with pytest.raises(ValueError, match=match):
+            run(tmp_path / "bad", quick=True, seeds=[1], workers=1, progress=False, episodes=6, **bad)
+    from agents.oversubscription.network import VOTES
+
+    option = next(p for p in cli.commands["experiment"].commands["c2marl"].params if p.name == "ensemble_vote")
+    assert tuple(option.type.choices) == VOTES
 
 
 def test_train_verb_passes_problem_options_through(tmp_path):

@@ -261,3 +261,48 @@ def test_an_ensemble_needs_its_snapshots_inside_the_run_and_excludes_validation(
     assert "exclusive" in capsys.readouterr().err
     assert main(["--setting", "tiny", "--episodes", "2", "--ensemble", "-1"]) == 2
     assert "--ensemble out of range" in capsys.readouterr().err
+
+
+@needs_data
+def test_a_saved_ensemble_is_tested_under_another_vote_without_training_again(tmp_path, capsys):
+    import json
+
+    from agents.oversubscription.network import vote
+    from agents.oversubscription.policy import OversubPolicy
+    from agents.oversubscription.train import main
+
+    run = tmp_path / "tiny-cold-a0.95-s1"
+    assert main(["--setting", "tiny", "--episodes", "6", "--seed", "1", "--updates-per-episode", "2", "--quiet",
+                 "--trace-seed", "0", "--ensemble", "3", "--ensemble-every", "2", "--out", str(run)]) == 0
+    capsys.readouterr()
+    ens = OversubPolicy.load(run)
+    safest = ens.with_vote("max")
+    assert safest.net.how == "max" and ens.net.how == "median"          # a copy: the saved policy keeps its vote
+    assert safest.training["ensemble"]["vote"] == "max" and ens.training["ensemble"]["vote"] == "median"
+    assert safest.metadata()["ensemble"] == {"members": 3, "vote": "max"}
+    obs = np.random.default_rng(1).uniform(0, 2, (32, ens.observation_space.shape[0])).astype(np.float32)
+    import torch
+
+    q = torch.stack([m.agent_q(torch.as_tensor(obs)) for m in ens.net.members])
+    for i, o in enumerate(obs):
+        assert safest.action_indices(o).tolist() == vote(q[:, i:i + 1], "max")[0].tolist()
+    with pytest.raises(ValueError, match="single net"):
+        OversubPolicy.load(run / "last-policy").with_vote("max")
+    with pytest.raises(ValueError, match="vote must be"):
+        ens.with_vote("min")
+
+    mod = _benchmark("oversub_per_seed")
+    assert mod.main(["--policies", str(tmp_path), "--case", "tiny-cold", "--seeds", "1", "--test-episodes", "2",
+                     "--votes", "median,max"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["vote"] for r in rows] == ["median", "max"] and all(r["kept"] for r in rows)
+    assert rows[0]["s_cores"] >= rows[1]["s_cores"]       # the highest rates reserve the most
+    assert mod.main(["--policies", str(tmp_path), "--case", "tiny-cold", "--seeds", "1", "--test-episodes", "2"]) == 0
+    plain = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert (plain["vote"], plain["pm_hot_r"], plain["s_cores"]) == ("median", rows[0]["pm_hot_r"], rows[0]["s_cores"])
+    (tmp_path / "single").mkdir()
+    (run / "last-policy").rename(tmp_path / "single" / "tiny-cold-a0.95-s1")
+    with pytest.raises(SystemExit):
+        mod.main(["--policies", str(tmp_path / "single"), "--case", "tiny-cold", "--seeds", "1",
+                  "--test-episodes", "2", "--votes", "max"])
+    assert "single net" in capsys.readouterr().err

@@ -112,7 +112,8 @@ def _train_one(args) -> dict:
         cfg = replace(C2MarlConfig(alpha=alpha, seed=seed, episodes=episodes), **cfg_overrides)
         t0 = time.perf_counter()
         policy, logs = train(setting, cfg, trace=trace, warm=case.warm, progress=False, validate_every=validate_every,
-                             ensemble=ensemble[0], ensemble_every=ensemble[1] or ENSEMBLE_EVERY)
+                             ensemble=ensemble[0], ensemble_every=ensemble[1] or ENSEMBLE_EVERY,
+                             ensemble_vote=ensemble[2] or "median")
         seconds = time.perf_counter() - t0
     metrics = {HELD_APART: evaluate_policy(policy.rates, setting, held_apart_episodes(trace, test_specs, case.warm),
                                            warm=case.warm)}
@@ -207,12 +208,13 @@ def tune_and_test_baselines(case: Case, trace, trace_seed: int, alpha: float, tu
 def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, progress: bool = True,
              cfg_overrides: dict | None = None, keep_policies: Path | None = None,
              saved_policies: Path | None = None, validate_every: int = 0,
-             ensemble: tuple[int, int | None] = (0, None)) -> dict:
+             ensemble: tuple[int, int | None, str | None] = (0, None, None)) -> dict:
     """One case's table. With `saved_policies` (an earlier run's OUT/policies) its C2MARL policies are
     evaluated instead of trained: the test episodes can grow without training again. `validate_every`:
     train.py's checkpoint selection on the validation week (0: the last weights, the paper).
-    `ensemble`: (K, N) of train.py's `--ensemble K --ensemble-every N` (None: its default), the median
-    vote (K = 0: none)."""
+    `ensemble`: (K, N, vote) of train.py's `--ensemble K --ensemble-every N --ensemble-vote vote` (None:
+    its default; K = 0: none). With `saved_policies` a vote other than None re-votes the saved
+    ensembles (`OversubPolicy.with_vote`), their weights unchanged."""
     from .data import generate_trace
 
     # the saved policies are found and checked before the baselines' half hour, not after it
@@ -223,7 +225,13 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
                 path = Path(saved_policies) / policy_name(case, a, s)
                 if not path.is_dir():
                     raise FileNotFoundError(f"no saved policy {path} (C2MARL-{a:.2f}, seed {s})")
-                saved[a, s] = load_run_policy(path, case, a, s, trace_seed)
+                policy, seconds = load_run_policy(path, case, a, s, trace_seed)
+                if ensemble[2] is not None:
+                    try:
+                        policy = policy.with_vote(ensemble[2])
+                    except ValueError as e:
+                        raise ValueError(f"{path}: {e}") from None
+                saved[a, s] = policy, seconds
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
     specs = test_specs(trace, budget.test_episodes, case.warm)
@@ -351,14 +359,15 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         trace_seed: int = 0, policies: str | Path | None = None, alphas: Sequence[float] | None = None,
         threads: int = 1, held_apart_only: bool = False, validate_every: int = 0, ensemble: int = 0,
         ensemble_every: int | None = None, dual_estimate: str | None = None,
-        budget_margin: float | None = None) -> dict:
+        budget_margin: float | None = None, ensemble_vote: str | None = None) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
     `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
     days (the issue's test) only, not also under the paper's protocol: half the testing time.
     `dual_estimate`: U of the dual update (C2MarlConfig.dual_estimate; None: its default, "broken").
     `budget_margin`: train each level's agent to (1 - alpha) / F of its budget, every verdict still on
-    alpha (C2MarlConfig.budget_margin; None: 1, the paper's)."""
+    alpha (C2MarlConfig.budget_margin; None: 1, the paper's). `ensemble_vote`: how an ensemble's
+    members vote (network.VOTES; None: the median); with `policies`, the saved ensembles re-voted."""
     started = time.perf_counter()
     budget = QUICK if quick else FULL
     if seeds:
@@ -378,6 +387,13 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
             int(ensemble) and int(validate_every)):
         raise ValueError(f"ensemble must be >= 0 and ensemble_every >= 1, and ensemble excludes validate_every "
                          f"(ensemble {ensemble}, ensemble_every {ensemble_every}, validate_every {validate_every})")
+    if ensemble_vote is not None:
+        from .network import VOTES
+
+        if ensemble_vote not in VOTES:
+            raise ValueError(f"ensemble_vote must be one of {list(VOTES)}, not {ensemble_vote!r}")
+        if not int(ensemble) and policies is None:
+            raise ValueError("ensemble_vote needs ensemble (runs trained as ensembles) or policies (saved ensembles)")
     if dual_estimate is not None and dual_estimate not in DUAL_ESTIMATES:
         raise ValueError(f"dual_estimate must be one of {list(DUAL_ESTIMATES)}, not {dual_estimate!r}")
     if dual_estimate is not None and policies is not None:
@@ -418,7 +434,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
                  if v is not None and v != getattr(C2MarlConfig, k)} or None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
                         keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),
-                        ensemble=(int(ensemble), ensemble_every))
+                        ensemble=(int(ensemble), ensemble_every, ensemble_vote))
                for c in chosen]
     figures = _figures(results, out)
     targets, methods = [], {}

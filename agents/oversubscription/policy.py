@@ -94,6 +94,17 @@ class OversubPolicy:
                 "observation_space": space_to_json(self.observation_space),
                 "action_space": space_to_json(self.action_space), "training": self.training}
 
+    def with_vote(self, how: str) -> "OversubPolicy":
+        """The same ensemble's members voting by `how` (network.VOTES): a saved ensemble tested under
+        another vote without training again. A single net has no vote to change."""
+        if not isinstance(self.net, C2MarlEnsemble):
+            raise ValueError(f"policy {self.version} is a single net, not an ensemble: it has no vote to change")
+        training = dict(self.training)
+        if isinstance(training.get("ensemble"), dict):    # the vote changes no weight, only how they act
+            training["ensemble"] = training["ensemble"] | {"vote": how}
+        return type(self)(C2MarlEnsemble(list(self.net.members), how), self.setting, training, self.version,
+                          features=self.features, shield=self.shield)
+
     def save(self, directory) -> Path:
         return save_torch_policy(directory, self.net, self.metadata(), WEIGHTS_FILE, METADATA_FILE)
 

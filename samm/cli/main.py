@@ -748,6 +748,9 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
                    "Excludes --validate-every (docs/oversubscription.md, snapshot ensembles).")
 @click.option("--ensemble-every", type=click.IntRange(min=1), default=None, metavar="N",
               help="Episodes between the ensemble's members (default: train.py's, 100).")
+@click.option("--ensemble-vote", type=click.Choice(["median", "upper-quartile", "mean-q", "max"]), default=None,
+              help="Ours: how an ensemble's members vote (default median); with --policies, the saved "
+                   "ensembles are tested under this vote, their weights unchanged (docs/oversubscription.md).")
 @click.option("--dual-estimate", type=click.Choice(["broken", "pm-max"]), default=None,
               help="Ours: what the dual update of lambda measures. broken (the default): PMs broken per episode "
                    "against 1 - alpha, which every alpha exceeds on our traces, so alpha hardly changes the "
@@ -759,8 +762,8 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
                    "alpha (default 1, the paper's; docs/oversubscription.md, a budget margin).")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
-                      held_apart_only, validate_every, ensemble, ensemble_every, dual_estimate, budget_margin,
-                      quiet) -> None:
+                      held_apart_only, validate_every, ensemble, ensemble_every, ensemble_vote, dual_estimate,
+                      budget_margin, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -770,8 +773,8 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
                             episodes=episodes, test_episodes=test_episodes, workers=workers, policies=policies,
                             alphas=_floats(alphas, "--alphas") if alphas else None, threads=threads,
                             held_apart_only=held_apart_only, validate_every=validate_every, ensemble=ensemble,
-                            ensemble_every=ensemble_every, dual_estimate=dual_estimate,
-                            budget_margin=budget_margin, progress=not quiet)
+                            ensemble_every=ensemble_every, ensemble_vote=ensemble_vote,
+                            dual_estimate=dual_estimate, budget_margin=budget_margin, progress=not quiet)
 
 
 @experiment.command("osdec")
