@@ -27,34 +27,12 @@ import time
 
 import numpy as np
 
-from agents.oversubscription.baselines import make_rule
+from agents.oversubscription.baselines import RoundedUp, make_rule, round_up
 from agents.oversubscription.data import generate_trace
 from agents.oversubscription.experiment import test_specs
 from agents.oversubscription.metrics import broken_pms, satisfied, summarise
 from agents.oversubscription.settings import RATES, get_setting
 from agents.oversubscription.tuning import evaluate_rule, training_context, tuning_sims, tune
-
-_RATES = np.asarray(RATES)
-
-
-def round_up(rates: np.ndarray) -> np.ndarray:
-    """Each rate to the smallest of the agent's RATES at or above it."""
-    idx = np.searchsorted(_RATES, np.asarray(rates) - 1e-12, side="left")
-    return _RATES[np.minimum(idx, len(_RATES) - 1)]
-
-
-class RoundedUp:
-    """A rule whose rates are rounded up to the agent's action set."""
-
-    def __init__(self, rule):
-        self.rule, self.name = rule, f"{rule.name} rounded up to RATES"
-
-    def reset(self) -> None:
-        self.rule.reset()
-
-    def rates(self, view) -> np.ndarray:
-        return round_up(self.rule.rates(view))
-
 
 STATS = {"max": lambda u: u.max(axis=1),
          "p90": lambda u: np.nanpercentile(np.where(u > 0, u, np.nan), 90, axis=1),

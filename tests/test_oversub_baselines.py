@@ -289,9 +289,12 @@ def test_hindsight_reference_rounds_up_to_the_agents_rates_and_reserves_from_fut
         "oversub_hindsight", Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_hindsight.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    Hindsight, round_up = mod.Hindsight, mod.round_up
+    from agents.oversubscription.baselines import round_up
+
+    Hindsight = mod.Hindsight
 
     assert list(round_up(np.array([0.05, 0.2, 0.21, 0.55, 0.61, 1.0]))) == [0.2, 0.2, 0.3, 0.6, 1.0, 1.0]
+    assert list(round_up(np.array([0.61, 0.7, 0.95, 1.0]), (0.2, 0.6, 0.7, 0.8, 0.9, 1.0))) == [0.7, 0.7, 1.0, 1.0]
     trace = generate_trace("tiny", 0)
     w = trace.test_workload(0, 1)
     sim = OversubSim(SETTINGS["tiny"], w)

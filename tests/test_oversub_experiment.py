@@ -19,6 +19,8 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     assert summary["setting"]["dual_estimate"] == "broken"      # the default, named in the summary
     assert summary["setting"]["budget_margin"] == 1.0
     report = (tmp_path / "report.md").read_text()
+    assert summary["setting"]["rates"] == [0.2, 0.3, 0.4, 0.5, 0.6, 1.0]
+    assert "C2MARL's action set: 0.2, 0.3, 0.4, 0.5, 0.6, 1 (the paper's" in report
     for row in ("Grid-0.2", "Grid-1.0", "MA", "SL", "NSigma", "Percentile", "Max", "BorgDefault",
                 "C2MARL-0.75", "C2MARL-0.85", "C2MARL-0.95"):
         assert f"| {row} |" in report

@@ -166,6 +166,28 @@ def forecast_to_rate(forecast: np.ndarray, headroom: float, lo: float) -> np.nda
     return np.where(np.isfinite(f), out, 1.0)
 
 
+def round_up(rates: np.ndarray, grid=RATES) -> np.ndarray:
+    """Each rate to the smallest rate of `grid` (ascending) at or above it; above the largest, the largest."""
+    g = np.asarray(grid, dtype=np.float64)
+    idx = np.searchsorted(g, np.asarray(rates, dtype=np.float64) - 1e-12, side="left")
+    return g[np.minimum(idx, len(g) - 1)]
+
+
+class RoundedUp:
+    """A rule whose rates are rounded up to an agent's action set (default the paper's RATES): what the
+    rule would save, and how safe it would be, if it had to choose as the learned agent does."""
+
+    def __init__(self, rule: RateRule, grid=RATES, label: str = "RATES"):
+        self.rule, self.grid = rule, tuple(grid)
+        self.name = f"{rule.name} rounded up to {label}"
+
+    def reset(self) -> None:
+        self.rule.reset()
+
+    def rates(self, view: View) -> np.ndarray:
+        return round_up(self.rule.rates(view), self.grid)
+
+
 # ----------------------------------------------------------------------------- static rules
 class GridRule:
     """One static rate rho for every subscriber (Govindaraju et al. 2015, as the paper's Grid-rho)."""

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from .network import C2MarlNet
-from .settings import RATES
+from .settings import rate_grid
 
 DUAL_ESTIMATES = ("broken", "pm-max")     # what U of Eq. 11 measures (C2MarlConfig.dual_estimate)
 
@@ -105,6 +105,9 @@ class C2MarlConfig:
     # the agent sees the floor; "none" is the paper's agent
     shield: str = "none"
     shield_headroom: float = 2.25
+    # the action set by name (settings.RATE_GRIDS): "paper" is §6.2's six rates; "tenths" (ours) adds
+    # 0.7, 0.8 and 0.9
+    rates: str = "paper"
     seed: int = 0
     torch_threads: int = 1
 
@@ -160,7 +163,8 @@ class C2Marl:
         self.cfg, self.c = cfg, float(constraint_bound)
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
-        self.n_agents, self.obs_dim, self.n_actions = n_agents, obs_dim, len(RATES)
+        self.rates = np.asarray(rate_grid(cfg.rates))
+        self.n_agents, self.obs_dim, self.n_actions = n_agents, obs_dim, len(self.rates)
         self.net = C2MarlNet(n_agents, obs_dim, self.n_actions, cfg.hidden)
         self.target = copy.deepcopy(self.net)
         for p in self.target.parameters():
@@ -244,7 +248,7 @@ def epsilon_at(cfg: C2MarlConfig, episode: int) -> float:
 
 def run_training_episode(agent: C2Marl, sim, setting, episode: int, obs_fn, mask_fn, shield=None) -> EpisodeLog:
     """One episode of Alg. 1 (lines 3-16) on an `OversubSim`. `obs_fn(view, floor)`; with a
-    `shield` (shield.py) the simulator gets max(RATES[a], floor) and the replay keeps a."""
+    `shield` (shield.py) the simulator gets max(rates[a], floor) and the replay keeps a."""
     cfg = agent.cfg
     eps = epsilon_at(cfg, episode)
     agent.size_replay(sim.T)
@@ -258,7 +262,7 @@ def run_training_episode(agent: C2Marl, sim, setting, episode: int, obs_fn, mask
     steps = []
     while view is not None:
         a = agent.act(obs, eps)
-        rates = np.asarray(RATES)[a] if floor is None else shield.apply(np.asarray(RATES)[a], floor)
+        rates = agent.rates[a] if floor is None else shield.apply(agent.rates[a], floor)
         rows = view.vm_rows
         view, res = sim.step(rates)
         r = res.saved_cores * cfg.reward_scale

@@ -28,7 +28,7 @@ from agents.parallel import map_runs
 from agents.report import Target, experiment_summary, markdown_table, write_summary
 
 from .c2marl import DUAL_ESTIMATES, C2MarlConfig, check_budget_margin
-from .settings import ALPHAS, RATES, get_setting
+from .settings import ALPHAS, RATES, get_setting, rate_grid
 
 PAPER = {"title": "Learning Cooperative Oversubscription for Cloud by Chance-Constrained Multi-Agent RL (C2MARL)",
          "file": "c2marl-oversubscription.txt"}
@@ -359,7 +359,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         trace_seed: int = 0, policies: str | Path | None = None, alphas: Sequence[float] | None = None,
         threads: int = 1, held_apart_only: bool = False, validate_every: int = 0, ensemble: int = 0,
         ensemble_every: int | None = None, dual_estimate: str | None = None,
-        budget_margin: float | None = None, ensemble_vote: str | None = None) -> dict:
+        budget_margin: float | None = None, ensemble_vote: str | None = None, rates: str | None = None) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
     `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
@@ -367,7 +367,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     `dual_estimate`: U of the dual update (C2MarlConfig.dual_estimate; None: its default, "broken").
     `budget_margin`: train each level's agent to (1 - alpha) / F of its budget, every verdict still on
     alpha (C2MarlConfig.budget_margin; None: 1, the paper's). `ensemble_vote`: how an ensemble's
-    members vote (network.VOTES; None: the median); with `policies`, the saved ensembles re-voted."""
+    members vote (network.VOTES; None: the median); with `policies`, the saved ensembles re-voted.
+    `rates`: the agents' action set by name (settings.RATE_GRIDS; None: the paper's)."""
     started = time.perf_counter()
     budget = QUICK if quick else FULL
     if seeds:
@@ -402,6 +403,10 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         budget_margin = check_budget_margin(budget_margin)
     if budget_margin is not None and policies is not None:
         raise ValueError("budget_margin is how runs are trained; --policies evaluates saved policies as they are")
+    if rates is not None:
+        rate_grid(rates)
+        if policies is not None:
+            raise ValueError("rates is how runs are trained; --policies evaluates saved policies as they are")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if episodes:
@@ -430,7 +435,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         if saved.resolve() == (out / "policies").resolve():
             raise ValueError("--policies must name another run's directory than --out")
     overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate),
-                                   ("budget_margin", budget_margin))
+                                   ("budget_margin", budget_margin), ("rates", rates))
                  if v is not None and v != getattr(C2MarlConfig, k)} or None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
                         keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),
@@ -467,7 +472,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     summary = experiment_summary(
         "oversubscription", PAPER,
         {"cases": [r["case"] for r in results], "budget": {k: v for k, v in budget.__dict__.items()},
-         "quick": quick, "trace_seed": trace_seed, "rates": list(RATES),
+         "quick": quick, "trace_seed": trace_seed,
+         "rates": None if policies is not None else list(rate_grid(rates or C2MarlConfig.rates)),
          "dual_estimate": None if policies is not None else dual_estimate or C2MarlConfig.dual_estimate,
          "budget_margin": None if policies is not None else float(budget_margin or C2MarlConfig.budget_margin),
          "differences": "synthetic traces calibrated to Azure's public distributions (the paper's internal and "
@@ -486,6 +492,10 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
 def _report(out: Path, results: list[dict], summary: dict) -> None:
     lines = ["# C2MARL oversubscription: ours beside the paper", "",
              "Command: `samm experiment c2marl --out DIR` (see docs/oversubscription.md for every choice).", ""]
+    rates = summary["setting"].get("rates")
+    if rates is not None:     # the baselines' rates are continuous; the agents choose from this set
+        lines += [f"C2MARL's action set: {', '.join(f'{r:g}' for r in rates)}"
+                  + (" (the paper's, §6.2)." if tuple(rates) == RATES else " (ours, not the paper's six rates)."), ""]
     for res in results:
         lines += [f"## {res['case']} ({PAPER_TABLE_OF.get(res['case'], 'ours only')})", ""]
         for protocol in PROTOCOLS:

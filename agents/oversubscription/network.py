@@ -85,7 +85,7 @@ VOTES = ("median", "upper-quartile", "mean-q", "max")
 
 
 def vote(q: torch.Tensor, how: str) -> torch.Tensor:
-    """q [K, ..., A] of K members -> the action index each agent takes [...] (ours). RATES ascend, so
+    """q [K, ..., A] of K members -> the action index each agent takes [...] (ours). Rates ascend, so
     an index's order is its rate's: median is the members' median rate (the lower one for even K),
     upper-quartile the members' 75th-percentile rate at the higher rank (sorted ascending, index
     ceil(0.75 (K - 1)): the 4th of 5), between the median and max, the safest, mean-q the argmax of the members'
@@ -113,7 +113,7 @@ class C2MarlEnsemble(nn.Module):
             raise ValueError(f"vote must be one of {VOTES}, not {how!r}")
         self.members = nn.ModuleList(members)
         self.how = how
-        self.hidden = members[0].hidden
+        self.hidden, self.n_actions = members[0].hidden, members[0].n_actions
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
         return vote(torch.stack([m.agent_q(obs) for m in self.members]), self.how)

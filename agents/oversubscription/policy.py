@@ -1,7 +1,7 @@
 """A trained C2MARL policy as SAMM hosts it: each agent's greedy action on its own Q^i (the
 decentralised execution of §5.3; Q^c is a training device and is not needed to act).
 
-    policy.rates(view)                 -> [N] rates from RATES (simulator, live admission path)
+    policy.rates(view)                 -> [N] rates from its action set (simulator, live admission path)
     policy.decide(observation_vector)  -> Decision(action=[N] rate indices)   (Policy protocol)
     policy.save(dir) / OversubPolicy.load(dir)
 
@@ -9,8 +9,11 @@ Its network is one C2MarlNet or, from `--ensemble K` (ours), a C2MarlEnsemble of
 snapshots voting per agent; the metadata's "ensemble" says which, and load rebuilds the same.
 
 A shielded policy (shield.py, ours) carries its N-sigma floor and the prior it starts from: `rates`
-computes the floor from the view's usage history and returns max(RATES[a], floor); its observation
+computes the floor from the view's usage history and returns max(rates[a], floor); its observation
 vector ends with the floor, so `decide` applies the same max (its `info["rates"]`).
+
+The action set is the paper's RATES unless the policy was trained on another (`C2MarlConfig.rates`,
+ours); the metadata's "rates" holds it (policies saved before it was configurable held RATES there).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from agents.spaces import check_spaces, space_from_json, space_to_json
 from .features import observation, observation_size
 from .network import C2MarlEnsemble, C2MarlNet
 from .baselines import rates_from_prior
-from .settings import RATES, SETTINGS, Setting
+from .settings import RATES, SETTINGS, Setting, check_rates
 from .shield import Shield
 
 KIND = "c2marl"
@@ -39,10 +42,10 @@ WEIGHTS_FILE = "weights.pt"
 SHIPPED_DIR = Path(__file__).parent / "policies" / "c2marl-azure-0.95"
 
 
-def oversub_spaces(setting: Setting, features: str = "paper", floor: bool = False
+def oversub_spaces(setting: Setting, features: str = "paper", floor: bool = False, n_rates: int = len(RATES)
                    ) -> tuple[spaces.Box, spaces.MultiDiscrete]:
     obs = spaces.Box(low=0.0, high=np.inf, shape=(observation_size(setting, features, floor),), dtype=np.float32)
-    act = spaces.MultiDiscrete([len(RATES)] * setting.n_subscribers)
+    act = spaces.MultiDiscrete([n_rates] * setting.n_subscribers)
     return obs, act
 
 
@@ -52,14 +55,19 @@ class OversubPolicy:
     stateful = False
 
     def __init__(self, net: C2MarlNet | C2MarlEnsemble, setting: Setting, training: dict | None = None,
-                 version: str | None = None, features: str = "paper", shield: Shield | None = None):
+                 version: str | None = None, features: str = "paper", shield: Shield | None = None,
+                 rates=RATES):
         self.net = net.eval()
+        self.rate_set = np.asarray(check_rates(rates))
+        if self.rate_set.size != net.n_actions:
+            raise ValueError(f"{self.rate_set.size} rates for a network of {net.n_actions} actions")
         self.setting = setting
         self.features = features
         self.shield = shield
         self.training = training or {}
         self.version = version or "unversioned"
-        self.observation_space, self.action_space = oversub_spaces(setting, features, shield is not None)
+        self.observation_space, self.action_space = oversub_spaces(setting, features, shield is not None,
+                                                                   self.rate_set.size)
 
     def initial_state(self):
         return None
@@ -70,12 +78,12 @@ class OversubPolicy:
 
     def rates(self, view) -> np.ndarray:
         floor = None if self.shield is None else self.shield.floor_fresh(view)
-        chosen = np.asarray(RATES)[self.action_indices(observation(view, self.setting, self.features, floor))]
+        chosen = self.rate_set[self.action_indices(observation(view, self.setting, self.features, floor))]
         return chosen if floor is None else Shield.apply(chosen, floor)
 
     def decide(self, observation_vec, state=None, *, mask=None, deterministic: bool = True):
         a = self.action_indices(observation_vec)
-        rates = np.asarray(RATES)[a]
+        rates = self.rate_set[a]
         if self.shield is not None:   # the observation ends with the floor (features.observation)
             n = self.setting.n_subscribers
             rates = Shield.apply(rates, np.asarray(observation_vec, dtype=np.float64).reshape(-1)[-n:])
@@ -86,7 +94,8 @@ class OversubPolicy:
         from samm import __version__
 
         return {"kind": KIND, "problem": PROBLEM, "format": FORMAT, "version": self.version,
-                "samm_version": __version__, "setting": asdict(self.setting), "rates": list(RATES),
+                "samm_version": __version__, "setting": asdict(self.setting),
+                "rates": self.rate_set.tolist(),
                 "features": self.features, "hidden": self.net.hidden,
                 "shield": None if self.shield is None else self.shield.to_json(),
                 "ensemble": None if not isinstance(self.net, C2MarlEnsemble)
@@ -103,7 +112,7 @@ class OversubPolicy:
         if isinstance(training.get("ensemble"), dict):    # the vote changes no weight, only how they act
             training["ensemble"] = training["ensemble"] | {"vote": how}
         return type(self)(C2MarlEnsemble(list(self.net.members), how), self.setting, training, self.version,
-                          features=self.features, shield=self.shield)
+                          features=self.features, shield=self.shield, rates=self.rate_set)
 
     def save(self, directory) -> Path:
         return save_torch_policy(directory, self.net, self.metadata(), WEIGHTS_FILE, METADATA_FILE)
@@ -119,6 +128,7 @@ class OversubPolicy:
             saved_obs = space_from_json(meta["observation_space"])
             saved_act = space_from_json(meta["action_space"])
             shield = None if meta.get("shield") is None else Shield.from_json(meta["shield"], setting.n_subscribers)
+            rates = check_rates(meta.get("rates", RATES))
             ensemble = meta.get("ensemble")
             if ensemble is not None:
                 members, how = int(ensemble["members"]), str(ensemble["vote"])
@@ -127,15 +137,16 @@ class OversubPolicy:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
         floor = shield is not None
-        check_spaces(saved_obs, saved_act, *oversub_spaces(setting, features, floor), what=str(d))
-        shape = (setting.n_subscribers, observation_size(setting, features, floor), len(RATES), hidden)
+        check_spaces(saved_obs, saved_act, *oversub_spaces(setting, features, floor, len(rates)), what=str(d))
+        shape = (setting.n_subscribers, observation_size(setting, features, floor), len(rates), hidden)
         try:
             net = C2MarlNet(*shape) if ensemble is None else C2MarlEnsemble([C2MarlNet(*shape) for _ in range(members)],
                                                                              how)
         except ValueError as e:
             raise ValueError(f"{d / METADATA_FILE}: {e}") from None
         load_torch_weights(d, net, WEIGHTS_FILE, METADATA_FILE)
-        return cls(net, setting, meta.get("training"), meta.get("version"), features=features, shield=shield)
+        return cls(net, setting, meta.get("training"), meta.get("version"), features=features, shield=shield,
+                   rates=rates)
 
 
 #: hosted rule name -> (baselines.RULES name, parameters tuned on the Azure-like training days at

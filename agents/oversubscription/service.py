@@ -90,7 +90,7 @@ class AdmitResponse(BaseModel):
     subscriber: int
     rate: float = Field(description="Oversubscription rate: the VM reserves rate x its requested cores.")
     reserved_cores: float
-    rates_offered: list[float] = Field(description="The action set (§6.2).")
+    rates_offered: list[float] = Field(description="The agent's action set (§6.2's unless it was trained on another).")
     agent: str
     policy_version: str | None = None
     latency_ms: float = Field(description="Time the policy took to decide (ms).")
@@ -177,6 +177,13 @@ def decide_rates(policy, view: View, name: str) -> tuple[np.ndarray, float]:
     return rates, ms
 
 
+def offered(policy) -> list[float]:
+    """The rates a policy chooses among: a learned policy's action set, else the paper's (the rules'
+    rates are continuous, so they report the agent's set for comparison, as before)."""
+    grid = getattr(policy, "rate_set", None)
+    return [float(r) for r in (RATES if grid is None else grid)]
+
+
 def _policy_of(source, name: str):
     from agents.problem_service import hosted_policy
 
@@ -194,7 +201,7 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
         rates, ms = decide_rates(policy, build_view(req, [req], n), name)
         rate = float(rates[req.subscriber])
         return AdmitResponse(subscriber=req.subscriber, rate=rate, reserved_cores=rate * req.cores,
-                             rates_offered=list(RATES), agent=name, policy_version=_version(policy),
+                             rates_offered=offered(policy), agent=name, policy_version=_version(policy),
                              latency_ms=round(ms, 4))
 
     async def admit_batch(req: BatchAdmitRequest) -> BatchAdmitResponse:
@@ -206,7 +213,7 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
         rates, ms = decide_rates(policy, build_view(req, req.requests, n), name)
         version = _version(policy)
         decisions = [AdmitResponse(subscriber=r.subscriber, rate=float(rates[r.subscriber]),
-                                   reserved_cores=float(rates[r.subscriber]) * r.cores, rates_offered=list(RATES),
+                                   reserved_cores=float(rates[r.subscriber]) * r.cores, rates_offered=offered(policy),
                                    agent=name, policy_version=version, latency_ms=round(ms, 4))
                      for r in req.requests]
         return BatchAdmitResponse(decisions=decisions, rates=rates.tolist(), agent=name, policy_version=version,

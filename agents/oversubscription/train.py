@@ -33,7 +33,7 @@ from .features import observation, observation_size, request_mask
 from .metrics import satisfied, summarise
 from .network import VOTES, C2MarlEnsemble
 from .policy import OversubPolicy
-from .settings import RATES, SETTINGS, Setting, get_setting
+from .settings import RATE_GRIDS, SETTINGS, Setting, get_setting
 from .sim import OversubSim, run_episode
 
 
@@ -143,7 +143,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
         if validate_every and done >= validate_from and (
                 (done - validate_from) % validate_every == 0 or done == cfg.episodes):
             candidate = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features,
-                                      shield=copy.deepcopy(shield))
+                                      shield=copy.deepcopy(shield), rates=agent.rates)
             t0 = time.perf_counter()
             m = evaluate_policy(candidate.rates, setting, validation_episodes(trace, validate_episodes, warm),
                                 warm=warm)
@@ -164,7 +164,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
         bar.close()
     elapsed = time.perf_counter() - start
     training.update(seconds=elapsed, final_lambda=agent.lam, constraint_bound=agent.c)
-    last = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features, shield=shield,
+    last = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features, shield=shield, rates=agent.rates,
                          training={**training, "checkpoint": "last", "checkpoint_episode": cfg.episodes})
     policy = last
     if chosen is not None:
@@ -175,7 +175,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
         policy = chosen
     if snapshots:
         policy = OversubPolicy(C2MarlEnsemble([net for _, net in snapshots], ensemble_vote), setting,
-                               features=cfg.features, shield=shield,
+                               features=cfg.features, shield=shield, rates=agent.rates,
                                training={**training, "checkpoint": "ensemble", "checkpoint_episode": cfg.episodes,
                                          "ensemble": {"episodes": [e for e, _ in snapshots], "vote": ensemble_vote}})
     if out is not None:
@@ -345,6 +345,9 @@ def main(argv=None) -> int:
                    help="nsigma (ours): floor every rate at the N-sigma rule's with --shield-headroom; the agent "
                         "sees the floor and may only reserve more")
     p.add_argument("--shield-headroom", type=float, default=None)
+    p.add_argument("--rates", choices=sorted(RATE_GRIDS), default=None,
+                   help="the agents' action set: paper (default, §6.2's 0.2-0.6 and 1) or tenths (ours: adds 0.7, "
+                        "0.8 and 0.9)")
     p.add_argument("--updates-per-episode", type=int, default=None,
                    help=f"gradient updates after each episode (K of Alg. 1; default {C2MarlConfig.updates_per_episode})")
     p.add_argument("--hidden", type=int, default=None,
@@ -399,7 +402,8 @@ def main(argv=None) -> int:
                                  ("budget_margin", args.budget_margin),
                                  ("shield_headroom", args.shield_headroom),
                                  ("updates_per_episode", args.updates_per_episode), ("hidden", args.hidden),
-                                 ("eps_decay_frac", args.eps_decay_frac), ("torch_threads", args.threads))
+                                 ("eps_decay_frac", args.eps_decay_frac), ("torch_threads", args.threads),
+                                 ("rates", args.rates))
                if v is not None}
     cfg = replace(cfg, **changes)
     try:

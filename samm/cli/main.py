@@ -760,10 +760,13 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
 @click.option("--budget-margin", type=click.FloatRange(min=1.0), default=None, metavar="F",
               help="Ours: train each level's agents to (1 - alpha) / F of its budget; every verdict stays on "
                    "alpha (default 1, the paper's; docs/oversubscription.md, a budget margin).")
+@click.option("--rates", type=click.Choice(["paper", "tenths"]), default=None,
+              help="The agents' action set: paper (the default, §6.2's 0.2-0.6 and 1) or tenths (ours: adds 0.7, "
+                   "0.8 and 0.9; docs/oversubscription.md, the action set).")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
                       held_apart_only, validate_every, ensemble, ensemble_every, ensemble_vote, dual_estimate,
-                      budget_margin, quiet) -> None:
+                      budget_margin, rates, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -774,7 +777,8 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
                             alphas=_floats(alphas, "--alphas") if alphas else None, threads=threads,
                             held_apart_only=held_apart_only, validate_every=validate_every, ensemble=ensemble,
                             ensemble_every=ensemble_every, ensemble_vote=ensemble_vote,
-                            dual_estimate=dual_estimate, budget_margin=budget_margin, progress=not quiet)
+                            dual_estimate=dual_estimate, budget_margin=budget_margin, rates=rates,
+                            progress=not quiet)
 
 
 @experiment.command("osdec")
