@@ -145,3 +145,23 @@ def test_the_grid_benchmark_rounds_a_tuned_rule_up_and_the_coarser_grid_saves_le
     wrapped = RoundedUp(Fixed(), TENTHS, "tenths")
     assert wrapped.name == "fixed rounded up to tenths" and list(wrapped.rates(None)) == [0.2, 0.7, 1.0]
     assert list(round_up(np.array([0.65]))) == [1.0]
+
+
+def test_the_gym_env_on_tenths_passes_the_checker_and_reserves_at_the_chosen_rate():
+    from gymnasium.utils.env_checker import check_env
+
+    from agents.oversubscription.env import OversubscriptionEnv
+
+    env = OversubscriptionEnv("tiny", workload_fn=lambda rng: toy_workload(seed=int(rng.integers(100))),
+                              rates="tenths")
+    assert list(env.action_space.nvec) == [9] * TINY.n_subscribers
+    check_env(env, skip_render_check=True)
+    env.reset(seed=1)
+    _, _, _, _, info = env.step(np.full(3, 5, np.int64))          # index 5 = 0.7, absent from the paper's set
+    rec = env._sim.record
+    assert rec.steps == 1 and rec.requested_cores > 0
+    assert rec.assigned_cores == pytest.approx(0.7 * rec.requested_cores)
+    with pytest.raises(ValueError, match="indices into"):
+        env.step(np.full(3, 9, np.int64))
+    with pytest.raises(ValueError, match="rates must be one of"):
+        OversubscriptionEnv("tiny", rates="halves")

@@ -1,7 +1,8 @@
 """Oversub Gym (§6.2) as a Gymnasium environment: one step = one hour, all subscribers act at once.
 
 * Observation: `features.observation` (the paper's per-subscriber state, requests and hour).
-* Action: MultiDiscrete([6] * N), an index into RATES per subscriber; a subscriber without a
+* Action: MultiDiscrete([6] * N), an index into RATES per subscriber (`rates="tenths"`, ours:
+  MultiDiscrete([9] * N) over settings.RATE_GRIDS["tenths"]); a subscriber without a
   request this step is ignored (`info["request_mask"]`, Eq. 9's m_t).
 * Reward: the cores the rates saved this step divided by Z (`reward_scale`, §6.2); the constraint
   is NOT folded in: `info["cost"]` = C_c(s) (1 when any PM is hot) lets a constrained learner add
@@ -19,7 +20,7 @@ import numpy as np
 
 from .features import observation, request_mask
 from .policy import oversub_spaces
-from .settings import RATES, get_setting
+from .settings import get_setting, rate_grid
 from .sim import OversubSim
 
 
@@ -28,8 +29,9 @@ class OversubscriptionEnv(gym.Env):
 
     def __init__(self, setting="azure", split: str = "train", warm: bool = False, trace_seed: int = 0,
                  train_usage: str = "logged", reward_scale: float | None = None,
-                 workload_fn: Callable | None = None):
+                 workload_fn: Callable | None = None, rates: str = "paper"):
         self.setting = get_setting(setting)
+        self.rates = np.asarray(rate_grid(rates))
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', not {split!r}")
         if train_usage not in ("logged", "redrawn"):
@@ -37,7 +39,7 @@ class OversubscriptionEnv(gym.Env):
         self.split, self.warm, self.trace_seed, self.train_usage = split, warm, trace_seed, train_usage
         self.reward_scale = reward_scale if reward_scale is not None else 1.0 / self.setting.pm_cores
         self.workload_fn = workload_fn
-        self.observation_space, self.action_space = oversub_spaces(self.setting)
+        self.observation_space, self.action_space = oversub_spaces(self.setting, n_rates=self.rates.size)
         self._sim: OversubSim | None = None
         self._view = None
         self._episode = 0
@@ -68,9 +70,9 @@ class OversubscriptionEnv(gym.Env):
         if self._sim is None:
             raise RuntimeError("call reset() first")
         a = np.asarray(action, dtype=np.int64).reshape(-1)
-        if a.shape != (self.setting.n_subscribers,) or a.min() < 0 or a.max() >= len(RATES):
-            raise ValueError(f"action must be {self.setting.n_subscribers} indices into {RATES}")
-        view, res = self._sim.step(np.asarray(RATES)[a])
+        if a.shape != (self.setting.n_subscribers,) or a.min() < 0 or a.max() >= self.rates.size:
+            raise ValueError(f"action must be {self.setting.n_subscribers} indices into {self.rates.tolist()}")
+        view, res = self._sim.step(self.rates[a])
         terminated = view is None
         if terminated:
             obs = observation(self._view, self.setting)
