@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoints", action="store_true",
                    help="also test every validated checkpoint under each policy's checkpoints/ folder")
     p.add_argument("--votes", default=None,
-                   help="comma-separated votes (median, upper-quartile, mean-q, max): test a saved ensemble "
+                   help="comma-separated votes (median, p60, upper-quartile, mean-q, max): test a saved ensemble "
                         "under each, without training again (default: the vote it was saved with)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: session 52 saw two beside trainings run about 10x slower)")

@@ -178,7 +178,9 @@ def test_an_ensemble_votes_the_median_rate_or_maximises_the_mean_q_or_takes_the_
     assert vote(q, "upper-quartile").tolist() == [2, 2]      # K = 3: ceil(0.75 * 2) = the highest
     assert vote(q[:2], "upper-quartile").tolist() == [1, 2]  # K = 2: the higher of two
     five = torch.eye(6)[[0, 4, 1, 3, 2]].unsqueeze(1)          # five members, one agent, rates 0, 4, 1, 3, 2
-    assert [vote(five, how).item() for how in ("median", "upper-quartile", "max")] == [2, 3, 4]
+    assert [vote(five, how).item() for how in ("median", "p60", "upper-quartile", "max")] == [2, 3, 3, 4]
+    nine = torch.eye(9)[[8, 0, 7, 1, 6, 2, 5, 3, 4]].unsqueeze(1)   # nine members, rates 0..8 shuffled
+    assert [vote(nine, how).item() for how in ("median", "p60", "upper-quartile", "max")] == [4, 5, 6, 8]
     assert vote(q, "mean-q").tolist() == [1, 0]      # mean Q: 1.0/1.3/0.2 and 1.67/0.07/0.33
     assert vote(q[:2], "median").tolist() == [0, 0]   # even K: the lower median
     assert vote(q[:1], "mean-q").tolist() == vote(q[:1], "median").tolist() == vote(q[:1], "max").tolist() == [0, 2]
@@ -195,8 +197,8 @@ def test_the_ensemble_benchmark_of_one_checkpoint_is_the_last_weights(tmp_path, 
     _tiny_validated_run(run, capsys)
     assert mod.main(["--runs", str(run), "--last", "1", "--test-episodes", "2"]) == 0
     rows = {r["how"]: r for r in (json.loads(line) for line in capsys.readouterr().out.splitlines())}
-    assert set(rows) == {"last", "mean-q", "median", "upper-quartile", "max"} and rows["mean-q"]["members"] == [6]
-    for how in ("mean-q", "median", "upper-quartile", "max"):
+    assert set(rows) == {"last", "mean-q", "median", "p60", "upper-quartile", "max"} and rows["mean-q"]["members"] == [6]
+    for how in ("mean-q", "median", "p60", "upper-quartile", "max"):
         assert (rows[how]["pm_hot_r"], rows[how]["s_cores"]) == (rows["last"]["pm_hot_r"], rows["last"]["s_cores"])
         assert rows[how]["s_cores_vs_last"] == 1.0
     assert mod.main(["--runs", str(run), "--last", "3", "--how", "max", "--test-episodes", "2"]) == 0

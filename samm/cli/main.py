@@ -748,7 +748,7 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
                    "Excludes --validate-every (docs/oversubscription.md, snapshot ensembles).")
 @click.option("--ensemble-every", type=click.IntRange(min=1), default=None, metavar="N",
               help="Episodes between the ensemble's members (default: train.py's, 100).")
-@click.option("--ensemble-vote", type=click.Choice(["median", "upper-quartile", "mean-q", "max"]), default=None,
+@click.option("--ensemble-vote", type=click.Choice(["median", "p60", "upper-quartile", "mean-q", "max"]), default=None,
               help="Ours: how an ensemble's members vote (default median); with --policies, the saved "
                    "ensembles are tested under this vote, their weights unchanged (docs/oversubscription.md).")
 @click.option("--dual-estimate", type=click.Choice(["broken", "pm-max"]), default=None,
