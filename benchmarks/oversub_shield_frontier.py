@@ -1,7 +1,8 @@
-"""Do shielded C2MARL policies beat the N-sigma rule's own frontier on held-apart days?
+"""Do shielded or headroom C2MARL policies beat the N-sigma rule's own frontier on held-apart days?
 
 A shielded policy (agents/oversubscription/shield.py) reserves max(its RATES choice, the N-sigma
-rule's rate at an aggressive headroom). It is worth having only if, at the PM-Hot-R it reaches,
+rule's rate at an aggressive headroom); a headroom policy (`--action headroom`) reserves its chosen
+headroom times the N-sigma forecast. Either is worth having only if, at the PM-Hot-R it reaches,
 it saves more cores than N-sigma alone reaches by raising its headroom uniformly. This runs the
 N-sigma rule (the tuned n = 2, window = 24) at several headrooms and the given policies on the same
 held-apart episodes as the Table 3 run of `samm experiment c2marl` (trace seed 0, test seeds
@@ -29,7 +30,12 @@ class _Saved:
     def __init__(self, directory: str):
         self.policy = OversubPolicy.load(directory)
         shield = self.policy.shield
-        self.name = directory + ("" if shield is None else f" (shield h={shield.spec.headroom:g})")
+        if shield is None:
+            self.name = directory
+        elif shield.spec.mode == "headroom":
+            self.name = f"{directory} (headrooms {min(self.policy.action_values):g}-{max(self.policy.action_values):g})"
+        else:
+            self.name = f"{directory} (shield h={shield.spec.headroom:g})"
 
     def reset(self) -> None:
         pass

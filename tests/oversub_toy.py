@@ -25,3 +25,15 @@ def toy_workload(n_subscribers=3, steps=48, per_step=2, cores=4.0, life=6, usage
     return Workload(n_subscribers=n_subscribers, steps=steps, sub=sub, arrive=arrive, depart=depart,
                     cores=np.full(len(rows), cores), mem=np.full(len(rows), 8.0), net=np.full(len(rows), 1.0),
                     usage=u, name="toy")
+
+
+def views_at_rate_one(setting, workload) -> list:
+    """Every view of one episode rolled at rate 1 (the usage history does not depend on the rates)."""
+    from agents.oversubscription.sim import OversubSim
+
+    sim = OversubSim(setting, workload)
+    view, out = sim.reset(), []
+    while view is not None:
+        out.append(view)
+        view, _ = sim.step(np.ones(setting.n_subscribers))
+    return out

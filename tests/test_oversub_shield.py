@@ -9,21 +9,14 @@ from agents.oversubscription.c2marl import C2MarlConfig
 from agents.oversubscription.features import observation_size
 from agents.oversubscription.settings import RATES, SETTINGS
 from agents.oversubscription.shield import Shield, ShieldSpec
-from agents.oversubscription.sim import OversubSim
 
-from oversub_toy import toy_workload
+from oversub_toy import toy_workload, views_at_rate_one
 
 S = SETTINGS["tiny"]
 
 
 def _views(workload):
-    """Every view of one episode, rolled at rate 1 (the history does not depend on the rates)."""
-    sim = OversubSim(S, workload)
-    view, out = sim.reset(), []
-    while view is not None:
-        out.append(view)
-        view, _ = sim.step(np.ones(S.n_subscribers))
-    return out
+    return views_at_rate_one(S, workload)
 
 
 def test_floor_is_the_nsigma_rule_with_the_shields_knobs_incremental_or_fresh():
@@ -45,9 +38,9 @@ def test_floor_is_the_nsigma_rule_with_the_shields_knobs_incremental_or_fresh():
 
 
 def test_shield_only_raises_rates_and_survives_json_with_gaps():
-    assert np.array_equal(Shield.apply(np.array([0.2, 0.6, 1.0]), np.array([0.5, 0.3, 0.4])), [0.5, 0.6, 1.0])
     prior = np.array([[0.1, np.nan, 0.3], [0.2, 0.25, np.nan]])
     s = Shield(ShieldSpec(headroom=3.0), 3, prior)
+    assert np.array_equal(s.apply(np.array([0.2, 0.6, 1.0]), np.array([0.5, 0.3, 0.4])), [0.5, 0.6, 1.0])
     back = Shield.from_json(s.to_json(), 3)
     assert back.spec == s.spec
     assert np.array_equal(np.isnan(back.prior), np.isnan(prior))

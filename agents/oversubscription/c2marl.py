@@ -108,6 +108,12 @@ class C2MarlConfig:
     # the action set by name (settings.RATE_GRIDS): "paper" is §6.2's six rates; "tenths" (ours) adds
     # 0.7, 0.8 and 0.9
     rates: str = "paper"
+    # what an action index means (settings.ACTIONS): "rate" is the paper's (an index into `rates`);
+    # "headroom" (ours) an index into settings.HEADROOM_SCALES x the anchor's tuned headroom over the
+    # N-sigma forecast, `anchor` "tuned" (N-sigma tuned on the training days at alpha, as the baseline)
+    # or "N,WINDOW,HEADROOM" (train.anchor_spec)
+    action: str = "rate"
+    anchor: str = "tuned"
     seed: int = 0
     torch_threads: int = 1
 
@@ -159,12 +165,17 @@ class EpisodeLog:
 
 
 class C2Marl:
-    def __init__(self, n_agents: int, obs_dim: int, cfg: C2MarlConfig, constraint_bound: float):
+    """`action_values`: what each action index stands for, ascending (default: the rates of `cfg.rates`;
+    a headroom agent's headrooms, which depend on its tuned anchor)."""
+
+    def __init__(self, n_agents: int, obs_dim: int, cfg: C2MarlConfig, constraint_bound: float,
+                 action_values=None):
         self.cfg, self.c = cfg, float(constraint_bound)
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
-        self.rates = np.asarray(rate_grid(cfg.rates))
-        self.n_agents, self.obs_dim, self.n_actions = n_agents, obs_dim, len(self.rates)
+        self.action_values = np.asarray(rate_grid(cfg.rates) if action_values is None else action_values,
+                                        dtype=np.float64)
+        self.n_agents, self.obs_dim, self.n_actions = n_agents, obs_dim, len(self.action_values)
         self.net = C2MarlNet(n_agents, obs_dim, self.n_actions, cfg.hidden)
         self.target = copy.deepcopy(self.net)
         for p in self.target.parameters():
@@ -248,7 +259,8 @@ def epsilon_at(cfg: C2MarlConfig, episode: int) -> float:
 
 def run_training_episode(agent: C2Marl, sim, setting, episode: int, obs_fn, mask_fn, shield=None) -> EpisodeLog:
     """One episode of Alg. 1 (lines 3-16) on an `OversubSim`. `obs_fn(view, floor)`; with a
-    `shield` (shield.py) the simulator gets max(rates[a], floor) and the replay keeps a."""
+    `shield` (shield.py) the simulator gets shield.apply(values[a], floor) (max(rates[a], floor), or
+    the headroom times the forecast) and the replay keeps a."""
     cfg = agent.cfg
     eps = epsilon_at(cfg, episode)
     agent.size_replay(sim.T)
@@ -262,7 +274,8 @@ def run_training_episode(agent: C2Marl, sim, setting, episode: int, obs_fn, mask
     steps = []
     while view is not None:
         a = agent.act(obs, eps)
-        rates = agent.rates[a] if floor is None else shield.apply(agent.rates[a], floor)
+        values = agent.action_values[a]
+        rates = values if floor is None else shield.apply(values, floor)
         rows = view.vm_rows
         view, res = sim.step(rates)
         r = res.saved_cores * cfg.reward_scale

@@ -125,7 +125,7 @@ def _train_one(args) -> dict:
         "lam": [l.lam for l in logs], "reward": [l.reward for l in logs]}
     return {"case": case.key, "alpha": alpha, "seed": seed, "metrics": metrics, "train_seconds": seconds,
             "curve": curve, "policy": policy, "checkpoint_episode": kept_episode(policy),
-            "ensemble": (policy.training or {}).get("ensemble")}
+            "ensemble": (policy.training or {}).get("ensemble"), "anchor": (policy.training or {}).get("anchor")}
 
 
 def kept_episode(policy) -> int | None:
@@ -253,7 +253,8 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
         for protocol, metrics in r["metrics"].items():
             rows[protocol].setdefault(f"C2MARL-{r['alpha']:.2f}", []).append(
                 metrics | {"train_seconds": r["train_seconds"], "seed": r["seed"],
-                           "checkpoint_episode": r["checkpoint_episode"], "ensemble": r.get("ensemble")})
+                           "checkpoint_episode": r["checkpoint_episode"], "ensemble": r.get("ensemble"),
+                           "anchor": r.get("anchor")})
         if r["curve"] is not None:
             curves.setdefault(r["alpha"], []).append(r["curve"])
         if keep_policies is not None:
@@ -291,15 +292,23 @@ def per_seed(res: dict, protocol: str = HELD_APART) -> dict[str, list[dict]]:
     """Each C2MARL row's seeds one by one: whether every seed meets its level is what the mean hides."""
     return {name: [{"seed": r["seed"], "pm_hot_r": r["pm_hot_r"], "s_cores": r["s_cores"],
                     "satisfied": r["satisfied"][name.split("-")[1]],
-                    "checkpoint_episode": r.get("checkpoint_episode"), "ensemble": r.get("ensemble")} for r in rows]
+                    "checkpoint_episode": r.get("checkpoint_episode"), "ensemble": r.get("ensemble"),
+                    "anchor": r.get("anchor")} for r in rows]
             for name, rows in res["rows"][protocol].items() if name.startswith("C2MARL")}
 
 
 def per_seed_table(res: dict, protocol: str = HELD_APART) -> str:
+    runs = [(name, r) for name, rs in per_seed(res, protocol).items() for r in sorted(rs, key=lambda r: r["seed"])]
+    anchors = any(r.get("anchor") for _, r in runs)
     out = [[name, r["seed"], f"{100 * r['pm_hot_r']:.1f}", f"{100 * r['s_cores']:.1f}",
-            "✓" if r["satisfied"] else "✗", _weights(r)]
-           for name, runs in per_seed(res, protocol).items() for r in sorted(runs, key=lambda r: r["seed"])]
-    return markdown_table(["method", "seed", "PM-Hot-R %", "S-Cores %", "own level met", "weights of episode"], out)
+            "✓" if r["satisfied"] else "✗", _weights(r)] + ([_anchor(r)] if anchors else []) for name, r in runs]
+    return markdown_table(["method", "seed", "PM-Hot-R %", "S-Cores %", "own level met", "weights of episode"]
+                          + (["N-sigma anchor (n, window, headroom)"] if anchors else []), out)
+
+
+def _anchor(r: dict) -> str:
+    a = r.get("anchor")
+    return "–" if not a else f"{a['n']:g}, {a['window']}, {a['headroom']:g} ({a['source']})"
 
 
 def _weights(r: dict) -> str:
@@ -359,7 +368,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         trace_seed: int = 0, policies: str | Path | None = None, alphas: Sequence[float] | None = None,
         threads: int = 1, held_apart_only: bool = False, validate_every: int = 0, ensemble: int = 0,
         ensemble_every: int | None = None, dual_estimate: str | None = None,
-        budget_margin: float | None = None, ensemble_vote: str | None = None, rates: str | None = None) -> dict:
+        budget_margin: float | None = None, ensemble_vote: str | None = None, rates: str | None = None,
+        action: str | None = None, anchor: str | None = None) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
     `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
@@ -368,7 +378,9 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     `budget_margin`: train each level's agent to (1 - alpha) / F of its budget, every verdict still on
     alpha (C2MarlConfig.budget_margin; None: 1, the paper's). `ensemble_vote`: how an ensemble's
     members vote (network.VOTES; None: the median); with `policies`, the saved ensembles re-voted.
-    `rates`: the agents' action set by name (settings.RATE_GRIDS; None: the paper's)."""
+    `rates`: the agents' action set by name (settings.RATE_GRIDS; None: the paper's). `action`: what an
+    action index means (settings.ACTIONS; None: "rate", the paper's); "headroom" (ours) scales the N-sigma
+    forecast, its `anchor` "tuned" (the default) or "N,WINDOW,HEADROOM" (train.parse_anchor)."""
     started = time.perf_counter()
     budget = QUICK if quick else FULL
     if seeds:
@@ -407,6 +419,17 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         rate_grid(rates)
         if policies is not None:
             raise ValueError("rates is how runs are trained; --policies evaluates saved policies as they are")
+    if action is not None or anchor is not None:
+        from .settings import check_action
+        from .train import parse_anchor
+
+        check_action(action or C2MarlConfig.action)
+        parse_anchor(anchor or C2MarlConfig.anchor)
+        if policies is not None:
+            raise ValueError("action and anchor are how runs are trained; "
+                             "--policies evaluates saved policies as they are")
+        if anchor is not None and (action or C2MarlConfig.action) != "headroom":
+            raise ValueError("anchor is the headroom action's; pass action='headroom'")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if episodes:
@@ -435,7 +458,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         if saved.resolve() == (out / "policies").resolve():
             raise ValueError("--policies must name another run's directory than --out")
     overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate),
-                                   ("budget_margin", budget_margin), ("rates", rates))
+                                   ("budget_margin", budget_margin), ("rates", rates), ("action", action),
+                                   ("anchor", anchor))
                  if v is not None and v != getattr(C2MarlConfig, k)} or None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
                         keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),
@@ -473,7 +497,9 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         "oversubscription", PAPER,
         {"cases": [r["case"] for r in results], "budget": {k: v for k, v in budget.__dict__.items()},
          "quick": quick, "trace_seed": trace_seed,
-         "rates": None if policies is not None else list(rate_grid(rates or C2MarlConfig.rates)),
+         "rates": None if policies is not None or (action or C2MarlConfig.action) == "headroom"
+         else list(rate_grid(rates or C2MarlConfig.rates)),
+         "action": None if policies is not None else action or C2MarlConfig.action,
          "dual_estimate": None if policies is not None else dual_estimate or C2MarlConfig.dual_estimate,
          "budget_margin": None if policies is not None else float(budget_margin or C2MarlConfig.budget_margin),
          "differences": "synthetic traces calibrated to Azure's public distributions (the paper's internal and "
@@ -496,6 +522,10 @@ def _report(out: Path, results: list[dict], summary: dict) -> None:
     if rates is not None:     # the baselines' rates are continuous; the agents choose from this set
         lines += [f"C2MARL's action set: {', '.join(f'{r:g}' for r in rates)}"
                   + (" (the paper's, §6.2)." if tuple(rates) == RATES else " (ours, not the paper's six rates)."), ""]
+    if summary["setting"].get("action") == "headroom":
+        lines += ["C2MARL's action (ours, not the paper's rates): each agent picks a multiple (5/6, 11/12, 1, 13/12, "
+                  "7/6, 4/3) of the N-sigma rule's headroom over its subscriber's N-sigma usage forecast; the "
+                  "anchor of each run is listed under its case.", ""]
     for res in results:
         lines += [f"## {res['case']} ({PAPER_TABLE_OF.get(res['case'], 'ours only')})", ""]
         for protocol in PROTOCOLS:

@@ -14,6 +14,10 @@ vector ends with the floor, so `decide` applies the same max (its `info["rates"]
 
 The action set is the paper's RATES unless the policy was trained on another (`C2MarlConfig.rates`,
 ours); the metadata's "rates" holds it (policies saved before it was configurable held RATES there).
+
+A headroom policy (`C2MarlConfig.action="headroom"`, ours) carries its N-sigma anchor as a shield in
+"headroom" mode; its action values are headrooms (the metadata's "headrooms", "rates" null) and its
+rate for subscriber i is clip(headroom[a_i] * forecast_i, 0.2, 1), the forecast last in its observation.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ from agents.spaces import check_spaces, space_from_json, space_to_json
 from .features import observation, observation_size
 from .network import C2MarlEnsemble, C2MarlNet
 from .baselines import rates_from_prior
-from .settings import RATES, SETTINGS, Setting, check_rates
+from .settings import RATES, SETTINGS, Setting, check_headrooms, check_rates
 from .shield import Shield
 
 KIND = "c2marl"
@@ -58,16 +62,24 @@ class OversubPolicy:
                  version: str | None = None, features: str = "paper", shield: Shield | None = None,
                  rates=RATES):
         self.net = net.eval()
-        self.rate_set = np.asarray(check_rates(rates))
-        if self.rate_set.size != net.n_actions:
-            raise ValueError(f"{self.rate_set.size} rates for a network of {net.n_actions} actions")
+        self.headroom = shield is not None and shield.spec.mode == "headroom"
+        # `rates`: the action values, rates in (0, 1], or headrooms for a headroom policy
+        self.action_values = np.asarray(check_headrooms(rates) if self.headroom else check_rates(rates))
+        if self.action_values.size != net.n_actions:
+            what = "headrooms" if self.headroom else "rates"
+            raise ValueError(f"{self.action_values.size} {what} for a network of {net.n_actions} actions")
         self.setting = setting
         self.features = features
         self.shield = shield
         self.training = training or {}
         self.version = version or "unversioned"
         self.observation_space, self.action_space = oversub_spaces(setting, features, shield is not None,
-                                                                   self.rate_set.size)
+                                                                   self.action_values.size)
+
+    @property
+    def rate_set(self) -> np.ndarray | None:
+        """The rates the agents choose from; None for a headroom policy (its rates are continuous)."""
+        return None if self.headroom else self.action_values
 
     def initial_state(self):
         return None
@@ -78,15 +90,15 @@ class OversubPolicy:
 
     def rates(self, view) -> np.ndarray:
         floor = None if self.shield is None else self.shield.floor_fresh(view)
-        chosen = self.rate_set[self.action_indices(observation(view, self.setting, self.features, floor))]
-        return chosen if floor is None else Shield.apply(chosen, floor)
+        chosen = self.action_values[self.action_indices(observation(view, self.setting, self.features, floor))]
+        return chosen if floor is None else self.shield.apply(chosen, floor)
 
     def decide(self, observation_vec, state=None, *, mask=None, deterministic: bool = True):
         a = self.action_indices(observation_vec)
-        rates = self.rate_set[a]
-        if self.shield is not None:   # the observation ends with the floor (features.observation)
+        rates = self.action_values[a]
+        if self.shield is not None:   # the observation ends with the floor or forecast (features.observation)
             n = self.setting.n_subscribers
-            rates = Shield.apply(rates, np.asarray(observation_vec, dtype=np.float64).reshape(-1)[-n:])
+            rates = self.shield.apply(rates, np.asarray(observation_vec, dtype=np.float64).reshape(-1)[-n:])
         return Decision(action=[int(x) for x in a], name="rates " + " ".join(f"{r:g}" for r in rates),
                         info={"rates": [float(r) for r in rates]}), None
 
@@ -95,7 +107,8 @@ class OversubPolicy:
 
         return {"kind": KIND, "problem": PROBLEM, "format": FORMAT, "version": self.version,
                 "samm_version": __version__, "setting": asdict(self.setting),
-                "rates": self.rate_set.tolist(),
+                "rates": None if self.headroom else self.action_values.tolist(),
+                **({"headrooms": self.action_values.tolist()} if self.headroom else {}),
                 "features": self.features, "hidden": self.net.hidden,
                 "shield": None if self.shield is None else self.shield.to_json(),
                 "ensemble": None if not isinstance(self.net, C2MarlEnsemble)
@@ -112,7 +125,7 @@ class OversubPolicy:
         if isinstance(training.get("ensemble"), dict):    # the vote changes no weight, only how they act
             training["ensemble"] = training["ensemble"] | {"vote": how}
         return type(self)(C2MarlEnsemble(list(self.net.members), how), self.setting, training, self.version,
-                          features=self.features, shield=self.shield, rates=self.rate_set)
+                          features=self.features, shield=self.shield, rates=self.action_values)
 
     def save(self, directory) -> Path:
         return save_torch_policy(directory, self.net, self.metadata(), WEIGHTS_FILE, METADATA_FILE)
@@ -128,7 +141,10 @@ class OversubPolicy:
             saved_obs = space_from_json(meta["observation_space"])
             saved_act = space_from_json(meta["action_space"])
             shield = None if meta.get("shield") is None else Shield.from_json(meta["shield"], setting.n_subscribers)
-            rates = check_rates(meta.get("rates", RATES))
+            if shield is not None and shield.spec.mode == "headroom":
+                rates = check_headrooms(meta["headrooms"])
+            else:
+                rates = check_rates(meta.get("rates", RATES))
             ensemble = meta.get("ensemble")
             if ensemble is not None:
                 members, how = int(ensemble["members"]), str(ensemble["vote"])

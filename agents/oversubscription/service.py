@@ -90,7 +90,8 @@ class AdmitResponse(BaseModel):
     subscriber: int
     rate: float = Field(description="Oversubscription rate: the VM reserves rate x its requested cores.")
     reserved_cores: float
-    rates_offered: list[float] = Field(description="The agent's action set (§6.2's unless it was trained on another).")
+    rates_offered: list[float] = Field(description="The agent's action set (§6.2's unless it was trained on another); "
+                                                   "empty for a headroom policy, whose rates are continuous.")
     agent: str
     policy_version: str | None = None
     latency_ms: float = Field(description="Time the policy took to decide (ms).")
@@ -178,8 +179,10 @@ def decide_rates(policy, view: View, name: str) -> tuple[np.ndarray, float]:
 
 
 def offered(policy) -> list[float]:
-    """The rates a policy chooses among: a learned policy's action set, else the paper's (the rules'
-    rates are continuous, so they report the agent's set for comparison, as before)."""
+    """The rates a policy chooses among: a learned policy's action set, none for a headroom policy, else
+    the paper's (the rules' rates are continuous, so they report the agent's set for comparison, as before)."""
+    if getattr(policy, "headroom", False):    # a headroom times a forecast: any rate in [0.2, 1]
+        return []
     grid = getattr(policy, "rate_set", None)
     return [float(r) for r in (RATES if grid is None else grid)]
 

@@ -29,6 +29,38 @@ RATE_GRIDS = {
 }
 
 
+# How an agent's action index becomes a rate (`C2MarlConfig.action`). "rate" is the paper's (§6.2): an index
+# into the action set above. "headroom" (ours, off by default) is an index into HEADROOM_SCALES times the
+# anchor's headroom: rate = clip(scale x h x forecast, RATES[0], 1), the forecast the N-sigma rule's
+# (mean + n std of the subscriber's last `window` usage rates) and (n, window, h) tuned on the training
+# days as the baseline is (shield.py, train.anchor_spec). Why: agents choosing absolute rates learned what
+# was safe for the weeks they trained on and broke PMs on held-apart weeks (Azure-like 0.95: 20-36 % of
+# episodes against 5 %), while the rules, which reserve relative to each subscriber's usage, held their
+# bound; a headroom over a forecast carries from week to week (docs/oversubscription.md, difference 11).
+ACTIONS = ("rate", "headroom")
+# ours: the tuned headroom x 5/6 ... 4/3, so the tuned rule itself is one constant action (index 2) and the
+# agent learns where to reserve less or more than it (Azure-like, 0.95: 2.5 ... 4 around N-sigma's tuned 3)
+HEADROOM_SCALES = (5 / 6, 11 / 12, 1.0, 13 / 12, 7 / 6, 4 / 3)
+
+
+def check_action(action: str) -> str:
+    if action not in ACTIONS:
+        raise ValueError(f"action must be one of {list(ACTIONS)}, not {action!r}")
+    return action
+
+
+def check_headrooms(values) -> tuple[float, ...]:
+    """A headroom policy's action values as a tuple, refused unless positive and strictly ascending
+    (the votes of network.vote rely on the order: a higher index reserves more)."""
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise ValueError(f"headrooms must be a list of numbers, not {values!r}") from None
+    if not out or any(not v > 0.0 for v in out) or any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"headrooms must be positive and ascend strictly, not {list(out)}")
+    return out
+
+
 def rate_grid(name: str) -> tuple[float, ...]:
     """The action set called `name` (RATE_GRIDS), refused by name when unknown."""
     try:

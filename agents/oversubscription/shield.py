@@ -15,6 +15,16 @@ training days' `prior`), with `baselines.NSigmaRule`, so there is one N-sigma im
 `Shield.floor` keeps the rule's history between the steps of one episode (the simulator) and
 starts over when the history is shorter than what it saw; `Shield.floor_fresh` builds it from the
 view alone (the service: each request brings its own history).
+
+The same object anchors the headroom action (`mode="headroom"`, ours; settings.ACTIONS): there the
+"floor" is the N-sigma FORECAST itself (headroom 1, a floor of ANCHOR_LO instead of the smallest rate),
+the agent's action values are headrooms, and
+
+    rate_i = clip(headroom[a_i] * forecast_i, RATES[0], 1)
+
+so the agent scales the rule rather than bounding it; it sees the forecast as the last N values of
+its observation, as a shielded agent sees its floor. A subscriber with no usage history has forecast
+1.0 and so is not oversubscribed, as with the rules.
 """
 from __future__ import annotations
 
@@ -26,6 +36,10 @@ from .baselines import NSigmaRule, rates_from_prior
 from .settings import RATES
 
 
+MODES = ("floor", "headroom")
+ANCHOR_LO = 0.001     # the headroom action's forecast floor: low enough that no tuned headroom meets it
+
+
 @dataclass(frozen=True)
 class ShieldSpec:
     # n and window are the tuned N-sigma's on the Azure-like training days (tuning.py, Table 3 run:
@@ -35,12 +49,20 @@ class ShieldSpec:
     window: int = 24
     headroom: float = 2.25
     lo: float = RATES[0]
+    mode: str = "floor"
 
     def __post_init__(self):
         if self.headroom <= 0 or self.window < 1 or self.n < 0:
             raise ValueError(f"shield needs headroom > 0, window >= 1 and n >= 0, got {self}")
         if not 0.0 < self.lo <= 1.0:
             raise ValueError(f"shield lo must lie in (0, 1], got {self.lo}")
+        if self.mode not in MODES:
+            raise ValueError(f"shield mode must be one of {list(MODES)}, not {self.mode!r}")
+
+    @classmethod
+    def anchor(cls, n: float, window: int) -> "ShieldSpec":
+        """The headroom action's anchor: the N-sigma forecast of (n, window) itself."""
+        return cls(n=float(n), window=int(window), headroom=1.0, lo=ANCHOR_LO, mode="headroom")
 
 
 class Shield:
@@ -64,9 +86,13 @@ class Shield:
         """The same floor computed from the prior and this view's history alone (thread-safe)."""
         return rates_from_prior(self._rule, view)
 
-    @staticmethod
-    def apply(agent_rates: np.ndarray, floor: np.ndarray) -> np.ndarray:
-        return np.maximum(np.asarray(agent_rates, dtype=np.float64), np.asarray(floor, dtype=np.float64))
+    def apply(self, values: np.ndarray, floor: np.ndarray) -> np.ndarray:
+        """The rates the simulator gets from the agent's action values (rates, or headrooms in
+        "headroom" mode) and this step's floor (the forecast in "headroom" mode)."""
+        v, f = np.asarray(values, dtype=np.float64), np.asarray(floor, dtype=np.float64)
+        if self.spec.mode == "headroom":
+            return np.clip(v * f, RATES[0], 1.0)
+        return np.maximum(v, f)
 
     def to_json(self) -> dict:
         return {"kind": "nsigma", **asdict(self.spec),

@@ -33,7 +33,7 @@ from .features import observation, observation_size, request_mask
 from .metrics import satisfied, summarise
 from .network import VOTES, C2MarlEnsemble
 from .policy import OversubPolicy
-from .settings import RATE_GRIDS, SETTINGS, Setting, get_setting
+from .settings import ACTIONS, RATE_GRIDS, SETTINGS, Setting, get_setting
 from .sim import OversubSim, run_episode
 
 
@@ -82,7 +82,9 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     snapshots: list[tuple[int, torch.nn.Module]] = []
     if validate_from is None:
         validate_from = max(1, int(np.ceil(cfg.eps_decay_frac * cfg.episodes)))
-    if trace is None and (workload_fn is None or validate_every or (cfg.shield != "none" and shield_prior is None)):
+    needs_prior = (cfg.shield != "none" or cfg.action == "headroom") and shield_prior is None
+    tuned_anchor = cfg.action == "headroom" and parse_anchor(cfg.anchor) is None
+    if trace is None and (workload_fn is None or validate_every or needs_prior or tuned_anchor):
         from .data import generate_trace
         trace = generate_trace(setting, trace_seed)
     if workload_fn is None:
@@ -106,9 +108,9 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             workload_fn = generated_weeks(setting, trace_seed, cfg.seed, warm)
         else:
             raise ValueError(f"train_usage must be one of {TRAIN_USAGES}, not {train_usage!r}")
-    shield = make_shield(setting, cfg, trace, warm, shield_prior)
+    shield, values, anchor = make_shield(setting, cfg, trace, warm, shield_prior)
     agent = C2Marl(setting.n_subscribers, observation_size(setting, cfg.features, shield is not None), cfg,
-                   constraint_bound(setting, cfg))
+                   constraint_bound(setting, cfg), values)
     obs_fn = lambda v, floor: observation(v, setting, cfg.features, floor)  # noqa: E731
     logs: list[EpisodeLog] = []
     writer = tensorboard_writer(out)
@@ -118,7 +120,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
         bar = tqdm(total=cfg.episodes, unit="ep", file=sys.stderr, mininterval=1.0, desc=f"c2marl {setting.name} a={cfg.alpha}")
     sim_cache: dict[int, OversubSim] = {}
     training = {"config": cfg.to_json(), "trace_seed": trace_seed, "warm": warm, "train_usage": train_usage,
-                "episodes": cfg.episodes}
+                "episodes": cfg.episodes, **({"anchor": anchor} if anchor else {})}
     validation: list[dict] = []
     chosen: OversubPolicy | None = None
     start = time.perf_counter()
@@ -143,7 +145,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
         if validate_every and done >= validate_from and (
                 (done - validate_from) % validate_every == 0 or done == cfg.episodes):
             candidate = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features,
-                                      shield=copy.deepcopy(shield), rates=agent.rates)
+                                      shield=copy.deepcopy(shield), rates=agent.action_values)
             t0 = time.perf_counter()
             m = evaluate_policy(candidate.rates, setting, validation_episodes(trace, validate_episodes, warm),
                                 warm=warm)
@@ -164,7 +166,8 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
         bar.close()
     elapsed = time.perf_counter() - start
     training.update(seconds=elapsed, final_lambda=agent.lam, constraint_bound=agent.c)
-    last = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features, shield=shield, rates=agent.rates,
+    last = OversubPolicy(copy.deepcopy(agent.net), setting, features=cfg.features, shield=shield,
+                         rates=agent.action_values,
                          training={**training, "checkpoint": "last", "checkpoint_episode": cfg.episodes})
     policy = last
     if chosen is not None:
@@ -175,7 +178,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
         policy = chosen
     if snapshots:
         policy = OversubPolicy(C2MarlEnsemble([net for _, net in snapshots], ensemble_vote), setting,
-                               features=cfg.features, shield=shield, rates=agent.rates,
+                               features=cfg.features, shield=shield, rates=agent.action_values,
                                training={**training, "checkpoint": "ensemble", "checkpoint_episode": cfg.episodes,
                                          "ensemble": {"episodes": [e for e, _ in snapshots], "vote": ensemble_vote}})
     if out is not None:
@@ -235,18 +238,64 @@ def _write_rows(rows: list[dict], path: Path) -> None:
 
 
 def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: np.ndarray | None = None):
-    """The configured shield (shield.py) or None; its prior is the training days replayed at rate 1,
-    the same history the baselines start from."""
-    if cfg.shield == "none":
-        return None
-    if cfg.shield != "nsigma":
+    """(shield or None, the agents' action values or None for the rates of `cfg.rates`, the anchor's
+    record for the metadata or None): the configured shield (shield.py), or for `action="headroom"`
+    the N-sigma anchor and its headrooms. The prior is the training days replayed at rate 1, the same
+    history the baselines start from."""
+    from .settings import HEADROOM_SCALES, check_action
+
+    if check_action(cfg.action) == "headroom" and cfg.shield != "none":
+        raise ValueError("the headroom action scales the N-sigma forecast; it takes no shield (shield='none')")
+    if cfg.shield == "none" and cfg.action == "rate":
+        return None, None, None
+    if cfg.shield not in ("none", "nsigma"):
         raise ValueError(f"shield must be 'none' or 'nsigma', not {cfg.shield!r}")
     from .baselines import replay_usage_history
     from .shield import Shield, ShieldSpec
 
+    if cfg.action == "rate":
+        spec, values, record = ShieldSpec(headroom=cfg.shield_headroom), None, None
+    else:
+        n, window, headroom, source = anchor_spec(setting, cfg, trace, warm)
+        spec = ShieldSpec.anchor(n, window)
+        values = tuple(round(headroom * k, 6) for k in HEADROOM_SCALES)
+        record = {"rule": "NSigma", "n": n, "window": window, "headroom": headroom, "source": source}
     if prior is None:
         prior = replay_usage_history(setting, trace.train_workload(warm=warm), warm=warm)
-    return Shield(ShieldSpec(headroom=cfg.shield_headroom), setting.n_subscribers, prior)
+    return Shield(spec, setting.n_subscribers, prior), values, record
+
+
+ANCHOR_TUNE_EPISODES = 20    # the experiment's tuning budget (experiment.Budget.tune_episodes), seed 0 as there
+
+
+def parse_anchor(text: str) -> tuple[float, int, float] | None:
+    """`C2MarlConfig.anchor`: None for "tuned", else (n, window, headroom) from "N,WINDOW,HEADROOM"."""
+    if text == "tuned":
+        return None
+    try:
+        n, window, headroom = (p.strip() for p in str(text).split(","))
+        out = float(n), int(window), float(headroom)
+    except ValueError:
+        raise ValueError(f"anchor must be 'tuned' or 'N,WINDOW,HEADROOM', not {text!r}") from None
+    if out[0] < 0 or out[1] < 1 or not out[2] > 0:
+        raise ValueError(f"anchor needs n >= 0, window >= 1 and headroom > 0, not {text!r}")
+    return out
+
+
+def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool) -> tuple[float, int, float, str]:
+    """(n, window, headroom, where they came from) of the headroom action's N-sigma anchor: given, or
+    tuned on the training days at the run's alpha exactly as the experiment tunes the N-sigma baseline
+    (tuning.tune, same grid, episodes and seed), so the tuned rule is the agent's middle action."""
+    given = parse_anchor(cfg.anchor)
+    if given is not None:
+        return (*given, "given")
+    if trace is None:
+        raise ValueError("a tuned anchor needs the trace's training days (pass trace, or anchor='N,WINDOW,HEADROOM')")
+    from .tuning import tune
+
+    res = tune("NSigma", setting, trace, cfg.alpha, episodes=ANCHOR_TUNE_EPISODES, seed=0, warm=warm)
+    p = res.params
+    return float(p["n"]), int(p["window"]), float(p["headroom"]), "tuned" if res.safe else "tuned (none safe)"
 
 
 def bootstrap_vms(workload, rng: np.random.Generator, volume: tuple[float, float] = (1.0, 1.0)):
@@ -348,6 +397,12 @@ def main(argv=None) -> int:
     p.add_argument("--rates", choices=sorted(RATE_GRIDS), default=None,
                    help="the agents' action set: paper (default, §6.2's 0.2-0.6 and 1) or tenths (ours: adds 0.7, "
                         "0.8 and 0.9)")
+    p.add_argument("--action", choices=ACTIONS, default="rate",
+                   help="rate: each agent picks a rate from --rates (the paper); headroom (ours): a multiple "
+                        "(5/6 ... 4/3) of the anchor's headroom over the N-sigma forecast of its subscriber's usage")
+    p.add_argument("--anchor", default="tuned", metavar="tuned|N,WINDOW,HEADROOM",
+                   help="the headroom action's N-sigma anchor: tuned on the training days at --alpha as the "
+                        "baseline is (default), or given")
     p.add_argument("--updates-per-episode", type=int, default=None,
                    help=f"gradient updates after each episode (K of Alg. 1; default {C2MarlConfig.updates_per_episode})")
     p.add_argument("--hidden", type=int, default=None,
@@ -395,8 +450,16 @@ def main(argv=None) -> int:
         if value is not None and not ok(value):
             print(f"error: {flag} out of range: {value}", file=sys.stderr)
             return 2
+    try:
+        parse_anchor(args.anchor)
+    except ValueError as e:
+        print(f"error: --anchor: {e}", file=sys.stderr)
+        return 2
+    if args.action == "headroom" and args.shield != "none":
+        print("error: --action headroom takes no --shield (it scales the N-sigma forecast itself)", file=sys.stderr)
+        return 2
     cfg = C2MarlConfig(alpha=args.alpha, seed=args.seed, constraint=args.constraint, features=args.features,
-                       shield=args.shield)
+                       shield=args.shield, action=args.action, anchor=args.anchor)
     changes = {k: v for k, v in (("episodes", args.episodes), ("lr", args.lr), ("dual_lr", args.dual_lr),
                                  ("dual_estimate", args.dual_estimate), ("dual_window", args.dual_window),
                                  ("budget_margin", args.budget_margin),
@@ -420,6 +483,10 @@ def main(argv=None) -> int:
         h = {r["episode"]: r for r in policy.training["validation"]["history"]}[policy.training["checkpoint_episode"]]
         print(f"kept the checkpoint of episode {h['episode']}: validation PM-Hot-R {h['pm_hot_r']:.3f}, "
               f"S-Cores {h['s_cores']:.3f}")
+    if policy.training.get("anchor"):
+        a = policy.training["anchor"]
+        print(f"headroom action over N-sigma (n {a['n']:g}, window {a['window']}; {a['source']}): headrooms "
+              f"{', '.join(f'{h:.3g}' for h in policy.action_values)}")
     if policy.training.get("checkpoint") == "ensemble":
         e = policy.training["ensemble"]
         print(f"kept an ensemble ({e['vote']} vote) of the weights of episodes {', '.join(map(str, e['episodes']))}")

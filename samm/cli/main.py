@@ -763,10 +763,17 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
 @click.option("--rates", type=click.Choice(["paper", "tenths"]), default=None,
               help="The agents' action set: paper (the default, §6.2's 0.2-0.6 and 1) or tenths (ours: adds 0.7, "
                    "0.8 and 0.9; docs/oversubscription.md, the action set).")
+@click.option("--action", type=click.Choice(["rate", "headroom"]), default=None,
+              help="What an agent's action means: rate (the default, the paper's) or headroom (ours: a multiple "
+                   "5/6 ... 4/3 of the N-sigma rule's tuned headroom over its usage forecast; "
+                   "docs/oversubscription.md, the headroom action).")
+@click.option("--anchor", default=None, metavar="tuned|N,WINDOW,HEADROOM",
+              help="The headroom action's N-sigma anchor: tuned on the training days at each alpha (the default) "
+                   "or given.")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
                       held_apart_only, validate_every, ensemble, ensemble_every, ensemble_vote, dual_estimate,
-                      budget_margin, rates, quiet) -> None:
+                      budget_margin, rates, action, anchor, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -778,7 +785,7 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
                             held_apart_only=held_apart_only, validate_every=validate_every, ensemble=ensemble,
                             ensemble_every=ensemble_every, ensemble_vote=ensemble_vote,
                             dual_estimate=dual_estimate, budget_margin=budget_margin, rates=rates,
-                            progress=not quiet)
+                            action=action, anchor=anchor, progress=not quiet)
 
 
 @experiment.command("osdec")

@@ -1,0 +1,190 @@
+"""The headroom action (`C2MarlConfig.action="headroom"`, ours): each agent scales the N-sigma rule's
+forecast of its subscriber's usage by one of HEADROOM_SCALES x the anchor's headroom, instead of picking
+a rate. The anchor's forecast, the rate it makes, training and the saved policy, the tuned anchor, the
+admit route and the refusals."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from agents.oversubscription.baselines import NSigmaRule, replay_usage_history
+from agents.oversubscription.c2marl import C2MarlConfig
+from agents.oversubscription.features import observation, observation_size
+from agents.oversubscription.policy import OversubPolicy
+from agents.oversubscription.settings import HEADROOM_SCALES, RATES, SETTINGS, check_headrooms
+from agents.oversubscription.shield import ANCHOR_LO, Shield, ShieldSpec
+from agents.oversubscription.train import main as train_main
+from agents.oversubscription.train import anchor_spec, make_shield, parse_anchor, train
+
+from oversub_toy import toy_workload, views_at_rate_one
+
+S = SETTINGS["tiny"]
+
+
+def _views(workload):
+    return views_at_rate_one(S, workload)
+
+
+def test_the_anchor_is_the_nsigma_forecast_and_a_headroom_scales_it_into_a_rate():
+    prior = replay_usage_history(S, toy_workload(seed=7))
+    anchor = Shield(ShieldSpec.anchor(1.5, 6), S.n_subscribers, prior)
+    rule = NSigmaRule(S.n_subscribers, n=1.5, window=6, headroom=1.0, lo=ANCHOR_LO, prior=prior)
+    for v in _views(toy_workload(seed=1))[:30]:
+        rule.history.sync(v.usage_history)
+        forecast = rule.forecast(v)
+        assert np.allclose(anchor.floor_fresh(v), np.clip(forecast, ANCHOR_LO, 1.0))
+    # rate = clip(h x forecast, the smallest rate, 1): scaled, not floored
+    got = anchor.apply(np.array([2.0, 3.0, 4.0]), np.array([0.05, 0.2, 0.5]))
+    assert np.allclose(got, [RATES[0], 0.6, 1.0])
+    assert np.allclose(anchor.apply(np.array([2.5, 2.5, 2.5]), np.array([0.1, 0.16, 0.3])), [0.25, 0.4, 0.75])
+    # a subscriber with no history at all is not oversubscribed (forecast 1), as with the rules
+    empty = Shield(ShieldSpec.anchor(2.0, 24), S.n_subscribers, None)
+    first = _views(toy_workload(seed=2))[0]
+    assert np.allclose(empty.apply(np.full(S.n_subscribers, 2.5), empty.floor_fresh(first)), 1.0)
+    with pytest.raises(ValueError, match="mode"):
+        ShieldSpec(mode="scale")
+    back = Shield.from_json(anchor.to_json(), S.n_subscribers)
+    assert back.spec == anchor.spec and back.spec.mode == "headroom"
+
+
+def test_headrooms_parse_and_refuse():
+    assert check_headrooms([2.5, 3]) == (2.5, 3.0)
+    for bad in ([3.0, 2.5], [0.0, 1.0], [], ["x"], None):
+        with pytest.raises(ValueError, match="headrooms must"):
+            check_headrooms(bad)
+    assert parse_anchor("tuned") is None and parse_anchor("2, 24, 3") == (2.0, 24, 3.0)
+    for bad in ("2,24", "a,b,c", "2,0,3", "2,24,0", "-1,24,3"):
+        with pytest.raises(ValueError, match="anchor"):
+            parse_anchor(bad)
+    with pytest.raises(ValueError, match="no shield"):
+        make_shield(S, C2MarlConfig(action="headroom", shield="nsigma"), None, False, np.zeros((1, S.n_subscribers)))
+    with pytest.raises(ValueError, match="action must be"):
+        make_shield(S, C2MarlConfig(action="scale"), None, False)
+
+
+def test_training_acts_with_headrooms_over_the_forecast_and_the_saved_policy_does_the_same(tmp_path):
+    ws = [toy_workload(seed=i) for i in range(3)]
+    prior = replay_usage_history(S, ws[0])
+    cfg = C2MarlConfig(episodes=6, seed=2, updates_per_episode=5, action="headroom", anchor="1.5,6,2.0")
+    policy, _ = train(S, cfg, workload_fn=lambda ep: ws[ep % 3], progress=False, out=tmp_path / "p",
+                      shield_prior=prior)
+    headrooms = [round(2.0 * k, 6) for k in HEADROOM_SCALES]
+    assert policy.action_values.tolist() == headrooms and policy.rate_set is None
+    assert policy.observation_space.shape == (observation_size(S, cfg.features) + S.n_subscribers,)
+    meta = json.loads((tmp_path / "p" / "metadata.json").read_text())
+    assert meta["rates"] is None and meta["headrooms"] == headrooms and meta["shield"]["mode"] == "headroom"
+    assert meta["training"]["anchor"] == {"rule": "NSigma", "n": 1.5, "window": 6, "headroom": 2.0, "source": "given"}
+    loaded = OversubPolicy.load(tmp_path / "p")
+    reference = Shield(ShieldSpec.anchor(1.5, 6), S.n_subscribers, prior)
+    for v in _views(ws[1])[:25]:
+        forecast = reference.floor_fresh(v)
+        obs = observation(v, S, cfg.features, forecast)
+        a = loaded.action_indices(obs)
+        rates = loaded.rates(v)
+        assert np.allclose(rates, np.clip(np.array(headrooms)[a] * forecast, RATES[0], 1.0))
+        assert np.allclose(rates, policy.rates(v))
+        d, _ = loaded.decide(obs)
+        assert np.allclose(d.info["rates"], rates)
+    # a headroom list that the network does not fit, or that does not ascend, is refused on load
+    meta["headrooms"] = headrooms[::-1]
+    (tmp_path / "p" / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="ascend"):
+        OversubPolicy.load(tmp_path / "p")
+
+
+def test_a_tuned_anchor_is_the_nsigma_baseline_tuned_on_the_training_days(monkeypatch):
+    import agents.oversubscription.train as train_mod
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.tuning import tune
+
+    monkeypatch.setattr(train_mod, "ANCHOR_TUNE_EPISODES", 3)
+    trace = generate_trace(S, 7)
+    cfg = C2MarlConfig(alpha=0.85, action="headroom")
+    n, window, headroom, source = anchor_spec(S, cfg, trace, False)
+    p = tune("NSigma", S, trace, 0.85, episodes=3, seed=0).params
+    assert (n, window, headroom) == (p["n"], p["window"], p["headroom"]) and source.startswith("tuned")
+    shield, values, record = make_shield(S, cfg, trace, False)
+    assert shield.spec == ShieldSpec.anchor(n, window)
+    assert values == tuple(round(headroom * k, 6) for k in HEADROOM_SCALES)
+    assert values[2] == headroom      # the tuned rule itself is the middle action
+    assert record["source"] == source
+
+
+def test_the_admit_route_hosts_a_headroom_policy(tmp_path):
+    from agents.oversubscription.network import C2MarlNet
+    from agents.oversubscription.service import create_app
+
+    prior = replay_usage_history(S, toy_workload(seed=7))
+    anchor = Shield(ShieldSpec.anchor(2.0, 24), S.n_subscribers, prior)
+    net = C2MarlNet(S.n_subscribers, observation_size(S, "usage", True), len(HEADROOM_SCALES))
+    policy = OversubPolicy(net, S, version="h-1", features="usage", shield=anchor,
+                           rates=[round(3.0 * k, 6) for k in HEADROOM_SCALES])
+    c = TestClient(create_app("c2marl", policy))
+    body = {"subscriber": 1, "cores": 8.0, "mem_gb": 32.0, "net_gbps": 2.0, "hour": 13,
+            "allocated": [[4.0, 16.0, 1.0], [0.0, 0.0, 0.0], [10.0, 40.0, 2.5]],
+            "requested_live": [8.0, 0.0, 10.0], "usage_history": [[0.1, 0.2, None], [0.12, 0.25, 0.3]]}
+    d = c.post("/v1/agents/c2marl/admit", json=body).json()
+    assert d["rates_offered"] == [] and RATES[0] <= d["rate"] <= 1.0
+    assert d["reserved_cores"] == pytest.approx(8.0 * d["rate"])
+
+
+def test_the_cli_and_the_experiment_refuse_a_bad_action_or_anchor(tmp_path, capsys):
+    from agents.oversubscription.experiment import run
+
+    assert train_main(["--setting", "tiny", "--action", "headroom", "--shield", "nsigma", "--episodes", "1"]) == 2
+    assert train_main(["--setting", "tiny", "--action", "headroom", "--anchor", "2,24", "--episodes", "1"]) == 2
+    assert "--anchor" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train_main(["--setting", "tiny", "--action", "scale", "--episodes", "1"])
+    with pytest.raises(ValueError, match="action must be"):
+        run(tmp_path / "x", quick=True, action="scale")
+    with pytest.raises(ValueError, match="anchor is the headroom action's"):
+        run(tmp_path / "x", quick=True, anchor="2,24,3")
+    with pytest.raises(ValueError, match="--policies evaluates"):
+        run(tmp_path / "x", quick=True, action="headroom", policies=tmp_path)
+
+
+def test_the_frontier_benchmark_runs_a_headroom_policy_beside_the_rule(tmp_path, capsys):
+    """benchmarks/oversub_shield_frontier.py: N-sigma at each headroom and the saved policy on the same
+    held-apart episodes; raising the rule's headroom never saves more."""
+    import importlib.util
+    from pathlib import Path
+
+    cfg = C2MarlConfig(episodes=3, seed=1, updates_per_episode=2, action="headroom", anchor="2,24,3.0")
+    train(S, cfg, trace_seed=7, progress=False, out=tmp_path / "p")
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_shield_frontier.py"
+    spec = importlib.util.spec_from_file_location("oversub_shield_frontier", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--setting", "tiny", "--trace-seed", "7", "--episodes", "2", "--headrooms", "2.0", "3.0",
+                     "--policies", str(tmp_path / "p"), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 3 and "(headrooms 2.5-4)" in rows[2]["rule"]
+    assert rows[0]["s_cores"] >= rows[1]["s_cores"]
+
+
+def test_the_shipped_policy_is_a_headroom_policy_anchored_on_the_hosted_nsigma_rule():
+    """`samm serve --agent c2marl` hosts a headroom policy (docs/oversubscription.md, session 63) whose
+    anchor is the N-sigma rule `--agent nsigma` hosts, so its middle action reserves what the rule does."""
+    from agents.oversubscription.policy import HOSTED_RULES, RulePolicy, shipped_policy
+
+    policy = shipped_policy()
+    assert policy.headroom and policy.rate_set is None
+    rule, params = HOSTED_RULES["nsigma"]
+    anchor = policy.training["anchor"]
+    assert (anchor["rule"], anchor["n"], anchor["window"], anchor["headroom"]) == (
+        rule, params["n"], params["window"], params["headroom"])
+    assert policy.action_values[2] == pytest.approx(params["headroom"])
+    # the forecast times the tuned headroom is the hosted rule's rate, on the same history
+    setting = policy.setting
+    views = views_at_rate_one(setting, toy_workload(n_subscribers=setting.n_subscribers, steps=30, seed=3))
+    rule_policy = RulePolicy("nsigma")
+    oversubscribed = 0
+    for view in views[::7]:
+        middle = policy.shield.apply(np.full(setting.n_subscribers, params["headroom"]), policy.shield.floor_fresh(view))
+        assert np.allclose(middle, rule_policy.rates(view))
+        oversubscribed += int((middle < 0.99).sum())
+    assert oversubscribed > 5     # the comparison is not all rates of 1
