@@ -188,3 +188,21 @@ def test_the_shipped_policy_is_a_headroom_policy_anchored_on_the_hosted_nsigma_r
         assert np.allclose(middle, rule_policy.rates(view))
         oversubscribed += int((middle < 0.99).sum())
     assert oversubscribed > 5     # the comparison is not all rates of 1
+
+
+def test_the_admit_latency_benchmark_serves_the_policy_and_the_rule_over_loopback(capsys):
+    """benchmarks/oversub_admit_latency.py: a real `samm serve` answers every admit of both agents."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_admit_latency.py"
+    spec = importlib.util.spec_from_file_location("oversub_admit_latency", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--rate", "40", "--seconds", "0.5", "--history", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["agent"] for r in out["rows"]] == ["c2marl", "nsigma"]
+    for r in out["rows"]:
+        assert r["requests"] == 20 and r["errors"] == 0
+        assert 0 < r["decision_p50_ms"] <= r["round_trip_p99_ms"]
+    assert out["c2marl_over_nsigma"]["decision_p99_ms"] > 0
