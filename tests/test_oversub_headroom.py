@@ -113,6 +113,34 @@ def test_a_tuned_anchor_is_the_nsigma_baseline_tuned_on_the_training_days(monkey
     assert record["source"] == source
 
 
+def test_the_experiment_tunes_each_levels_anchor_once_for_all_its_seeds(tmp_path, monkeypatch):
+    import agents.oversubscription.train as train_mod
+    import agents.oversubscription.tuning as tuning
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import run
+
+    monkeypatch.setattr(train_mod, "ANCHOR_TUNE_EPISODES", 3)
+    calls = []
+    real = tuning.tune
+
+    def counted(rule, *a, **k):
+        calls.append((rule, a[2]))
+        return real(rule, *a, **k)
+
+    monkeypatch.setattr(tuning, "tune", counted)
+    run(tmp_path, quick=True, seeds=[1, 2], episodes=2, test_episodes=1, workers=1, progress=False,
+        alphas=[0.85], held_apart_only=True, action="headroom")
+    # tune_all tunes the baselines at 0.95; the runs' level is tuned once for the two seeds
+    assert [c for c in calls if c[1] == 0.85] == [("NSigma", 0.85)]
+    records = [OversubPolicy.load(tmp_path / "policies" / f"tiny-cold-a0.85-s{s}").training["anchor"] for s in (1, 2)]
+    p = real("NSigma", S, generate_trace(S, 0), 0.85, episodes=3, seed=0).params
+    assert records[0] == records[1] and records[0]["source"].startswith("tuned")
+    assert (records[0]["n"], records[0]["window"], records[0]["headroom"]) == (p["n"], p["window"], p["headroom"])
+    with pytest.raises(ValueError, match="tuned_anchor is for"):
+        train(S, C2MarlConfig(episodes=1, action="headroom", anchor="2,24,3"), progress=False,
+              tuned_anchor=(2.0, 24, 3.0, "tuned"))
+
+
 def test_the_admit_route_hosts_a_headroom_policy(tmp_path):
     from agents.oversubscription.network import C2MarlNet
     from agents.oversubscription.service import create_app

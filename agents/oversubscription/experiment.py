@@ -97,7 +97,7 @@ QUICK = Budget(episodes_cold=60, episodes_warm=60, test_episodes=6, tune_episode
 def _train_one(args) -> dict:
     """One C2MARL training run + its evaluation under both protocols (a worker process)."""
     (case, alpha, seed, episodes, trace_seed, test_specs, n_paper, cfg_overrides, saved, validate_every,
-     ensemble) = args
+     ensemble, tuned_anchor) = args
     import torch
 
     torch.set_num_threads(1)
@@ -113,7 +113,7 @@ def _train_one(args) -> dict:
         t0 = time.perf_counter()
         policy, logs = train(setting, cfg, trace=trace, warm=case.warm, progress=False, validate_every=validate_every,
                              ensemble=ensemble[0], ensemble_every=ensemble[1] or ENSEMBLE_EVERY,
-                             ensemble_vote=ensemble[2] or "median")
+                             ensemble_vote=ensemble[2] or "median", tuned_anchor=tuned_anchor)
         seconds = time.perf_counter() - t0
     metrics = {HELD_APART: evaluate_policy(policy.rates, setting, held_apart_episodes(trace, test_specs, case.warm),
                                            warm=case.warm)}
@@ -245,8 +245,9 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
     n_paper = budget.test_episodes if budget.paper_protocol else 0
+    anchors = tuned_anchors(case, setting, trace, budget.alphas, cfg_overrides or {}) if not saved else {}
     jobs = [(case, a, s, episodes, trace_seed, specs, n_paper, cfg_overrides or {}, saved.get((a, s)), validate_every,
-             ensemble) for a in budget.alphas for s in budget.seeds]
+             ensemble, anchors.get(a)) for a in budget.alphas for s in budget.seeds]
     results = map_runs(_train_one, jobs, workers, progress, desc=f"c2marl {case.key}")
     curves = {}
     for r in results:
@@ -262,6 +263,17 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     return {"case": case.key, "setting": case.setting, "warm": case.warm, "rows": rows, "tuned": tuned,
             "curves": curves, "baseline_seconds": baseline_seconds,
             "trace": trace.describe() if hasattr(trace, "describe") else {}}
+
+
+def tuned_anchors(case: Case, setting, trace, alphas, cfg_overrides: dict) -> dict[float, tuple]:
+    """alpha -> the headroom action's anchor tuned once for every seed of that level (train.anchor_spec,
+    the same tuning each run would repeat); {} unless the runs act with headrooms over a tuned anchor."""
+    from .train import anchor_spec, parse_anchor
+
+    base = replace(C2MarlConfig(), **cfg_overrides)
+    if base.action != "headroom" or parse_anchor(base.anchor) is not None:
+        return {}
+    return {a: anchor_spec(setting, replace(base, alpha=a), trace, case.warm) for a in alphas}
 
 
 def _cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:

@@ -54,7 +54,8 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
           progress: bool = True, workload_fn=None, trace=None, validate_every: int = 0,
           validate_episodes: int = VALIDATION_EPISODES, validate_from: int | None = None,
           shield_prior: np.ndarray | None = None, ensemble: int = 0, ensemble_every: int = ENSEMBLE_EVERY,
-          ensemble_vote: str = "median") -> tuple[OversubPolicy, list[EpisodeLog]]:
+          ensemble_vote: str = "median", tuned_anchor: tuple[float, int, float, str] | None = None,
+          ) -> tuple[OversubPolicy, list[EpisodeLog]]:
     """`shield_prior`: the shield's usage history when `workload_fn` replaces the trace (else the
     trace's training days replayed, as the baselines' prior).
 
@@ -70,7 +71,11 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     `ensemble` = K > 0 (ours, exclusive with validation): the weights of the last episode and of every
     `ensemble_every` episodes before it, K in all, act together as a C2MarlEnsemble voting per agent by
     `ensemble_vote`; that policy is returned and saved to `out`, the last weights to `out/last-policy`.
-    Snapshots are copies of the net, so training is the same as without."""
+    Snapshots are copies of the net, so training is the same as without.
+
+    `tuned_anchor`: the headroom action's anchor already tuned at `cfg.alpha` (`anchor_spec`'s
+    (n, window, headroom, source)), so that runs of one level share one tuning (the experiment's seeds);
+    only with `action="headroom"` and `anchor="tuned"`."""
     setting = get_setting(setting)
     cfg = cfg or C2MarlConfig()
     torch.set_num_threads(max(1, cfg.torch_threads))
@@ -83,8 +88,10 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     if validate_from is None:
         validate_from = max(1, int(np.ceil(cfg.eps_decay_frac * cfg.episodes)))
     needs_prior = (cfg.shield != "none" or cfg.action == "headroom") and shield_prior is None
-    tuned_anchor = cfg.action == "headroom" and parse_anchor(cfg.anchor) is None
-    if trace is None and (workload_fn is None or validate_every or needs_prior or tuned_anchor):
+    tunes_anchor = cfg.action == "headroom" and parse_anchor(cfg.anchor) is None
+    if tuned_anchor is not None and not tunes_anchor:
+        raise ValueError("tuned_anchor is for action='headroom' with anchor='tuned'")
+    if trace is None and (workload_fn is None or validate_every or needs_prior or tunes_anchor):
         from .data import generate_trace
         trace = generate_trace(setting, trace_seed)
     if workload_fn is None:
@@ -108,7 +115,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             workload_fn = generated_weeks(setting, trace_seed, cfg.seed, warm)
         else:
             raise ValueError(f"train_usage must be one of {TRAIN_USAGES}, not {train_usage!r}")
-    shield, values, anchor = make_shield(setting, cfg, trace, warm, shield_prior)
+    shield, values, anchor = make_shield(setting, cfg, trace, warm, shield_prior, tuned_anchor)
     agent = C2Marl(setting.n_subscribers, observation_size(setting, cfg.features, shield is not None), cfg,
                    constraint_bound(setting, cfg), values)
     obs_fn = lambda v, floor: observation(v, setting, cfg.features, floor)  # noqa: E731
@@ -237,11 +244,12 @@ def _write_rows(rows: list[dict], path: Path) -> None:
             w.writerows(rows)
 
 
-def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: np.ndarray | None = None):
+def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: np.ndarray | None = None,
+                tuned_anchor: tuple[float, int, float, str] | None = None):
     """(shield or None, the agents' action values or None for the rates of `cfg.rates`, the anchor's
     record for the metadata or None): the configured shield (shield.py), or for `action="headroom"`
     the N-sigma anchor and its headrooms. The prior is the training days replayed at rate 1, the same
-    history the baselines start from."""
+    history the baselines start from. `tuned_anchor`: anchor_spec's result, when already known."""
     from .settings import HEADROOM_SCALES, check_action
 
     if check_action(cfg.action) == "headroom" and cfg.shield != "none":
@@ -256,7 +264,7 @@ def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: n
     if cfg.action == "rate":
         spec, values, record = ShieldSpec(headroom=cfg.shield_headroom), None, None
     else:
-        n, window, headroom, source = anchor_spec(setting, cfg, trace, warm)
+        n, window, headroom, source = tuned_anchor or anchor_spec(setting, cfg, trace, warm)
         spec = ShieldSpec.anchor(n, window)
         values = tuple(round(headroom * k, 6) for k in HEADROOM_SCALES)
         record = {"rule": "NSigma", "n": n, "window": window, "headroom": headroom, "source": source}
