@@ -1,4 +1,4 @@
-"""The headroom action (`C2MarlConfig.action="headroom"`, ours): each agent scales the N-sigma rule's
+"""The headroom action (`C2MarlConfig.action="headroom"`, ours): each agent scales a production predictor's
 forecast of its subscriber's usage by one of HEADROOM_SCALES x the anchor's headroom, instead of picking
 a rate. The anchor's forecast, the rate it makes, training and the saved policy, the tuned anchor, the
 admit route and the refusals."""
@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from agents.oversubscription.baselines import NSigmaRule, replay_usage_history
+from agents.oversubscription.baselines import MaxRule, NSigmaRule, PercentileRule, replay_usage_history
 from agents.oversubscription.c2marl import C2MarlConfig
 from agents.oversubscription.features import observation, observation_size
 from agents.oversubscription.policy import OversubPolicy
 from agents.oversubscription.settings import HEADROOM_SCALES, RATES, SETTINGS, check_headrooms
 from agents.oversubscription.shield import ANCHOR_LO, Shield, ShieldSpec
 from agents.oversubscription.train import main as train_main
-from agents.oversubscription.train import anchor_spec, make_shield, parse_anchor, train
+from agents.oversubscription.train import anchor_rule, anchor_spec, make_shield, parse_anchor, train
 
 from oversub_toy import toy_workload, views_at_rate_one
 
@@ -50,13 +50,43 @@ def test_the_anchor_is_the_nsigma_forecast_and_a_headroom_scales_it_into_a_rate(
     assert back.spec == anchor.spec and back.spec.mode == "headroom"
 
 
+@pytest.mark.parametrize("rule, cls, params", [("Percentile", PercentileRule, {"p": 95.0, "window": 6}),
+                                               ("Max", MaxRule, {"n": 1.5, "p": 95.0, "window": 6})])
+def test_an_anchor_on_the_percentile_or_max_predictor_is_that_rules_forecast(rule, cls, params):
+    prior = replay_usage_history(S, toy_workload(seed=7))
+    spec = ShieldSpec.from_record({"rule": rule, **params, "headroom": 2.0, "source": "given"})
+    anchor = Shield(spec, S.n_subscribers, prior)
+    reference = cls(S.n_subscribers, **params, headroom=1.0, lo=ANCHOR_LO, prior=prior)
+    nsigma = Shield(ShieldSpec.anchor(1.5, 6), S.n_subscribers, prior)
+    differs = False
+    for v in _views(toy_workload(seed=1))[:30]:
+        reference.history.sync(v.usage_history)
+        assert np.allclose(anchor.floor_fresh(v), np.clip(reference.forecast(v), ANCHOR_LO, 1.0))
+        differs |= not np.allclose(anchor.floor_fresh(v), nsigma.floor_fresh(v))
+    assert differs      # not N-sigma's forecast under another name
+    saved = anchor.to_json()
+    assert saved["kind"] == rule.lower()
+    back = Shield.from_json(saved, S.n_subscribers)
+    assert back.spec == spec and back.spec.rule == rule
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Shield.from_json({**saved, "kind": "oracle"}, S.n_subscribers)
+    with pytest.raises(ValueError, match="shield rule"):
+        ShieldSpec(rule="Oracle")
+    # a shield saved before the rule was a choice (kind "nsigma", no p) loads as N-sigma
+    old = {k: v for k, v in nsigma.to_json().items() if k != "p"}
+    assert Shield.from_json(old, S.n_subscribers).spec == nsigma.spec
+
+
 def test_headrooms_parse_and_refuse():
     assert check_headrooms([2.5, 3]) == (2.5, 3.0)
     for bad in ([3.0, 2.5], [0.0, 1.0], [], ["x"], None):
         with pytest.raises(ValueError, match="headrooms must"):
             check_headrooms(bad)
     assert parse_anchor("tuned") is None and parse_anchor("2, 24, 3") == (2.0, 24, 3.0)
-    for bad in ("2,24", "a,b,c", "2,0,3", "2,24,0", "-1,24,3"):
+    assert parse_anchor("tuned:Max") is None and parse_anchor("tuned:best") is None
+    assert [anchor_rule(a) for a in ("tuned", "tuned:Percentile", "tuned:Max", "tuned:best", "2,24,3")] == [
+        "NSigma", "Percentile", "Max", "best", "NSigma"]
+    for bad in ("2,24", "a,b,c", "2,0,3", "2,24,0", "-1,24,3", "tuned:Oracle", "tuned:max"):
         with pytest.raises(ValueError, match="anchor"):
             parse_anchor(bad)
     with pytest.raises(ValueError, match="no shield"):
@@ -103,14 +133,41 @@ def test_a_tuned_anchor_is_the_nsigma_baseline_tuned_on_the_training_days(monkey
     monkeypatch.setattr(train_mod, "ANCHOR_TUNE_EPISODES", 3)
     trace = generate_trace(S, 7)
     cfg = C2MarlConfig(alpha=0.85, action="headroom")
-    n, window, headroom, source = anchor_spec(S, cfg, trace, False)
+    a = anchor_spec(S, cfg, trace, False)
     p = tune("NSigma", S, trace, 0.85, episodes=3, seed=0).params
-    assert (n, window, headroom) == (p["n"], p["window"], p["headroom"]) and source.startswith("tuned")
+    assert a["rule"] == "NSigma" and a["source"].startswith("tuned")
+    assert (a["n"], a["window"], a["headroom"]) == (p["n"], p["window"], p["headroom"])
     shield, values, record = make_shield(S, cfg, trace, False)
-    assert shield.spec == ShieldSpec.anchor(n, window)
-    assert values == tuple(round(headroom * k, 6) for k in HEADROOM_SCALES)
-    assert values[2] == headroom      # the tuned rule itself is the middle action
-    assert record["source"] == source
+    assert shield.spec == ShieldSpec.anchor(a["n"], a["window"])
+    assert values == tuple(round(a["headroom"] * k, 6) for k in HEADROOM_SCALES)
+    assert values[2] == a["headroom"]      # the tuned rule itself is the middle action
+    assert record == a
+
+
+def test_tuned_best_anchors_on_the_safe_predictor_that_saves_most_on_the_training_days(monkeypatch):
+    import agents.oversubscription.train as train_mod
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.tuning import tune
+
+    monkeypatch.setattr(train_mod, "ANCHOR_TUNE_EPISODES", 3)
+    trace = generate_trace(S, 7)
+    tuned = {r: tune(r, S, trace, 0.85, episodes=3, seed=0) for r in ("NSigma", "Percentile", "Max")}
+    best = anchor_spec(S, C2MarlConfig(alpha=0.85, action="headroom", anchor="tuned:best"), trace, False)
+    safe = {r: t.metrics["s_cores"] for r, t in tuned.items() if t.safe}
+    assert safe, "the toy trace should let one predictor be safe"
+    assert best["rule"] == max(safe, key=safe.get)
+    assert {k: best[k] for k in tuned[best["rule"]].params} == tuned[best["rule"]].params
+    assert set(best["candidates"]) == set(tuned)
+    assert all(best["candidates"][r]["safe"] == t.safe for r, t in tuned.items())
+    # a named rule is that rule tuned, and its shield forecasts with it
+    cfg = C2MarlConfig(alpha=0.85, action="headroom", anchor="tuned:Max")
+    shield, values, record = make_shield(S, cfg, trace, False)
+    assert record["rule"] == "Max" and "candidates" not in record
+    assert {k: record[k] for k in tuned["Max"].params} == tuned["Max"].params
+    assert shield.spec.rule == "Max" and (shield.spec.n, shield.spec.p) == (record["n"], record["p"])
+    assert values[2] == record["headroom"]
+    with pytest.raises(ValueError, match="anchor 'tuned:Max' tunes another rule"):
+        train(S, cfg, progress=False, trace=trace, tuned_anchor={**record, "rule": "NSigma"})
 
 
 def test_the_experiment_tunes_each_levels_anchor_once_for_all_its_seeds(tmp_path, monkeypatch):
@@ -138,7 +195,7 @@ def test_the_experiment_tunes_each_levels_anchor_once_for_all_its_seeds(tmp_path
     assert (records[0]["n"], records[0]["window"], records[0]["headroom"]) == (p["n"], p["window"], p["headroom"])
     with pytest.raises(ValueError, match="tuned_anchor is for"):
         train(S, C2MarlConfig(episodes=1, action="headroom", anchor="2,24,3"), progress=False,
-              tuned_anchor=(2.0, 24, 3.0, "tuned"))
+              tuned_anchor={"rule": "NSigma", "n": 2.0, "window": 24, "headroom": 3.0, "source": "tuned"})
 
 
 def test_the_admit_route_hosts_a_headroom_policy(tmp_path):

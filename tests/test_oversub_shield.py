@@ -47,8 +47,8 @@ def test_shield_only_raises_rates_and_survives_json_with_gaps():
     assert np.allclose(np.nan_to_num(back.prior), np.nan_to_num(prior))
     with pytest.raises(ValueError, match="headroom"):
         ShieldSpec(headroom=0.0)
-    with pytest.raises(ValueError, match="nsigma"):
-        Shield.from_json({"kind": "percentile"}, 3)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Shield.from_json({"kind": "oracle"}, 3)
 
 
 def test_shielded_training_applies_the_floor_and_the_policy_keeps_it(tmp_path):

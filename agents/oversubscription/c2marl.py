@@ -110,8 +110,9 @@ class C2MarlConfig:
     rates: str = "paper"
     # what an action index means (settings.ACTIONS): "rate" is the paper's (an index into `rates`);
     # "headroom" (ours) an index into settings.HEADROOM_SCALES x the anchor's tuned headroom over the
-    # N-sigma forecast, `anchor` "tuned" (N-sigma tuned on the training days at alpha, as the baseline)
-    # or "N,WINDOW,HEADROOM" (train.anchor_spec)
+    # anchor's forecast, `anchor` "tuned" (N-sigma tuned on the training days at alpha, as the baseline),
+    # "tuned:Percentile" / "tuned:Max" (those predictors tuned so), "tuned:best" (the safe one of the
+    # three that saves most there) or a given N-sigma "N,WINDOW,HEADROOM" (train.anchor_spec)
     action: str = "rate"
     anchor: str = "tuned"
     seed: int = 0

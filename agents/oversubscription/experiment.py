@@ -265,7 +265,7 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
             "trace": trace.describe() if hasattr(trace, "describe") else {}}
 
 
-def tuned_anchors(case: Case, setting, trace, alphas, cfg_overrides: dict) -> dict[float, tuple]:
+def tuned_anchors(case: Case, setting, trace, alphas, cfg_overrides: dict) -> dict[float, dict]:
     """alpha -> the headroom action's anchor tuned once for every seed of that level (train.anchor_spec,
     the same tuning each run would repeat); {} unless the runs act with headrooms over a tuned anchor."""
     from .train import anchor_spec, parse_anchor
@@ -315,12 +315,15 @@ def per_seed_table(res: dict, protocol: str = HELD_APART) -> str:
     out = [[name, r["seed"], f"{100 * r['pm_hot_r']:.1f}", f"{100 * r['s_cores']:.1f}",
             "✓" if r["satisfied"] else "✗", _weights(r)] + ([_anchor(r)] if anchors else []) for name, r in runs]
     return markdown_table(["method", "seed", "PM-Hot-R %", "S-Cores %", "own level met", "weights of episode"]
-                          + (["N-sigma anchor (n, window, headroom)"] if anchors else []), out)
+                          + (["anchor (rule: parameters, headroom)"] if anchors else []), out)
 
 
 def _anchor(r: dict) -> str:
     a = r.get("anchor")
-    return "–" if not a else f"{a['n']:g}, {a['window']}, {a['headroom']:g} ({a['source']})"
+    if not a:
+        return "–"
+    params = ", ".join(f"{k} {a[k]:g}" for k in ("n", "p", "window") if k in a)
+    return f"{a.get('rule', 'NSigma')}: {params}, headroom {a['headroom']:g} ({a['source']})"
 
 
 def _weights(r: dict) -> str:
@@ -391,8 +394,9 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     alpha (C2MarlConfig.budget_margin; None: 1, the paper's). `ensemble_vote`: how an ensemble's
     members vote (network.VOTES; None: the median); with `policies`, the saved ensembles re-voted.
     `rates`: the agents' action set by name (settings.RATE_GRIDS; None: the paper's). `action`: what an
-    action index means (settings.ACTIONS; None: "rate", the paper's); "headroom" (ours) scales the N-sigma
-    forecast, its `anchor` "tuned" (the default) or "N,WINDOW,HEADROOM" (train.parse_anchor)."""
+    action index means (settings.ACTIONS; None: "rate", the paper's); "headroom" (ours) scales a production
+    predictor's forecast, its `anchor` "tuned" (N-sigma, the default), "tuned:Percentile", "tuned:Max",
+    "tuned:best" or a given N-sigma "N,WINDOW,HEADROOM" (train.anchor_spec)."""
     started = time.perf_counter()
     budget = QUICK if quick else FULL
     if seeds:

@@ -15,8 +15,8 @@ vector ends with the floor, so `decide` applies the same max (its `info["rates"]
 The action set is the paper's RATES unless the policy was trained on another (`C2MarlConfig.rates`,
 ours); the metadata's "rates" holds it (policies saved before it was configurable held RATES there).
 
-A headroom policy (`C2MarlConfig.action="headroom"`, ours) carries its N-sigma anchor as a shield in
-"headroom" mode; its action values are headrooms (the metadata's "headrooms", "rates" null) and its
+A headroom policy (`C2MarlConfig.action="headroom"`, ours) carries its anchor (an N-sigma, percentile or
+max predictor's forecast) as a shield in "headroom" mode; its action values are headrooms (the metadata's "headrooms", "rates" null) and its
 rate for subscriber i is clip(headroom[a_i] * forecast_i, 0.2, 1), the forecast last in its observation.
 """
 from __future__ import annotations

@@ -32,8 +32,9 @@ RATE_GRIDS = {
 # How an agent's action index becomes a rate (`C2MarlConfig.action`). "rate" is the paper's (§6.2): an index
 # into the action set above. "headroom" (ours, off by default) is an index into HEADROOM_SCALES times the
 # anchor's headroom: rate = clip(scale x h x forecast, RATES[0], 1), the forecast the N-sigma rule's
-# (mean + n std of the subscriber's last `window` usage rates) and (n, window, h) tuned on the training
-# days as the baseline is (shield.py, train.anchor_spec). Why: agents choosing absolute rates learned what
+# (mean + n std of the subscriber's last `window` usage rates) by default, or the percentile or max
+# predictor's, and its parameters and h tuned on the training days as the baseline is (shield.py,
+# train.anchor_spec). Why: agents choosing absolute rates learned what
 # was safe for the weeks they trained on and broke PMs on held-apart weeks (Azure-like 0.95: 20-36 % of
 # episodes against 5 %), while the rules, which reserve relative to each subscriber's usage, held their
 # bound; a headroom over a forecast carries from week to week (docs/oversubscription.md, difference 11).

@@ -24,7 +24,10 @@ the agent's action values are headrooms, and
 
 so the agent scales the rule rather than bounding it; it sees the forecast as the last N values of
 its observation, as a shielded agent sees its floor. A subscriber with no usage history has forecast
-1.0 and so is not oversubscribed, as with the rules.
+1.0 and so is not oversubscribed, as with the rules. The anchor's forecast is N-sigma's by default;
+`rule` makes it the percentile or the max predictor of Bashir et al. instead (`ANCHOR_RULES`, the
+same `baselines` classes as the hosted and tuned rules), so an agent can scale whichever production
+predictor saves most on its training days.
 """
 from __future__ import annotations
 
@@ -32,11 +35,15 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .baselines import NSigmaRule, rates_from_prior
+from .baselines import DEFAULTS, MaxRule, NSigmaRule, PercentileRule, rates_from_prior
 from .settings import RATES
 
 
 MODES = ("floor", "headroom")
+#: the forecasts a shield may be built on: rule name -> (its baselines class, its saved "kind")
+ANCHOR_RULES = {"NSigma": (NSigmaRule, "nsigma"), "Percentile": (PercentileRule, "percentile"),
+                "Max": (MaxRule, "max")}
+_RULE_OF_KIND = {kind: name for name, (_, kind) in ANCHOR_RULES.items()}
 ANCHOR_LO = 0.001     # the headroom action's forecast floor: low enough that no tuned headroom meets it
 
 
@@ -50,30 +57,49 @@ class ShieldSpec:
     headroom: float = 2.25
     lo: float = RATES[0]
     mode: str = "floor"
+    rule: str = "NSigma"               # the forecast (ANCHOR_RULES); n is N-sigma's and Max's, p the others'
+    p: float = DEFAULTS.percentile
 
     def __post_init__(self):
         if self.headroom <= 0 or self.window < 1 or self.n < 0:
             raise ValueError(f"shield needs headroom > 0, window >= 1 and n >= 0, got {self}")
+        if self.rule not in ANCHOR_RULES:
+            raise ValueError(f"shield rule must be one of {list(ANCHOR_RULES)}, not {self.rule!r}")
+        if not 0.0 <= self.p <= 100.0:
+            raise ValueError(f"shield percentile must lie in [0, 100], got {self.p}")
         if not 0.0 < self.lo <= 1.0:
             raise ValueError(f"shield lo must lie in (0, 1], got {self.lo}")
         if self.mode not in MODES:
             raise ValueError(f"shield mode must be one of {list(MODES)}, not {self.mode!r}")
 
     @classmethod
-    def anchor(cls, n: float, window: int) -> "ShieldSpec":
-        """The headroom action's anchor: the N-sigma forecast of (n, window) itself."""
-        return cls(n=float(n), window=int(window), headroom=1.0, lo=ANCHOR_LO, mode="headroom")
+    def anchor(cls, n: float, window: int, rule: str = "NSigma", p: float = DEFAULTS.percentile) -> "ShieldSpec":
+        """The headroom action's anchor: the forecast of `rule` with (n, p, window) itself."""
+        return cls(n=float(n), window=int(window), headroom=1.0, lo=ANCHOR_LO, mode="headroom", rule=rule,
+                   p=float(p))
+
+    @classmethod
+    def from_record(cls, record: dict) -> "ShieldSpec":
+        """The anchor of a run's anchor record (train.anchor_spec: rule, its parameters, headroom)."""
+        return cls.anchor(record.get("n", DEFAULTS.nsigma_n), record["window"], record.get("rule", "NSigma"),
+                          record.get("p", DEFAULTS.percentile))
+
+    def rule_params(self) -> dict:
+        """The forecast's parameters as baselines.make_rule names them."""
+        n = {"n": self.n} if self.rule in ("NSigma", "Max") else {}
+        p = {"p": self.p} if self.rule in ("Percentile", "Max") else {}
+        return {**n, **p, "window": self.window}
 
 
 class Shield:
-    """The N-sigma floor for `n_subscribers`, with the training days' usage history as its prior."""
+    """The floor (or anchor forecast) for `n_subscribers`, with the training days' usage history as its prior."""
 
     def __init__(self, spec: ShieldSpec, n_subscribers: int, prior: np.ndarray | None):
         self.spec = spec
         self.n = int(n_subscribers)
         self.prior = None if prior is None else np.asarray(prior, dtype=np.float64).reshape(-1, self.n)
-        self._rule = NSigmaRule(self.n, n=spec.n, window=spec.window, headroom=spec.headroom, lo=spec.lo,
-                                prior=self.prior)
+        self._rule = ANCHOR_RULES[spec.rule][0](self.n, **spec.rule_params(), headroom=spec.headroom,
+                                                lo=spec.lo, prior=self.prior)
 
     def reset(self) -> None:
         self._rule.reset()
@@ -95,14 +121,18 @@ class Shield:
         return np.maximum(v, f)
 
     def to_json(self) -> dict:
-        return {"kind": "nsigma", **asdict(self.spec),
+        spec = asdict(self.spec)
+        kind = ANCHOR_RULES[spec.pop("rule")][1]
+        return {"kind": kind, **spec,
                 "prior": None if self.prior is None else np.where(np.isfinite(self.prior), self.prior, None).tolist()}
 
     @classmethod
     def from_json(cls, data: dict, n_subscribers: int) -> "Shield":
         data = dict(data)
-        if data.pop("kind", None) != "nsigma":
-            raise ValueError("shield: only kind 'nsigma' is known")
+        kind = data.pop("kind", None)
+        if kind not in _RULE_OF_KIND:
+            raise ValueError(f"shield: kind must be one of {sorted(_RULE_OF_KIND)}, not {kind!r}")
+        data["rule"] = _RULE_OF_KIND[kind]
         prior = data.pop("prior", None)
         if prior is not None:
             prior = np.array([[np.nan if v is None else v for v in row] for row in prior], dtype=np.float64)

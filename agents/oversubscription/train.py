@@ -54,7 +54,7 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
           progress: bool = True, workload_fn=None, trace=None, validate_every: int = 0,
           validate_episodes: int = VALIDATION_EPISODES, validate_from: int | None = None,
           shield_prior: np.ndarray | None = None, ensemble: int = 0, ensemble_every: int = ENSEMBLE_EVERY,
-          ensemble_vote: str = "median", tuned_anchor: tuple[float, int, float, str] | None = None,
+          ensemble_vote: str = "median", tuned_anchor: dict | None = None,
           ) -> tuple[OversubPolicy, list[EpisodeLog]]:
     """`shield_prior`: the shield's usage history when `workload_fn` replaces the trace (else the
     trace's training days replayed, as the baselines' prior).
@@ -73,9 +73,9 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     `ensemble_vote`; that policy is returned and saved to `out`, the last weights to `out/last-policy`.
     Snapshots are copies of the net, so training is the same as without.
 
-    `tuned_anchor`: the headroom action's anchor already tuned at `cfg.alpha` (`anchor_spec`'s
-    (n, window, headroom, source)), so that runs of one level share one tuning (the experiment's seeds);
-    only with `action="headroom"` and `anchor="tuned"`."""
+    `tuned_anchor`: the headroom action's anchor already tuned at `cfg.alpha` (`anchor_spec`'s record),
+    so that runs of one level share one tuning (the experiment's seeds); only with `action="headroom"`
+    and a tuned `anchor`, and only the rule that anchor names."""
     setting = get_setting(setting)
     cfg = cfg or C2MarlConfig()
     torch.set_num_threads(max(1, cfg.torch_threads))
@@ -90,7 +90,9 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     needs_prior = (cfg.shield != "none" or cfg.action == "headroom") and shield_prior is None
     tunes_anchor = cfg.action == "headroom" and parse_anchor(cfg.anchor) is None
     if tuned_anchor is not None and not tunes_anchor:
-        raise ValueError("tuned_anchor is for action='headroom' with anchor='tuned'")
+        raise ValueError("tuned_anchor is for action='headroom' with a tuned anchor")
+    if tuned_anchor is not None and anchor_rule(cfg.anchor) not in ("best", tuned_anchor.get("rule")):
+        raise ValueError(f"tuned_anchor is a {tuned_anchor.get('rule')} anchor; anchor {cfg.anchor!r} tunes another rule")
     if trace is None and (workload_fn is None or validate_every or needs_prior or tunes_anchor):
         from .data import generate_trace
         trace = generate_trace(setting, trace_seed)
@@ -245,10 +247,10 @@ def _write_rows(rows: list[dict], path: Path) -> None:
 
 
 def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: np.ndarray | None = None,
-                tuned_anchor: tuple[float, int, float, str] | None = None):
+                tuned_anchor: dict | None = None):
     """(shield or None, the agents' action values or None for the rates of `cfg.rates`, the anchor's
     record for the metadata or None): the configured shield (shield.py), or for `action="headroom"`
-    the N-sigma anchor and its headrooms. The prior is the training days replayed at rate 1, the same
+    the anchor's forecast and its headrooms. The prior is the training days replayed at rate 1, the same
     history the baselines start from. `tuned_anchor`: anchor_spec's result, when already known."""
     from .settings import HEADROOM_SCALES, check_action
 
@@ -264,10 +266,9 @@ def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: n
     if cfg.action == "rate":
         spec, values, record = ShieldSpec(headroom=cfg.shield_headroom), None, None
     else:
-        n, window, headroom, source = tuned_anchor or anchor_spec(setting, cfg, trace, warm)
-        spec = ShieldSpec.anchor(n, window)
-        values = tuple(round(headroom * k, 6) for k in HEADROOM_SCALES)
-        record = {"rule": "NSigma", "n": n, "window": window, "headroom": headroom, "source": source}
+        record = dict(tuned_anchor or anchor_spec(setting, cfg, trace, warm))
+        spec = ShieldSpec.from_record(record)
+        values = tuple(round(record["headroom"] * k, 6) for k in HEADROOM_SCALES)
     if prior is None:
         prior = replay_usage_history(setting, trace.train_workload(warm=warm), warm=warm)
     return Shield(spec, setting.n_subscribers, prior), values, record
@@ -276,34 +277,65 @@ def make_shield(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, prior: n
 ANCHOR_TUNE_EPISODES = 20    # the experiment's tuning budget (experiment.Budget.tune_episodes), seed 0 as there
 
 
+#: `C2MarlConfig.anchor` values that tune the anchor on the training days: "tuned" is N-sigma's (the
+#: first anchor, kept as the default); "tuned:best" tunes all three and keeps the one that is safe
+#: there and saves most (ours: the agent then scales the best production predictor of its own days)
+TUNED_ANCHORS = {"tuned": "NSigma", "tuned:NSigma": "NSigma", "tuned:Percentile": "Percentile",
+                 "tuned:Max": "Max", "tuned:best": "best"}
+ANCHOR_FORMS = "tuned[:NSigma|:Percentile|:Max|:best] or N,WINDOW,HEADROOM"
+
+
+def anchor_rule(text: str) -> str:
+    """The rule `C2MarlConfig.anchor` anchors on: NSigma, Percentile, Max, or best (of the three)."""
+    return TUNED_ANCHORS.get(str(text)) or ("NSigma" if parse_anchor(text) is not None else "")
+
+
 def parse_anchor(text: str) -> tuple[float, int, float] | None:
-    """`C2MarlConfig.anchor`: None for "tuned", else (n, window, headroom) from "N,WINDOW,HEADROOM"."""
-    if text == "tuned":
+    """`C2MarlConfig.anchor`: None for a tuned anchor (TUNED_ANCHORS), else (n, window, headroom) of a
+    given N-sigma anchor from "N,WINDOW,HEADROOM"."""
+    if text in TUNED_ANCHORS:
         return None
     try:
         n, window, headroom = (p.strip() for p in str(text).split(","))
         out = float(n), int(window), float(headroom)
     except ValueError:
-        raise ValueError(f"anchor must be 'tuned' or 'N,WINDOW,HEADROOM', not {text!r}") from None
+        raise ValueError(f"anchor must be {ANCHOR_FORMS}, not {text!r}") from None
     if out[0] < 0 or out[1] < 1 or not out[2] > 0:
         raise ValueError(f"anchor needs n >= 0, window >= 1 and headroom > 0, not {text!r}")
     return out
 
 
-def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool) -> tuple[float, int, float, str]:
-    """(n, window, headroom, where they came from) of the headroom action's N-sigma anchor: given, or
-    tuned on the training days at the run's alpha exactly as the experiment tunes the N-sigma baseline
-    (tuning.tune, same grid, episodes and seed), so the tuned rule is the agent's middle action."""
+def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool) -> dict:
+    """The headroom action's anchor as a record {"rule", its parameters, "headroom", "source"}: given
+    (N-sigma), or tuned on the training days at the run's alpha exactly as the experiment tunes that
+    baseline (tuning.tune, same grid, episodes and seed), so the tuned rule is the agent's middle
+    action. "tuned:best" tunes N-sigma, Percentile and Max and keeps the safe one with the most
+    S-Cores on those days (the first of equals; if none is safe, N-sigma's); "candidates" records each."""
     given = parse_anchor(cfg.anchor)
     if given is not None:
-        return (*given, "given")
+        n, window, headroom = given
+        return {"rule": "NSigma", "n": n, "window": window, "headroom": headroom, "source": "given"}
     if trace is None:
         raise ValueError("a tuned anchor needs the trace's training days (pass trace, or anchor='N,WINDOW,HEADROOM')")
+    from .shield import ANCHOR_RULES
     from .tuning import tune
 
-    res = tune("NSigma", setting, trace, cfg.alpha, episodes=ANCHOR_TUNE_EPISODES, seed=0, warm=warm)
-    p = res.params
-    return float(p["n"]), int(p["window"]), float(p["headroom"]), "tuned" if res.safe else "tuned (none safe)"
+    wanted = anchor_rule(cfg.anchor)
+    names = tuple(ANCHOR_RULES) if wanted == "best" else (wanted,)
+    results = {name: tune(name, setting, trace, cfg.alpha, episodes=ANCHOR_TUNE_EPISODES, seed=0, warm=warm)
+               for name in names}
+    safe = [name for name in names if results[name].safe]
+    name = max(safe, key=lambda k: results[k].metrics["s_cores"]) if safe else names[0]
+    res = results[name]
+    record = {"rule": name, **_typed(res.params), "source": "tuned" if res.safe else "tuned (none safe)"}
+    if wanted == "best":
+        record["candidates"] = {k: {"safe": bool(r.safe), "s_cores": round(float(r.metrics["s_cores"]), 4)}
+                                for k, r in results.items()}
+    return record
+
+
+def _typed(params: dict) -> dict:
+    return {k: int(v) if k == "window" else float(v) for k, v in params.items()}
 
 
 def bootstrap_vms(workload, rng: np.random.Generator, volume: tuple[float, float] = (1.0, 1.0)):
@@ -407,10 +439,12 @@ def main(argv=None) -> int:
                         "0.8 and 0.9)")
     p.add_argument("--action", choices=ACTIONS, default="rate",
                    help="rate: each agent picks a rate from --rates (the paper); headroom (ours): a multiple "
-                        "(5/6 ... 4/3) of the anchor's headroom over the N-sigma forecast of its subscriber's usage")
-    p.add_argument("--anchor", default="tuned", metavar="tuned|N,WINDOW,HEADROOM",
-                   help="the headroom action's N-sigma anchor: tuned on the training days at --alpha as the "
-                        "baseline is (default), or given")
+                        "(5/6 ... 4/3) of the anchor's headroom over the anchor's forecast of its subscriber's usage")
+    p.add_argument("--anchor", default="tuned", metavar=ANCHOR_FORMS.replace(" or ", "|"),
+                   help="the headroom action's anchor: N-sigma tuned on the training days at --alpha as the "
+                        "baseline is (tuned, the default), the percentile or max predictor tuned so "
+                        "(tuned:Percentile, tuned:Max), the one of the three that saves most there while safe "
+                        "(tuned:best), or N-sigma given")
     p.add_argument("--updates-per-episode", type=int, default=None,
                    help=f"gradient updates after each episode (K of Alg. 1; default {C2MarlConfig.updates_per_episode})")
     p.add_argument("--hidden", type=int, default=None,

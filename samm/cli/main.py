@@ -765,11 +765,12 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
                    "0.8 and 0.9; docs/oversubscription.md, the action set).")
 @click.option("--action", type=click.Choice(["rate", "headroom"]), default=None,
               help="What an agent's action means: rate (the default, the paper's) or headroom (ours: a multiple "
-                   "5/6 ... 4/3 of the N-sigma rule's tuned headroom over its usage forecast; "
+                   "5/6 ... 4/3 of a tuned production predictor's headroom over its usage forecast; "
                    "docs/oversubscription.md, the headroom action).")
-@click.option("--anchor", default=None, metavar="tuned|N,WINDOW,HEADROOM",
-              help="The headroom action's N-sigma anchor: tuned on the training days at each alpha (the default) "
-                   "or given.")
+@click.option("--anchor", default=None, metavar="tuned[:NSigma|:Percentile|:Max|:best]|N,WINDOW,HEADROOM",
+              help="The headroom action's anchor: N-sigma tuned on the training days at each alpha (tuned, the "
+                   "default), the percentile or max predictor tuned so (tuned:Percentile, tuned:Max), the one of "
+                   "the three that saves most there while safe (tuned:best), or N-sigma given.")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
                       held_apart_only, validate_every, ensemble, ensemble_every, ensemble_vote, dual_estimate,
