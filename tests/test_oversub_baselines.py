@@ -6,7 +6,7 @@ import pytest
 
 from agents.oversubscription.baselines import (
     RULES, BorgDefaultRule, BrownDESRule, GridRule, MaxRule, MaxUsageModel, NSigmaRule, ObservedHistory,
-    PercentileRule, RuleContext, SLParams, SupervisedMaxRule, forecast_to_rate, make_rule,
+    PercentileRule, RuleContext, SLParams, SupervisedMaxRule, forecast_to_rate, make_rule, rates_from_prior,
     replay_usage_history, window_mean_std, window_percentile)
 from agents.oversubscription.metrics import summarise
 from agents.oversubscription.settings import SETTINGS
@@ -162,6 +162,38 @@ def test_observed_history_window_counts_observations_and_grows():
     assert h.recent(0, 3).tolist() == pytest.approx([0.2, 0.2, 0.2])
     h.reset()
     assert h.count().tolist() == [1, 0] and h.recent(0, 5).tolist() == pytest.approx([0.1])
+
+
+def test_a_block_of_history_lands_as_row_by_row_appends_would():
+    rng = np.random.default_rng(5)
+    prior = rng.uniform(0, 1, (30, 3))
+    rows = rng.uniform(0, 1, (150, 3))
+    rows[rng.uniform(size=rows.shape) < 0.3] = np.nan
+    rows[:, 2] = np.nan                                     # one subscriber never observed
+    stepwise, block = ObservedHistory(3, prior), ObservedHistory(3, prior)
+    for t in range(1, len(rows) + 1):                       # the simulator: one new row per step
+        stepwise.sync(rows[:t])
+    got = block.sync(rows)                                  # the service: a request's whole history
+    assert len(got) == len(rows) and np.array_equal(got[7], rows[7], equal_nan=True)
+    assert stepwise.count().tolist() == block.count().tolist()
+    for i in range(3):
+        expected = np.concatenate([prior[:, i], rows[:, i]])
+        expected = expected[np.isfinite(expected)]
+        assert np.array_equal(block.recent(i, 1000), expected) and np.array_equal(stepwise.recent(i, 1000), expected)
+
+
+def test_rates_from_prior_leaves_the_hosted_rule_as_it_was():
+    ctx = RuleContext(TINY, prior=np.full((4, 3), 0.3))
+    hist = np.array([[0.9, 0.1, np.nan]] * 6)
+    for name, params in [("MA", {"headroom": 1.0}), ("NSigma", {"headroom": 1.0}),
+                         ("Percentile", {"headroom": 1.0}), ("Max", {"headroom": 1.0})]:
+        template = make_rule(name, ctx, **params)
+        before = template.rates(view_with(np.zeros((0, 3))))
+        first = rates_from_prior(template, view_with(hist))
+        assert rates_from_prior(template, view_with(hist)) == pytest.approx(first), name
+        assert not np.allclose(first, before), name         # the history moved the forecast
+        assert template.history.count().tolist() == [4, 4, 4], name
+        assert template.rates(view_with(np.zeros((0, 3)))) == pytest.approx(before), name
 
 
 def test_rule_restarts_when_a_new_episode_begins_without_reset():

@@ -66,6 +66,7 @@ def test_an_anchor_on_the_percentile_or_max_predictor_is_that_rules_forecast(rul
     assert differs      # not N-sigma's forecast under another name
     saved = anchor.to_json()
     assert saved["kind"] == rule.lower()
+    assert {k for k in ("n", "p") if k in saved} == set(params) - {"window"}   # only what the rule reads
     back = Shield.from_json(saved, S.n_subscribers)
     assert back.spec == spec and back.spec.rule == rule
     with pytest.raises(ValueError, match="kind must be one of"):
@@ -75,6 +76,9 @@ def test_an_anchor_on_the_percentile_or_max_predictor_is_that_rules_forecast(rul
     # a shield saved before the rule was a choice (kind "nsigma", no p) loads as N-sigma
     old = {k: v for k, v in nsigma.to_json().items() if k != "p"}
     assert Shield.from_json(old, S.n_subscribers).spec == nsigma.spec
+    # and one saved with the parameters its rule ignores (session 65's percentile anchors) loads as before
+    noisy = {**saved, "n": 5.0} if rule == "Percentile" else saved
+    assert Shield.from_json(noisy, S.n_subscribers).floor_fresh(v) == pytest.approx(anchor.floor_fresh(v))
 
 
 def test_headrooms_parse_and_refuse():
@@ -186,13 +190,17 @@ def test_the_experiment_tunes_each_levels_anchor_once_for_all_its_seeds(tmp_path
 
     monkeypatch.setattr(tuning, "tune", counted)
     run(tmp_path, quick=True, seeds=[1, 2], episodes=2, test_episodes=1, workers=1, progress=False,
-        alphas=[0.85], held_apart_only=True, action="headroom")
-    # tune_all tunes the baselines at 0.95; the runs' level is tuned once for the two seeds
+        alphas=[0.85, 0.95], held_apart_only=True, action="headroom")
+    # each level's anchor is tuned once for the two seeds; at 0.95 it is tune_all's N-sigma baseline,
+    # tuned on the same episodes, so the rule is not tuned a second time
     assert [c for c in calls if c[1] == 0.85] == [("NSigma", 0.85)]
-    records = [OversubPolicy.load(tmp_path / "policies" / f"tiny-cold-a0.85-s{s}").training["anchor"] for s in (1, 2)]
-    p = real("NSigma", S, generate_trace(S, 0), 0.85, episodes=3, seed=0).params
-    assert records[0] == records[1] and records[0]["source"].startswith("tuned")
-    assert (records[0]["n"], records[0]["window"], records[0]["headroom"]) == (p["n"], p["window"], p["headroom"])
+    assert [c for c in calls if c == ("NSigma", 0.95)] == [("NSigma", 0.95)]
+    for alpha in (0.85, 0.95):
+        records = [OversubPolicy.load(tmp_path / "policies" / f"tiny-cold-a{alpha}-s{s}").training["anchor"]
+                   for s in (1, 2)]
+        p = real("NSigma", S, generate_trace(S, 0), alpha, episodes=3, seed=0).params
+        assert records[0] == records[1] and records[0]["source"].startswith("tuned")
+        assert (records[0]["n"], records[0]["window"], records[0]["headroom"]) == (p["n"], p["window"], p["headroom"])
     with pytest.raises(ValueError, match="tuned_anchor is for"):
         train(S, C2MarlConfig(episodes=1, action="headroom", anchor="2,24,3"), progress=False,
               tuned_anchor={"rule": "NSigma", "n": 2.0, "window": 24, "headroom": 3.0, "source": "tuned"})

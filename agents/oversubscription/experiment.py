@@ -245,7 +245,11 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
     baseline_seconds = time.perf_counter() - t0
     episodes = budget.episodes_warm if case.warm else budget.episodes_cold
     n_paper = budget.test_episodes if budget.paper_protocol else 0
-    anchors = tuned_anchors(case, setting, trace, budget.alphas, cfg_overrides or {}) if not saved else {}
+    from .train import ANCHOR_TUNE_EPISODES
+
+    # the baselines were just tuned at 0.95 as an anchor is: a 0.95 anchor reuses them, not tunes them again
+    same = {0.95: results} if budget.tune_episodes == ANCHOR_TUNE_EPISODES else {}
+    anchors = tuned_anchors(case, setting, trace, budget.alphas, cfg_overrides or {}, same) if not saved else {}
     jobs = [(case, a, s, episodes, trace_seed, specs, n_paper, cfg_overrides or {}, saved.get((a, s)), validate_every,
              ensemble, anchors.get(a)) for a in budget.alphas for s in budget.seeds]
     results = map_runs(_train_one, jobs, workers, progress, desc=f"c2marl {case.key}")
@@ -265,15 +269,17 @@ def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, 
             "trace": trace.describe() if hasattr(trace, "describe") else {}}
 
 
-def tuned_anchors(case: Case, setting, trace, alphas, cfg_overrides: dict) -> dict[float, dict]:
+def tuned_anchors(case: Case, setting, trace, alphas, cfg_overrides: dict,
+                  tuned: dict[float, dict] | None = None) -> dict[float, dict]:
     """alpha -> the headroom action's anchor tuned once for every seed of that level (train.anchor_spec,
-    the same tuning each run would repeat); {} unless the runs act with headrooms over a tuned anchor."""
+    the same tuning each run would repeat); {} unless the runs act with headrooms over a tuned anchor.
+    `tuned`: alpha -> {rule name: TuneResult} already tuned at that level on the anchor's episodes."""
     from .train import anchor_spec, parse_anchor
 
     base = replace(C2MarlConfig(), **cfg_overrides)
     if base.action != "headroom" or parse_anchor(base.anchor) is not None:
         return {}
-    return {a: anchor_spec(setting, replace(base, alpha=a), trace, case.warm) for a in alphas}
+    return {a: anchor_spec(setting, replace(base, alpha=a), trace, case.warm, (tuned or {}).get(a)) for a in alphas}
 
 
 def _cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:

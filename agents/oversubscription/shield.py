@@ -81,8 +81,8 @@ class ShieldSpec:
     @classmethod
     def from_record(cls, record: dict) -> "ShieldSpec":
         """The anchor of a run's anchor record (train.anchor_spec: rule, its parameters, headroom)."""
-        return cls.anchor(record.get("n", DEFAULTS.nsigma_n), record["window"], record.get("rule", "NSigma"),
-                          record.get("p", DEFAULTS.percentile))
+        return cls.anchor(record.get("n", cls.n), record["window"], record.get("rule", "NSigma"),
+                          record.get("p", cls.p))
 
     def rule_params(self) -> dict:
         """The forecast's parameters as baselines.make_rule names them."""
@@ -123,6 +123,8 @@ class Shield:
     def to_json(self) -> dict:
         spec = asdict(self.spec)
         kind = ANCHOR_RULES[spec.pop("rule")][1]
+        for unread in {"n", "p"} - set(self.spec.rule_params()):   # from_json restores its default
+            spec.pop(unread)
         return {"kind": kind, **spec,
                 "prior": None if self.prior is None else np.where(np.isfinite(self.prior), self.prior, None).tolist()}
 

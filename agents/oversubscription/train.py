@@ -305,12 +305,15 @@ def parse_anchor(text: str) -> tuple[float, int, float] | None:
     return out
 
 
-def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool) -> dict:
+def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, tuned: dict | None = None) -> dict:
     """The headroom action's anchor as a record {"rule", its parameters, "headroom", "source"}: given
     (N-sigma), or tuned on the training days at the run's alpha exactly as the experiment tunes that
     baseline (tuning.tune, same grid, episodes and seed), so the tuned rule is the agent's middle
     action. "tuned:best" tunes N-sigma, Percentile and Max and keeps the safe one with the most
-    S-Cores on those days (the first of equals; if none is safe, N-sigma's); "candidates" records each."""
+    S-Cores on those days (the first of equals; if none is safe, N-sigma's); "candidates" records each.
+    `tuned`: rule name -> tuning.TuneResult already found at cfg.alpha on the same training episodes
+    (the experiment's baselines at 0.95, `ANCHOR_TUNE_EPISODES` of them, seed 0), used instead of
+    tuning those rules again; the record is the same either way."""
     given = parse_anchor(cfg.anchor)
     if given is not None:
         n, window, headroom = given
@@ -322,7 +325,9 @@ def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool) -> dict:
 
     wanted = anchor_rule(cfg.anchor)
     names = tuple(ANCHOR_RULES) if wanted == "best" else (wanted,)
-    results = {name: tune(name, setting, trace, cfg.alpha, episodes=ANCHOR_TUNE_EPISODES, seed=0, warm=warm)
+    tuned = tuned or {}
+    results = {name: tuned[name] if name in tuned else
+               tune(name, setting, trace, cfg.alpha, episodes=ANCHOR_TUNE_EPISODES, seed=0, warm=warm)
                for name in names}
     safe = [name for name in names if results[name].safe]
     name = max(safe, key=lambda k: results[k].metrics["s_cores"]) if safe else names[0]
