@@ -339,6 +339,15 @@ def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, tuned: d
     return record
 
 
+def anchor_text(record: dict) -> str:
+    """An anchor record in words: the rule, the parameters it reads, where they came from."""
+    from .shield import ShieldSpec
+
+    params = ShieldSpec.from_record(record).rule_params()
+    return (f"{record.get('rule', 'NSigma')} ({', '.join(f'{k} {v:g}' for k, v in params.items())}; "
+            f"{record.get('source', 'given')})")
+
+
 def _typed(params: dict) -> dict:
     return {k: int(v) if k == "window" else float(v) for k, v in params.items()}
 
@@ -531,8 +540,7 @@ def main(argv=None) -> int:
         print(f"kept the checkpoint of episode {h['episode']}: validation PM-Hot-R {h['pm_hot_r']:.3f}, "
               f"S-Cores {h['s_cores']:.3f}")
     if policy.training.get("anchor"):
-        a = policy.training["anchor"]
-        print(f"headroom action over N-sigma (n {a['n']:g}, window {a['window']}; {a['source']}): headrooms "
+        print(f"headroom action over {anchor_text(policy.training['anchor'])}: headrooms "
               f"{', '.join(f'{h:.3g}' for h in policy.action_values)}")
     if policy.training.get("checkpoint") == "ensemble":
         e = policy.training["ensemble"]
