@@ -226,6 +226,7 @@ def test_the_admit_route_hosts_a_headroom_policy(tmp_path):
 
 def test_the_cli_names_the_rule_its_anchor_forecasts_with(tmp_path, capsys, monkeypatch):
     import agents.oversubscription.train as train_mod
+    from agents.oversubscription.shield import anchor_words
 
     monkeypatch.setattr(train_mod, "ANCHOR_TUNE_EPISODES", 2)
     # a percentile anchor reads no n: the summary line once failed on it after the policy was saved
@@ -234,10 +235,10 @@ def test_the_cli_names_the_rule_its_anchor_forecasts_with(tmp_path, capsys, monk
     out = capsys.readouterr().out
     record = OversubPolicy.load(tmp_path / "p").training["anchor"]
     assert record["rule"] == "Percentile" and "n" not in record
-    assert f"headroom action over Percentile (p {record['p']:g}, window {record['window']}; tuned" in out
-    assert train_mod.anchor_text({"rule": "Max", "n": 3.0, "p": 99.0, "window": 24, "headroom": 2.0,
-                                  "source": "tuned"}) == "Max (n 3, p 99, window 24; tuned)"
-    assert train_mod.anchor_text({"n": 2.0, "window": 24, "headroom": 3.0}) == "NSigma (n 2, window 24; given)"
+    assert f"headroom action over Percentile: p {record['p']:g}, window {record['window']}, headroom" in out
+    assert anchor_words({"rule": "Max", "n": 3.0, "p": 99.0, "window": 24, "headroom": 2.0,
+                         "source": "tuned"}) == "Max: n 3, p 99, window 24, headroom 2 (tuned)"
+    assert anchor_words({"n": 2.0, "window": 24, "headroom": 3.0}) == "NSigma: n 2, window 24, headroom 3 (given)"
 
 
 def test_the_cli_and_the_experiment_refuse_a_bad_action_or_anchor(tmp_path, capsys):

@@ -325,11 +325,9 @@ def per_seed_table(res: dict, protocol: str = HELD_APART) -> str:
 
 
 def _anchor(r: dict) -> str:
-    a = r.get("anchor")
-    if not a:
-        return "–"
-    params = ", ".join(f"{k} {a[k]:g}" for k in ("n", "p", "window") if k in a)
-    return f"{a.get('rule', 'NSigma')}: {params}, headroom {a['headroom']:g} ({a['source']})"
+    from .shield import anchor_words
+
+    return anchor_words(r["anchor"]) if r.get("anchor") else "–"
 
 
 def _weights(r: dict) -> str:

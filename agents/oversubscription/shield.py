@@ -91,6 +91,14 @@ class ShieldSpec:
         return {**n, **p, "window": self.window}
 
 
+def anchor_words(record: dict) -> str:
+    """An anchor record in words, as the experiment's report writes it: the rule, the parameters it
+    reads, its headroom and where they came from ("Max: n 3, p 99, window 24, headroom 2 (tuned)")."""
+    params = ShieldSpec.from_record(record).rule_params()
+    return (f"{record.get('rule', 'NSigma')}: {', '.join(f'{k} {v:g}' for k, v in params.items())}, "
+            f"headroom {record['headroom']:g} ({record.get('source', 'given')})")
+
+
 class Shield:
     """The floor (or anchor forecast) for `n_subscribers`, with the training days' usage history as its prior."""
 

@@ -339,15 +339,6 @@ def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, tuned: d
     return record
 
 
-def anchor_text(record: dict) -> str:
-    """An anchor record in words: the rule, the parameters it reads, where they came from."""
-    from .shield import ShieldSpec
-
-    params = ShieldSpec.from_record(record).rule_params()
-    return (f"{record.get('rule', 'NSigma')} ({', '.join(f'{k} {v:g}' for k, v in params.items())}; "
-            f"{record.get('source', 'given')})")
-
-
 def _typed(params: dict) -> dict:
     return {k: int(v) if k == "window" else float(v) for k, v in params.items()}
 
@@ -540,7 +531,9 @@ def main(argv=None) -> int:
         print(f"kept the checkpoint of episode {h['episode']}: validation PM-Hot-R {h['pm_hot_r']:.3f}, "
               f"S-Cores {h['s_cores']:.3f}")
     if policy.training.get("anchor"):
-        print(f"headroom action over {anchor_text(policy.training['anchor'])}: headrooms "
+        from .shield import anchor_words
+
+        print(f"headroom action over {anchor_words(policy.training['anchor'])}; headrooms "
               f"{', '.join(f'{h:.3g}' for h in policy.action_values)}")
     if policy.training.get("checkpoint") == "ensemble":
         e = policy.training["ensemble"]
