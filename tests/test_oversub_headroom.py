@@ -174,6 +174,50 @@ def test_tuned_best_anchors_on_the_safe_predictor_that_saves_most_on_the_trainin
         train(S, cfg, progress=False, trace=trace, tuned_anchor={**record, "rule": "NSigma"})
 
 
+def test_an_anchor_margin_tunes_the_anchor_to_a_stricter_budget_and_says_so(tmp_path, capsys, monkeypatch):
+    import agents.oversubscription.train as train_mod
+    from agents.oversubscription.c2marl import anchor_level
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import run
+    from agents.oversubscription.shield import anchor_words
+    from agents.oversubscription.tuning import tune
+
+    monkeypatch.setattr(train_mod, "ANCHOR_TUNE_EPISODES", 3)
+    trace = generate_trace(S, 7)
+    # a margin of 2 halves the budget: 0.75 is tuned at 0.875, and 1 leaves the level (and the record) alone
+    assert anchor_level(C2MarlConfig(alpha=0.75, anchor_margin=2.0)) == 0.875
+    assert anchor_level(C2MarlConfig(alpha=0.95)) == 0.95
+    # on this toy trace a 40 % budget lets N-sigma break a PM in one tuning episode of three, a 20 % one not
+    plain = anchor_spec(S, C2MarlConfig(alpha=0.6, action="headroom"), trace, False)
+    strict = anchor_spec(S, C2MarlConfig(alpha=0.6, action="headroom", anchor_margin=2.0), trace, False)
+    at_6, at_8 = (tune("NSigma", S, trace, a, episodes=3, seed=0) for a in (0.6, 0.8))
+    assert "tuned_at" not in plain and strict["tuned_at"] == 0.8
+    keys = ("n", "window", "headroom")
+    assert tuple(plain[k] for k in keys) == tuple(at_6.params[k] for k in keys)
+    assert tuple(strict[k] for k in keys) == tuple(at_8.params[k] for k in keys)
+    assert at_8.params != at_6.params and at_8.metrics["pm_hot_r"] < at_6.metrics["pm_hot_r"]
+    assert at_8.metrics["s_cores"] < at_6.metrics["s_cores"]
+    assert anchor_words(strict).endswith("(tuned at 0.8)")
+    # the CLI records it in the saved policy, and the experiment passes it on
+    assert train_main(["--setting", "tiny", "--trace-seed", "7", "--alpha", "0.6", "--action", "headroom",
+                       "--anchor-margin", "2", "--episodes", "1", "--quiet", "--out", str(tmp_path / "p")]) == 0
+    assert OversubPolicy.load(tmp_path / "p").training["anchor"] == strict
+    assert "(tuned at 0.8)" in capsys.readouterr().out
+    run(tmp_path / "e", quick=True, seeds=[1], episodes=1, test_episodes=1, workers=1, progress=False,
+        alphas=[0.95], held_apart_only=True, action="headroom", anchor_margin=2.0)
+    record = OversubPolicy.load(tmp_path / "e" / "policies" / "tiny-cold-a0.95-s1").training["anchor"]
+    assert record["tuned_at"] == 0.975   # tuned anew: the baselines' 0.95 tuning is not that level's
+    # refused where it cannot apply: a given anchor, the rate action, below 1
+    with pytest.raises(ValueError, match="a given anchor"):
+        anchor_spec(S, C2MarlConfig(alpha=0.75, action="headroom", anchor="2,24,3", anchor_margin=2.0), trace, False)
+    assert train_main(["--setting", "tiny", "--anchor-margin", "2", "--episodes", "1"]) == 2
+    assert train_main(["--setting", "tiny", "--action", "headroom", "--anchor-margin", "0.5", "--episodes", "1"]) == 2
+    with pytest.raises(ValueError, match="anchor_margin"):
+        run(tmp_path / "x", quick=True, anchor_margin=2.0)
+    with pytest.raises(ValueError, match="anchor_margin must be >= 1"):
+        run(tmp_path / "x", quick=True, action="headroom", anchor_margin=0.5)
+
+
 def test_the_experiment_tunes_each_levels_anchor_once_for_all_its_seeds(tmp_path, monkeypatch):
     import agents.oversubscription.train as train_mod
     import agents.oversubscription.tuning as tuning

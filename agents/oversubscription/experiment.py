@@ -27,7 +27,7 @@ import numpy as np
 from agents.parallel import map_runs
 from agents.report import Target, experiment_summary, markdown_table, write_summary
 
-from .c2marl import DUAL_ESTIMATES, C2MarlConfig, check_budget_margin
+from .c2marl import DUAL_ESTIMATES, C2MarlConfig, anchor_level, check_budget_margin
 from .settings import ALPHAS, RATES, get_setting, rate_grid
 
 PAPER = {"title": "Learning Cooperative Oversubscription for Cloud by Chance-Constrained Multi-Agent RL (C2MARL)",
@@ -273,13 +273,15 @@ def tuned_anchors(case: Case, setting, trace, alphas, cfg_overrides: dict,
                   tuned: dict[float, dict] | None = None) -> dict[float, dict]:
     """alpha -> the headroom action's anchor tuned once for every seed of that level (train.anchor_spec,
     the same tuning each run would repeat); {} unless the runs act with headrooms over a tuned anchor.
-    `tuned`: alpha -> {rule name: TuneResult} already tuned at that level on the anchor's episodes."""
+    `tuned`: level -> {rule name: TuneResult} already tuned at that level on the anchor's episodes (the
+    level an anchor is tuned at is alpha's, or stricter with an anchor margin: c2marl.anchor_level)."""
     from .train import anchor_spec, parse_anchor
 
     base = replace(C2MarlConfig(), **cfg_overrides)
     if base.action != "headroom" or parse_anchor(base.anchor) is not None:
         return {}
-    return {a: anchor_spec(setting, replace(base, alpha=a), trace, case.warm, (tuned or {}).get(a)) for a in alphas}
+    cfgs = {a: replace(base, alpha=a) for a in alphas}
+    return {a: anchor_spec(setting, c, trace, case.warm, (tuned or {}).get(anchor_level(c))) for a, c in cfgs.items()}
 
 
 def _cell(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
@@ -388,7 +390,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         threads: int = 1, held_apart_only: bool = False, validate_every: int = 0, ensemble: int = 0,
         ensemble_every: int | None = None, dual_estimate: str | None = None,
         budget_margin: float | None = None, ensemble_vote: str | None = None, rates: str | None = None,
-        action: str | None = None, anchor: str | None = None) -> dict:
+        action: str | None = None, anchor: str | None = None, anchor_margin: float | None = None) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
     `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
@@ -400,7 +402,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     `rates`: the agents' action set by name (settings.RATE_GRIDS; None: the paper's). `action`: what an
     action index means (settings.ACTIONS; None: "rate", the paper's); "headroom" (ours) scales a production
     predictor's forecast, its `anchor` "tuned" (N-sigma, the default), "tuned:Percentile", "tuned:Max",
-    "tuned:best" or a given N-sigma "N,WINDOW,HEADROOM" (train.anchor_spec)."""
+    "tuned:best" or a given N-sigma "N,WINDOW,HEADROOM" (train.anchor_spec); `anchor_margin` F tunes
+    a tuned anchor to (1 - alpha) / F of the budget (C2MarlConfig.anchor_margin; None: 1, at alpha)."""
     started = time.perf_counter()
     budget = QUICK if quick else FULL
     if seeds:
@@ -450,6 +453,14 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
                              "--policies evaluates saved policies as they are")
         if anchor is not None and (action or C2MarlConfig.action) != "headroom":
             raise ValueError("anchor is the headroom action's; pass action='headroom'")
+    if anchor_margin is not None:
+        from .train import parse_anchor
+
+        anchor_margin = check_budget_margin(anchor_margin, "anchor_margin")
+        if policies is not None or (action or C2MarlConfig.action) != "headroom" or parse_anchor(
+                anchor or C2MarlConfig.anchor) is not None:
+            raise ValueError("anchor_margin tunes the headroom action's anchor: it needs action='headroom', a tuned "
+                             "anchor, and runs to train (not --policies)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if episodes:
@@ -479,7 +490,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
             raise ValueError("--policies must name another run's directory than --out")
     overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate),
                                    ("budget_margin", budget_margin), ("rates", rates), ("action", action),
-                                   ("anchor", anchor))
+                                   ("anchor", anchor), ("anchor_margin", anchor_margin))
                  if v is not None and v != getattr(C2MarlConfig, k)} or None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
                         keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),

@@ -93,10 +93,14 @@ class ShieldSpec:
 
 def anchor_words(record: dict) -> str:
     """An anchor record in words, as the experiment's report writes it: the rule, the parameters it
-    reads, its headroom and where they came from ("Max: n 3, p 99, window 24, headroom 2 (tuned)")."""
+    reads, its headroom and where they came from ("Max: n 3, p 99, window 24, headroom 2 (tuned)", or
+    "(tuned at 0.875)" for an anchor tuned with a margin)."""
     params = ShieldSpec.from_record(record).rule_params()
+    source = record.get("source", "given")
+    if "tuned_at" in record:
+        source += f" at {record['tuned_at']:g}"
     return (f"{record.get('rule', 'NSigma')}: {', '.join(f'{k} {v:g}' for k, v in params.items())}, "
-            f"headroom {record['headroom']:g} ({record.get('source', 'given')})")
+            f"headroom {record['headroom']:g} ({source})")
 
 
 class Shield:

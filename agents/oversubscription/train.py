@@ -28,7 +28,8 @@ import torch
 
 from agents.train_log import tensorboard_writer
 
-from .c2marl import DUAL_ESTIMATES, C2Marl, C2MarlConfig, EpisodeLog, check_budget_margin, run_training_episode
+from .c2marl import (DUAL_ESTIMATES, C2Marl, C2MarlConfig, EpisodeLog, anchor_level, check_budget_margin,
+                     run_training_episode)
 from .features import observation, observation_size, request_mask
 from .metrics import satisfied, summarise
 from .network import VOTES, C2MarlEnsemble
@@ -313,8 +314,12 @@ def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, tuned: d
     S-Cores on those days (the first of equals; if none is safe, N-sigma's); "candidates" records each.
     `tuned`: rule name -> tuning.TuneResult already found at cfg.alpha on the same training episodes
     (the experiment's baselines at 0.95, `ANCHOR_TUNE_EPISODES` of them, seed 0), used instead of
-    tuning those rules again; the record is the same either way."""
+    tuning those rules again; the record is the same either way. With cfg.anchor_margin F > 1 the
+    rules are tuned at the stricter level 1 - (1 - alpha) / F (`tuned` must then be of that level),
+    recorded as "tuned_at"."""
     given = parse_anchor(cfg.anchor)
+    if given is not None and anchor_level(cfg) != cfg.alpha:
+        raise ValueError("anchor_margin tunes the anchor; a given anchor ('N,WINDOW,HEADROOM') takes none")
     if given is not None:
         n, window, headroom = given
         return {"rule": "NSigma", "n": n, "window": window, "headroom": headroom, "source": "given"}
@@ -325,14 +330,17 @@ def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, tuned: d
 
     wanted = anchor_rule(cfg.anchor)
     names = tuple(ANCHOR_RULES) if wanted == "best" else (wanted,)
+    level = anchor_level(cfg)
     tuned = tuned or {}
     results = {name: tuned[name] if name in tuned else
-               tune(name, setting, trace, cfg.alpha, episodes=ANCHOR_TUNE_EPISODES, seed=0, warm=warm)
+               tune(name, setting, trace, level, episodes=ANCHOR_TUNE_EPISODES, seed=0, warm=warm)
                for name in names}
     safe = [name for name in names if results[name].safe]
     name = max(safe, key=lambda k: results[k].metrics["s_cores"]) if safe else names[0]
     res = results[name]
     record = {"rule": name, **_typed(res.params), "source": "tuned" if res.safe else "tuned (none safe)"}
+    if level != cfg.alpha:   # only then, so the records of runs tuned at alpha stay as they were
+        record["tuned_at"] = level
     if wanted == "best":
         record["candidates"] = {k: {"safe": bool(r.safe), "s_cores": round(float(r.metrics["s_cores"]), 4)}
                                 for k, r in results.items()}
@@ -450,6 +458,9 @@ def main(argv=None) -> int:
                         "baseline is (tuned, the default), the percentile or max predictor tuned so "
                         "(tuned:Percentile, tuned:Max), the one of the three that saves most there while safe "
                         "(tuned:best), or N-sigma given")
+    p.add_argument("--anchor-margin", type=float, default=None, metavar="F",
+                   help="ours: tune the anchor to (1 - alpha) / F of the budget on the training days, the level "
+                        "alpha and every verdict on it unchanged (default 1: tuned at alpha, as the baselines)")
     p.add_argument("--updates-per-episode", type=int, default=None,
                    help=f"gradient updates after each episode (K of Alg. 1; default {C2MarlConfig.updates_per_episode})")
     p.add_argument("--hidden", type=int, default=None,
@@ -493,7 +504,8 @@ def main(argv=None) -> int:
                             ("--hidden", args.hidden, lambda v: v >= 1),
                             ("--eps-decay-frac", args.eps_decay_frac, lambda v: 0.0 < v <= 1.0),
                             ("--threads", args.threads, lambda v: v >= 1),
-                            ("--budget-margin", args.budget_margin, lambda v: v >= 1.0)):
+                            ("--budget-margin", args.budget_margin, lambda v: v >= 1.0),
+                            ("--anchor-margin", args.anchor_margin, lambda v: v >= 1.0)):
         if value is not None and not ok(value):
             print(f"error: {flag} out of range: {value}", file=sys.stderr)
             return 2
@@ -502,6 +514,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: --anchor: {e}", file=sys.stderr)
         return 2
+    if args.anchor_margin not in (None, 1.0) and (args.action != "headroom" or parse_anchor(args.anchor)):
+        print("error: --anchor-margin tunes the headroom action's anchor: it needs --action headroom and a tuned "
+              "--anchor", file=sys.stderr)
+        return 2
     if args.action == "headroom" and args.shield != "none":
         print("error: --action headroom takes no --shield (it scales the N-sigma forecast itself)", file=sys.stderr)
         return 2
@@ -509,7 +525,7 @@ def main(argv=None) -> int:
                        shield=args.shield, action=args.action, anchor=args.anchor)
     changes = {k: v for k, v in (("episodes", args.episodes), ("lr", args.lr), ("dual_lr", args.dual_lr),
                                  ("dual_estimate", args.dual_estimate), ("dual_window", args.dual_window),
-                                 ("budget_margin", args.budget_margin),
+                                 ("budget_margin", args.budget_margin), ("anchor_margin", args.anchor_margin),
                                  ("shield_headroom", args.shield_headroom),
                                  ("updates_per_episode", args.updates_per_episode), ("hidden", args.hidden),
                                  ("eps_decay_frac", args.eps_decay_frac), ("torch_threads", args.threads),

@@ -771,10 +771,14 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
               help="The headroom action's anchor: N-sigma tuned on the training days at each alpha (tuned, the "
                    "default), the percentile or max predictor tuned so (tuned:Percentile, tuned:Max), the one of "
                    "the three that saves most there while safe (tuned:best), or N-sigma given.")
+@click.option("--anchor-margin", type=click.FloatRange(min=1.0), default=None, metavar="F",
+              help="Ours: tune the headroom action's anchor to (1 - alpha) / F of the budget on the training days; "
+                   "every verdict stays on alpha (default 1: tuned at alpha, as the baselines; "
+                   "docs/oversubscription.md, an anchor margin).")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
                       held_apart_only, validate_every, ensemble, ensemble_every, ensemble_vote, dual_estimate,
-                      budget_margin, rates, action, anchor, quiet) -> None:
+                      budget_margin, rates, action, anchor, anchor_margin, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -786,7 +790,7 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
                             held_apart_only=held_apart_only, validate_every=validate_every, ensemble=ensemble,
                             ensemble_every=ensemble_every, ensemble_vote=ensemble_vote,
                             dual_estimate=dual_estimate, budget_margin=budget_margin, rates=rates,
-                            action=action, anchor=anchor, progress=not quiet)
+                            action=action, anchor=anchor, anchor_margin=anchor_margin, progress=not quiet)
 
 
 @experiment.command("osdec")
