@@ -218,6 +218,47 @@ def test_an_anchor_margin_tunes_the_anchor_to_a_stricter_budget_and_says_so(tmp_
         run(tmp_path / "x", quick=True, action="headroom", anchor_margin=0.5)
 
 
+def test_an_anchor_tuned_at_a_looser_level_keeps_the_agents_level_and_says_so(tmp_path, capsys, monkeypatch):
+    import agents.oversubscription.train as train_mod
+    from agents.oversubscription.c2marl import anchor_level
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import run
+    from agents.oversubscription.tuning import tune
+
+    monkeypatch.setattr(train_mod, "ANCHOR_TUNE_EPISODES", 3)
+    trace = generate_trace(S, 7)
+    assert anchor_level(C2MarlConfig(alpha=0.8, anchor_tuned_at=0.6)) == 0.6
+    # on this toy trace the rule tuned at 0.6 differs from the one tuned at 0.8 (the margin test above)
+    loose = anchor_spec(S, C2MarlConfig(alpha=0.8, action="headroom", anchor_tuned_at=0.6), trace, False)
+    at_6, at_8 = (tune("NSigma", S, trace, a, episodes=3, seed=0) for a in (0.6, 0.8))
+    keys = ("n", "window", "headroom")
+    assert at_6.params != at_8.params
+    assert tuple(loose[k] for k in keys) == tuple(at_6.params[k] for k in keys) and loose["tuned_at"] == 0.6
+    same = anchor_spec(S, C2MarlConfig(alpha=0.6, action="headroom", anchor_tuned_at=0.6), trace, False)
+    assert "tuned_at" not in same      # at alpha itself the record is the default's
+    # the CLI keeps the agents' level and records the anchor's; the experiment passes it to every alpha
+    assert train_main(["--setting", "tiny", "--trace-seed", "7", "--alpha", "0.8", "--action", "headroom",
+                       "--anchor-tuned-at", "0.6", "--episodes", "1", "--quiet", "--out", str(tmp_path / "p")]) == 0
+    saved = OversubPolicy.load(tmp_path / "p")
+    assert saved.training["anchor"] == loose and saved.training["config"]["alpha"] == 0.8
+    assert "(tuned at 0.6)" in capsys.readouterr().out
+    run(tmp_path / "e", quick=True, seeds=[1], episodes=1, test_episodes=1, workers=1, progress=False,
+        alphas=[0.95], held_apart_only=True, action="headroom", anchor_tuned_at=0.85)
+    assert OversubPolicy.load(tmp_path / "e" / "policies" / "tiny-cold-a0.95-s1").training["anchor"]["tuned_at"] == 0.85
+    # refused: with a margin, with a given anchor, with the rate action, outside (0, 1)
+    with pytest.raises(ValueError, match="give one"):
+        anchor_level(C2MarlConfig(alpha=0.95, anchor_margin=2.0, anchor_tuned_at=0.85))
+    with pytest.raises(ValueError, match="a given anchor"):
+        anchor_spec(S, C2MarlConfig(alpha=0.95, action="headroom", anchor="2,24,3", anchor_tuned_at=0.85), trace, False)
+    for argv in (["--action", "headroom", "--anchor-tuned-at", "0.85", "--anchor-margin", "2"],
+                 ["--anchor-tuned-at", "0.85"], ["--action", "headroom", "--anchor-tuned-at", "1"]):
+        assert train_main(["--setting", "tiny", "--episodes", "1", *argv]) == 2
+    with pytest.raises(ValueError, match="anchor_tuned_at"):
+        run(tmp_path / "x", quick=True, anchor_tuned_at=0.85)
+    with pytest.raises(ValueError, match="give one"):
+        run(tmp_path / "x", quick=True, action="headroom", anchor_margin=2.0, anchor_tuned_at=0.85)
+
+
 def test_the_experiment_tunes_each_levels_anchor_once_for_all_its_seeds(tmp_path, monkeypatch):
     import agents.oversubscription.train as train_mod
     import agents.oversubscription.tuning as tuning

@@ -390,7 +390,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         threads: int = 1, held_apart_only: bool = False, validate_every: int = 0, ensemble: int = 0,
         ensemble_every: int | None = None, dual_estimate: str | None = None,
         budget_margin: float | None = None, ensemble_vote: str | None = None, rates: str | None = None,
-        action: str | None = None, anchor: str | None = None, anchor_margin: float | None = None) -> dict:
+        action: str | None = None, anchor: str | None = None, anchor_margin: float | None = None,
+        anchor_tuned_at: float | None = None) -> dict:
     """`alphas`: a subset of the paper's safety levels (default all three). `threads`: torch threads
     per training run; 1 and 2 gave the same weights on our machine, only the time changed (e.g.
     `--workers 1 --threads 2` gives one run the two cores). `held_apart_only`: test on the held-apart
@@ -403,7 +404,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     action index means (settings.ACTIONS; None: "rate", the paper's); "headroom" (ours) scales a production
     predictor's forecast, its `anchor` "tuned" (N-sigma, the default), "tuned:Percentile", "tuned:Max",
     "tuned:best" or a given N-sigma "N,WINDOW,HEADROOM" (train.anchor_spec); `anchor_margin` F tunes
-    a tuned anchor to (1 - alpha) / F of the budget (C2MarlConfig.anchor_margin; None: 1, at alpha)."""
+    a tuned anchor to (1 - alpha) / F of the budget (C2MarlConfig.anchor_margin; None: 1, at alpha);
+    `anchor_tuned_at` tunes it at that level for every alpha instead (C2MarlConfig.anchor_tuned_at)."""
     started = time.perf_counter()
     budget = QUICK if quick else FULL
     if seeds:
@@ -453,14 +455,15 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
                              "--policies evaluates saved policies as they are")
         if anchor is not None and (action or C2MarlConfig.action) != "headroom":
             raise ValueError("anchor is the headroom action's; pass action='headroom'")
-    if anchor_margin is not None:
+    if anchor_margin is not None or anchor_tuned_at is not None:
         from .train import parse_anchor
 
-        anchor_margin = check_budget_margin(anchor_margin, "anchor_margin")
+        anchor_level(C2MarlConfig(anchor_margin=1.0 if anchor_margin is None else anchor_margin,
+                                  anchor_tuned_at=anchor_tuned_at))   # refuses a bad value or both given
         if policies is not None or (action or C2MarlConfig.action) != "headroom" or parse_anchor(
                 anchor or C2MarlConfig.anchor) is not None:
-            raise ValueError("anchor_margin tunes the headroom action's anchor: it needs action='headroom', a tuned "
-                             "anchor, and runs to train (not --policies)")
+            raise ValueError("anchor_margin and anchor_tuned_at tune the headroom action's anchor: they need "
+                             "action='headroom', a tuned anchor, and runs to train (not --policies)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if episodes:
@@ -490,7 +493,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
             raise ValueError("--policies must name another run's directory than --out")
     overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate),
                                    ("budget_margin", budget_margin), ("rates", rates), ("action", action),
-                                   ("anchor", anchor), ("anchor_margin", anchor_margin))
+                                   ("anchor", anchor), ("anchor_margin", anchor_margin),
+                                   ("anchor_tuned_at", anchor_tuned_at))
                  if v is not None and v != getattr(C2MarlConfig, k)} or None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
                         keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),

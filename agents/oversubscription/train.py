@@ -315,11 +315,12 @@ def anchor_spec(setting: Setting, cfg: C2MarlConfig, trace, warm: bool, tuned: d
     `tuned`: rule name -> tuning.TuneResult already found at cfg.alpha on the same training episodes
     (the experiment's baselines at 0.95, `ANCHOR_TUNE_EPISODES` of them, seed 0), used instead of
     tuning those rules again; the record is the same either way. With cfg.anchor_margin F > 1 the
-    rules are tuned at the stricter level 1 - (1 - alpha) / F (`tuned` must then be of that level),
-    recorded as "tuned_at"."""
+    rules are tuned at the stricter level 1 - (1 - alpha) / F, with cfg.anchor_tuned_at at that level
+    (`tuned` must then be of that level), recorded as "tuned_at" when it is not alpha."""
     given = parse_anchor(cfg.anchor)
-    if given is not None and anchor_level(cfg) != cfg.alpha:
-        raise ValueError("anchor_margin tunes the anchor; a given anchor ('N,WINDOW,HEADROOM') takes none")
+    if given is not None and (anchor_level(cfg) != cfg.alpha or cfg.anchor_tuned_at is not None):
+        raise ValueError("anchor_margin and anchor_tuned_at tune the anchor; a given anchor ('N,WINDOW,HEADROOM') "
+                         "takes neither")
     if given is not None:
         n, window, headroom = given
         return {"rule": "NSigma", "n": n, "window": window, "headroom": headroom, "source": "given"}
@@ -461,6 +462,9 @@ def main(argv=None) -> int:
     p.add_argument("--anchor-margin", type=float, default=None, metavar="F",
                    help="ours: tune the anchor to (1 - alpha) / F of the budget on the training days, the level "
                         "alpha and every verdict on it unchanged (default 1: tuned at alpha, as the baselines)")
+    p.add_argument("--anchor-tuned-at", type=float, default=None, metavar="LEVEL",
+                   help="ours: tune the anchor at this safety level on the training days instead of --alpha (e.g. "
+                        "0.85 under 0.95 agents: a looser rule, the agents held to --alpha); excludes --anchor-margin")
     p.add_argument("--updates-per-episode", type=int, default=None,
                    help=f"gradient updates after each episode (K of Alg. 1; default {C2MarlConfig.updates_per_episode})")
     p.add_argument("--hidden", type=int, default=None,
@@ -505,7 +509,8 @@ def main(argv=None) -> int:
                             ("--eps-decay-frac", args.eps_decay_frac, lambda v: 0.0 < v <= 1.0),
                             ("--threads", args.threads, lambda v: v >= 1),
                             ("--budget-margin", args.budget_margin, lambda v: v >= 1.0),
-                            ("--anchor-margin", args.anchor_margin, lambda v: v >= 1.0)):
+                            ("--anchor-margin", args.anchor_margin, lambda v: v >= 1.0),
+                            ("--anchor-tuned-at", args.anchor_tuned_at, lambda v: 0.0 < v < 1.0)):
         if value is not None and not ok(value):
             print(f"error: {flag} out of range: {value}", file=sys.stderr)
             return 2
@@ -514,9 +519,14 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: --anchor: {e}", file=sys.stderr)
         return 2
-    if args.anchor_margin not in (None, 1.0) and (args.action != "headroom" or parse_anchor(args.anchor)):
-        print("error: --anchor-margin tunes the headroom action's anchor: it needs --action headroom and a tuned "
-              "--anchor", file=sys.stderr)
+    if args.anchor_margin not in (None, 1.0) and args.anchor_tuned_at is not None:
+        print("error: --anchor-margin and --anchor-tuned-at both set the anchor's tuning level: give one",
+              file=sys.stderr)
+        return 2
+    if (args.anchor_margin not in (None, 1.0) or args.anchor_tuned_at is not None) and (
+            args.action != "headroom" or parse_anchor(args.anchor)):
+        print("error: --anchor-margin and --anchor-tuned-at tune the headroom action's anchor: they need "
+              "--action headroom and a tuned --anchor", file=sys.stderr)
         return 2
     if args.action == "headroom" and args.shield != "none":
         print("error: --action headroom takes no --shield (it scales the N-sigma forecast itself)", file=sys.stderr)
@@ -526,6 +536,7 @@ def main(argv=None) -> int:
     changes = {k: v for k, v in (("episodes", args.episodes), ("lr", args.lr), ("dual_lr", args.dual_lr),
                                  ("dual_estimate", args.dual_estimate), ("dual_window", args.dual_window),
                                  ("budget_margin", args.budget_margin), ("anchor_margin", args.anchor_margin),
+                                 ("anchor_tuned_at", args.anchor_tuned_at),
                                  ("shield_headroom", args.shield_headroom),
                                  ("updates_per_episode", args.updates_per_episode), ("hidden", args.hidden),
                                  ("eps_decay_frac", args.eps_decay_frac), ("torch_threads", args.threads),

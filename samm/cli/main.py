@@ -775,10 +775,15 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
               help="Ours: tune the headroom action's anchor to (1 - alpha) / F of the budget on the training days; "
                    "every verdict stays on alpha (default 1: tuned at alpha, as the baselines; "
                    "docs/oversubscription.md, an anchor margin).")
+@click.option("--anchor-tuned-at", type=click.FloatRange(min=0.0, max=1.0, min_open=True, max_open=True),
+              default=None, metavar="LEVEL",
+              help="Ours: tune the headroom action's anchor at this safety level for every alpha instead of at "
+                   "alpha (e.g. 0.85 under 0.95 agents); excludes --anchor-margin (docs/oversubscription.md, "
+                   "a looser anchor).")
 @click.option("--quiet", is_flag=True)
 def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers, policies, alphas, threads,
                       held_apart_only, validate_every, ensemble, ensemble_every, ensemble_vote, dual_estimate,
-                      budget_margin, rates, action, anchor, anchor_margin, quiet) -> None:
+                      budget_margin, rates, action, anchor, anchor_margin, anchor_tuned_at, quiet) -> None:
     """VM oversubscription (C2MARL): the paper's Tables 1, 2, 3 and 5 (PM-Hot-R, C-Hot-R, S-Cores,
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
@@ -790,7 +795,8 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
                             held_apart_only=held_apart_only, validate_every=validate_every, ensemble=ensemble,
                             ensemble_every=ensemble_every, ensemble_vote=ensemble_vote,
                             dual_estimate=dual_estimate, budget_margin=budget_margin, rates=rates,
-                            action=action, anchor=anchor, anchor_margin=anchor_margin, progress=not quiet)
+                            action=action, anchor=anchor, anchor_margin=anchor_margin,
+                            anchor_tuned_at=anchor_tuned_at, progress=not quiet)
 
 
 @experiment.command("osdec")
