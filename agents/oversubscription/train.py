@@ -519,9 +519,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: --anchor: {e}", file=sys.stderr)
         return 2
-    if args.anchor_margin not in (None, 1.0) and args.anchor_tuned_at is not None:
-        print("error: --anchor-margin and --anchor-tuned-at both set the anchor's tuning level: give one",
-              file=sys.stderr)
+    try:   # the one rule for the anchor's level: refuses a margin and a level given together
+        anchor_level(C2MarlConfig(anchor_margin=args.anchor_margin or 1.0, anchor_tuned_at=args.anchor_tuned_at))
+    except ValueError as e:
+        print(f"error: --anchor-margin / --anchor-tuned-at: {e}", file=sys.stderr)
         return 2
     if (args.anchor_margin not in (None, 1.0) or args.anchor_tuned_at is not None) and (
             args.action != "headroom" or parse_anchor(args.anchor)):
