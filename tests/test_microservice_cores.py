@@ -1209,3 +1209,31 @@ def test_the_per_service_reward_split_charges_each_service_its_own_cores_and_kee
     pol = train("chain3", replace(tiny, reward_split="service"), seed=3, out=tmp_path / "t", progress=False)
     assert pol.cfg.reward_split == "service"
     assert ReclaimerPolicy.load(tmp_path / "t" / "policy").cfg.reward_split == "service"
+
+
+def test_the_action_scale_benchmark_scales_the_policys_limits_within_their_bounds(tmp_path, capsys):
+    """benchmarks/reclaimer_action_scale.py: s = 1 is the policy itself, s < 1 its limits times s, never
+    under the floor; the report has a row per scale."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "reclaimer_action_scale", Path(__file__).resolve().parents[1] / "benchmarks" / "reclaimer_action_scale.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    pol = _tiny_policy()
+    topo = pol.topo
+    limits = AppLimits(services=topo.service_names, caps=topo.caps, qos_ms=topo.qos_ms)
+    sim = MicroserviceSim(topo, n_envs=1, seed=3)
+    sim.reset(np.array([float(topo.users[1])]))
+    m = sim.step(topo.caps[None]).measurement(0, topo.service_names)
+    ref, one, half = pol.fork(), bench.ScaledPolicy(pol, 1.0), bench.ScaledPolicy(pol, 0.5)
+    for c in (ref, one, half):
+        c.reset(limits)
+    base = ref.act(m)
+    assert np.allclose(one.act(m), base)
+    assert np.allclose(half.act(m), np.maximum(base * 0.5, MIN_CORES))
+    pol.save(tmp_path / "p")
+    assert bench.main(["--app", "chain3", "--policy", str(tmp_path / "p"), "--seeds", "1", "--scales", "1,0.5",
+                       "--seconds", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 |" in out and "| 0.5 |" in out
