@@ -1,5 +1,5 @@
 """Is there slack left in a trained Reclaimer policy? (docs/microservice-cores.md, "Scaling the
-shipped policy's limits down"): the policy's limits multiplied by a constant s each second (the
+shipped policies' limits down"): the policy's limits multiplied by a constant s each second (the
 same s for every service and load), on the experiment's three user levels, against s = 1.
 
 A policy with slack would lose cores in proportion to s and keep QoS; one at its own equilibrium
@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents.microservice_cores.control import clip_cores  # noqa: E402
 from agents.microservice_cores.episode import run_episodes  # noqa: E402
 from agents.microservice_cores.experiment import FULL, levels  # noqa: E402
-from agents.microservice_cores.policy import ReclaimerPolicy, shipped_policy  # noqa: E402
+from agents.microservice_cores.hosting import make_policy  # noqa: E402
+from agents.microservice_cores.policy import ReclaimerPolicy  # noqa: E402
 from agents.microservice_cores.topology import load_topology  # noqa: E402
 from samm.cli.seeds import parse_seeds  # noqa: E402
 
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=int, default=FULL.steps, help="control seconds per episode (the experiment's)")
     args = p.parse_args(argv)
     topo = load_topology(args.app)
-    policy = ReclaimerPolicy.load(args.policy) if args.policy else shipped_policy(args.app)
+    policy = make_policy("reclaimer", args.policy, app=args.app)
     seeds = parse_seeds(args.seeds)
     users = levels(topo, FULL.level_fractions)
     print(f"{args.app}, policy {policy.version}, seeds {args.seeds}; mean cores / violating seconds per level")

@@ -14,7 +14,7 @@ import torch
 
 from agents.microservice_cores.control import MIN_CORES, AppLimits, clip_cores
 from agents.microservice_cores.env import MicroserviceCoresEnv, reward_of
-from agents.microservice_cores.episode import StaticController, run_episodes
+from agents.microservice_cores.episode import StaticController, app_limits, run_episodes
 from agents.microservice_cores.features import ROW, FrameStack, feature_row_block, feature_rows
 from agents.microservice_cores.observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
 from agents.microservice_cores.sac import ReplayBuffer, Sac, SacConfig, Standardiser
@@ -1222,7 +1222,7 @@ def test_the_action_scale_benchmark_scales_the_policys_limits_within_their_bound
     spec.loader.exec_module(bench)
     pol = _tiny_policy()
     topo = pol.topo
-    limits = AppLimits(services=topo.service_names, caps=topo.caps, qos_ms=topo.qos_ms)
+    limits = app_limits(topo)
     sim = MicroserviceSim(topo, n_envs=1, seed=3)
     sim.reset(np.array([float(topo.users[1])]))
     m = sim.step(topo.caps[None]).measurement(0, topo.service_names)
