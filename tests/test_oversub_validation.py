@@ -308,3 +308,38 @@ def test_a_saved_ensemble_is_tested_under_another_vote_without_training_again(tm
         mod.main(["--policies", str(tmp_path / "single"), "--case", "tiny-cold", "--seeds", "1",
                   "--test-episodes", "2", "--votes", "max"])
     assert "single net" in capsys.readouterr().err
+
+
+@needs_data
+def test_the_anchor_choice_keeps_by_the_validation_week_alone_and_tests_the_kept_one(tmp_path, capsys):
+    """benchmarks/oversub_choose_anchor.py: per (alpha, seed) the rule of choose_checkpoint over the
+    candidates' validation-week figures; only the kept one is tested held apart unless --test all."""
+    import json
+
+    from agents.oversubscription.train import main as train_main
+
+    mod = _benchmark("oversub_choose_anchor")
+    for name, anchor in (("loose", "2,24,1.0"), ("strict", "2,24,4.0")):
+        assert train_main(["--setting", "tiny", "--episodes", "3", "--seed", "1", "--updates-per-episode", "2",
+                           "--quiet", "--action", "headroom", "--anchor", anchor,
+                           "--out", str(tmp_path / name / "tiny-cold-a0.95-s1")]) == 0
+    capsys.readouterr()
+    base = ["--case", "tiny-cold", "--alphas", "0.95", "--seeds", "1", "--validation-episodes", "2",
+            "--test-episodes", "2", "--candidate", f"loose={tmp_path / 'loose'}",
+            "--candidate", f"strict={tmp_path / 'strict'}"]
+    assert mod.main(base) == 0
+    row, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    history = [c["validation"] for c in row["candidates"]]
+    assert row["kept"] == row["candidates"][choose_checkpoint(history, 0.95)]["candidate"]
+    tested = [c["candidate"] for c in row["candidates"] if "held_apart" in c]
+    assert tested == [row["kept"]]
+    kept = next(c for c in row["candidates"] if c["candidate"] == row["kept"])
+    assert summary["s_cores_pct"][0] == round(kept["held_apart"]["s_cores"] * 100, 1)
+    assert summary["met"] == f"{int(kept['held_apart']['met'])} of 1"
+    assert mod.main(base + ["--test", "all"]) == 0
+    again = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert all("held_apart" in c for c in again["candidates"])
+    assert [c["validation"] for c in again["candidates"]] == history          # seeded: the same figures
+    with pytest.raises(SystemExit):
+        mod.main(base + ["--seeds", "2"])                                      # no such policy: refused
+    assert "no policy" in capsys.readouterr().err
