@@ -25,6 +25,7 @@ Violation rate: real = seconds with a known p99 above the QoS target / seconds w
         --agents reclaimer,autoscale,sinan,vpa --users 6,14 --seconds 60 --out runs/ms-compare
     # --skip-real: simulator only; --reuse: take an existing DIR/A-U/summary.json instead of running
     # an agent may name its policy: reclaimer@runs/rc-x/policy (two policies of one method in one run)
+    # and a scale-down window (hosting.make_controller's scale_down_window): reclaimer+window5, autoscale+window5
 """
 from __future__ import annotations
 
@@ -46,21 +47,24 @@ def load_avg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def split_agent(spec: str) -> tuple[str, str | None]:
-    """`reclaimer@DIR` -> ("reclaimer", "DIR"); a plain name -> (name, None)."""
+def split_agent(spec: str) -> tuple[str, str | None, int | None]:
+    """`reclaimer@DIR+window5` -> ("reclaimer", "DIR", 5); a plain name -> (name, None, None)."""
+    spec, sep, window = spec.rpartition("+window") if "+window" in spec else (spec, "", "")
     name, _, policy = spec.partition("@")
-    return name, policy or None
+    return name, policy or None, (int(window) if sep else None)
 
 
 def run_real(agent: str, users: int, seconds: int, out: Path, topology: str, reuse: bool,
              timeout_s: float) -> dict:
     summary = out / "summary.json"
-    name, policy = split_agent(agent)
+    name, policy, window = split_agent(agent)
     cmd = [str(ROOT / ".venv" / "bin" / "samm"), "testbed-microservices", "--agent", name,
            "--users", str(users), "--seconds", str(seconds), "--out", str(out),
            "--topology", topology, "--no-plots"]
     if policy:
         cmd += ["--agent-param", f'policy_dir="{policy}"']
+    if window:
+        cmd += ["--agent-param", f"scale_down_window={window}"]
     rec: dict = {"command": " ".join(cmd), "load_before": load_avg()}
     if reuse and summary.is_file():
         rec["reused"] = True
@@ -96,14 +100,15 @@ def run_sim(agent: str, users: int, seconds: int, topology: str, seeds: list[int
     from agents.microservice_cores.topology import load_topology
 
     topo = load_topology(topology)
-    name, policy = split_agent(agent)
-    base = make_controller(name, topo, policy_dir=policy)
+    name, policy, window = split_agent(agent)
+    extra = {"scale_down_window": window} if window else {}
+    base = make_controller(name, topo, policy_dir=policy, **extra)
     fork = getattr(base, "fork", None)
 
     def make(i):
         if i == 0:
             return base
-        return fork() if fork else make_controller(name, topo, policy_dir=policy)
+        return fork() if fork else make_controller(name, topo, policy_dir=policy, **extra)
 
     t0 = time.time()
     res = run_episodes(topo, make, users, seeds, steps=seconds, warmup=warmup, method=name)
@@ -179,7 +184,7 @@ def main(argv=None) -> int:
             if a.skip_real:
                 real = {"skipped": True, "load_before": load_avg(), "load_after": load_avg()}
             else:
-                real = run_real(agent, u, a.seconds, out / f"{agent.replace('@', '-').replace('/', '_')}-{u}", a.topology, a.reuse,
+                real = run_real(agent, u, a.seconds, out / f"{agent.replace('@', '-').replace('/', '_').replace('+', '-')}-{u}", a.topology, a.reuse,
                                 a.timeout or a.seconds + 120)
                 if real.get("reused") and (agent, u) in prior:
                     real = {**real, **{k: prior[(agent, u)][k] for k in ("load_before", "load_after", "wall_s")

@@ -305,3 +305,77 @@ def test_static_search_returns_caps_when_nothing_is_feasible():
     res = search_static(strict, 70, p)
     assert not res.feasible
     np.testing.assert_allclose(res.cores, CHAIN.caps)
+
+
+# ------------------------------------------------------------------------------------------
+# HPA-style scale-down window around any controller (ours)
+# ------------------------------------------------------------------------------------------
+class _Scripted:
+    """A controller that answers a fixed sequence of cores, and records what limits it was shown."""
+    name = "scripted"
+
+    def __init__(self, answers):
+        self.answers = [np.asarray(a, dtype=float) for a in answers]
+        self.seen_limits = []
+
+    def reset(self, limits):
+        self.i = 0
+
+    def act(self, m):
+        self.seen_limits.append(m.per_service[:, FIELD["cpu_limit"]].copy())
+        out = self.answers[self.i]
+        self.i += 1
+        return out
+
+
+def test_scale_down_window_rises_at_once_and_falls_to_the_window_max():
+    from agents.microservice_cores.control import ScaleDownWindow
+
+    inner = _Scripted([[1.0, 4.0], [3.0, 1.0], [0.5, 1.0], [0.5, 1.0], [0.5, 0.2], [0.5, 0.2], [np.nan, 0.2]])
+    ctl = ScaleDownWindow(inner, 3)
+    ctl.reset(limits_for(2, cap=5.0))
+    outs, limit = [], np.array([5.0, 5.0])
+    for _ in range(7):
+        limit = ctl.act(meas([0.1, 0.1], limit))
+        outs.append(limit)
+    np.testing.assert_allclose(outs, [[1.0, 4.0], [3.0, 4.0], [3.0, 4.0], [3.0, 1.0], [0.5, 1.0], [0.5, 1.0],
+                                      [5.0, 0.2]])                      # NaN holds the cap, as clip_cores
+    np.testing.assert_allclose(inner.seen_limits[2], [3.0, 4.0])        # the inner controller sees the limits in force
+    assert ctl.name == "scripted+window3"
+    one = ScaleDownWindow(_Scripted([[1.0], [0.2]]), 1)
+    one.reset(limits_for(1, cap=5.0))
+    assert [float(one.act(meas([0.1], 1.0))[0]) for _ in range(2)] == [1.0, 0.2]   # 1 s: unchanged
+    for bad in (0, -2, 2.5):
+        with pytest.raises(ValueError, match="scale_down_window"):
+            ScaleDownWindow(_Scripted([]), bad)
+
+
+def test_make_controller_wraps_any_controller_in_the_window():
+    from agents.microservice_cores.control import ScaleDownWindow
+    from agents.microservice_cores.hosting import make_controller
+
+    ctl = make_controller("autoscale", CHAIN, scale_down_window=4)
+    assert isinstance(ctl, ScaleDownWindow) and ctl.window_s == 4 and ctl.name == "autoscale+window4"
+    ctl.reset(app_limits(CHAIN))
+    caps = CHAIN.caps
+    first = ctl.act(meas(np.zeros(3), caps, services=CHAIN.service_names))
+    np.testing.assert_allclose(first, np.maximum(caps * 0.9, MIN_CORES))  # AutoScale's -10 % on idle services
+    held = ctl.act(meas(np.zeros(3), first, services=CHAIN.service_names))
+    np.testing.assert_allclose(held, first)                               # its next -10 % waits for the window
+    for bad in ("5", True, 0):
+        with pytest.raises(ValueError, match="scale_down_window"):
+            make_controller("autoscale", CHAIN, scale_down_window=bad)
+
+
+def test_testbed_compare_names_a_window_and_a_policy_per_agent():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "microservice_testbed_compare.py"
+    spec = importlib.util.spec_from_file_location("microservice_testbed_compare", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.split_agent("autoscale") == ("autoscale", None, None)
+    assert mod.split_agent("reclaimer@runs/x/policy") == ("reclaimer", "runs/x/policy", None)
+    assert mod.split_agent("reclaimer@runs/x/policy+window5") == ("reclaimer", "runs/x/policy", 5)
+    assert mod.split_agent("autoscale+window10") == ("autoscale", None, 10)

@@ -85,6 +85,12 @@ def test_an_agent_that_cannot_be_made_stops_the_build_with_the_reason(tmp_path):
         build_daemon(cfg)
 
 
+def test_a_bad_scale_down_window_stops_the_build_with_the_reason(tmp_path):
+    cfg = SammConfig.model_validate(config_dict(tmp_path, agent={"name": "autoscale", "params": {"scale_down_window": 0}}))
+    with pytest.raises(ConfigurationProblem, match="loop 'hotel': agent 'autoscale'.*scale_down_window"):
+        build_daemon(cfg)
+
+
 def test_the_shipped_example_config_loads():
     cfg = load_config(REPO / "deploy" / "configs" / "microservices.yaml")
     (lp,) = cfg.control_loops()

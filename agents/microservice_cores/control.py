@@ -47,3 +47,37 @@ class Controller(Protocol):
     def reset(self, limits: AppLimits) -> None: ...
 
     def act(self, m: StepMeasurement) -> np.ndarray: ...
+
+
+class ScaleDownWindow:
+    """Kubernetes HPA's scale-down stabilisation, per service, around any controller (ours; the
+    paper sets each second's limits as its agent chose them): a limit rises as soon as the inner
+    controller asks, but falls only to the highest of its decisions over the last `window_s`
+    seconds, so one quiet second cannot cut a service that the next burst needs.
+
+    The inner controller still reads the limits in force from each measurement (as it does behind
+    the real-container guard), so it sees what the window held, not what it asked for. A window of
+    1 s is the inner controller unchanged."""
+
+    def __init__(self, inner: Controller, window_s: int):
+        if int(window_s) != window_s or window_s < 1:
+            raise ValueError(f"scale_down_window must be a whole number of seconds >= 1, not {window_s!r}")
+        self.inner = inner
+        self.window_s = int(window_s)
+        self.name = f"{inner.name}+window{self.window_s}"
+        self._asked: list[np.ndarray] = []
+        self._limits: AppLimits | None = None
+
+    def reset(self, limits: AppLimits) -> None:
+        self.inner.reset(limits)
+        self._limits = limits
+        self._asked = []
+
+    def act(self, m: StepMeasurement) -> np.ndarray:
+        asked = clip_cores(self.inner.act(m), self._limits)
+        self._asked = [*self._asked[1 - self.window_s:], asked] if self.window_s > 1 else [asked]
+        return np.max(np.stack(self._asked), axis=0)
+
+    def close(self):
+        close = getattr(self.inner, "close", None)   # a learning controller saves what it learned
+        return close() if close else None

@@ -10,6 +10,9 @@ real-container loop:
     make_controller("static-max", topo)                   every service at its cap
     make_controller("static", topo, cores=[...])          a fixed allocation (or fraction=<share of the caps>)
 
+Any of them with `scale_down_window=S` (ours): wrapped in control.ScaleDownWindow, HPA's scale-down
+stabilisation over the last S seconds (`--agent-param scale_down_window=10` on the testbed).
+
 `make_policy` is what `samm serve --agent NAME[=DIR]` hosts (the Policy protocol): the Reclaimer
 policy; the rules are served through the problem's /allocate route, which takes measurements.
 """
@@ -25,6 +28,14 @@ CONTROLLERS = ("reclaimer", "reclaimer-online", "autoscale", "vpa", "sinan", "st
 
 
 def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
+    window = params.pop("scale_down_window", None)
+    if window is not None:
+        from .control import ScaleDownWindow
+
+        if isinstance(window, bool) or not isinstance(window, (int, float)):
+            raise ValueError(f"scale_down_window must be a whole number of seconds >= 1, not {window!r}")
+        inner = make_controller(name, topo, policy_dir=policy_dir, **params)
+        return ScaleDownWindow(inner, window)
     topo = topo if isinstance(topo, Topology) else load_topology(topo)
     if name == "reclaimer":
         from .policy import ReclaimerPolicy, shipped_policy
