@@ -345,7 +345,7 @@ def test_scale_down_window_rises_at_once_and_falls_to_the_window_max():
     one = ScaleDownWindow(_Scripted([[1.0], [0.2]]), 1)
     one.reset(limits_for(1, cap=5.0))
     assert [float(one.act(meas([0.1], 1.0))[0]) for _ in range(2)] == [1.0, 0.2]   # 1 s: unchanged
-    for bad in (0, -2, 2.5):
+    for bad in (0, -2, 2.5, float("nan"), float("inf"), "5", True):
         with pytest.raises(ValueError, match="scale_down_window"):
             ScaleDownWindow(_Scripted([]), bad)
 

@@ -60,7 +60,8 @@ class ScaleDownWindow:
     1 s is the inner controller unchanged."""
 
     def __init__(self, inner: Controller, window_s: int):
-        if int(window_s) != window_s or window_s < 1:
+        if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not np.isfinite(window_s) \
+                or int(window_s) != window_s or window_s < 1:
             raise ValueError(f"scale_down_window must be a whole number of seconds >= 1, not {window_s!r}")
         self.inner = inner
         self.window_s = int(window_s)

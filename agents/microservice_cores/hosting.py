@@ -32,10 +32,7 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
     if window is not None:
         from .control import ScaleDownWindow
 
-        if isinstance(window, bool) or not isinstance(window, (int, float)):
-            raise ValueError(f"scale_down_window must be a whole number of seconds >= 1, not {window!r}")
-        inner = make_controller(name, topo, policy_dir=policy_dir, **params)
-        return ScaleDownWindow(inner, window)
+        return ScaleDownWindow(make_controller(name, topo, policy_dir=policy_dir, **params), window)
     topo = topo if isinstance(topo, Topology) else load_topology(topo)
     if name == "reclaimer":
         from .policy import ReclaimerPolicy, shipped_policy
