@@ -692,12 +692,15 @@ def test_sac_learns_the_smallest_safe_limit_of_one_service():
     from agents.microservice_cores.train import scaled_schedule, sim_config, train
 
     topo = one_service(cpu_ms=2.0, cap=8.0, users=100)
-    cfg = scaled_schedule(sim_config(n_envs=4, updates_per_step=2), 30_000)
+    # lr 1e-3 instead of the simulator runs' 3e-4: one service learns as far in 12,000 transitions as
+    # in 30,000 at 3e-4 (2.47-2.57 mean cores on training seeds 1-2 against 2.66; session 72), so the
+    # default suite spends a minute on it instead of two
+    cfg = scaled_schedule(sim_config(n_envs=4, updates_per_step=2, lr=1e-3), 12_000)
     pol = train(topo, cfg, seed=1, progress=False)
     res = run_episodes(topo, lambda i: pol.fork(), 100, seeds=[3, 4])
     mean = np.mean([r.mean_cores for r in res])
     assert max(r.violation_rate for r in res) <= 0.01
-    assert mean < 3.2, mean          # within a third of the static optimum, transient from 8 cores included
+    assert mean < 2.9, mean          # within a fifth of the static optimum, transient from 8 cores included
 
 
 @pytest.mark.slow
