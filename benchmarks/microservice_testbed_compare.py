@@ -103,7 +103,8 @@ def run_sim(agent: str, users: int, seconds: int, topology: str, seeds: list[int
     name, policy, window = split_agent(agent)
     extra = {"scale_down_window": window} if window else {}
     base = make_controller(name, topo, policy_dir=policy, **extra)
-    fork = getattr(base, "fork", None)
+    # a learned policy forks (one network, a frame stack per copy); a window forks when what it holds does
+    fork = getattr(base, "fork", None) if getattr(base, "forks", True) else None
 
     def make(i):
         if i == 0:

@@ -79,6 +79,18 @@ class ScaleDownWindow:
         self._asked = [*self._asked[1 - self.window_s:], asked] if self.window_s > 1 else [asked]
         return np.max(np.stack(self._asked), axis=0)
 
+    @property
+    def forks(self) -> bool:
+        """Whether `fork` can share the inner controller (a learned policy forks; a rule does not)."""
+        return callable(getattr(self.inner, "fork", None))
+
+    def fork(self) -> "ScaleDownWindow":
+        """An empty window of the same length around a fork of the inner controller: one per
+        controlled application, sharing the inner policy's network instead of loading it again."""
+        if not self.forks:
+            raise TypeError(f"{self.inner.name} does not fork; build another controller instead")
+        return ScaleDownWindow(self.inner.fork(), self.window_s)
+
     def close(self):
         close = getattr(self.inner, "close", None)   # a learning controller saves what it learned
         return close() if close else None
