@@ -284,6 +284,74 @@ def test_sinan_tuning_sets_the_controller_threshold(tiny_model):
         assert model.scheduler["p_down"] == min(feasible, key=lambda r: r["mean_cores"])["p_down"]
 
 
+def test_sinan_collector_keeps_each_allocation_with_the_second_it_was_in_force(tmp_path):
+    """Sinan's data collection as a controller (for the real containers): every second's features
+    with the applied allocation, labelled by the p99 of the next second, written on close and read
+    back as training data with `collect`'s labels."""
+    from agents.microservice_cores.hosting import make_controller
+    from agents.microservice_cores.sinan_live import SinanCollector, load_samples
+
+    col = make_controller("sinan-explore", CHAIN, out=str(tmp_path / "run"), seed=4)
+    assert isinstance(col, SinanCollector)
+    res = run_episodes(CHAIN, lambda i: col, 70, seeds=[1], steps=60, warmup=10)[0]
+    X, p99 = col.samples()
+    assert X.shape == (59, n_features(3)) and np.all(np.isfinite(X))
+    np.testing.assert_allclose(X[:, 0:21:7], res.cores[:59] / CHAIN.caps, rtol=1e-6)   # the allocation applied
+    np.testing.assert_allclose(p99, res.p99_ms[:59])                                   # ... and its second's p99
+    assert len(np.unique(res.cores.sum(axis=1).round(6))) > 5                         # it explores
+    path = col.close()
+    data = load_samples([path.parent], CHAIN, k=5)
+    assert data.X.shape == (55, n_features(3)) and set(np.unique(data.group)) == {0}
+    viol = p99 > CHAIN.qos_ms
+    assert data.y_viol.tolist() == [int(viol[t:t + 5].any()) for t in range(55)]
+    np.testing.assert_allclose(data.y_lat, np.log(np.maximum(p99[:55], 1e-3) / CHAIN.qos_ms))
+    with pytest.raises(ValueError, match="not of 'hotel'"):
+        load_samples([path], load_topology("hotel"))
+    with pytest.raises(ValueError, match="unknown parameter"):
+        make_controller("sinan-explore", CHAIN, out=str(tmp_path), every=3)
+    with pytest.raises(ValueError, match="needs out=DIR"):
+        make_controller("sinan-explore", CHAIN)
+    assert SinanCollector(CHAIN, tmp_path / "none").close() is None                    # nothing measured, nothing written
+
+
+def test_a_model_fitted_on_live_samples_keeps_the_reference_scheduler(tiny_model, tmp_path):
+    from agents.microservice_cores.sinan_live import SinanCollector, fit_live
+
+    ref_model, ref_dir = tiny_model
+    ref = copy.deepcopy(ref_model)
+    ref.scheduler = {"p_down": 0.2, "p_hold": 0.245}
+    ref.save(tmp_path / "ref")
+    dirs = []
+    for seed in (1, 2):
+        col = SinanCollector(CHAIN, tmp_path / f"run{seed}", seed=seed)
+        run_episodes(CHAIN, lambda i: col, 70, seeds=[seed], steps=80, warmup=10)
+        dirs.append(col.close().parent)
+    model = fit_live(CHAIN, dirs, seed=0, live_weight=2, scheduler_from=tmp_path / "ref", out_dir=tmp_path / "m")
+    assert model.info["live"]["samples"] == 2 * 75 and model.info["samples"] == 2 * 2 * 75
+    assert model.info["live"]["twin_samples"] == 0 and model.scheduler == ref.scheduler
+    ctl = load_controller(CHAIN, tmp_path / "m")
+    assert ctl.p.p_down == 0.2
+    res = run_episodes(CHAIN, lambda i: ctl, 70, seeds=[3], steps=30, warmup=10)[0]
+    assert np.all(res.cores <= CHAIN.caps + 1e-12) and np.all(np.isfinite(res.cores))
+    both = fit_live(CHAIN, dirs[:1], seed=0, twin_seconds=7 * 300, scheduler_from=tmp_path / "ref")
+    assert both.info["live"]["twin_samples"] > 0 and both.info["held_out"] > 0
+    with pytest.raises(ValueError, match="live_weight"):
+        fit_live(CHAIN, dirs, live_weight=0)
+
+
+def test_the_testbed_model_fitted_on_the_real_containers_ships_with_its_samples():
+    from agents.microservice_cores.sinan import SHIPPED_DIR
+    from agents.microservice_cores.sinan_live import load_samples
+
+    where = SHIPPED_DIR / "sinan-testbed-live"
+    ctl = load_controller("testbed", where)
+    live = ctl.model.info["live"]
+    assert live["live_weight"] == 20 and live["samples"] == 1189 and live["twin_samples"] > 0
+    assert ctl.p == SinanParams(**load_sinan(SHIPPED_DIR, "testbed").scheduler)   # the twin model's scheduler
+    data = load_samples([where / "samples-u6.npz", where / "samples-u14.npz"], load_topology("testbed"))
+    assert len(data.y_lat) == live["samples"] and data.y_viol.mean() == pytest.approx(live["violation_share"])
+
+
 # ------------------------------------------------------------------------------------------
 # static search on chain3
 # ------------------------------------------------------------------------------------------
@@ -348,6 +416,34 @@ def test_scale_down_window_rises_at_once_and_falls_to_the_window_max():
     for bad in (0, -2, 2.5, float("nan"), float("inf"), "5", True):
         with pytest.raises(ValueError, match="scale_down_window"):
             ScaleDownWindow(_Scripted([]), bad)
+
+
+class _ForkingScripted(_Scripted):
+    """A scripted controller that forks as a learned policy does: the same answers, its own place."""
+
+    def fork(self):
+        twin = _ForkingScripted([])
+        twin.answers = self.answers
+        return twin
+
+
+def test_a_forked_window_shares_the_inner_policy_and_keeps_its_own_history():
+    from agents.microservice_cores.control import ScaleDownWindow
+
+    ctl = ScaleDownWindow(_ForkingScripted([[4.0], [1.0], [1.0]]), 2)
+    ctl.reset(limits_for(1, cap=5.0))
+    assert ctl.forks and float(ctl.act(meas([0.1], 5.0))[0]) == 4.0
+    twin = ctl.fork()
+    assert isinstance(twin, ScaleDownWindow) and twin.window_s == 2 and twin.name == ctl.name
+    assert twin.inner is not ctl.inner and twin.inner.answers is ctl.inner.answers
+    twin.reset(limits_for(1, cap=5.0))
+    # the original still holds its 4-core second; the fork starts empty and follows its own inner copy
+    assert [float(ctl.act(meas([0.1], 4.0))[0]) for _ in range(2)] == [4.0, 1.0]
+    assert [float(twin.act(meas([0.1], 5.0))[0]) for _ in range(3)] == [4.0, 4.0, 1.0]
+    rule = ScaleDownWindow(_Scripted([]), 3)
+    assert not rule.forks
+    with pytest.raises(TypeError, match="does not fork"):
+        rule.fork()
 
 
 def test_make_controller_wraps_any_controller_in_the_window():

@@ -7,6 +7,8 @@ real-container loop:
     make_controller("autoscale", topo)                    the paper's first baseline
     make_controller("vpa", topo, **params)                a VPA / Autopilot-style recommender
     make_controller("sinan", topo, model_dir=None)        the Sinan-style learned baseline
+    make_controller("sinan-explore", topo, out=DIR, seed=0)
+                                                          Sinan's data collection on a live app (sinan_live.py)
     make_controller("static-max", topo)                   every service at its cap
     make_controller("static", topo, cores=[...])          a fixed allocation (or fraction=<share of the caps>)
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from .topology import Topology, load_topology
 
-CONTROLLERS = ("reclaimer", "reclaimer-online", "autoscale", "vpa", "sinan", "static-max", "static")
+CONTROLLERS = ("reclaimer", "reclaimer-online", "autoscale", "vpa", "sinan", "sinan-explore", "static-max", "static")
 
 
 def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
@@ -61,6 +63,15 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
         from . import sinan
 
         return sinan.load_controller(topo, policy_dir or params.pop("model_dir", None), **params)
+    if name == "sinan-explore":
+        from .sinan_live import SinanCollector
+
+        unknown = sorted(set(params) - {"out", "seed"})
+        if unknown:
+            raise ValueError(f"sinan-explore: unknown parameter(s) {unknown} (known: out, seed)")
+        if not params.get("out"):
+            raise ValueError("sinan-explore needs out=DIR: the folder its samples are written to")
+        return SinanCollector(topo, params.get("out"), seed=int(params.get("seed", 0)))
     if name == "static-max":
         from .episode import StaticController
 

@@ -388,12 +388,14 @@ def load_sinan(path_or_dir: str | Path, app: str | None = None) -> SinanModel:
     return model
 
 
-def fit(topo: Topology, data: SinanData, params: SinanTrainParams | None = None, seed: int = 0) -> SinanModel:
+def fit(topo: Topology, data: SinanData, params: SinanTrainParams | None = None, seed: int = 0,
+        holdout_from: np.ndarray | None = None) -> SinanModel:
+    """`holdout_from`: the groups the held-out share is drawn from (default: all)."""
     from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
     from sklearn.metrics import mean_absolute_error, roc_auc_score
 
     p = params or SinanTrainParams()
-    groups = np.unique(data.group)
+    groups = np.unique(data.group if holdout_from is None else holdout_from)
     rng = np.random.default_rng(seed)
     n_val = int(round(len(groups) * p.validation_share))
     val_groups = rng.choice(groups, size=n_val, replace=False) if n_val else np.array([], dtype=int)

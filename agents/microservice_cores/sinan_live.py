@@ -1,0 +1,186 @@
+"""Sinan's data collection on a live application, and a Sinan-style model fitted on what it saw.
+
+Sinan (Zhang et al., ASPLOS'21) trains its models on data collected from the deployment it will
+schedule; `sinan.train_sinan` collects in the simulator instead, so on the real containers the
+shipped model meets latencies it never saw (it breaks QoS in 8-12 % of the seconds there). This
+module is the deployment's half (ours in its details):
+
+1. `SinanCollector` is a controller: Sinan's exploration policy (`sinan.SinanExplorer`, one copy)
+   sets the limits of a live application each second, and every second's features (history and
+   the allocation applied) are kept with the p99 of the second in which that allocation was in force.
+   `close()` writes them to `sinan-samples.npz` (`samm testbed-microservices --agent sinan-explore
+   --agent-param out=DIR`).
+2. `load_samples` turns such files into `sinan.SinanData` (labels as `sinan.collect`'s: the next
+   second's log p99 over the QoS, and a violation within the next k seconds), one group per file.
+3. `fit_live` fits the two models on those samples, optionally beside simulator samples of the
+   same application (`twin_seconds`), each live sample counted `live_weight` times (repeated), and
+   keeps the scheduler's parameters of a reference model (the shipped one) unless told otherwise.
+
+    python -m agents.microservice_cores.sinan_live --samples DIR [--samples DIR ...] --out DIR
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import click
+import numpy as np
+
+from .control import AppLimits
+from .observation import PERCENTILES, StepMeasurement
+from .sinan import (History, SinanData, SinanExplorer, SinanTrainParams, build_features, collect, fit,
+                    load_sinan, SHIPPED_DIR)
+from .topology import Topology, load_topology
+
+SAMPLES_FILE = "sinan-samples.npz"
+_P99 = PERCENTILES.index(99)
+
+
+class SinanCollector:
+    """Sinan's explorer on one live application, recording (features, outcome) each second."""
+
+    name = "sinan-explore"
+
+    def __init__(self, topo: Topology, out: str | Path | None, seed: int = 0,
+                 params: SinanTrainParams | None = None):
+        self.topo, self.out, self.seed = topo, (Path(out) if out is not None else None), int(seed)
+        self.p = params or SinanTrainParams()
+        self.rows: list[np.ndarray] = []
+        self.p99: list[float] = []
+        self.limits: AppLimits | None = None
+
+    def reset(self, limits: AppLimits) -> None:
+        if tuple(limits.services) != self.topo.service_names:
+            raise ValueError(f"sinan-explore was built for {self.topo.name}'s services, not {tuple(limits.services)}")
+        self.limits = limits
+        self.hist = History(1, self.topo.n_services)
+        self.explorer = SinanExplorer(self.topo, 1, self.p, np.random.default_rng(self.seed))
+        self.rows, self.p99 = [], []
+
+    def observe(self, m: StepMeasurement) -> None:
+        """A warm-up second: history only, as `sinan.collect` warms its copies up."""
+        self.hist.push_measurement(m)
+
+    def act(self, m: StepMeasurement) -> np.ndarray:
+        # this second is the one in which the previous allocation was in force: its outcome
+        if len(self.rows) > len(self.p99):
+            self.p99.append(float(np.nan_to_num(m.latency_ms[_P99], nan=0.0)))
+        self.hist.push_measurement(m)
+        cores = self.explorer.act(self.hist)
+        self.rows.append(build_features(self.hist, cores, self.topo.caps, self.topo.qos_ms)[0].astype(np.float32))
+        return np.asarray(cores[0], dtype=np.float64)
+
+    def samples(self) -> tuple[np.ndarray, np.ndarray]:
+        """(features, p99 ms) of every second whose outcome was measured."""
+        n = len(self.p99)
+        X = np.stack(self.rows[:n]) if n else np.zeros((0, 0), dtype=np.float32)
+        return X, np.asarray(self.p99, dtype=np.float64)
+
+    def close(self) -> Path | None:
+        """Writes the samples (a run that measured no outcome writes nothing)."""
+        X, p99 = self.samples()
+        if self.out is None or not len(p99):
+            return None
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / SAMPLES_FILE
+        np.savez_compressed(path, X=X, p99_ms=p99, qos_ms=self.topo.qos_ms, app=self.topo.name,
+                            services=np.array(self.topo.service_names), seed=self.seed)
+        return path
+
+
+def _samples_path(p: str | Path) -> Path:
+    p = Path(p)
+    return p / SAMPLES_FILE if p.is_dir() else p
+
+
+def load_samples(paths, topo: Topology, k: int = SinanTrainParams.k, group_offset: int = 0) -> SinanData:
+    """The samples of `SinanCollector` runs as training data: a violation label needs k seconds of
+    future, so each run's last k-1 seconds are features without labels and are dropped."""
+    Xs, yl, yv, gs = [], [], [], []
+    for g, path in enumerate(paths):
+        path = _samples_path(path)
+        with np.load(path, allow_pickle=False) as f:
+            if str(f["app"]) != topo.name or tuple(str(s) for s in f["services"]) != topo.service_names:
+                raise ValueError(f"{path}: samples of {str(f['app'])!r}, not of {topo.name!r}'s services")
+            X, p99 = f["X"], f["p99_ms"]
+        n = len(p99) - k + 1
+        if n <= 0:
+            raise ValueError(f"{path}: {len(p99)} measured seconds, fewer than the look-ahead k = {k}")
+        viol = p99 > topo.qos_ms
+        win = np.zeros(n, dtype=bool)
+        for j in range(k):
+            win |= viol[j:j + n]
+        Xs.append(X[:n])
+        yl.append(np.log(np.maximum(p99[:n], 1e-3) / topo.qos_ms))
+        yv.append(win.astype(np.int8))
+        gs.append(np.full(n, group_offset + g))
+    return SinanData(np.concatenate(Xs), np.concatenate(yl), np.concatenate(yv), np.concatenate(gs),
+                     np.zeros(sum(len(x) for x in Xs)))
+
+
+def _concat(a: SinanData, b: SinanData) -> SinanData:
+    return SinanData(*(np.concatenate([getattr(a, f), getattr(b, f)]) for f in
+                       ("X", "y_lat", "y_viol", "group", "users")))
+
+
+def fit_live(topo: Topology | str, sample_paths, seed: int = 0, twin_seconds: int = 0, live_weight: int = 1,
+             scheduler_from: str | Path | None = None, out_dir: str | Path | None = None):
+    """A Sinan-style model fitted on live samples (and `twin_seconds` of simulator exploration
+    beside them, 0 for none); the scheduler's parameters are those of the model at
+    `scheduler_from` (default: the shipped model of the application) since tuning them needs runs
+    on the deployment. `model.info["live"]` says what went in."""
+    topo = topo if isinstance(topo, Topology) else load_topology(topo)
+    if live_weight < 1:
+        raise ValueError(f"live_weight must be a whole number >= 1, not {live_weight!r}")
+    p = SinanTrainParams()
+    t0 = time.time()
+    live = load_samples(sample_paths, topo, k=p.k)
+    data = SinanData(*(np.concatenate([getattr(live, f)] * live_weight) for f in
+                       ("X", "y_lat", "y_viol", "group", "users")))
+    twin = None
+    if twin_seconds:
+        per_batch = p.copies * p.explore_s
+        tp = replace(p, batches=max(1, twin_seconds // per_batch)) if twin_seconds >= per_batch else \
+            replace(p, batches=1, copies=max(1, twin_seconds // p.explore_s))
+        twin = collect(topo, seed, tp)
+        # twin copies are groups of their own, after the live runs'
+        twin.group = twin.group + int(live.group.max()) + 1
+        data = _concat(data, twin)
+    # the held-out share (which reports the fit) is drawn from the twin's copies only: one or two
+    # live runs are too few to lose one
+    model = fit(topo, data, replace(p, validation_share=0.15 if twin is not None else 0.0), seed=seed,
+                holdout_from=None if twin is None else np.unique(twin.group))
+    ref = load_sinan(Path(scheduler_from) if scheduler_from else SHIPPED_DIR, topo.name)
+    model.scheduler = dict(ref.scheduler)
+    model.info["live"] = {"runs": [str(_samples_path(s)) for s in sample_paths], "samples": int(len(live.y_lat)),
+                          "violation_share": float(live.y_viol.mean()), "live_weight": int(live_weight),
+                          "twin_samples": 0 if twin is None else int(len(twin.y_lat)),
+                          "scheduler_from": str(scheduler_from or SHIPPED_DIR), "fit_s": time.time() - t0}
+    model.info.update({"seed": seed, "params": asdict(p), "scheduler": dict(model.scheduler)})
+    if out_dir is not None:
+        model.info["path"] = str(model.save(out_dir))
+    return model
+
+
+@click.command()
+@click.option("--samples", "samples", multiple=True, required=True, type=click.Path(exists=True),
+              help="A folder (or .npz) a `--agent sinan-explore --agent-param out=DIR` run wrote; repeatable.")
+@click.option("--topology", default="testbed", show_default=True, help="The application the samples are of.")
+@click.option("--twin-seconds", type=int, default=0, show_default=True,
+              help="Simulator exploration seconds fitted beside the live samples (0: live samples only).")
+@click.option("--live-weight", type=int, default=1, show_default=True,
+              help="How many times each live sample counts (repeated) beside the simulator's.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="Where sinan-<app>.joblib goes.")
+def main(samples, topology, twin_seconds, live_weight, seed, out):
+    """Fit a Sinan-style model on samples collected on a live application."""
+    model = fit_live(topology, list(samples), seed=seed, twin_seconds=twin_seconds, live_weight=live_weight,
+                     out_dir=out)
+    click.echo(json.dumps({k: model.info.get(k) for k in ("live", "samples", "held_out", "violation_share",
+                                                             "val_auc", "val_mae_ms", "path")}, default=str))
+
+
+if __name__ == "__main__":
+    main()
