@@ -627,18 +627,22 @@ def train_for_experiment(topo: Topology | str, seed: int = 0, seconds: int | Non
     all copies together (None: SinanTrainParams' default, 48 copies x 3 batches x 300 s = 43,200).
     A budget below one full batch shrinks the copies first, then the episode length."""
     topo = topo if isinstance(topo, Topology) else load_topology(topo)
-    p = SinanTrainParams()
-    if seconds is not None:
-        seconds = int(seconds)
-        if seconds < 2 * (p.k + 10):
-            raise ValueError(f"a Sinan-style model needs more than {seconds} explored seconds")
-        per_batch = p.copies * p.explore_s
-        if seconds >= per_batch:
-            p = replace(p, batches=max(1, seconds // per_batch))
-        else:
-            explore_s = min(p.explore_s, max(p.k + 10, seconds // 2))
-            p = replace(p, batches=1, explore_s=explore_s, copies=max(1, seconds // explore_s))
+    p = SinanTrainParams() if seconds is None else params_for_budget(seconds)
     return train_sinan(topo, seed=seed, params=p, out_dir=out, tune=tune)
+
+
+def params_for_budget(seconds: int, p: SinanTrainParams | None = None) -> SinanTrainParams:
+    """`p` (default: SinanTrainParams()) collecting about `seconds` explored control seconds over
+    all copies together: whole batches first; below one batch, fewer copies, then shorter episodes."""
+    p = p or SinanTrainParams()
+    seconds = int(seconds)
+    if seconds < 2 * (p.k + 10):
+        raise ValueError(f"a Sinan-style model needs more than {seconds} explored seconds")
+    per_batch = p.copies * p.explore_s
+    if seconds >= per_batch:
+        return replace(p, batches=max(1, seconds // per_batch))
+    explore_s = min(p.explore_s, max(p.k + 10, seconds // 2))
+    return replace(p, batches=1, explore_s=explore_s, copies=max(1, seconds // explore_s))
 
 
 def load_controller(topo: Topology | str, model_dir: str | Path | None = None, **params) -> SinanController:

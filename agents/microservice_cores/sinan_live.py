@@ -31,7 +31,7 @@ import numpy as np
 from .control import AppLimits
 from .observation import PERCENTILES, StepMeasurement
 from .sinan import (History, SinanData, SinanExplorer, SinanTrainParams, build_features, collect, fit,
-                    load_sinan, SHIPPED_DIR)
+                    load_sinan, params_for_budget, SHIPPED_DIR)
 from .topology import Topology, load_topology
 
 SAMPLES_FILE = "sinan-samples.npz"
@@ -141,10 +141,7 @@ def fit_live(topo: Topology | str, sample_paths, seed: int = 0, twin_seconds: in
                        ("X", "y_lat", "y_viol", "group", "users")))
     twin = None
     if twin_seconds:
-        per_batch = p.copies * p.explore_s
-        tp = replace(p, batches=max(1, twin_seconds // per_batch)) if twin_seconds >= per_batch else \
-            replace(p, batches=1, copies=max(1, twin_seconds // p.explore_s))
-        twin = collect(topo, seed, tp)
+        twin = collect(topo, seed, params_for_budget(twin_seconds, p))
         # twin copies are groups of their own, after the live runs'
         twin.group = twin.group + int(live.group.max()) + 1
         data = _concat(data, twin)
