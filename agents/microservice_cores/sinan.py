@@ -300,6 +300,18 @@ class SinanData:
     users: np.ndarray       # (N,) user count of the copy
 
 
+def outcome_labels(p99_ms: np.ndarray, qos_ms: float, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two targets of every second t with k seconds of future (axis 0 is time; the first
+    T - k + 1 rows): log(p99_t / QoS), where p99_t is the second the allocation of t was in force,
+    and whether any of seconds t .. t+k-1 broke the QoS."""
+    n = len(p99_ms) - k + 1
+    viol = p99_ms > qos_ms
+    win = np.zeros((n,) + p99_ms.shape[1:], dtype=bool)
+    for j in range(k):
+        win |= viol[j:j + n]
+    return np.log(np.maximum(p99_ms[:n], 1e-3) / qos_ms), win.astype(np.int8)
+
+
 def collect(topo: Topology, seed: int, params: SinanTrainParams | None = None) -> SinanData:
     """Exploration episodes over the app's user range; samples (features, next p99, violation
     within k seconds) of every control second with k seconds of future."""
@@ -327,13 +339,10 @@ def collect(topo: Topology, seed: int, params: SinanTrainParams | None = None) -
             hist.push(st.per_service, st.latency_ms, st.requests, st.failures)
             p99[t] = np.nan_to_num(st.p99_ms, nan=0.0)      # outcome of the action taken at t
         n = T - k + 1
-        viol = p99 > qos
-        win = np.zeros((n, E), dtype=bool)
-        for j in range(k):
-            win |= viol[j:j + n]
+        y_lat, y_viol = outcome_labels(p99, qos, k)
         Xs.append(X[:n].reshape(n * E, -1))
-        yl.append(np.log(np.maximum(p99[:n], 1e-3) / qos).reshape(-1))
-        yv.append(win.reshape(-1).astype(np.int8))
+        yl.append(y_lat.reshape(-1))
+        yv.append(y_viol.reshape(-1))
         gs.append(np.tile(np.arange(E) + b * E, n))
         us.append(np.tile(users, n))
     return SinanData(np.concatenate(Xs), np.concatenate(yl), np.concatenate(yv), np.concatenate(gs),

@@ -31,7 +31,7 @@ import numpy as np
 from .control import AppLimits
 from .observation import PERCENTILES, StepMeasurement
 from .sinan import (History, SinanData, SinanExplorer, SinanTrainParams, build_features, collect, fit,
-                    load_sinan, params_for_budget, SHIPPED_DIR)
+                    load_sinan, outcome_labels, params_for_budget, SHIPPED_DIR)
 from .topology import Topology, load_topology
 
 SAMPLES_FILE = "sinan-samples.npz"
@@ -108,13 +108,10 @@ def load_samples(paths, topo: Topology, k: int = SinanTrainParams.k, group_offse
         n = len(p99) - k + 1
         if n <= 0:
             raise ValueError(f"{path}: {len(p99)} measured seconds, fewer than the look-ahead k = {k}")
-        viol = p99 > topo.qos_ms
-        win = np.zeros(n, dtype=bool)
-        for j in range(k):
-            win |= viol[j:j + n]
+        y_lat, y_viol = outcome_labels(p99, topo.qos_ms, k)
         Xs.append(X[:n])
-        yl.append(np.log(np.maximum(p99[:n], 1e-3) / topo.qos_ms))
-        yv.append(win.astype(np.int8))
+        yl.append(y_lat)
+        yv.append(y_viol)
         gs.append(np.full(n, group_offset + g))
     return SinanData(np.concatenate(Xs), np.concatenate(yl), np.concatenate(yv), np.concatenate(gs),
                      np.zeros(sum(len(x) for x in Xs)))
