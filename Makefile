@@ -3,6 +3,12 @@
 .PHONY: setup demo test test-all bench clean
 
 VENV := .venv/bin
+# The default suite runs in TEST_WORKERS pytest-xdist processes, a test file per process at a
+# time (module-scoped engines and services start once). Most of its time is real services in real
+# time (sleeps, polls, 1-s control loops), which overlap well even on 2 cores. `make test-all` stays
+# in one process: its Ray cluster test ends with `ray stop --force`, which would kill another
+# worker's Ray.
+TEST_WORKERS ?= 2
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -11,7 +17,7 @@ demo: setup
 	$(VENV)/samm demo
 
 test: setup
-	$(VENV)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-all: setup
 	$(VENV)/python -m pytest $(PYTEST_ARGS)
