@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +19,7 @@ from agents.microservice_cores.control import MIN_CORES
 from agents.microservice_cores.topology import load_topology
 from fixtures_docker import locust_installed, real_engine  # noqa: F401  (fixtures)
 from samm.execute.local_dockerd import DockerdUnavailable
-from samm.testbed.microservices.containers import REPO_ROOT, AppContainers, find_base_port, host_python
+from samm.testbed.microservices.containers import REPO_ROOT, AppContainers, find_base_port, host_python, reserve_ports
 from samm.testbed.microservices.run import MicroservicesRunOptions, parse_faults, run_microservices
 
 TOPO = load_topology("testbed")
@@ -43,6 +46,31 @@ def test_host_python_is_bound_read_only():
     hp = host_python()
     assert any(hp.executable.startswith(c.rstrip("/") + "/") for c in hp.binds)
     assert all(h.startswith("/") and c.startswith("/") for c, h in hp.binds.items())
+
+
+def test_a_held_port_block_is_skipped_by_every_process_until_released():
+    """Two testbeds on one host (or two test workers) never pick the same ports, even before
+    the first one's services listen."""
+    start = find_base_port(3, 19500)
+    held = reserve_ports(3, start)
+    other_process = [sys.executable, "-c", "from samm.testbed.microservices.containers import find_base_port; "
+                     f"print(find_base_port(3, {start}))"]
+    try:
+        assert held.base == start
+        assert find_base_port(3, start) == start + 10
+        assert int(subprocess.run(other_process, capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout) \
+            == start + 10
+        # an explicit base port that another testbed holds is refused before any container starts
+        with pytest.raises(RuntimeError, match="held by another SAMM testbed"):
+            AppContainers(TOPO, "unix:///nonexistent.sock", "/tmp", base_port=start + 1)
+    finally:
+        held.release()
+    assert find_base_port(3, start) == start
+    # a port some other program listens on makes its block unusable too
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", start + 2))
+        s.listen()
+        assert find_base_port(3, start) == start + 10
 
 
 # ------------------------------------------------------------------------------ real engine

@@ -9,7 +9,8 @@ with read-only binds of the host interpreter's prefix (binary, libpython, stdlib
 directories holding the shared libraries it and its stdlib extension modules load (found with
 `ldd`, so it works for a Debian /usr/bin/python3 as well as a pyenv build), and of the repository;
 `/conf` (the topology) is read-only, `/state` (the per-service counters) writable. Host networking:
-service i listens on 127.0.0.1:(base_port + i). Labels `samm.namespace=<ns>` and
+service i listens on 127.0.0.1:(base_port + i), a block held (`PortBlock`) from construction to
+`close()`, so that two testbeds on one host never pick the same ports. Labels `samm.namespace=<ns>` and
 `samm.group=<service>` and the name `<ns>-<service>-1` follow `DockerExecutor`'s conventions, so
 its inventory sees one instance per service, and every CPU limit is set through
 `DockerExecutor.set_cpu_limit` (CFS period 100 ms, quota = cores × period).
@@ -20,6 +21,7 @@ supervisor (`AppContainers.ensure_running`) starts them again once it is back.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -27,6 +29,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -127,14 +130,60 @@ class PrivateDockerd(LocalDockerd):
         return time.monotonic() - t0
 
 
-def find_base_port(n: int, start: int = 18100, tries: int = 200) -> int:
-    """The first p >= start (stepping by 10) with p .. p+n-1 all free on 127.0.0.1."""
+PORT_LOCK_DIR = Path(tempfile.gettempdir()) / "samm-ports"
+
+
+class PortBlock:
+    """Ports base .. base+n-1 on 127.0.0.1 held for one application: an exclusive `flock` per
+    port under PORT_LOCK_DIR, so that another SAMM process searching for ports skips them from the
+    moment they are chosen (not only once the services listen) until `release()` or its exit (the
+    kernel drops a dead process's locks, so no reservation outlives its owner)."""
+
+    def __init__(self, base: int, n: int, fds: list[int]):
+        self.base, self.n, self._fds = base, n, fds
+
+    def release(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+    @classmethod
+    def try_hold(cls, base: int, n: int) -> "PortBlock | None":
+        """The block, if no other holder has any of its ports and each is free; else None."""
+        PORT_LOCK_DIR.mkdir(mode=0o777, parents=True, exist_ok=True)
+        fds: list[int] = []
+        block = cls(base, n, fds)
+        for port in range(base, base + n):
+            fd = os.open(PORT_LOCK_DIR / f"{port}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            fds.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                block.release()
+                return None
+            if not _port_free(port):
+                block.release()
+                return None
+        return block
+
+
+def reserve_ports(n: int, start: int = 18100, tries: int = 200) -> PortBlock:
+    """The first block from `start` (stepping by 10) that `PortBlock.try_hold` gets."""
     p = start
     for _ in range(tries):
-        if all(_port_free(p + i) for i in range(n)):
-            return p
+        block = PortBlock.try_hold(p, n)
+        if block is not None:
+            return block
         p += 10
     raise RuntimeError(f"no {n} consecutive free ports from {start}")
+
+
+def find_base_port(n: int, start: int = 18100, tries: int = 200) -> int:
+    """The first p >= start (stepping by 10) with p .. p+n-1 free and held by no SAMM process
+    (not held on return: `AppContainers` holds it)."""
+    block = reserve_ports(n, start, tries)
+    block.release()
+    return block.base
 
 
 def _port_free(port: int) -> bool:
@@ -159,16 +208,28 @@ class AppContainers:
         self.base_url = base_url
         self.run_dir = Path(run_dir).resolve()
         self.namespace = namespace
-        self.base_port = base_port if base_port is not None else find_base_port(len(self.services))
+        n = len(self.services)
+        if base_port is None:
+            self.ports_held = reserve_ports(n)
+        else:
+            self.ports_held = PortBlock.try_hold(base_port, n)
+            if self.ports_held is None:
+                raise RuntimeError(f"ports {base_port}..{base_port + n - 1} on 127.0.0.1 are taken or held by "
+                                   f"another SAMM testbed (choose another base port)")
+        self.base_port = self.ports_held.base
         self.ports = {s: self.base_port + i for i, s in enumerate(self.services)}
         self.image = image
-        self.python = python or host_python()
         self.names = {s: f"{namespace}-{s}-1" for s in self.services}
-        self.client = docker.DockerClient(base_url=base_url, timeout=timeout_s)
-        groups = [GroupConfig(name=s, cores=1, ram_gb=0.25, price_per_hour=0.0, min=0, max=1, docker_image=image)
-                  for s in self.services]
-        self.executor = DockerExecutor(groups, base_url=base_url, namespace=namespace, stop_timeout_s=2,
-                                       timeout_s=timeout_s)
+        try:
+            self.python = python or host_python()
+            self.client = docker.DockerClient(base_url=base_url, timeout=timeout_s)
+            groups = [GroupConfig(name=s, cores=1, ram_gb=0.25, price_per_hour=0.0, min=0, max=1,
+                                  docker_image=image) for s in self.services]
+            self.executor = DockerExecutor(groups, base_url=base_url, namespace=namespace, stop_timeout_s=2,
+                                           timeout_s=timeout_s)
+        except BaseException:
+            self.ports_held.release()
+            raise
         self.seed: int | None = None
         self.last_limit: dict[str, float] = {}   # the last limit set per service (kept for a re-creation)
         self.errors: list[str] = []              # the last ensure_running's failures
@@ -242,6 +303,7 @@ class AppContainers:
             log.warning("removing the app's containers failed: %s", exc)
         self.client.close()
         self.executor.close()
+        self.ports_held.release()
 
     # -- control -----------------------------------------------------------------------------
     def set_limit(self, service: str, cores: float) -> ActionResult:
