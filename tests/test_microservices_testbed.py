@@ -73,6 +73,16 @@ def test_a_held_port_block_is_skipped_by_every_process_until_released():
         assert find_base_port(3, start) == start + 10
 
 
+def test_port_lock_files_that_cannot_be_made_are_a_clear_error(tmp_path, monkeypatch):
+    from samm.testbed.microservices import containers
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setattr(containers, "PORT_LOCK_DIR", blocker / "samm-ports")
+    with pytest.raises(RuntimeError, match="cannot hold ports .* through their lock files in .*not-a-dir"):
+        reserve_ports(3, 19600)
+
+
 # ------------------------------------------------------------------------------ real engine
 docker = pytest.mark.docker
 

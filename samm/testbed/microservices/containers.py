@@ -150,20 +150,24 @@ class PortBlock:
     @classmethod
     def try_hold(cls, base: int, n: int) -> "PortBlock | None":
         """The block, if no other holder has any of its ports and each is free; else None."""
-        PORT_LOCK_DIR.mkdir(mode=0o777, parents=True, exist_ok=True)
         fds: list[int] = []
         block = cls(base, n, fds)
-        for port in range(base, base + n):
-            fd = os.open(PORT_LOCK_DIR / f"{port}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-            fds.append(fd)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                block.release()
-                return None
-            if not _port_free(port):
-                block.release()
-                return None
+        try:
+            PORT_LOCK_DIR.mkdir(mode=0o777, parents=True, exist_ok=True)
+            for port in range(base, base + n):
+                fds.append(os.open(PORT_LOCK_DIR / f"{port}.lock", os.O_RDWR | os.O_CREAT, 0o666))
+                try:
+                    fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    block.release()
+                    return None
+                if not _port_free(port):
+                    block.release()
+                    return None
+        except OSError as exc:
+            block.release()
+            raise RuntimeError(f"cannot hold ports {base}..{base + n - 1} through their lock files in "
+                               f"{PORT_LOCK_DIR}: {exc}") from exc
         return block
 
 
