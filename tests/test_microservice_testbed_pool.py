@@ -1,0 +1,97 @@
+"""benchmarks/microservice_testbed_pool.py: the recorded real-container runs pooled per method and load."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def pool_mod():
+    spec = importlib.util.spec_from_file_location("microservice_testbed_pool",
+                                                  ROOT / "benchmarks" / "microservice_testbed_pool.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # dataclasses look their module up while the class is made
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(mod, method, users, seed, cores, viol, session="s", seconds=600):
+    return mod.Run(session=session, method=method, users=users, seed=seed, seconds=seconds,
+                   mean_cores=cores, violating_seconds=viol)
+
+
+def test_pool_takes_the_runs_mean_population_std_and_total_rate(pool_mod):
+    runs = [_run(pool_mod, "a", 6, 0, 0.6, 3), _run(pool_mod, "a", 6, 1, 0.8, 1),
+            _run(pool_mod, "b", 6, 0, 1.0, 0)]
+    p = pool_mod.pool(runs)
+    a = p[("a", 6)]
+    assert (a.runs, a.violating_seconds, a.seconds) == (2, 4, 1200)
+    assert a.cores_mean == pytest.approx(0.7) and a.cores_std == pytest.approx(0.1)
+    assert a.rate == pytest.approx(4 / 1200)
+    assert p[("b", 6)].cores_std == 0.0
+
+
+def test_the_rate_test_is_the_exact_conditional_binomial(pool_mod):
+    # 3 against 1 in equal times: Binomial(4, 1/2); the outcomes as unlikely as 3 are 0, 1, 3, 4: 10/16
+    assert pool_mod.rate_test(3, 600, 1, 600) == pytest.approx(10 / 16)
+    assert pool_mod.rate_test(0, 600, 0, 600) == 1.0
+    # far apart: significant
+    assert pool_mod.rate_test(30, 3600, 2, 3600) < 0.001
+
+
+def test_compare_needs_fewer_cores_and_no_higher_rate(pool_mod):
+    cheap_safe = [_run(pool_mod, "m", 6, s, 0.5 + 0.01 * s, 1) for s in range(3)]
+    base = [_run(pool_mod, "b", 6, s, 0.7 + 0.01 * s, 5) for s in range(3)]
+    c = pool_mod.compare(cheap_safe, base)
+    assert c["met_pooled"] and c["cores_ratio"] < 1 and c["rate_ratio"] == pytest.approx(0.2)
+    assert c["cores_p_welch"] < 0.01
+    cheap_unsafe = [_run(pool_mod, "m", 6, s, 0.5 + 0.01 * s, 9) for s in range(3)]
+    assert not pool_mod.compare(cheap_unsafe, base)["met_pooled"]
+
+
+def test_same_session_pairs_match_session_and_seed(pool_mod):
+    runs = [_run(pool_mod, "m", 6, 0, 0.5, 1, session="1"), _run(pool_mod, "b", 6, 0, 0.6, 1, session="1"),
+            _run(pool_mod, "m", 6, 1, 0.5, 2, session="1"), _run(pool_mod, "b", 6, 1, 0.6, 1, session="1"),
+            _run(pool_mod, "m", 6, 0, 0.5, 0, session="2"),              # no partner in its session
+            _run(pool_mod, "b", 14, 0, 0.4, 0, session="1")]             # another load
+    assert pool_mod.same_session_pairs(runs, "m", "b", 6) == (1, 2)
+
+
+def test_the_recorded_runs_give_the_documented_pair_counts(pool_mod):
+    """docs/microservice-cores.md: five of ten pairs against AutoScale, one of five against the live Sinan."""
+    runs = pool_mod.load_runs()
+    counts = {b: [pool_mod.same_session_pairs(runs, "reclaimer+window5", b, u) for u in (6, 14)]
+              for b in ("autoscale", "sinan-live")}
+    assert counts["autoscale"] == [(3, 5), (2, 5)]
+    assert counts["sinan-live"] == [(0, 3), (1, 2)]
+
+
+def test_a_bad_row_is_named(pool_mod, tmp_path):
+    f = tmp_path / "runs.csv"
+    f.write_text("# comment\nsession,method,users,seed,seconds,mean_cores,violating_seconds,machine\n"
+                 "1,a,6,0,600,0.7,3,amd\n1,a,6,1,600,0.7,700,amd\n")
+    with pytest.raises(ValueError, match="data row 2"):
+        pool_mod.load_runs(f)
+    f.write_text("session,method,users,seed,seconds,mean_cores,violating_seconds\n1,a,six,0,600,0.7,3\n")
+    with pytest.raises(ValueError, match="data row 1"):
+        pool_mod.load_runs(f)
+
+
+def test_a_testbed_summary_joins_under_its_label(pool_mod, tmp_path, capsys):
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"users": 6, "seed": 9, "known_latency_seconds": 598, "violation_seconds": 2,
+         "total_cores": {"mean": 0.61, "max": 1.5}}))
+    r = pool_mod.run_from_summary("mine", tmp_path)
+    assert (r.method, r.users, r.seconds, r.violating_seconds, r.mean_cores) == ("mine", 6, 598, 2, 0.61)
+    out = tmp_path / "pool.json"
+    assert pool_mod.main(["--summary", f"mine={tmp_path}", "--method", "mine", "--baselines", "autoscale",
+                          "--users", "6", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())["comparisons"]
+    assert len(got) == 1 and got[0]["baseline"] == "autoscale" and got[0]["pairs"] == 0
+    assert "| mine | 6 | 1 | 0.610 ± 0.000 | 2 / 598 |" in capsys.readouterr().out
