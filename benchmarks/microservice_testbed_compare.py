@@ -25,7 +25,8 @@ Violation rate: real = seconds with a known p99 above the QoS target / seconds w
         --agents reclaimer,autoscale,sinan,vpa --users 6,14 --seconds 60 --out runs/ms-compare
     # --skip-real: simulator only; --reuse: take an existing DIR/A-U/summary.json instead of running
     # an agent may name its policy: reclaimer@runs/rc-x/policy (two policies of one method in one run)
-    # and a scale-down window (hosting.make_controller's scale_down_window): reclaimer+window5, autoscale+window5
+    # and a scale-down window and/or a headroom floor (hosting.make_controller's scale_down_window,
+    # headroom_floor): reclaimer+window5, autoscale+window5, reclaimer+window5+floor4
 """
 from __future__ import annotations
 
@@ -47,24 +48,33 @@ def load_avg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def split_agent(spec: str) -> tuple[str, str | None, int | None]:
-    """`reclaimer@DIR+window5` -> ("reclaimer", "DIR", 5); a plain name -> (name, None, None)."""
-    spec, sep, window = spec.rpartition("+window") if "+window" in spec else (spec, "", "")
-    name, _, policy = spec.partition("@")
-    return name, policy or None, (int(window) if sep else None)
+def split_agent(spec: str) -> tuple[str, str | None, dict]:
+    """`reclaimer@DIR+window5+floor4` -> ("reclaimer", "DIR", {"scale_down_window": 5, "headroom_floor": 4.0});
+    a plain name -> (name, None, {})."""
+    head, *mods = spec.split("+")
+    params: dict = {}
+    for mod in mods:
+        if mod.startswith("window"):
+            params["scale_down_window"] = int(mod[len("window"):])
+        elif mod.startswith("floor"):
+            params["headroom_floor"] = float(mod[len("floor"):])
+        else:
+            raise ValueError(f"{spec!r}: unknown modifier +{mod} (known: +windowN, +floorK)")
+    name, _, policy = head.partition("@")
+    return name, policy or None, params
 
 
 def run_real(agent: str, users: int, seconds: int, out: Path, topology: str, reuse: bool,
              timeout_s: float) -> dict:
     summary = out / "summary.json"
-    name, policy, window = split_agent(agent)
+    name, policy, params = split_agent(agent)
     cmd = [str(ROOT / ".venv" / "bin" / "samm"), "testbed-microservices", "--agent", name,
            "--users", str(users), "--seconds", str(seconds), "--out", str(out),
            "--topology", topology, "--no-plots"]
     if policy:
         cmd += ["--agent-param", f'policy_dir="{policy}"']
-    if window:
-        cmd += ["--agent-param", f"scale_down_window={window}"]
+    for key, value in params.items():
+        cmd += ["--agent-param", f"{key}={value}"]
     rec: dict = {"command": " ".join(cmd), "load_before": load_avg()}
     if reuse and summary.is_file():
         rec["reused"] = True
@@ -100,8 +110,7 @@ def run_sim(agent: str, users: int, seconds: int, topology: str, seeds: list[int
     from agents.microservice_cores.topology import load_topology
 
     topo = load_topology(topology)
-    name, policy, window = split_agent(agent)
-    extra = {"scale_down_window": window} if window else {}
+    name, policy, extra = split_agent(agent)
     base = make_controller(name, topo, policy_dir=policy, **extra)
     # a learned policy forks (one network, a frame stack per copy); a window forks when what it holds does
     fork = getattr(base, "fork", None) if getattr(base, "forks", True) else None

@@ -463,6 +463,53 @@ def test_make_controller_wraps_any_controller_in_the_window():
             make_controller("autoscale", CHAIN, scale_down_window=bad)
 
 
+def test_headroom_floor_lifts_a_limit_to_k_times_the_mean_use_of_the_last_seconds():
+    from agents.microservice_cores.control import HeadroomFloor
+
+    inner = _Scripted([[0.1, 2.0]] * 7 + [[0.1, 9.0]])
+    ctl = HeadroomFloor(inner, 4.0, window_s=3)
+    ctl.reset(limits_for(2, cap=5.0))
+    uses = [[0.01, 0.1], [0.05, 0.1], [0.09, 0.1], [0.30, 0.1], [np.nan, 0.1], [np.nan, 0.1], [np.nan, 0.1],
+            [2.0, 0.1]]
+    outs = [ctl.act(meas(u, 1.0)) for u in uses]
+    # mean use of the last 3 measured seconds x 4: 0.04 (under the asked 0.1), then 0.12, 0.2, 0.59
+    np.testing.assert_allclose([o[0] for o in outs[:4]], [0.1, 0.12, 0.2, 4 * (0.05 + 0.09 + 0.30) / 3])
+    # unmeasured seconds do not count; a window with nothing measured has no floor
+    np.testing.assert_allclose([o[0] for o in outs[4:7]], [4 * 0.39 / 2, 4 * 0.30, 0.1])
+    assert outs[7][0] == 5.0 and outs[7][1] == 5.0           # never past the cap, whatever the use or the ask
+    np.testing.assert_allclose([o[1] for o in outs[:7]], 2.0)  # headroom already over 4x: untouched
+    assert ctl.name == "scripted+floor4"
+    for bad in (0, -1.0, float("nan"), float("inf"), "4", True):
+        with pytest.raises(ValueError, match="headroom_floor"):
+            HeadroomFloor(_Scripted([]), bad)
+
+
+def test_the_floor_bounds_what_the_window_lets_through_and_forks_with_the_policy():
+    from agents.microservice_cores.control import HeadroomFloor, ScaleDownWindow
+    from agents.microservice_cores.hosting import make_controller
+
+    ctl = make_controller("autoscale", CHAIN, scale_down_window=3, headroom_floor=4)
+    assert isinstance(ctl, HeadroomFloor) and isinstance(ctl.inner, ScaleDownWindow)
+    assert ctl.name == "autoscale+window3+floor4" and not ctl.forks
+    with pytest.raises(TypeError, match="does not fork"):
+        ctl.fork()
+    ctl.reset(app_limits(CHAIN))
+    got = ctl.act(meas(0.05 * CHAIN.caps, CHAIN.caps, services=CHAIN.service_names))
+    np.testing.assert_allclose(got, np.maximum(0.9 * CHAIN.caps, MIN_CORES))   # AutoScale's -10 %, over the floor
+    learned = HeadroomFloor(ScaleDownWindow(_ForkingScripted([[1.0], [0.1], [0.1]]), 2), 2.0)
+    assert learned.forks
+    learned.reset(limits_for(1, cap=5.0))
+    assert float(learned.act(meas([0.2], 5.0))[0]) == 1.0
+    twin = learned.fork()
+    assert isinstance(twin, HeadroomFloor) and twin.ratio == 2.0 and isinstance(twin.inner, ScaleDownWindow)
+    twin.reset(limits_for(1, cap=5.0))
+    # its own window and use: the fork's window holds 1.0 one more second, then the floor (2 x 0.2) bounds 0.1
+    np.testing.assert_allclose([float(twin.act(meas([0.2], 5.0))[0]) for _ in range(3)], [1.0, 1.0, 0.4])
+    for bad in ("4", 0):
+        with pytest.raises(ValueError, match="headroom_floor"):
+            make_controller("autoscale", CHAIN, headroom_floor=bad)
+
+
 def test_testbed_compare_names_a_window_and_a_policy_per_agent():
     import importlib.util
     from pathlib import Path
@@ -471,7 +518,11 @@ def test_testbed_compare_names_a_window_and_a_policy_per_agent():
     spec = importlib.util.spec_from_file_location("microservice_testbed_compare", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.split_agent("autoscale") == ("autoscale", None, None)
-    assert mod.split_agent("reclaimer@runs/x/policy") == ("reclaimer", "runs/x/policy", None)
-    assert mod.split_agent("reclaimer@runs/x/policy+window5") == ("reclaimer", "runs/x/policy", 5)
-    assert mod.split_agent("autoscale+window10") == ("autoscale", None, 10)
+    assert mod.split_agent("autoscale") == ("autoscale", None, {})
+    assert mod.split_agent("reclaimer@runs/x/policy") == ("reclaimer", "runs/x/policy", {})
+    assert mod.split_agent("reclaimer@runs/x/policy+window5") == ("reclaimer", "runs/x/policy", {"scale_down_window": 5})
+    assert mod.split_agent("autoscale+window10") == ("autoscale", None, {"scale_down_window": 10})
+    assert mod.split_agent("reclaimer+window5+floor3.5") == ("reclaimer", None,
+                                                             {"scale_down_window": 5, "headroom_floor": 3.5})
+    with pytest.raises(ValueError, match="unknown modifier"):
+        mod.split_agent("reclaimer+margin2")

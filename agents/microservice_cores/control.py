@@ -49,7 +49,40 @@ class Controller(Protocol):
     def act(self, m: StepMeasurement) -> np.ndarray: ...
 
 
-class ScaleDownWindow:
+class _Wrapper:
+    """What every wrapper around a controller shares: the inner controller's reset and close, and
+    a fork that shares a learned inner policy (one network, one history per application)."""
+
+    inner: Controller
+
+    def reset(self, limits: AppLimits) -> None:
+        self.inner.reset(limits)
+        self._limits = limits
+        self._history: list[np.ndarray] = []
+
+    def _remember(self, x: np.ndarray, n: int) -> np.ndarray:
+        """The last n values of x, this one included, stacked (n, M)."""
+        self._history = [*self._history[1 - n:], x] if n > 1 else [x]
+        return np.stack(self._history)
+
+    @property
+    def forks(self) -> bool:
+        """Whether `fork` can share the inner controller (a learned policy forks; a rule does not)."""
+        return callable(getattr(self.inner, "fork", None)) and getattr(self.inner, "forks", True)
+
+    def fork(self):
+        """An empty wrapper of the same settings around a fork of the inner controller: one per
+        controlled application, sharing the inner policy's network instead of loading it again."""
+        if not self.forks:
+            raise TypeError(f"{self.inner.name} does not fork; build another controller instead")
+        return self._around(self.inner.fork())
+
+    def close(self):
+        close = getattr(self.inner, "close", None)   # a learning controller saves what it learned
+        return close() if close else None
+
+
+class ScaleDownWindow(_Wrapper):
     """Kubernetes HPA's scale-down stabilisation, per service, around any controller (ours; the
     paper sets each second's limits as its agent chose them): a limit rises as soon as the inner
     controller asks, but falls only to the highest of its decisions over the last `window_s`
@@ -66,31 +99,43 @@ class ScaleDownWindow:
         self.inner = inner
         self.window_s = int(window_s)
         self.name = f"{inner.name}+window{self.window_s}"
-        self._asked: list[np.ndarray] = []
-        self._limits: AppLimits | None = None
 
-    def reset(self, limits: AppLimits) -> None:
-        self.inner.reset(limits)
-        self._limits = limits
-        self._asked = []
+    def _around(self, inner: Controller) -> "ScaleDownWindow":
+        return ScaleDownWindow(inner, self.window_s)
 
     def act(self, m: StepMeasurement) -> np.ndarray:
         asked = clip_cores(self.inner.act(m), self._limits)
-        self._asked = [*self._asked[1 - self.window_s:], asked] if self.window_s > 1 else [asked]
-        return np.max(np.stack(self._asked), axis=0)
+        return np.max(self._remember(asked, self.window_s), axis=0)
 
-    @property
-    def forks(self) -> bool:
-        """Whether `fork` can share the inner controller (a learned policy forks; a rule does not)."""
-        return callable(getattr(self.inner, "fork", None))
 
-    def fork(self) -> "ScaleDownWindow":
-        """An empty window of the same length around a fork of the inner controller: one per
-        controlled application, sharing the inner policy's network instead of loading it again."""
-        if not self.forks:
-            raise TypeError(f"{self.inner.name} does not fork; build another controller instead")
-        return ScaleDownWindow(self.inner.fork(), self.window_s)
+class HeadroomFloor(_Wrapper):
+    """A floor under any controller's limits (ours; the paper sets each second's limits as its agent
+    chose them): no service's limit falls below `ratio` times the cores it used on average over the
+    last `window_s` measured seconds, the headroom a VPA-style recommender keeps over use.
 
-    def close(self):
-        close = getattr(self.inner, "close", None)   # a learning controller saves what it learned
-        return close() if close else None
+    On the real containers the twin-trained policy kept about 3 times a service's use at 14 users and
+    4-8 times at 6 (docs/microservice-testbed.md, session 75); AutoScale's hold band keeps 3.3-10 times.
+    The floor lifts only the seconds in which a service runs with less headroom than `ratio`; seconds
+    without a measured use (NaN) do not count, and with none in the window there is no floor. It acts
+    after whatever it wraps (a scale-down window included), so it bounds the limit applied."""
+
+    def __init__(self, inner: Controller, ratio: float, window_s: int = 5):
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not np.isfinite(ratio) or ratio <= 0:
+            raise ValueError(f"headroom_floor must be a number > 0 (times the mean use), not {ratio!r}")
+        if isinstance(window_s, bool) or not isinstance(window_s, int) or window_s < 1:
+            raise ValueError(f"headroom_floor's window must be a whole number of seconds >= 1, not {window_s!r}")
+        self.inner = inner
+        self.ratio = float(ratio)
+        self.window_s = window_s
+        self.name = f"{inner.name}+floor{self.ratio:g}"
+
+    def _around(self, inner: Controller) -> "HeadroomFloor":
+        return HeadroomFloor(inner, self.ratio, self.window_s)
+
+    def act(self, m: StepMeasurement) -> np.ndarray:
+        asked = clip_cores(self.inner.act(m), self._limits)
+        used = self._remember(np.asarray(m.cpu_used, dtype=np.float64), self.window_s)
+        seen = np.isfinite(used)
+        n = seen.sum(axis=0)
+        mean = np.where(seen, used, 0.0).sum(axis=0) / np.maximum(n, 1)      # 0 where nothing was measured
+        return clip_cores(np.maximum(asked, self.ratio * np.maximum(mean, 0.0)), self._limits)

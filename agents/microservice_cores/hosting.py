@@ -13,7 +13,9 @@ real-container loop:
     make_controller("static", topo, cores=[...])          a fixed allocation (or fraction=<share of the caps>)
 
 Any of them with `scale_down_window=S` (ours): wrapped in control.ScaleDownWindow, HPA's scale-down
-stabilisation over the last S seconds (`--agent-param scale_down_window=10` on the testbed).
+stabilisation over the last S seconds (`--agent-param scale_down_window=10` on the testbed), and/or
+with `headroom_floor=K` (ours): wrapped in control.HeadroomFloor, no limit below K times the service's
+mean use over the last 5 s, applied after the window.
 
 `make_policy` is what `samm serve --agent NAME[=DIR]` hosts (the Policy protocol): the Reclaimer
 policy; the rules are served through the problem's /allocate route, which takes measurements.
@@ -30,6 +32,11 @@ CONTROLLERS = ("reclaimer", "reclaimer-online", "autoscale", "vpa", "sinan", "si
 
 
 def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
+    floor = params.pop("headroom_floor", None)
+    if floor is not None:            # outermost: it bounds what the window (if any) lets through
+        from .control import HeadroomFloor
+
+        return HeadroomFloor(make_controller(name, topo, policy_dir=policy_dir, **params), floor)
     window = params.pop("scale_down_window", None)
     if window is not None:
         from .control import ScaleDownWindow
