@@ -511,13 +511,9 @@ def test_the_floor_bounds_what_the_window_lets_through_and_forks_with_the_policy
 
 
 def test_testbed_compare_names_a_window_and_a_policy_per_agent():
-    import importlib.util
-    from pathlib import Path
+    from benchmark_script import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "microservice_testbed_compare.py"
-    spec = importlib.util.spec_from_file_location("microservice_testbed_compare", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("microservice_testbed_compare")
     assert mod.split_agent("autoscale") == ("autoscale", None, {})
     assert mod.split_agent("reclaimer@runs/x/policy") == ("reclaimer", "runs/x/policy", {})
     assert mod.split_agent("reclaimer@runs/x/policy+window5") == ("reclaimer", "runs/x/policy", {"scale_down_window": 5})

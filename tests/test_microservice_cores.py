@@ -1217,12 +1217,9 @@ def test_the_per_service_reward_split_charges_each_service_its_own_cores_and_kee
 def test_the_action_scale_benchmark_scales_the_policys_limits_within_their_bounds(tmp_path, capsys):
     """benchmarks/reclaimer_action_scale.py: s = 1 is the policy itself, s < 1 its limits times s, never
     under the floor; the report has a row per scale."""
-    import importlib.util
+    from benchmark_script import load_benchmark
 
-    spec = importlib.util.spec_from_file_location(
-        "reclaimer_action_scale", Path(__file__).resolve().parents[1] / "benchmarks" / "reclaimer_action_scale.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("reclaimer_action_scale")
     pol = _tiny_policy()
     topo = pol.topo
     limits = app_limits(topo)

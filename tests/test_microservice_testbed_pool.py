@@ -1,24 +1,16 @@
 """benchmarks/microservice_testbed_pool.py: the recorded real-container runs pooled per method and load."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def pool_mod():
-    spec = importlib.util.spec_from_file_location("microservice_testbed_pool",
-                                                  ROOT / "benchmarks" / "microservice_testbed_pool.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod          # dataclasses look their module up while the class is made
-    spec.loader.exec_module(mod)
-    return mod
+    from benchmark_script import load_benchmark
+
+    return load_benchmark("microservice_testbed_pool")
 
 
 def _run(mod, method, users, seed, cores, viol, session="s", seconds=600):

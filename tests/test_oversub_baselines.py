@@ -314,13 +314,9 @@ def test_hindsight_reference_rounds_up_to_the_agents_rates_and_reserves_from_fut
     """benchmarks/oversub_hindsight.py: the reference the 1.3x target is read against."""
     from agents.oversubscription.data import generate_trace
     from agents.oversubscription.sim import OversubSim
-    import importlib.util
-    from pathlib import Path
+    from benchmark_script import load_benchmark
 
-    spec = importlib.util.spec_from_file_location(
-        "oversub_hindsight", Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_hindsight.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("oversub_hindsight")
     from agents.oversubscription.baselines import round_up
 
     Hindsight = mod.Hindsight
@@ -349,16 +345,12 @@ def test_hindsight_reference_rounds_up_to_the_agents_rates_and_reserves_from_fut
 def test_baselines_at_another_level_match_the_experiments_rows_when_tuned_at_its_level(tmp_path):
     """benchmarks/oversub_baselines_at.py tunes and tests with the experiment's own code: at the
     experiment's 0.95 it gives the experiment's baseline rows, number for number."""
-    import importlib.util
     import json
-    from pathlib import Path
 
     from agents.oversubscription.experiment import HELD_APART, Budget, Case, run_case
+    from benchmark_script import load_benchmark
 
-    spec = importlib.util.spec_from_file_location(
-        "oversub_baselines_at", Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_baselines_at.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("oversub_baselines_at")
 
     out = tmp_path / "rows.json"
     assert mod.main(["--case", "tiny-cold", "--tune-alpha", "0.95", "--test-episodes", "3", "--tune-episodes", "2",

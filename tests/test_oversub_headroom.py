@@ -345,15 +345,11 @@ def test_the_cli_and_the_experiment_refuse_a_bad_action_or_anchor(tmp_path, caps
 def test_the_frontier_benchmark_runs_a_headroom_policy_beside_the_rule(tmp_path, capsys):
     """benchmarks/oversub_shield_frontier.py: N-sigma at each headroom and the saved policy on the same
     held-apart episodes; raising the rule's headroom never saves more."""
-    import importlib.util
-    from pathlib import Path
+    from benchmark_script import load_benchmark
 
     cfg = C2MarlConfig(episodes=3, seed=1, updates_per_episode=2, action="headroom", anchor="2,24,3.0")
     train(S, cfg, trace_seed=7, progress=False, out=tmp_path / "p")
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_shield_frontier.py"
-    spec = importlib.util.spec_from_file_location("oversub_shield_frontier", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("oversub_shield_frontier")
     assert mod.main(["--setting", "tiny", "--trace-seed", "7", "--episodes", "2", "--headrooms", "2.0", "3.0",
                      "--policies", str(tmp_path / "p"), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -387,13 +383,9 @@ def test_the_shipped_policy_is_a_headroom_policy_anchored_on_the_hosted_nsigma_r
 
 def test_the_admit_latency_benchmark_serves_the_policy_and_the_rule_over_loopback(capsys):
     """benchmarks/oversub_admit_latency.py: a real `samm serve` answers every admit of both agents."""
-    import importlib.util
-    from pathlib import Path
+    from benchmark_script import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_admit_latency.py"
-    spec = importlib.util.spec_from_file_location("oversub_admit_latency", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("oversub_admit_latency")
     assert bench.main(["--rate", "40", "--seconds", "0.5", "--history", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["agent"] for r in out["rows"]] == ["c2marl", "nsigma"]

@@ -118,15 +118,10 @@ def test_the_cli_and_the_experiment_refuse_an_unknown_grid(tmp_path, capsys):
 def test_the_grid_benchmark_rounds_a_tuned_rule_up_and_the_coarser_grid_saves_least(tmp_path, capsys):
     """benchmarks/oversub_rate_grid.py: rounding up only raises a rule's rates, so S-Cores falls from the
     continuous rule to tenths to the paper's set (rates come from usage history, not placement)."""
-    import importlib.util
-    from pathlib import Path
-
     from agents.oversubscription.baselines import RoundedUp, round_up
+    from benchmark_script import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "oversub_rate_grid.py"
-    spec = importlib.util.spec_from_file_location("oversub_rate_grid", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("oversub_rate_grid")
     out = tmp_path / "rg.json"
     assert mod.main(["--case", "tiny-cold", "--rule", "Max", "--params",
                      '{"n": 3.0, "p": 99.0, "window": 24, "headroom": 2.0}', "--test-episodes", "3",

@@ -90,13 +90,9 @@ def test_the_cli_refuses_bad_validation_flags(capsys):
 
 def _benchmark(name: str):
     """A script of benchmarks/ as a module."""
-    import importlib.util
-    from pathlib import Path
+    from benchmark_script import load_benchmark
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark(name)
 
 
 def _tiny_validated_run(run, capsys) -> None:
