@@ -190,7 +190,8 @@ def test_outputs_written_and_cgroups_removed(live_run):
         assert res.files["csv"].read_text().count("\n") == STEPS + 1
         assert res.files["png"].stat().st_size > 10_000
         summary = json.loads(res.files["summary"].read_text())
-        assert summary["gap"]["pm_steps_measured"] == STEPS * PMS
+        assert summary["gap"]["pm_steps_measured"] == STEPS * PMS, (summary["graphite_status"],
+                                                                    summary["graphite_delivery"])
         for root in (CPU_ROOT, CPUACCT_ROOT):
             assert not (root / res.cgroup_name).exists()
     assert our_groups() == []

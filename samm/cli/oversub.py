@@ -81,6 +81,11 @@ def testbed_oversub(agent_spec, setting, pms, steps, seconds_per_step, seed, max
     if g["mean_abs_cores"] is not None:
         click.echo(f"PM usage, live (Graphite) vs simulator: mean |gap| {g['mean_abs_cores']:.2f} cores, "
                    f"max {g['max_abs_cores']:.2f}, {g['pm_steps_measured']} PM-steps measured")
+    d = s.get("graphite_delivery", {})
+    if g["pm_steps_missing"] or any(d.values()):
+        click.echo(f"Graphite delivery: {g['pm_steps_missing']} PM-steps without a point, {d.get('late_reads', 0)} "
+                   f"steps complete only on the end-of-run read, {d.get('collector_seconds_filled', 0)} seconds "
+                   f"filled after a stalled collector, {d.get('points_dropped', 0)} points carbon refused")
     click.echo(f"simulator replays the same placements: {s['sim_placements_match']}")
     click.echo(f"wrote {', '.join(str(p) for p in res.files.values())}; decisions in {res.knowledge_url} "
                f"(loop {res.loop})")

@@ -68,6 +68,7 @@ class LiveParams:
     host_cores_per_pm_core: float = 0.005  # host CPU per emulated core (the run sizes it to its budget)
     lead_s: float | None = None        # admission starts this long before its step; None: 0.6 x step
     read_deadline_s: float = 8.0       # give up waiting for a step's Graphite points this long after it ends
+    reread_s: float = 10.0             # at the end, read incomplete steps again for up to this long
     request_timeout_s: float = 2.0     # REST call timeout
     admit_mode: str = "batch"          # "batch": one call per step; "per-vm": one call per request
     slice_s: float = 0.05              # the VM workers' burn slice
@@ -184,6 +185,7 @@ class AdmissionExecutor:
         self.decisions_created = 0   # admission decisions (one per request)
         self.decisions_existing = 0  # ... already recorded by an earlier run with the same keys
         self.hot_events = 0          # hot PM-steps detected
+        self.late_reads = 0          # steps whose points were whole only on the end-of-run read
         self.hot_events_created = 0  # ... recorded now (not by an earlier run)
         self.worker_failures = 0
         self.failed_rows: set[int] = set()  # admitted, but the worker never started
@@ -220,7 +222,30 @@ class AdmissionExecutor:
         finally:
             self.stop_all()
         self.read_pending(until=None)
+        self.reread_incomplete(self.p.reread_s)
         return self.records
+
+    def reread_incomplete(self, for_s: float) -> int:
+        """Read again the steps given up on before all their points were in Graphite: after a
+        host or carbon stall the points land late, and the run's summary should have them.
+        Polls for up to `for_s` seconds; returns how many steps became whole."""
+        deadline = self.clock() + max(0.0, for_s)
+        todo = [r for r in self.records if r.graphite_status in ("partial", "stale")]
+        before = len(todo)
+        while todo:
+            last = self.clock() >= deadline
+            # the last pass keeps whatever arrived, whole or not
+            todo = [r for r in todo if not self._read_step(r, give_up=last) or r.graphite_status != "ok"]
+            if last:
+                break
+            self.sleep(0.5)
+        for rec in self.records:
+            if rec.graphite_status != "ok":
+                log.warning("step %d: Graphite has %s of %d points per PM", rec.step, rec.pm_points,
+                            self.p.seconds_per_step)
+        recovered = before - sum(r.graphite_status in ("partial", "stale") for r in self.records)
+        self.late_reads += recovered
+        return recovered
 
     # ------------------------------------------------------------------ admission
     def _state(self, hour: int) -> dict:
@@ -506,9 +531,13 @@ class AdmissionExecutor:
         rec.pm_used = [float(np.mean(points[j])) if points.get(j) else math.nan for j in range(s.n_pms)]
         rec.graphite_status = "ok" if complete else ("partial" if any(rec.pm_points) else "stale")
         used = np.array(rec.pm_used)
-        rec.pm_hot = [bool(h) for h in hot(np.nan_to_num(used, nan=0.0), s.pm_cores, s.beta)]
-        for j in np.flatnonzero(rec.pm_hot):
-            self._record_hot(rec, int(j))
+        was_hot = rec.pm_hot or [False] * s.n_pms
+        now_hot = hot(np.nan_to_num(used, nan=0.0), s.pm_cores, s.beta)
+        # a hot event, once recorded on the points then in Graphite, stands after a later read
+        rec.pm_hot = [bool(h) or w for h, w in zip(now_hot, was_hot)]
+        for j in np.flatnonzero(now_hot):
+            if not was_hot[j]:
+                self._record_hot(rec, int(j))
         return True
 
     def _record_hot(self, rec: StepRecord, pm: int) -> None:

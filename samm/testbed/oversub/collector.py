@@ -6,7 +6,9 @@ The point measured over the second [i, i+1) is stamped i (Graphite's slot for th
 a step [a, b) is exactly the slots a..b-1 (`render(from=a-1, until=b-1)`, the window
 off-by-one of the platform notes). The sample is taken just after each whole second; the
 measured span is the real time between two reads (not assumed to be 1 s), so a late wake-up
-makes a point slightly wider, never wrong in scale.
+makes a point slightly wider, never wrong in scale. A wake-up more than a second late (a
+stalled host) spans several seconds: each of them gets the span's mean, so no second of a
+step is left without a point (`filled` counts those seconds).
 """
 from __future__ import annotations
 
@@ -19,6 +21,17 @@ from typing import Callable
 from samm.monitor.graphite_client import GraphiteSender, sanitize
 
 log = logging.getLogger(__name__)
+
+
+MAX_FILL_S = 60  # after a longer stall (a suspended host) the missed seconds stay empty
+
+
+def slots_measured(prev_slot: int | None, slot: int) -> range:
+    """The Graphite seconds one sample stands for: every second after the previous sample's up
+    to its own (one second normally; several after a stall, at most MAX_FILL_S)."""
+    if prev_slot is None or slot <= prev_slot:
+        return range(slot, slot + 1)
+    return range(max(prev_slot + 1, slot - MAX_FILL_S + 1), slot + 1)
 
 
 def pm_metric(prefix: str, run: str, pm: int | str, name: str = "cpu_cores") -> str:
@@ -40,6 +53,7 @@ class PmCollector:
         self.clock = clock
         self.reports = 0
         self.errors = 0
+        self.filled = 0  # seconds given a stalled sample's mean (see the module docstring)
         self.last: list[float] = []  # the latest point of every PM (emulated cores)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,6 +71,7 @@ class PmCollector:
 
     def _loop(self) -> None:
         prev_ns, prev_t = self.read_ns(), self.clock()
+        prev_slot: int | None = None
         while not self._stop.is_set():
             now = self.clock()
             wake = math.floor(now) + 1 + self.offset_s
@@ -71,10 +86,13 @@ class PmCollector:
             span = t - prev_t
             if span <= 0:
                 continue
-            slot = math.floor(t - self.offset_s) - 1  # the second this sample measured
+            slot = math.floor(t - self.offset_s) - 1  # the last second this sample measured
             self.last = [(a - b) / 1e9 / span / self.scale for a, b in zip(ns, prev_ns)]
-            for k, cores in enumerate(self.last):
-                self.sender.send(pm_metric(self.prefix, self.run, k), cores, slot)
+            slots = slots_measured(prev_slot, slot)
+            for s in slots:
+                for k, cores in enumerate(self.last):
+                    self.sender.send(pm_metric(self.prefix, self.run, k), cores, s)
             self.sender.flush()
             self.reports += 1
-            prev_ns, prev_t = ns, t
+            self.filled += len(slots) - 1
+            prev_ns, prev_t, prev_slot = ns, t, slot

@@ -262,6 +262,9 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
         wall = time.time() - started
         throttled = cg.throttled()
         cgroup_name = cg.name
+        collector.stop()  # idempotent; its counts below are final
+        delivery = {"collector_seconds_filled": collector.filled, "collector_errors": collector.errors,
+                    "points_dropped": sender.dropped, "late_reads": executor.late_reads}
     finally:
         for fn in reversed(cleanup):
             try:
@@ -275,7 +278,8 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
     summary |= {"run": run, "agent": opts.agent, "setting": setting.name, "pms": setting.n_pms,
                 "seconds_per_step": params.seconds_per_step, "host_cores_per_pm_core": scale,
                 "host_cores": opts.host_cores, "admit_mode": params.admit_mode, "wall_s": round(wall, 2),
-                "throttled_periods_per_pm": throttled, "workload": workload.name, "vms": workload.n_vms}
+                "throttled_periods_per_pm": throttled, "workload": workload.name, "vms": workload.n_vms,
+                "graphite_delivery": delivery}
     files = write_outputs(out, setting, records, summary)
     return OversubRunResult(summary, records, out, run, executor.loop, knowledge_url, cgroup_name, files)
 
