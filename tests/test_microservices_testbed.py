@@ -145,6 +145,39 @@ def test_call_graph_answers_on_real_containers(engine, tmp_path):
         app.close()
 
 
+@docker
+def test_cgroup_reader_counts_throttled_periods_of_a_busy_container_under_a_small_limit(engine):
+    """The throttling counters the testbed keeps beside each second (not a policy feature): a
+    container spinning under 0.05 core runs out of quota in most periods; one sleeping under a
+    whole core never does."""
+    from samm.testbed.microservices.measure import CgroupReader
+    client, reader = engine.client(), CgroupReader()
+    made = []
+    try:
+        for name, cmd, quota in (("thr-busy", ["sh", "-c", "while :; do :; done"], 5_000),
+                                 ("thr-idle", ["sleep", "60"], 100_000)):
+            made.append(client.containers.run("local/busybox:samm", cmd, detach=True, name=name,
+                                              cpu_period=100_000, cpu_quota=quota))
+        paths = {}
+        for c in made:
+            c.reload()
+            paths[c.name] = reader.paths(c.attrs["State"]["Pid"])
+        before = {n: reader.read(p) for n, p in paths.items()}
+        time.sleep(2.0)
+        after = {n: reader.read(p) for n, p in paths.items()}
+        d = {n: {k: after[n][k] - before[n][k] for k in ("nr_periods", "nr_throttled", "throttled_s", "cpu_s")}
+             for n in paths}
+        busy, idle = d["thr-busy"], d["thr-idle"]
+        assert busy["nr_periods"] >= 15 and busy["nr_throttled"] >= 0.8 * busy["nr_periods"], busy
+        assert busy["throttled_s"] > 1.0, busy  # waiting ~95 ms of every 100 ms period
+        assert busy["cpu_s"] == pytest.approx(0.1, abs=0.04), busy  # 0.05 core for 2 s
+        assert idle["nr_throttled"] == 0 and idle["throttled_s"] == 0, idle
+    finally:
+        for c in made:
+            c.remove(force=True)
+        client.close()
+
+
 @pytest.fixture(scope="module")
 def fault_run(engine, locust_installed, tmp_path_factory):
     """AutoScale at light load for 14 s: the kill fault at second 3, Locust frozen at 7 for 3 s."""
@@ -173,6 +206,13 @@ def test_loop_changes_real_limits_within_bounds(fault_run):
             if s not in b.restarted:
                 assert b.limits[s] == pytest.approx(c, abs=0.006), (a.step, s)
     assert (fault_run.out_dir / "steps.csv").read_text().count("\n") == 15
+    # the throttling counters came along with every measured second of a running service
+    header = (fault_run.out_dir / "steps.csv").read_text().splitlines()[0].split(",")
+    assert {f"throttled_{s}" for s in TOPO.service_names} <= set(header)
+    shares = [v for r in recs[1:] for v in r.throttled.values()]
+    assert len(shares) >= 5 * len(TOPO.service_names) and all(0.0 <= v <= 1.0 for v in shares)
+    split = fault_run.summary["throttled_when_violating"]
+    assert split["other_max_service"] is not None and 0.0 <= split["other_max_service"] <= 1.0
 
 
 @docker

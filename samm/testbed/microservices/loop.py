@@ -71,6 +71,7 @@ class StepRecord:
     clipped: list = field(default_factory=list)
     held: list = field(default_factory=list)       # services not running: their limit was held
     kernel_limits: dict = field(default_factory=dict)  # the cgroup's CFS quota / period (cores), for checks
+    throttled: dict = field(default_factory=dict)  # share of the second's CFS periods out of quota (cgroup)
     dry_run: dict = field(default_factory=dict)    # service -> cores a dry run would have sent
     errors: list = field(default_factory=list)
     restarted: list = field(default_factory=list)
@@ -94,6 +95,8 @@ class StepRecord:
             row[f"used_{s}"] = round(self.used.get(s, math.nan), 4)
         for s in services:
             row[f"target_{s}"] = "" if not self.targets else round(self.targets[s], 4)
+        for s in services:
+            row[f"throttled_{s}"] = _r(self.throttled.get(s))
         row |= {"action": self.action, "clipped": " ".join(self.clipped),
                 "held": " ".join(self.held), "errors": " | ".join(self.errors),
                 "restarted": " ".join(self.restarted),
@@ -137,7 +140,8 @@ class ControlLoop:
                          requests_per_s=m.requests_per_s, failures_per_s=m.failures_per_s, limits=limits_now,
                          used={s: float(x) for s, x in zip(self.services, m.cpu_used)}, targets=None,
                          restarted=list(restarted), fault=fault, errors=list(errors),
-                         kernel_limits=dict(m.extra.get("kernel_limit") or {}))
+                         kernel_limits=dict(m.extra.get("kernel_limit") or {}),
+                         throttled=dict(m.extra.get("throttled") or {}))
         running = m.extra.get("running") or {}
         down = [s for s in self.services if running.get(s) is False]
         key = f"step{k}"

@@ -11,6 +11,11 @@ Where each per-service field comes from (over the interval since the previous me
 | io_bytes, io_ops (per s)  | Δ blkio.throttle.io_service_bytes / io_serviced "Total" (v1), Δ io.stat (v2) |
 | rx/tx_bytes (per second)  | the service's own counters (<state>/<service>.json, written each second by app.py) |
 | rx/tx_packets (per second)| HTTP messages received / sent, from the same counters               |
+| throttled (extra)         | Δ nr_throttled / Δ nr_periods and Δ throttled time / Δt of cpu.stat (v1 and v2) |
+
+The throttling counters are not among the paper's features (Table 1 has none; the policy does not
+see them): they are kept beside each step (`extra["throttled"]`, `extra["throttled_s"]`, the
+steps.csv columns `throttled_<service>`) to tell whether a slow second met the CFS quota.
 
 Why the cgroup and not the engine's stats endpoint for CPU: `docker stats` samples each container
 for about a second per call (7 containers: 7 concurrent streams on a 2-core host, each a window
@@ -124,7 +129,9 @@ class CgroupReader:
             except OSError:
                 pass
             return {"cpu_s": cpu["usage_usec"] / 1e6, "rss": mem.get("anon", 0), "cache": mem.get("file", 0),
-                    "pgfault": mem.get("pgfault", 0), "io_bytes": io_b, "io_ops": io_o}
+                    "pgfault": mem.get("pgfault", 0), "io_bytes": io_b, "io_ops": io_o,
+                    "nr_periods": cpu.get("nr_periods", 0), "nr_throttled": cpu.get("nr_throttled", 0),
+                    "throttled_s": cpu.get("throttled_usec", 0) / 1e6}
         cpu_s = int((paths["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
         mem = _kv(paths["memory"] / "memory.stat")
         io_b = io_o = 0
@@ -134,9 +141,15 @@ class CgroupReader:
                 io_o = _blkio_total(paths["blkio"] / "blkio.throttle.io_serviced")
             except OSError:
                 pass
+        try:
+            stat = _kv(paths["cpu"] / "cpu.stat") if "cpu" in paths else {}
+        except OSError:
+            stat = {}
         return {"cpu_s": cpu_s, "rss": mem.get("total_rss", mem.get("rss", 0)),
                 "cache": mem.get("total_cache", mem.get("cache", 0)),
-                "pgfault": mem.get("total_pgfault", mem.get("pgfault", 0)), "io_bytes": io_b, "io_ops": io_o}
+                "pgfault": mem.get("total_pgfault", mem.get("pgfault", 0)), "io_bytes": io_b, "io_ops": io_o,
+                "nr_periods": stat.get("nr_periods", 0), "nr_throttled": stat.get("nr_throttled", 0),
+                "throttled_s": stat.get("throttled_time", 0) / 1e9}
 
     def quota_cores(self, paths: dict[str, Path]) -> float:
         """The kernel's view of the CPU limit (cores; inf when unlimited)."""
@@ -149,7 +162,7 @@ class CgroupReader:
 
 
 _NET = ("rx_bytes", "tx_bytes", "rx_messages", "tx_messages")
-_CG = ("cpu_s", "pgfault", "io_bytes", "io_ops")
+_CG = ("cpu_s", "pgfault", "io_bytes", "io_ops", "nr_periods", "nr_throttled", "throttled_s")
 
 
 def _delta(new: float, old: float | None) -> float:
@@ -185,6 +198,8 @@ class Measurer:
         engine_errors: list[str] = []
         running: dict[str, bool] = {}
         kernel_limit: dict[str, float] = {}
+        throttled: dict[str, float] = {}    # share of the second's CFS periods that ran out of quota
+        throttled_s: dict[str, float] = {}  # seconds its threads waited for the next period, per second
         for i, s in enumerate(self.services):
             info = None
             try:
@@ -224,6 +239,10 @@ class Measurer:
                     row[FIELD["page_faults"]] = _delta(cur["pgfault"], prev.get("pgfault")) / dt
                     row[FIELD["io_bytes"]] = _delta(cur["io_bytes"], prev.get("io_bytes")) / dt
                     row[FIELD["io_ops"]] = _delta(cur["io_ops"], prev.get("io_ops")) / dt
+                    if "nr_periods" in prev:
+                        periods = _delta(cur["nr_periods"], prev["nr_periods"])
+                        throttled[s] = _delta(cur["nr_throttled"], prev["nr_throttled"]) / periods if periods else 0.0
+                        throttled_s[s] = _delta(cur["throttled_s"], prev["throttled_s"]) / dt
                 if net is not None:
                     for field, key in (("rx_bytes", "rx_bytes"), ("tx_bytes", "tx_bytes"),
                                        ("rx_packets", "rx_messages"), ("tx_packets", "tx_messages")):
@@ -251,6 +270,7 @@ class Measurer:
                 latency_state = "none completed"
         extra = {"stale": stale, "latency_state": latency_state, "engine_errors": engine_errors,
                  "running": running, "kernel_limit": kernel_limit,
+                 "throttled": throttled, "throttled_s": throttled_s,
                  "load_second": None if rec is None else int(rec["second"]),
                  "load_age_s": None if rec is None else round(t - float(rec["t_end"]), 3),
                  "inflight": None if rec is None else rec.get("inflight"),

@@ -244,6 +244,25 @@ def _stats(xs) -> dict:
             "p95": float(np.percentile(xs, 95)), "max": float(xs.max())}
 
 
+def _mean_known(xs) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return float(np.mean(xs)) if xs else None
+
+
+def _throttle_split(records: list[StepRecord], qos_ms: float) -> dict:
+    """Mean share of throttled periods over the services, in the seconds over QoS and in the
+    others; each second is paired with its own counters and those of the second before (the
+    load generator's newest second may trail the cgroup's by up to one)."""
+    def worst(i: int) -> float | None:
+        vals = [v for j in (i - 1, i) if 0 <= j < len(records) for v in records[j].throttled.values()
+                if v is not None and math.isfinite(v)]
+        return max(vals) if vals else None
+    over = [worst(i) for i, r in enumerate(records) if math.isfinite(r.p99_ms) and r.p99_ms > qos_ms]
+    rest = [worst(i) for i, r in enumerate(records) if math.isfinite(r.p99_ms) and r.p99_ms <= qos_ms]
+    return {"violating_max_service": _mean_known(over), "other_max_service": _mean_known(rest),
+            "violating_seconds": len(over)}
+
+
 def summarize(records: list[StepRecord], topo, o: MicroservicesRunOptions, run: str, loop_name: str,
               t_start: float, events: list) -> dict:
     services = topo.service_names
@@ -286,8 +305,11 @@ def summarize(records: list[StepRecord], topo, o: MicroservicesRunOptions, run: 
         "restarts": [{"step": r.step, "services": r.restarted} for r in records if r.restarted],
         "per_service": {s: {"mean_cores": float(np.mean([r.limits[s] for r in records])) if records else None,
                             "mean_used": used[s], "cap": topo.services[s].cap,
-                            "cpu_ms_per_call_measured": per_call[s], "cpu_ms_topology": topo.services[s].cpu_ms}
+                            "cpu_ms_per_call_measured": per_call[s], "cpu_ms_topology": topo.services[s].cpu_ms,
+                            "throttled_mean": _mean_known(r.throttled.get(s) for r in records)}
                         for s in services},
+        # the seconds over QoS beside the rest: did they meet the CFS quota more often?
+        "throttled_when_violating": _throttle_split(records, topo.qos_ms),
         "step_duration_ms": _stats([r.duration_ms for r in records]),
         "events": events, "wall_s": round(time.time() - t_start, 1),
     }
