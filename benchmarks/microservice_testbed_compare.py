@@ -58,8 +58,10 @@ def split_agent(spec: str) -> tuple[str, str | None, dict]:
             params["scale_down_window"] = int(mod[len("window"):])
         elif mod.startswith("floor"):
             params["headroom_floor"] = float(mod[len("floor"):])
+        elif mod.startswith("throttle"):  # on the twin the guard reads the model's chance θ of a throttled period
+            params["throttle_guard"] = float(mod[len("throttle"):])
         else:
-            raise ValueError(f"{spec!r}: unknown modifier +{mod} (known: +windowN, +floorK)")
+            raise ValueError(f"{spec!r}: unknown modifier +{mod} (known: +windowN, +floorK, +throttleS)")
     name, _, policy = head.partition("@")
     return name, policy or None, params
 
@@ -132,7 +134,11 @@ def run_sim(agent: str, users: int, seconds: int, topology: str, seeds: list[int
             "max_cores": float(max(x["max_cores"] for x in s)), "mean_used": mean("mean_used"),
             "p99_mean_ms": mean("p99_mean_ms"), "violation_rate": mean("violation_rate"),
             "violation_rate_per_seed": [x["violation_rate"] for x in s],
-            "mean_cores_per_seed": [x["mean_cores"] for x in s], "wall_s": round(time.time() - t0, 1)}
+            "mean_cores_per_seed": [x["mean_cores"] for x in s],
+            # the model's share of throttled CFS periods, beside the real containers' measured one
+            "throttled_mean": {k: float(np.mean([r.extra["throttled_mean"][k] for r in res]))
+                               for k in topo.service_names},
+            "wall_s": round(time.time() - t0, 1)}
 
 
 def pct(x) -> str:

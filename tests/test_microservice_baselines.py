@@ -131,6 +131,9 @@ def test_vpa_runs_an_episode_within_bounds():
     res = run_episodes(CHAIN, lambda i: VPARecommender(), 70, seeds=[1], steps=30, warmup=20)[0]
     assert np.all(res.cores <= CHAIN.caps + 1e-12) and np.all(res.cores >= 0.025 - 1e-12)
     assert res.mean_cores < CHAIN.caps.sum()
+    # the model's share of throttled periods per service, for the sim-to-real comparison
+    shares = res.extra["throttled_mean"]
+    assert set(shares) == set(CHAIN.service_names) and all(0.0 <= v <= 1.0 for v in shares.values())
 
 
 # ------------------------------------------------------------------------------------------
@@ -520,5 +523,40 @@ def test_testbed_compare_names_a_window_and_a_policy_per_agent():
     assert mod.split_agent("autoscale+window10") == ("autoscale", None, {"scale_down_window": 10})
     assert mod.split_agent("reclaimer+window5+floor3.5") == ("reclaimer", None,
                                                              {"scale_down_window": 5, "headroom_floor": 3.5})
+    assert mod.split_agent("reclaimer+window5+throttle0.2") == ("reclaimer", None,
+                                                                {"scale_down_window": 5, "throttle_guard": 0.2})
     with pytest.raises(ValueError, match="unknown modifier"):
         mod.split_agent("reclaimer+margin2")
+
+
+def test_throttle_guard_lifts_only_the_services_the_kernel_throttled():
+    from agents.microservice_cores.control import ScaleDownWindow, ThrottleGuard
+    from agents.microservice_cores.hosting import make_controller
+
+    inner = _Scripted([[0.1, 0.1, 0.1]] * 5)
+    ctl = ThrottleGuard(inner, 0.2)
+    ctl.reset(limits_for(3, cap=0.5))
+
+    def with_shares(shares, limit=0.3):
+        m = meas([0.05, 0.05, 0.05], limit)
+        if shares is not None:
+            m.extra["throttled"] = dict(zip(m.services, shares))
+        return m
+
+    # s0 over the share: at least its limit in force x 1.1; s1 at exactly the share and s2 unmeasured: as asked
+    np.testing.assert_allclose(ctl.act(with_shares([0.5, 0.2, None])), [0.33, 0.1, 0.1])
+    np.testing.assert_allclose(ctl.act(with_shares([0.0, 0.0, 0.0])), [0.1, 0.1, 0.1])  # no throttling: untouched
+    np.testing.assert_allclose(ctl.act(with_shares(None)), [0.1, 0.1, 0.1])  # no counters (the simulator): no guard
+    np.testing.assert_allclose(ctl.act(with_shares([1.0, float("nan"), 0.9], limit=0.48)), [0.5, 0.1, 0.5])  # the cap
+    assert ctl.fired == 3 and ctl.name == "scripted+throttle0.2"
+    for bad in (1.0, -0.1, float("nan"), "0.2", True):
+        with pytest.raises(ValueError, match="throttle_guard"):
+            ThrottleGuard(_Scripted([]), bad)
+    with pytest.raises(ValueError, match="throttle_step"):
+        ThrottleGuard(_Scripted([]), 0.2, step=-1)
+    # through the controller factory: outermost, around the window; a step alone is refused
+    ctl = make_controller("autoscale", CHAIN, scale_down_window=3, throttle_guard=0.25, throttle_step=0.5)
+    assert isinstance(ctl, ThrottleGuard) and isinstance(ctl.inner, ScaleDownWindow) and ctl.step == 0.5
+    assert ctl.name == "autoscale+window3+throttle0.25"
+    with pytest.raises(ValueError, match="throttle_step needs throttle_guard"):
+        make_controller("autoscale", CHAIN, throttle_step=0.5)

@@ -157,6 +157,22 @@ def test_under_allocation_hurts_for_several_seconds():
     assert st.p99_ms[0] > 50
 
 
+def test_the_simulator_reports_the_chance_of_a_throttled_period():
+    """θ, the model's nr_throttled / nr_periods: ~0 with plenty of quota, 1 while a backlog spends
+    every period's quota; carried in the measurement as the real testbed carries the kernel's."""
+    topo = one_service(cpu_ms=2.0, users=100)
+    sim = MicroserviceSim(topo, n_envs=1, seed=3)
+    sim.reset(100)
+    for _ in range(10):
+        st = sim.step(np.array([[4.0]]))
+    assert st.throttled.shape == (1, 1) and st.throttled[0, 0] < 0.01
+    st = sim.step(np.array([[0.8]]))        # 0.8 cores for a 2-core load
+    st = sim.step(np.array([[0.8]]))        # a backlog from the second before: every period throttled
+    assert st.throttled[0, 0] == 1.0
+    m = st.measurement(0, topo.service_names)
+    assert m.extra["throttled"] == {topo.service_names[0]: 1.0}
+
+
 def test_simulator_is_reproducible_for_a_seed():
     topo = load_topology("hotel")
     runs = []

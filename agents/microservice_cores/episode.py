@@ -103,15 +103,19 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller], u
     p99 = np.zeros((steps, E))
     req = np.zeros((steps, E))
     fail = np.zeros((steps, E))
+    throttled = np.zeros((steps, E, M))
     for t in range(steps):
         cores = np.stack([clip_cores(ctl.act(st.measurement(e, topo.service_names)), limits)
                           for e, ctl in enumerate(ctls)])
         st = sim.step(cores)
         set_c[t], used[t], p99[t], req[t], fail[t] = cores, st.cpu_used, st.p99_ms, st.requests, st.failures
+        throttled[t] = st.throttled
     name = method or getattr(ctls[0], "name", "controller")
     return [EpisodeResult(method=name, app=topo.name, users=float(users_arr[e]), seed=seeds[e],
                           cores=set_c[:, e], used=used[:, e], p99_ms=p99[:, e], requests=req[:, e],
-                          failures=fail[:, e], qos_ms=topo.qos_ms) for e in range(E)]
+                          failures=fail[:, e], qos_ms=topo.qos_ms,
+                          extra={"throttled_mean": dict(zip(topo.service_names, throttled[:, e].mean(axis=0).tolist()))})
+            for e in range(E)]
 
 
 class StaticController:

@@ -15,7 +15,9 @@ real-container loop:
 Any of them with `scale_down_window=S` (ours): wrapped in control.ScaleDownWindow, HPA's scale-down
 stabilisation over the last S seconds (`--agent-param scale_down_window=10` on the testbed), and/or
 with `headroom_floor=K` (ours): wrapped in control.HeadroomFloor, no limit below K times the service's
-mean use over the last 5 s, applied after the window.
+mean use over the last 5 s, applied after the window, and/or with `throttle_guard=SHARE`
+(ours; `throttle_step=X`, default 0.1): wrapped in control.ThrottleGuard, a service throttled in more
+than SHARE of its CFS periods in the last second gets at least its limit times 1 + X, outermost.
 
 `make_policy` is what `samm serve --agent NAME[=DIR]` hosts (the Policy protocol): the Reclaimer
 policy; the rules are served through the problem's /allocate route, which takes measurements.
@@ -32,6 +34,15 @@ CONTROLLERS = ("reclaimer", "reclaimer-online", "autoscale", "vpa", "sinan", "si
 
 
 def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
+    guard = params.pop("throttle_guard", None)
+    step = params.pop("throttle_step", None)
+    if step is not None and guard is None:
+        raise ValueError("throttle_step needs throttle_guard")
+    if guard is not None:            # outermost: it reacts to the kernel after every other rule
+        from .control import ThrottleGuard
+
+        inner = make_controller(name, topo, policy_dir=policy_dir, **params)
+        return ThrottleGuard(inner, guard, 0.1 if step is None else step)
     floor = params.pop("headroom_floor", None)
     if floor is not None:            # outermost: it bounds what the window (if any) lets through
         from .control import HeadroomFloor

@@ -206,7 +206,7 @@ class MicroserviceSim:
         p_wait = erlang_c(servers.astype(int), a, self.c_max)
         mu = 1.0 / self.cpu_s                                                    # full-speed server
         wait_rate = np.maximum(servers * mu - lam, (1 - RHO_CAP) * servers * mu)
-        stall, p_stall = self._throttle(lam, capacity, servers, before)
+        stall, p_stall, theta = self._throttle(lam, capacity, servers, before)
         backlog_wait = 0.5 * (before + after) / capacity
         lat = self._sample_latency(backlog_wait, p_wait, wait_rate, stall, p_stall)  # (E, K) s
         lat = np.minimum(lat, self.timeout)
@@ -239,11 +239,12 @@ class MicroserviceSim:
         feats[..., FIELD["io_bytes"]] = calls * self.io_kb
         feats[..., FIELD["io_ops"]] = np.where(self.io_kb > 0, calls, 0.0)
         return SimStep(t=self.t, per_service=feats, latency_ms=pct, requests=requests,
-                       failures=failures, backlog=after.copy(), qos_ms=self.topo.qos_ms)
+                       failures=failures, backlog=after.copy(), qos_ms=self.topo.qos_ms, throttled=theta)
 
     def _throttle(self, lam, capacity, servers, backlog):
-        """CFS throttling of the second: the stall W a throttled period ends with, and the chance
-        that a call meets it. A period is throttled when its demand exceeds the quota; the demand
+        """CFS throttling of the second: the stall W a throttled period ends with, the chance
+        that a call meets it, and the chance θ that a period is throttled (the model's
+        nr_throttled / nr_periods, kept in SimStep.throttled). A period is throttled when its demand exceeds the quota; the demand
         of Poisson calls with Exp CPU times has mean λsP and variance 2λs²P (taken as normal).
         W is the longest stall, P·(1 − L/c): a stall sized by the expected excess over the quota
         (shorter) put the VPA-style baseline at 12–21 % violations on the testbed's twin against
@@ -253,7 +254,7 @@ class MicroserviceSim:
         sd = np.sqrt(2.0 * lam * self.cpu_s ** 2 * CFS_PERIOD_S) + 1e-12
         theta = ndtr((mean - capacity * CFS_PERIOD_S) / sd)
         theta = np.where(backlog > 0, 1.0, theta)                                # a queue spends every quota
-        return stall, theta * stall / CFS_PERIOD_S
+        return stall, theta * stall / CFS_PERIOD_S, theta
 
     def _sample_latency(self, backlog_wait, p_wait, wait_rate, stall, p_stall) -> np.ndarray:
         """K end-to-end latencies per copy (seconds), stratified over request types."""
@@ -296,6 +297,7 @@ class SimStep:
     failures: np.ndarray
     backlog: np.ndarray
     qos_ms: float
+    throttled: np.ndarray | None = None  # (E, M) the chance θ that a CFS period ran out of quota
 
     @property
     def p99_ms(self) -> np.ndarray:
@@ -316,4 +318,5 @@ class SimStep:
         return StepMeasurement(services=services, per_service=self.per_service[e],
                                latency_ms=self.latency_ms[e], requests_per_s=float(self.requests[e]),
                                failures_per_s=float(self.failures[e]), qos_ms=self.qos_ms, t=float(self.t),
-                               extra={"backlog": self.backlog[e]})
+                               extra={"backlog": self.backlog[e]} | ({} if self.throttled is None else
+                                      {"throttled": dict(zip(services, self.throttled[e].tolist()))}))

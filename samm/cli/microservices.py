@@ -31,7 +31,7 @@ def _params(values: tuple[str, ...]) -> dict:
               help="The controller: reclaimer (the policy shipped for the app, trained in simulation), "
                    "autoscale, sinan (the shipped Sinan-style model; model_dir=DIR for another), sinan-explore (Sinan's data collection: out=DIR), vpa, static-max or static.")
 @click.option("--agent-param", multiple=True,
-              help="KEY=VALUE (JSON values) passed to the controller, e.g. fraction=0.5 for static, or for any agent scale_down_window=5 (a limit falls only to the highest decision of the last 5 s) and headroom_floor=4 (no limit below 4x the mean use of the last 5 s); repeatable.")
+              help="KEY=VALUE (JSON values) passed to the controller, e.g. fraction=0.5 for static, or for any agent scale_down_window=5 (a limit falls only to the highest decision of the last 5 s) and headroom_floor=4 (no limit below 4x the mean use of the last 5 s) and throttle_guard=0.2 (a service throttled in over a fifth of the last second's CFS periods gets at least its limit x 1.1, throttle_step=0.1); repeatable.")
 @click.option("--users", type=int, default=8, show_default=True,
               help="Closed-loop Locust users (the topology's `users` range is what fits the machine).")
 @click.option("--seconds", type=int, default=60, show_default=True, help="Control steps (one per second).")

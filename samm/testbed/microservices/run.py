@@ -232,6 +232,8 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
     summary = summarize(loop.records, topo, o, run, loop_name, t_start, events)
     summary |= {"agent": loop.agent_name, "decisions": len(decisions), "knowledge_url": store.url,
                 "base_port": app.base_port if app else None, "engine": o.docker_host or "private dockerd"}
+    if hasattr(loop.controller, "fired"):  # a throttle guard: the service-seconds it lifted
+        summary["throttle_guard_lifts"] = int(loop.controller.fired)
     files = write_outputs(out, loop.records, topo, summary, plots=o.plots)
     return MicroservicesRunResult(summary, loop.records, out, loop_name, store.url, files)
 
