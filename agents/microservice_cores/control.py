@@ -171,8 +171,7 @@ class ThrottleGuard(_Wrapper):
     def act(self, m: StepMeasurement) -> np.ndarray:
         asked = clip_cores(self.inner.act(m), self._limits)
         shares = (m.extra or {}).get("throttled") or {}
-        got = np.array([shares.get(s, np.nan) if shares.get(s) is not None else np.nan for s in m.services],
-                       dtype=np.float64)
+        got = np.array([np.nan if shares.get(s) is None else shares[s] for s in m.services], dtype=np.float64)
         hit = np.isfinite(got) & (got > self.share)
         if not hit.any():
             return asked

@@ -244,7 +244,7 @@ def _report(summary: dict) -> str:
             pv = paper.get(key)
             lines.append(f"| {label} | {rel[key]:+.1f} % | {'' if pv is None else f'{pv:+.1f} %'} |")
         if paper:
-            lines.append(f"| violations | " + ", ".join(f"{m} {100 * d['overall'][m]['violation_rate']:.2f} %"
+            lines.append("| violations | " + ", ".join(f"{m} {100 * d['overall'][m]['violation_rate']:.2f} %"
                                                          for m in METHODS) + f" | {paper['violations']} |")
         lines += ["", f"![cores](cores-{app}.png) ![latency](latency-cdf-{app}.png)", ""]
     lines += ["## Targets", "", "| target | value | met |", "|---|---|---|"]

@@ -12,11 +12,9 @@ saved with the policy (its name, services and caps), and loading checks the spac
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-import torch
 from gymnasium import spaces
 
 from agents.policy import Decision, load_torch_weights, save_torch_policy
@@ -28,7 +26,7 @@ from .control import AppLimits, clip_cores
 from .features import FrameStack, feature_rows, mean_used, observation_layout, queue_feature
 from .observation import StepMeasurement
 from .sac import Sac, SacConfig
-from .topology import Topology, load_topology
+from .topology import Topology
 
 KIND = "reclaimer"
 PROBLEM = "microservice-cores"

@@ -23,7 +23,7 @@ logits from a row and a candidate action, mean-pooled, -> P(QoS met in each of t
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch

@@ -244,8 +244,9 @@ class MicroserviceSim:
     def _throttle(self, lam, capacity, servers, backlog):
         """CFS throttling of the second: the stall W a throttled period ends with, the chance
         that a call meets it, and the chance θ that a period is throttled (the model's
-        nr_throttled / nr_periods, kept in SimStep.throttled). A period is throttled when its demand exceeds the quota; the demand
-        of Poisson calls with Exp CPU times has mean λsP and variance 2λs²P (taken as normal).
+        nr_throttled / nr_periods, kept in SimStep.throttled). A period is throttled when its
+        demand exceeds the quota; the demand of Poisson calls with Exp CPU times has mean λsP
+        and variance 2λs²P (taken as normal).
         W is the longest stall, P·(1 − L/c): a stall sized by the expected excess over the quota
         (shorter) put the VPA-style baseline at 12–21 % violations on the testbed's twin against
         the real containers' 88–90 %, this one at 86–93 % (docs/microservice-testbed.md)."""

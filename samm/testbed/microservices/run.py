@@ -252,9 +252,9 @@ def _mean_known(xs) -> float | None:
 
 
 def _throttle_split(records: list[StepRecord], qos_ms: float) -> dict:
-    """Mean share of throttled periods over the services, in the seconds over QoS and in the
-    others; each second is paired with its own counters and those of the second before (the
-    load generator's newest second may trail the cgroup's by up to one)."""
+    """The largest service's share of throttled CFS periods, averaged over the seconds over QoS
+    and over the others; each second is paired with its own counters and those of the second
+    before (the load generator's newest second may trail the cgroup's by up to one)."""
     def worst(i: int) -> float | None:
         vals = [v for j in (i - 1, i) if 0 <= j < len(records) for v in records[j].throttled.values()
                 if v is not None and math.isfinite(v)]
