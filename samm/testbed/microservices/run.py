@@ -246,11 +246,6 @@ def _stats(xs) -> dict:
             "p95": float(np.percentile(xs, 95)), "max": float(xs.max())}
 
 
-def _mean_known(xs) -> float | None:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return float(np.mean(xs)) if xs else None
-
-
 def _throttle_split(records: list[StepRecord], qos_ms: float) -> dict:
     """The largest service's share of throttled CFS periods, averaged over the seconds over QoS
     and over the others; each second is paired with its own counters and those of the second
@@ -261,7 +256,7 @@ def _throttle_split(records: list[StepRecord], qos_ms: float) -> dict:
         return max(vals) if vals else None
     over = [worst(i) for i, r in enumerate(records) if math.isfinite(r.p99_ms) and r.p99_ms > qos_ms]
     rest = [worst(i) for i, r in enumerate(records) if math.isfinite(r.p99_ms) and r.p99_ms <= qos_ms]
-    return {"violating_max_service": _mean_known(over), "other_max_service": _mean_known(rest),
+    return {"violating_max_service": _stats(over)["mean"], "other_max_service": _stats(rest)["mean"],
             "violating_seconds": len(over)}
 
 
@@ -308,7 +303,7 @@ def summarize(records: list[StepRecord], topo, o: MicroservicesRunOptions, run: 
         "per_service": {s: {"mean_cores": float(np.mean([r.limits[s] for r in records])) if records else None,
                             "mean_used": used[s], "cap": topo.services[s].cap,
                             "cpu_ms_per_call_measured": per_call[s], "cpu_ms_topology": topo.services[s].cpu_ms,
-                            "throttled_mean": _mean_known(r.throttled.get(s) for r in records)}
+                            "throttled_mean": _stats([r.throttled.get(s) for r in records])["mean"]}
                         for s in services},
         # the seconds over QoS beside the rest: did they meet the CFS quota more often?
         "throttled_when_violating": _throttle_split(records, topo.qos_ms),
