@@ -21,10 +21,15 @@ of episodes costs little more than one. Per second and per copy:
    θ that its demand D (compound Poisson, normal approximation) exceeds L·P, certainly while a
    backlog is queued; it then stalls for W = P·(1 − L/c) (the longest stall, which matches the
    real containers best), and a call meets that stall with the chance θ·W/P, waiting U(0, W).
-   At an integer limit W = 0 and the service is exactly M/M/c.
+   At an integer limit W = 0 and the service is exactly M/M/c. Two options of the topology
+   for the real-container twin (off elsewhere): `throttle_chain` q, the chance that a stalled
+   call sits out the next whole period too (a Geometric number of periods), and host noise,
+   an extra Exp(`jitter_ms`) on a call with the chance `jitter_p`.
    K requests per copy are drawn, stratified over the types, and composed along their call
    graphs (sequential stages add, parallel calls take the slowest, detached calls are not
-   waited for); the paper's latency percentiles of the second come from these K.
+   waited for); the paper's latency percentiles of the second come from these K, or
+   (`percentiles_over: requests`) from as many of them as the second had requests, as a load
+   generator computes them: a second of 25 requests has a p99 near their maximum.
 
 `validate` in tests compares a single service with the exact M/M/c formulas. What the
 simulator does not model (documented in docs/microservice-cores.md): memory limits, network
@@ -133,6 +138,9 @@ class MicroserviceSim:
         k = np.floor(self.mix * self.K).astype(int)
         k[np.argmax(self.mix)] += self.K - k.sum()
         self.k_per_type = k
+        self.per_request = topology.percentiles_over == "requests"
+        self.chain = topology.throttle_chain
+        self.jitter_p, self.jitter_s = topology.jitter_p, topology.jitter_ms / 1000.0
         self.c_max = int(np.ceil(self.workers.max()))
         self.users = np.zeros(self.E)
         self.limit = np.tile(self.caps, (self.E, 1))
@@ -210,15 +218,23 @@ class MicroserviceSim:
         backlog_wait = 0.5 * (before + after) / capacity
         lat = self._sample_latency(backlog_wait, p_wait, wait_rate, stall, p_stall)  # (E, K) s
         lat = np.minimum(lat, self.timeout)
+        # the draws that stand for this second's requests: all K, or (percentiles_over: requests)
+        # as many of each type as arrived, so that a second of 25 requests has the p99 of 25
+        valid = self._second_requests(arrivals) if self.per_request else None
         fail_mask = failures > 0
         if fail_mask.any():
             # failed requests count at the timeout, as a load generator records them
-            n_fail = np.minimum(np.round(failures / np.maximum(requests, 1) * self.K), self.K).astype(int)
+            n = self.K if valid is None else valid.sum(axis=1)
+            n_fail = np.minimum(np.round(failures / np.maximum(requests, 1) * n), n).astype(int)
             for e in np.nonzero(fail_mask)[0]:
                 if n_fail[e]:
-                    lat[e, :n_fail[e]] = self.timeout
+                    cols = slice(None) if valid is None else np.nonzero(valid[e])[0]
+                    lat[e, np.arange(self.K)[cols][:n_fail[e]]] = self.timeout
         self.mean_latency = lat.mean(axis=1)
-        pct = np.percentile(lat, PERCENTILES, axis=1).T * 1000.0                  # (E, 12) ms
+        if valid is None:
+            pct = np.percentile(lat, PERCENTILES, axis=1).T * 1000.0              # (E, 12) ms
+        else:
+            pct = _masked_percentiles(lat, valid, PERCENTILES) * 1000.0
         no_req = requests <= 0
         pct[no_req] = np.nan
         self.t += 1
@@ -240,6 +256,18 @@ class MicroserviceSim:
         feats[..., FIELD["io_ops"]] = np.where(self.io_kb > 0, calls, 0.0)
         return SimStep(t=self.t, per_service=feats, latency_ms=pct, requests=requests,
                        failures=failures, backlog=after.copy(), qos_ms=self.topo.qos_ms, throttled=theta)
+
+    def _second_requests(self, arrivals: np.ndarray) -> np.ndarray:
+        """(E, K) mask of the draws that stand for this second's requests: of each type's block of
+        draws (the layout `_sample_latency` writes), the first min(arrived, block) of them."""
+        valid = np.zeros((self.E, self.K), dtype=bool)
+        col = 0
+        for j, k in enumerate(self.k_per_type):
+            if k <= 0:
+                continue
+            valid[:, col:col + k] = np.arange(k)[None, :] < arrivals[:, j:j + 1]
+            col += k
+        return valid
 
     def _throttle(self, lam, capacity, servers, backlog):
         """CFS throttling of the second: the stall W a throttled period ends with, the chance
@@ -274,7 +302,12 @@ class MicroserviceSim:
                 svc = rng.exponential(1.0, (E, k)) * self.cpu_s[s]
                 stalled = rng.random((E, k)) < p_stall[:, s:s + 1]
                 thr = np.where(stalled, rng.random((E, k)) * stall[:, s:s + 1], 0.0)
+                if self.chain > 0:   # whole periods sat out after the first stall
+                    thr = thr + np.where(stalled, CFS_PERIOD_S * (rng.geometric(1.0 - self.chain, (E, k)) - 1), 0.0)
                 own = 2 * self.hop + backlog_wait[:, s:s + 1] + wq + svc + thr
+                if self.jitter_p > 0:
+                    own = own + np.where(rng.random((E, k)) < self.jitter_p,
+                                         rng.exponential(self.jitter_s, (E, k)), 0.0)
                 for stage in node.stages:
                     waited = [node_lat[c] for c in stage if not prog[c].detached]
                     if waited:
@@ -285,6 +318,22 @@ class MicroserviceSim:
             out[:, col:col + k] = node_lat[-1]
             col += k
         return out
+
+
+def _masked_percentiles(x: np.ndarray, valid: np.ndarray, q) -> np.ndarray:
+    """np.percentile's linear interpolation along axis 1 over the valid entries of each row:
+    (rows, len(q)); NaN for a row without one."""
+    n = valid.sum(axis=1)
+    srt = np.sort(np.where(valid, x, np.inf), axis=1)
+    srt[n == 0] = 0.0
+    pos = np.asarray(q, dtype=np.float64)[None, :] / 100.0 * np.maximum(n - 1, 0)[:, None]
+    lo = np.floor(pos).astype(int)
+    hi = np.minimum(lo + 1, np.maximum(n - 1, 0)[:, None])
+    rows = np.arange(x.shape[0])[:, None]
+    a, b = srt[rows, lo], srt[rows, hi]
+    out = a + (pos - lo) * np.where(hi > lo, b - a, 0.0)
+    out[n == 0] = np.nan
+    return out
 
 
 @dataclass

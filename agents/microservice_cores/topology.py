@@ -78,6 +78,21 @@ class Topology(_Strict):
     rate_per_user: float = Field(gt=0)
     hop_ms: float = Field(default=0.1, ge=0, description="network latency per call, one way")
     timeout_s: float = Field(default=5.0, gt=0, description="a call waiting longer than this fails")
+    percentiles_over: Literal["draws", "requests"] = Field(
+        default="draws",
+        description="what a second's latency percentiles are taken over: a fixed number of drawn "
+                    "requests (the simulator's `samples`), or that second's own requests (at most "
+                    "`samples` of them), as a load generator computes them; the second matters "
+                    "where a second holds few requests, whose p99 is near their maximum")
+    throttle_chain: float = Field(
+        default=0.0, ge=0, lt=1,
+        description="the chance that a call which met a throttled CFS period sits out the next whole "
+                    "period too (again with this chance, and so on): quota spent by a burst of calls "
+                    "runs out in the following periods as well")
+    jitter_p: float = Field(default=0.0, ge=0, le=1,
+                            description="host noise: the chance that a call is delayed by an extra "
+                                        "Exp(jitter_ms) (scheduling, the interpreter's pauses)")
+    jitter_ms: float = Field(default=0.0, ge=0, description="mean of that extra delay")
     services: dict[str, ServiceSpec]
     requests: dict[str, RequestType]
 
