@@ -106,12 +106,10 @@ def run_real(agent: str, users: int, seconds: int, out: Path, topology: str, reu
     return rec
 
 
-def run_sim(agent: str, users: int, seconds: int, topology: str, seeds: list[int], warmup: int) -> dict:
-    from agents.microservice_cores.episode import run_episodes
+def twin_controllers(agent: str, topo):
+    """(method name, make(i)): the controller of the simulator's copy i for an agent spec."""
     from agents.microservice_cores.hosting import make_controller
-    from agents.microservice_cores.topology import load_topology
 
-    topo = load_topology(topology)
     name, policy, extra = split_agent(agent)
     base = make_controller(name, topo, policy_dir=policy, **extra)
     # a learned policy forks (one network, a frame stack per copy); a window forks when what it holds does
@@ -122,6 +120,15 @@ def run_sim(agent: str, users: int, seconds: int, topology: str, seeds: list[int
             return base
         return fork() if fork else make_controller(name, topo, policy_dir=policy, **extra)
 
+    return name, make
+
+
+def run_sim(agent: str, users: int, seconds: int, topology: str, seeds: list[int], warmup: int) -> dict:
+    from agents.microservice_cores.episode import run_episodes
+    from agents.microservice_cores.topology import load_topology
+
+    topo = load_topology(topology)
+    name, make = twin_controllers(agent, topo)
     t0 = time.time()
     res = run_episodes(topo, make, users, seeds, steps=seconds, warmup=warmup, method=name)
     s = [r.summary() for r in res]

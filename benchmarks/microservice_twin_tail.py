@@ -27,9 +27,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from agents.microservice_cores.episode import run_episodes  # noqa: E402
-from agents.microservice_cores.hosting import make_controller  # noqa: E402
 from agents.microservice_cores.topology import Topology, load_topology  # noqa: E402
-from microservice_testbed_compare import split_agent  # noqa: E402
+from microservice_testbed_compare import split_agent, twin_controllers  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "microservice_testbed_p99.csv"
 QUANTILES = (90, 99, 99.5)
@@ -52,15 +51,7 @@ def tail(p99: np.ndarray, qos_ms: float) -> dict:
 
 
 def twin_tail(topo: Topology, agent: str, users: int, seeds: list[int]) -> dict:
-    name, policy, extra = split_agent(agent)
-    base = make_controller(name, topo, policy_dir=policy, **extra)
-    fork = getattr(base, "fork", None) if getattr(base, "forks", True) else None
-
-    def make(i):
-        if i == 0:
-            return base
-        return fork() if fork else make_controller(name, topo, policy_dir=policy, **extra)
-
+    name, make = twin_controllers(agent, topo)
     res = run_episodes(topo, make, users, seeds, steps=600, warmup=2, method=name)
     p = np.concatenate([r.p99_ms for r in res])
     out = tail(p[np.isfinite(p)], topo.qos_ms)

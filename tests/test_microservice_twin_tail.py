@@ -102,3 +102,18 @@ def test_the_testbed_twin_has_the_real_containers_tail_under_autoscale():
     assert got[6][0] == pytest.approx(304, rel=0.4)
     assert got[14][0] == pytest.approx(133, rel=0.4)
     assert 0.01 < got[6][1] < 0.08 and got[14][1] < 0.01 and got[6][1] > 3 * got[14][1]
+
+
+def test_the_tail_benchmark_reads_the_recorded_real_seconds_and_scores_a_twin():
+    """benchmarks/microservice_twin_tail.py: the real per-second p99s pooled per method and load
+    (AutoScale's 14-user runs of sessions 74-76: 7 of 600 s, 0.12 % over 200 ms), and the fit's
+    score, 0 for a twin with the real quantiles."""
+    from benchmark_script import load_benchmark
+
+    mod = load_benchmark("microservice_twin_tail")
+    real = mod.real_p99()
+    assert real[("autoscale", 14)].size == 7 * 600
+    t = mod.tail(real[("autoscale", 14)], 200.0)
+    assert 0.0005 < t["violation_rate"] < 0.002 and t["quantiles"][0] < t["quantiles"][1] < t["quantiles"][2]
+    assert mod.loss(t, t) == 0.0
+    assert mod.loss({"quantiles": [2 * q for q in t["quantiles"]]}, t) == pytest.approx(np.log(2))
