@@ -117,3 +117,33 @@ def test_the_tail_benchmark_reads_the_recorded_real_seconds_and_scores_a_twin():
     assert 0.0005 < t["violation_rate"] < 0.002 and t["quantiles"][0] < t["quantiles"][1] < t["quantiles"][2]
     assert mod.loss(t, t) == 0.0
     assert mod.loss({"quantiles": [2 * q for q in t["quantiles"]]}, t) == pytest.approx(np.log(2))
+
+
+def test_the_replay_benchmark_steps_the_twin_through_a_runs_own_limits(tmp_path):
+    """benchmarks/microservice_twin_replay.py: a run folder's steps.csv read back (users from the
+    folder's name, throttled shares when recorded) and the twin driven through those limits: at the
+    caps it is fast and unthrottled, at a tenth of them throttled and slow."""
+    from benchmark_script import load_benchmark
+
+    mod = load_benchmark("microservice_twin_replay")
+    topo = load_topology("testbed")
+    names = topo.service_names
+
+    def write(folder, scale, seconds=40):
+        d = tmp_path / folder
+        d.mkdir()
+        head = ["step", "p99_ms"] + [f"cores_{s}" for s in names] + [f"throttled_{s}" for s in names]
+        lines = [",".join(head)] + [",".join([str(t), "30.0"] + [f"{c * scale:.4f}" for c in topo.caps]
+                                             + ["0.0"] * len(names)) for t in range(seconds)]
+        (d / "steps.csv").write_text("\n".join(lines) + "\n")
+        return d
+
+    caps = mod.read_run(write("caps-u14-s0", 1.0), names)
+    assert caps["users"] == 14 and caps["limits"].shape == (40, len(names)) and caps["throttled"].shape == (40, len(names))
+    starved = mod.read_run(write("low-u14-s0", 0.1), names)
+    fast, slow = mod.replay(topo, caps, copies=2), mod.replay(topo, starved, copies=2)
+    assert fast["p99"].shape == (40, 2) and fast["theta"].shape == (40, 2, len(names))
+    assert np.nanmedian(fast["p99"]) < 100 < np.nanmedian(slow["p99"])
+    assert fast["theta"].mean() < 0.05 < slow["theta"].mean()
+    with pytest.raises(ValueError, match="no summary.json"):
+        mod.read_run(write("nousers", 1.0), names)
