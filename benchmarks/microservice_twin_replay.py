@@ -24,11 +24,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from agents.microservice_cores.sim import MicroserviceSim  # noqa: E402
 from agents.microservice_cores.topology import Topology, load_topology  # noqa: E402
+from microservice_twin_tail import tail  # noqa: E402
 
-QUANTILES = (90, 99, 99.5)
 WARMUP_S = 2
 
 
@@ -74,11 +75,6 @@ def replay(topo: Topology, run: dict, copies: int = 8, seed: int = 1) -> dict:
     return {"p99": np.array(p99), "theta": np.array(theta)}
 
 
-def tail(p99: np.ndarray, qos_ms: float) -> dict:
-    p = p99[np.isfinite(p99)]
-    return {"quantiles": [float(x) for x in np.percentile(p, QUANTILES)], "violation_rate": float(np.mean(p > qos_ms))}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="run folders of samm testbed-microservices")
@@ -93,7 +89,9 @@ def main(argv=None) -> int:
     for d in a.runs:
         run = read_run(Path(d), services)
         rep = replay(topo, run, a.copies, a.seed)
-        re_t, tw_t = tail(run["p99"], topo.qos_ms), tail(rep["p99"].ravel(), topo.qos_ms)
+        real_p, twin_p = run["p99"], rep["p99"].ravel()
+        re_t = tail(real_p[np.isfinite(real_p)], topo.qos_ms)
+        tw_t = tail(twin_p[np.isfinite(twin_p)], topo.qos_ms)
         fmt = lambda t: f"{' / '.join(f'{x:.0f}' for x in t['quantiles'])}, {100 * t['violation_rate']:.2f} %"
         thr = "-"
         if run["throttled"] is not None:
