@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from agents.microservice_cores.episode import run_episodes  # noqa: E402
 from agents.microservice_cores.topology import Topology, load_topology  # noqa: E402
-from microservice_testbed_compare import split_agent, twin_controllers  # noqa: E402
+from microservice_testbed_compare import twin_controllers  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "microservice_testbed_p99.csv"
 QUANTILES = (90, 99, 99.5)
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
         for method in fit + check:
             for u in users:
                 tw = twin_tail(topo, method, u, seeds)
-                key = (split_agent(method)[0] if "@" in method else method, u)
-                re = tail(real[key], qos) if key in real else None
+                key = None if "@" in method else (method, u)   # a policy of its own has no real runs here
+                re = tail(real[key], qos) if key is not None and key in real else None
                 if re is not None and method in fit:
                     scored.append(loss(tw, re))
                 rows.append({"twin": label, "overrides": over, "method": method, "users": u, "twin_tail": tw,
