@@ -157,9 +157,11 @@ class ThrottleGuard(_Wrapper):
     periods (docs/microservice-testbed.md, session 76), at limits 3 times the second's mean use:
     bursts inside a second that a per-second mean does not show, but the kernel's `nr_throttled`
     does. Measured there: it did not remove them (1 of 4 pairs against AutoScale), because most
-    came in the same second as the throttling, before a lift for the next second. The measurement carries the shares in `extra["throttled"]` (service ->
-    share; the real-container testbed measures them); without them (NaN or absent) there is no
-    guard. It acts after whatever it wraps, so it bounds the limit applied; never past the cap."""
+    came in the same second as the throttling, before a lift for the next second.
+
+    The measurement carries the shares in `extra["throttled"]` (service -> share; the real-container
+    testbed measures them); without them (NaN or absent) there is no guard. It acts after whatever
+    it wraps, so it bounds the limit applied; never past the cap."""
 
     def __init__(self, inner: Controller, share: float, step: float = 0.1):
         for name, v, lo, hi in (("throttle_guard", share, 0.0, 1.0), ("throttle_step", step, 0.0, 10.0)):

@@ -228,8 +228,10 @@ class MicroserviceSim:
             n_fail = np.minimum(np.round(failures / np.maximum(requests, 1) * n), n).astype(int)
             for e in np.nonzero(fail_mask)[0]:
                 if n_fail[e]:
-                    cols = slice(None) if valid is None else np.nonzero(valid[e])[0]
-                    lat[e, np.arange(self.K)[cols][:n_fail[e]]] = self.timeout
+                    cols = np.arange(self.K) if valid is None else np.nonzero(valid[e])[0]
+                    lat[e, cols[:n_fail[e]]] = self.timeout
+        # the closed loop's response time: every draw, the expected latency of the second, not
+        # the spread of its few requests
         self.mean_latency = lat.mean(axis=1)
         if valid is None:
             pct = np.percentile(lat, PERCENTILES, axis=1).T * 1000.0              # (E, 12) ms
