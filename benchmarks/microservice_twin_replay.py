@@ -7,7 +7,9 @@ twin steps `--copies` copies at the run's users through the same limits, second 
 the testbed's 2 s at the caps. Printed per run: the 90th / 99th / 99.5th percentile of the seconds'
 p99 and the share over the QoS target, real beside replayed, and per service the real throttled
 share beside the model's chance θ of a throttled period. `--topology` takes the `testbed` topology
-with JSON overrides of its fields (e.g. '{"throttle_chain": 0.1}').
+with JSON overrides of its fields (e.g. '{"throttle_chain": 0.1}'). A run made with `--cpu-burst F`
+(its summary.json's cpu_burst) is replayed with the twin's `cfs_burst` at F unless the overrides
+set it.
 
     .venv/bin/python benchmarks/microservice_twin_replay.py RUN_DIR [RUN_DIR ...] [--topology '{...}']
 """
@@ -38,15 +40,16 @@ def _float(x) -> float:
 
 
 def read_run(run_dir: Path, services) -> dict:
-    """The run's users (summary.json, else the folder name's -uN), limits (T, M), p99 (T,) and
-    throttled shares (T, M) or None."""
+    """The run's users (summary.json, else the folder name's -uN), CFS burst (summary.json, else
+    none), limits (T, M), p99 (T,) and throttled shares (T, M) or None."""
     rows = list(csv.DictReader(open(run_dir / "steps.csv")))
     if not rows:
         raise ValueError(f"{run_dir}: steps.csv has no rows")
-    users = None
+    users, burst = None, None
     summary = run_dir / "summary.json"
     if summary.exists():
-        users = json.loads(summary.read_text()).get("users")
+        info = json.loads(summary.read_text())
+        users, burst = info.get("users"), info.get("cpu_burst")
     if users is None:
         m = re.search(r"-u(\d+)", run_dir.name)
         if not m:
@@ -56,7 +59,7 @@ def read_run(run_dir: Path, services) -> dict:
     thr = None
     if f"throttled_{services[0]}" in rows[0]:
         thr = np.array([[_float(r[f"throttled_{s}"]) for s in services] for r in rows])
-    return {"users": float(users), "limits": limits, "p99": np.array([_float(r["p99_ms"]) for r in rows]),
+    return {"users": float(users), "cpu_burst": float(burst or 0.0), "limits": limits, "p99": np.array([_float(r["p99_ms"]) for r in rows]),
             "throttled": thr}
 
 
@@ -82,13 +85,15 @@ def main(argv=None) -> int:
     ap.add_argument("--copies", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
-    topo = Topology(**{**load_topology("testbed").model_dump(), **json.loads(a.topology)})
+    overrides = json.loads(a.topology)
+    topo = Topology(**{**load_topology("testbed").model_dump(), **overrides})
     services = topo.service_names
     print("| run | users | real q90 / q99 / q99.5 (ms), violating | replayed | throttled share real / model θ |")
     print("|---|---:|---|---|---|")
     for d in a.runs:
         run = read_run(Path(d), services)
-        rep = replay(topo, run, a.copies, a.seed)
+        run_topo = topo if "cfs_burst" in overrides else topo.model_copy(update={"cfs_burst": run["cpu_burst"]})
+        rep = replay(run_topo, run, a.copies, a.seed)
         real_p, twin_p = run["p99"], rep["p99"].ravel()
         re_t = tail(real_p[np.isfinite(real_p)], topo.qos_ms)
         tw_t = tail(twin_p[np.isfinite(twin_p)], topo.qos_ms)
@@ -98,7 +103,8 @@ def main(argv=None) -> int:
             real_thr = np.nanmean(run["throttled"], axis=0)
             model = rep["theta"].mean(axis=(0, 1))
             thr = " ".join(f"{s} {r:.3f} / {m:.3f}" for s, r, m in zip(services, real_thr, model))
-        print(f"| {Path(d).name} | {run['users']:g} | {fmt(re_t)} | {fmt(tw_t)} | {thr} |", flush=True)
+        burst = f" (burst {run_topo.cfs_burst:g})" if run_topo.cfs_burst else ""
+        print(f"| {Path(d).name}{burst} | {run['users']:g} | {fmt(re_t)} | {fmt(tw_t)} | {thr} |", flush=True)
     return 0
 
 

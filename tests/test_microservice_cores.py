@@ -55,6 +55,28 @@ def test_topology_rejects_unknown_services_and_keys(tmp_path):
         load_topology("no-such-app")
 
 
+def test_a_topology_file_may_extend_another(tmp_path):
+    """`extends`: the base's keys, each key the file sets replacing the base's value; a relative
+    file from the extending file's folder; a loop and a bad base are refused, naming the file."""
+    (tmp_path / "burst.yaml").write_text("extends: testbed\nname: testbed-burst\ncfs_burst: 1.0\n")
+    base, burst = load_topology("testbed"), load_topology(tmp_path / "burst.yaml")
+    assert (burst.name, burst.cfs_burst) == ("testbed-burst", 1.0)
+    assert burst.model_dump() == base.model_dump() | {"name": "testbed-burst", "cfs_burst": 1.0}
+    (tmp_path / "twice.yaml").write_text("extends: burst.yaml\nqos_ms: 100\n")
+    twice = load_topology(tmp_path / "twice.yaml")
+    assert (twice.name, twice.cfs_burst, twice.qos_ms) == ("testbed-burst", 1.0, 100.0)
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ValueError, match="loops back"):
+        load_topology(tmp_path / "a.yaml")
+    (tmp_path / "bad.yaml").write_text("extends: 3\n")
+    with pytest.raises(ValueError, match="bad.yaml: extends must name"):
+        load_topology(tmp_path / "bad.yaml")
+    (tmp_path / "typo.yaml").write_text("extends: testbed\ncfs_brust: 1.0\n")
+    with pytest.raises(ValueError, match="cfs_brust"):
+        load_topology(tmp_path / "typo.yaml")
+
+
 # -- the simulator against queueing theory -------------------------------------------------------
 def mmc_sojourn_quantile(lam: float, mu: float, c: int, q: float) -> float:
     """Exact q-quantile of the FCFS M/M/c sojourn time (wait + service)."""

@@ -25,6 +25,7 @@ from agents.microservice_cores.daemon_loop import LoadFile, MicroserviceLoopConf
 from agents.microservice_cores.topology import load_topology
 from samm.config import ConfigError, SammConfig, load_config
 from samm.daemon.build import ConfigurationProblem, build_daemon
+from samm.execute import cfs_burst
 from samm.knowledge.store import KnowledgeStore
 from samm.localproc import free_port
 from samm.testbed.microservices.containers import AppContainers, find_base_port
@@ -62,6 +63,7 @@ def test_loop_entries_are_validated_by_the_problems_model(tmp_path):
                        ({"app": "hotell"}, "unknown application 'hotell'"),
                        ({"executor": {"kind": "aws-asg"}}, "executor.kind"),
                        ({"timing": {"interval_s": 0}}, "timing.interval_s"),
+                       ({"executor": {"kind": "docker", "cpu_burst": 1.5}}, "cpu_burst"),
                        ({"load": {"path": "x", "every": 1}}, "every")):
         with pytest.raises(ValueError, match=named):
             SammConfig.model_validate(config_dict(tmp_path, **bad))
@@ -269,3 +271,38 @@ def test_a_restarted_container_gets_the_loops_limit_back(app, engine, tmp_path):
         assert f"cores.{victim}" in rep.features
     finally:
         d.close()
+
+
+@docker
+def test_a_cpu_burst_in_the_config_goes_on_with_every_limit(app, engine, tmp_path):  # noqa: F811
+    """`executor: {cpu_burst: 1.0}`: each limit the loop changes comes with a CFS burst of its whole
+    quota, read back from the container's cgroup; the limits stay within bounds."""
+    containers, load = app
+    at_caps(containers)
+    d, loop = direct(tmp_path, engine, containers, load, executor={"kind": "docker", "cpu_burst": 1.0})
+    try:
+        changed: dict = {}
+        for _ in range(4):                                    # AutoScale shrinks at 4 users at once
+            next_second()
+            rep = loop.run_once()
+            assert not any("cpu burst" in x for x in rep.reasons), rep.reasons
+            changed |= {a["group"]: a["target"] for a in rep.actions if a["status"] == "succeeded"}
+            if changed:
+                break
+        assert changed
+        for s, cores in changed.items():
+            try:
+                held = containers.read_burst(s)
+            except OSError as exc:
+                pytest.skip(f"this kernel or engine has no CFS burst: {exc}")
+            assert held == int(round(cores * 100_000)), (s, cores, held)
+            assert MIN_CORES - 1e-9 <= containers.read_limit(s) <= CAPS[s] + 1e-9
+    finally:
+        d.close()
+        at_caps(containers)   # the module's app goes on without the burst: raise the quotas back, then
+        for s in TOPO.service_names:                          # lower the bursts to nothing
+            try:
+                info = containers.client.api.inspect_container(containers.names[s])
+                cfs_burst.write_burst(cfs_burst.cpu_cgroup_dir(info["State"]["Pid"], info["Id"]), 0)
+            except OSError:
+                pass

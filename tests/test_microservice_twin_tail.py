@@ -69,6 +69,24 @@ def test_a_throttle_chain_lengthens_stalls_only_where_periods_run_out():
     assert p99(1.0, 0.25) == pytest.approx(p99(1.0, 0.0), rel=0.1)
 
 
+def test_a_cfs_burst_throttles_fewer_periods_at_fractional_limits_only():
+    """A burst of the whole quota: at 0.2 core a period is throttled only past twice its quota, so
+    θ falls and the p99 with it; at an integer limit nothing changes; with none the same draws."""
+    def run(limit, burst, users=9):
+        return _run(one_service(cfs_burst=burst), limit, users=users)
+
+    def theta(steps):
+        return float(np.mean([s.throttled[0, 0] for s in steps]))
+
+    def p99(steps):
+        return float(np.median([s.p99_ms[0] for s in steps]))
+    plain, burst = run(0.2, 0.0), run(0.2, 1.0)
+    assert theta(burst) < 0.5 * theta(plain)
+    assert p99(burst) < p99(plain) - 10.0
+    assert p99(run(1.0, 1.0)) == pytest.approx(p99(run(1.0, 0.0)), rel=0.1)
+    assert [s.p99_ms[0] for s in run(0.2, 0.0)] == [s.p99_ms[0] for s in plain]   # deterministic
+
+
 def test_host_jitter_delays_the_given_share_of_calls():
     base = [s.latency_ms[0, PERCENTILES.index(90)] for s in _run(one_service(), 1.0, users=9)]
     jit = [s.latency_ms[0, PERCENTILES.index(90)]
@@ -78,7 +96,8 @@ def test_host_jitter_delays_the_given_share_of_calls():
 
 
 @pytest.mark.parametrize("bad", [{"throttle_chain": 1.0}, {"throttle_chain": -0.1}, {"jitter_p": 1.5},
-                                 {"jitter_ms": -1.0}, {"percentiles_over": "calls"}])
+                                 {"jitter_ms": -1.0}, {"percentiles_over": "calls"}, {"cfs_burst": 1.5},
+                                 {"cfs_burst": -0.5}])
 def test_tail_options_are_validated(bad):
     with pytest.raises(ValidationError):
         one_service(**bad)
@@ -147,3 +166,8 @@ def test_the_replay_benchmark_steps_the_twin_through_a_runs_own_limits(tmp_path)
     assert fast["theta"].mean() < 0.05 < slow["theta"].mean()
     with pytest.raises(ValueError, match="no summary.json"):
         mod.read_run(write("nousers", 1.0), names)
+    assert caps["cpu_burst"] == 0.0
+    bursty = write("burst", 0.4)
+    (bursty / "summary.json").write_text('{"users": 14, "cpu_burst": 1.0}')
+    run = mod.read_run(bursty, names)
+    assert run["users"] == 14 and run["cpu_burst"] == 1.0

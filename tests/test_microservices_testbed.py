@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -18,9 +19,10 @@ import pytest
 from agents.microservice_cores.control import MIN_CORES
 from agents.microservice_cores.topology import load_topology
 from fixtures_docker import locust_installed, real_engine  # noqa: F401  (fixtures)
+from samm.execute import cfs_burst
 from samm.execute.local_dockerd import DockerdUnavailable
 from samm.testbed.microservices.containers import REPO_ROOT, AppContainers, find_base_port, host_python, reserve_ports
-from samm.testbed.microservices.run import MicroservicesRunOptions, parse_faults, run_microservices
+from samm.testbed.microservices.run import MicroservicesRunOptions, cpu_burst_of, parse_faults, run_microservices
 
 TOPO = load_topology("testbed")
 CAPS = dict(zip(TOPO.service_names, TOPO.caps))
@@ -34,6 +36,14 @@ def test_testbed_topology_fits_the_machine():
     # the fluid CPU demand at the top of the users range stays well inside the caps
     top = TOPO.core_demand(TOPO.users[1] * TOPO.rate_per_user)
     assert np.all(top < TOPO.caps)
+
+
+def test_the_cpu_burst_is_the_runs_else_the_topologys():
+    burst_topo = TOPO.model_copy(update={"cfs_burst": 0.5})
+    assert cpu_burst_of(MicroservicesRunOptions(), TOPO) is None            # testbed: none
+    assert cpu_burst_of(MicroservicesRunOptions(), burst_topo) == 0.5
+    assert cpu_burst_of(MicroservicesRunOptions(cpu_burst=1.0), burst_topo) == 1.0
+    assert cpu_burst_of(MicroservicesRunOptions(cpu_burst=0.0), burst_topo) == 0.0   # asked: none
 
 
 def test_fault_specs():
@@ -268,11 +278,25 @@ class Wild:
         return [np.full(n, 10.0), np.full(n, -1.0), np.full(n, np.nan), np.full(n, 0.07)][self.k % 4]
 
 
+def _host_has_cfs_burst() -> bool:
+    try:
+        cfs_burst.cpu_cgroup_dir(os.getpid())
+        return True
+    except OSError:
+        return False
+
+
 @docker
 def test_guard_keeps_a_wild_controller_within_bounds(engine, locust_installed, tmp_path):
+    """Limits swing between the caps and the floor; where the kernel has a CFS burst the run gives
+    one of the whole quota with each, so every fall below the burst held must lower it first (the
+    kernel refuses the quota otherwise, which would show as a failed limit change)."""
+    burst = 1.0 if _host_has_cfs_burst() else None
     o = MicroservicesRunOptions(users=2, seconds=7, out_dir=str(tmp_path), docker_host=engine.base_url, warmup_s=1.0,
-                                run_name="wild", plots=False, base_port=find_base_port(7, 18500))
+                                run_name="wild", plots=False, base_port=find_base_port(7, 18500), cpu_burst=burst)
     res = run_microservices(o, controller=Wild())
+    assert res.summary["cpu_burst"] == burst
+    assert not [e for r in res.records for e in r.errors], [r.errors for r in res.records]
     seen = set()
     for r in res.records:
         for s, c in r.limits.items():

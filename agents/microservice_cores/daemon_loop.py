@@ -13,7 +13,7 @@ every service of a running application, on a Docker engine, declared in the conf
         load: {path: /srv/hotel/load.jsonl}            # the load generator's per-second JSON lines
         agent: {name: reclaimer}                       # any hosting.make_controller name, policy_dir, params
         timing: {interval_s: 1.0}
-        executor: {kind: docker, dry_run: false}
+        executor: {kind: docker, dry_run: false}       # cpu_burst: 1.0 adds a CFS burst (ours)
 
 The loop does not own the application: it starts, stops and restarts no container. Each
 iteration (key `step<k>`, k = the wall-clock time // interval_s, so a restarted daemon finds the
@@ -114,6 +114,11 @@ class SecondTiming(Strict):
 class DockerLimitsExecutor(Strict):
     kind: Literal["docker"] = "docker"
     dry_run: bool = False
+    cpu_burst: float | None = Field(
+        default=None, ge=0, le=1,
+        description="give each container a CFS burst of this share of its quota with every limit "
+                    "(ours; Linux >= 5.14, an engine on this host, root); none: the topology's "
+                    "cfs_burst, and where that is 0 the burst is left alone")
 
 
 class MicroserviceLoopConfig(Strict):
@@ -142,14 +147,15 @@ class EngineContainers:
     through DockerExecutor.set_cpu_limit). The engine is reached lazily: a down engine fails
     calls (recorded), never construction."""
 
-    def __init__(self, services, cfg: ContainersConfig):
+    def __init__(self, services, cfg: ContainersConfig, cpu_burst: float | None = None):
         from samm.execute.docker_exec import DockerExecutor
 
         self.services = tuple(services)
         self.cfg = cfg
         self.base_url = cfg.base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         self._client = None
-        self.executor = DockerExecutor([], base_url=self.base_url, timeout_s=int(math.ceil(cfg.timeout_s)))
+        self.executor = DockerExecutor([], base_url=self.base_url, timeout_s=int(math.ceil(cfg.timeout_s)),
+                                       cpu_burst=cpu_burst)
         self.state_dir = Path(cfg.counters_dir) if cfg.counters_dir else None
         self.names = {s: f"{cfg.name_prefix or ''}{s}" for s in self.services}  # until found
 
@@ -419,7 +425,8 @@ def build_loop(cfg, lp: MicroserviceLoopConfig, store, closers: list, clock: Cal
         raise ConfigurationProblem(f"loop {lp.name!r}: agent {a.name!r} for {topo.name}: {exc}") from None
     limits = AppLimits(services=topo.service_names, caps=topo.caps, qos_ms=topo.qos_ms)
     controller.reset(limits)
-    containers = EngineContainers(topo.service_names, lp.containers)
+    burst = lp.executor.cpu_burst if lp.executor.cpu_burst is not None else (topo.cfs_burst or None)
+    containers = EngineContainers(topo.service_names, lp.containers, cpu_burst=burst)
     closers.append(containers.close)
     inner = ControlLoop(limits, controller, containers, store, loop_name=lp.name,
                         agent_name=getattr(controller, "name", a.name), dry_run=lp.executor.dry_run, history=HISTORY)

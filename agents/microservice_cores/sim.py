@@ -24,7 +24,9 @@ of episodes costs little more than one. Per second and per copy:
    At an integer limit W = 0 and the service is exactly M/M/c. Two options of the topology
    for the real-container twin (off elsewhere): `throttle_chain` q, the chance that a stalled
    call sits out the next whole period too (a Geometric number of periods), and host noise,
-   an extra Exp(`jitter_ms`) on a call with the chance `jitter_p`.
+   an extra Exp(`jitter_ms`) on a call with the chance `jitter_p`. A CFS burst (`cfs_burst` b,
+   the testbed's `--cpu-burst`, off by default): a period is throttled only when its demand
+   exceeds (1 + b)·L·P, the burst taken as banked in full, and then stalls for P·(1 − (1 + b)·L/c).
    K requests per copy are drawn, stratified over the types, and composed along their call
    graphs (sequential stages add, parallel calls take the slowest, detached calls are not
    waited for); the paper's latency percentiles of the second come from these K, or
@@ -140,6 +142,7 @@ class MicroserviceSim:
         self.k_per_type = k
         self.per_request = topology.percentiles_over == "requests"
         self.chain = topology.throttle_chain
+        self.burst = topology.cfs_burst
         self.jitter_p, self.jitter_s = topology.jitter_p, topology.jitter_ms / 1000.0
         self.c_max = int(np.ceil(self.workers.max()))
         self.users = np.zeros(self.E)
@@ -283,7 +286,11 @@ class MicroserviceSim:
         stall = CFS_PERIOD_S * (1.0 - capacity / servers)                       # 0 at integer L
         mean = lam * self.cpu_s * CFS_PERIOD_S
         sd = np.sqrt(2.0 * lam * self.cpu_s ** 2 * CFS_PERIOD_S) + 1e-12
-        theta = ndtr((mean - capacity * CFS_PERIOD_S) / sd)
+        budget = capacity * (1.0 + self.burst)        # the quota and the burst banked on top of it
+        theta = ndtr((mean - budget * CFS_PERIOD_S) / sd)
+        if self.burst > 0:
+            # the period runs on until quota and burst are spent; a queue has spent the burst
+            stall = np.where(backlog > 0, stall, CFS_PERIOD_S * np.maximum(1.0 - budget / servers, 0.0))
         theta = np.where(backlog > 0, 1.0, theta)                                # a queue spends every quota
         return stall, theta * stall / CFS_PERIOD_S, theta
 

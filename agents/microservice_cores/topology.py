@@ -89,6 +89,11 @@ class Topology(_Strict):
         description="the chance that a call which met a throttled CFS period sits out the next whole "
                     "period too (again with this chance, and so on): quota spent by a burst of calls "
                     "runs out in the following periods as well")
+    cfs_burst: float = Field(
+        default=0.0, ge=0, le=1,
+        description="a CFS burst of this share of each quota (the testbed's --cpu-burst): a period is "
+                    "throttled only when its demand exceeds the quota plus the burst, taken as banked "
+                    "in full (a service below its limit refills it within a few periods)")
     jitter_p: float = Field(default=0.0, ge=0, le=1,
                             description="host noise: the chance that a call is delayed by an extra "
                                         "Exp(jitter_ms) (scheduling, the interpreter's pauses)")
@@ -171,8 +176,10 @@ CallNode.model_rebuild()
 RequestType.model_rebuild()
 
 
-def load_topology(name_or_path: str | Path) -> Topology:
-    """A shipped topology by name (hotel, social, chain3, testbed) or a YAML file."""
+def load_topology(name_or_path: str | Path, _within: tuple = ()) -> Topology:
+    """A shipped topology by name (hotel, social, chain3, testbed) or a YAML file. A file may start
+    from another topology, `extends: <name or file>` (a relative file from its own folder), and
+    set only the keys it changes; each key it sets replaces the base's whole value."""
     p = Path(name_or_path)
     if not p.suffix:
         p = TOPOLOGY_DIR / f"{name_or_path}.yaml"
@@ -185,4 +192,15 @@ def load_topology(name_or_path: str | Path) -> Topology:
         raise ValueError(f"{p}: cannot read topology ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{p}: a topology must be a YAML mapping")
+    base = data.pop("extends", None)
+    if base is not None:
+        if not isinstance(base, str) or not base:
+            raise ValueError(f"{p}: extends must name a topology or a YAML file, not {base!r}")
+        here = p.resolve()
+        if here in _within:
+            raise ValueError(f"{p}: extends loops back to itself")
+        where = Path(base)
+        if where.suffix and not where.is_absolute():
+            where = p.parent / where
+        data = {**load_topology(where if where.suffix else base, _within + (here,)).model_dump(mode="json"), **data}
     return Topology.model_validate(data)

@@ -54,10 +54,14 @@ def _params(values: tuple[str, ...]) -> dict:
 @click.option("--knowledge-url", default=None, help="Knowledge store URL (default: sqlite under --out).")
 @click.option("--run-name", default=None, help="Names the Knowledge loop microservices-<run> (default: random).")
 @click.option("--no-plots", is_flag=True, help="Skip cores.png and p99.png.")
+@click.option("--cpu-burst", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Give each container a CFS burst of this share of its quota with every limit (ours; "
+                   "Linux >= 5.14, a local engine and root): quota left unused while idle may be spent on a "
+                   "later burst of calls instead of throttling it. Default: the topology's cfs_burst (none in testbed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def testbed_microservices(agent, agent_param, users, seconds, out, topology, faults, fault_at, fault_service,
                           stall_seconds, docker_host, base_port, initial, warmup, seed, knowledge_url, run_name,
-                          no_plots, as_json) -> None:
+                          no_plots, cpu_burst, as_json) -> None:
     """Run a controller live on the real-container microservice testbed.
 
     The application (default `testbed`: 7 Python HTTP services - frontend, search, geo, rate,
@@ -96,7 +100,8 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
                                    out_dir=str(out_dir), topology=topology, faults=tuple(faults), fault_at=fault_at,
                                    fault_service=fault_service, stall_seconds=stall_seconds, docker_host=docker_host,
                                    base_port=base_port, knowledge_url=knowledge_url, run_name=run_name,
-                                   warmup_s=warmup, initial=initial, seed=seed, plots=not no_plots)
+                                   warmup_s=warmup, initial=initial, seed=seed, plots=not no_plots,
+                                   cpu_burst=cpu_burst)
     try:
         res = run_microservices(opts)
     except (ValueError, FileNotFoundError) as exc:

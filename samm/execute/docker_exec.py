@@ -9,7 +9,8 @@ period/quota can be changed live) and a memory limit of `ram_gb`, and is named
 state to keep: desired capacity is the live count. Exited containers are reaped and replaced.
 
 `set_cpu_limit` changes a running container's CPU quota in place (for agents that allocate cores
-per container) and `container_stats` reads CPU, memory working set and throttling from the
+per container), with `cpu_burst` also its CFS burst (`cfs_burst`: a share of the quota the
+container may bank while idle, written to its cgroup on a local engine), and `container_stats` reads CPU, memory working set and throttling from the
 engine's stats endpoint.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import docker
 import requests
 
 from samm.config import GroupConfig
+from samm.execute import cfs_burst
 from samm.execute.base import ActionResult, Executor, ExecutorError, GroupStatus, Instance, InstanceState, ScaleRequest
 
 log = logging.getLogger(__name__)
@@ -128,10 +130,16 @@ class DockerExecutor(Executor):
         network: str | None = None,
         stop_timeout_s: int = 10,
         timeout_s: int = 30,
+        cpu_burst: float | None = None,
     ) -> None:
         """`client` wins over `base_url`; with neither, the environment (DOCKER_HOST) is used.
         The client is made on first use, so a down engine fails calls, not construction.
-        `commands` maps a group name to its containers' command (default: sleep forever)."""
+        `commands` maps a group name to its containers' command (default: sleep forever).
+        `cpu_burst`: the CFS burst `set_cpu_limit` gives with each quota, a fraction of it in
+        [0, 1] (None: the burst is left alone)."""
+        if cpu_burst is not None:
+            cfs_burst.burst_us(CPU_PERIOD_US, cpu_burst)   # validates it
+        self.cpu_burst = cpu_burst
         self.groups = {g.name: g for g in groups}
         if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", namespace):
             raise ValueError(f"namespace {namespace!r} must match [a-zA-Z0-9][a-zA-Z0-9_.-]* (it prefixes container names)")
@@ -287,7 +295,9 @@ class DockerExecutor(Executor):
 
     # -- per-container control -----------------------------------------------------------------
     def set_cpu_limit(self, container: str, cores: float) -> ActionResult:
-        """Changes a running container's CPU limit in place (no restart)."""
+        """Changes a running container's CPU limit in place (no restart), and with `cpu_burst`
+        its CFS burst. A burst that cannot be written (a remote engine, no root, an old kernel)
+        leaves the limit set and says why in the detail's `cpu_burst_error`."""
         try:
             quota = cpu_quota_for(cores)
         except ValueError as exc:
@@ -295,10 +305,39 @@ class DockerExecutor(Executor):
         detail = {"container": container, "cores": cores, "cpu_period": CPU_PERIOD_US, "cpu_quota": quota}
         try:
             c = _call("containers.get", self._docker().containers.get, container)
+            burst_after = self._burst(c, quota, detail, before=True)
             _call("container.update", c.update, cpu_period=CPU_PERIOD_US, cpu_quota=quota)
+            if burst_after:
+                self._burst(c, quota, detail, before=False)
         except _CallFailed as exc:
             return ActionResult("failed", detail | {"call": exc.call}, str(exc))
         return ActionResult("succeeded", detail)
+
+    def _burst(self, c, quota: int, detail: dict, before: bool) -> bool:
+        """Writes the container's CFS burst for `quota` before the quota changes (when the burst
+        held now would exceed the new quota) or after it; returns whether it is still to write.
+        Without `cpu_burst` the burst is not ours to set, but one set by someone else above the
+        new quota would make the kernel refuse that quota: it is lowered to the quota (recorded)."""
+        if "cpu_burst_error" in detail or (self.cpu_burst is None and not before):
+            return False
+        try:
+            d = cfs_burst.cpu_cgroup_dir(int((c.attrs.get("State") or {}).get("Pid") or 0), c.id)
+            held = cfs_burst.read_burst(d) if before else None
+            if self.cpu_burst is None:
+                if held > quota:
+                    cfs_burst.write_burst(d, quota)
+                    detail["cpu_burst_us"], detail["cpu_burst_lowered"] = quota, True
+                return False
+            if before and not cfs_burst.burst_goes_first(held, quota):
+                return True
+            want = cfs_burst.burst_us(quota, self.cpu_burst)
+            cfs_burst.write_burst(d, want)
+        except (OSError, ValueError) as exc:
+            if self.cpu_burst is not None:   # asked for and not set; without it, nothing was asked
+                detail["cpu_burst_error"] = f"{type(exc).__name__}: {exc}"
+            return False
+        detail["cpu_burst_us"] = want
+        return False
 
     def container_stats(self, container: str) -> dict[str, float | None]:
         """cpu_percent (100 = one full core; None without a previous sample),

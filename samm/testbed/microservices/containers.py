@@ -38,6 +38,7 @@ from pathlib import Path
 import docker
 
 from samm.config import GroupConfig
+from samm.execute import cfs_burst
 from samm.execute.base import ActionResult
 from samm.execute.docker_exec import CPU_PERIOD_US, LABEL_GROUP, LABEL_NAMESPACE, DockerExecutor, cpu_quota_for
 from samm.execute.local_dockerd import BUSYBOX_TAG, LocalDockerd
@@ -206,7 +207,7 @@ class AppContainers:
 
     def __init__(self, topology, base_url: str, run_dir: str | os.PathLike, *, namespace: str = "ms",
                  base_port: int | None = None, image: str = BUSYBOX_TAG, python: HostPython | None = None,
-                 timeout_s: int = 5):
+                 timeout_s: int = 5, cpu_burst: float | None = None):
         self.topology = topology
         self.services: tuple[str, ...] = topology.service_names
         self.base_url = base_url
@@ -230,7 +231,7 @@ class AppContainers:
             groups = [GroupConfig(name=s, cores=1, ram_gb=0.25, price_per_hour=0.0, min=0, max=1,
                                   docker_image=image) for s in self.services]
             self.executor = DockerExecutor(groups, base_url=base_url, namespace=namespace, stop_timeout_s=2,
-                                           timeout_s=timeout_s)
+                                           timeout_s=timeout_s, cpu_burst=cpu_burst)
         except BaseException:
             self.ports_held.release()
             raise
@@ -257,6 +258,11 @@ class AppContainers:
         for s in self.services:
             self._run(s, float(cores[s]))
         self.wait_ready(ready_timeout_s)
+        if self.executor.cpu_burst is not None:    # a new container's cgroup starts without one
+            for s in self.services:
+                res = self.set_limit(s, float(cores[s]))
+                if res.status != "succeeded" or "cpu_burst_error" in res.detail:
+                    raise RuntimeError(f"service {s}: the CPU burst was not set: {res.error or res.detail.get('cpu_burst_error')}")
 
     def _run(self, s: str, cores: float) -> None:
         i = self.services.index(s)
@@ -320,6 +326,11 @@ class AppContainers:
         """The limit the engine holds for `service` (cores)."""
         host = self.client.api.inspect_container(self.names[service])["HostConfig"]
         return host["CpuQuota"] / host["CpuPeriod"] if host.get("CpuQuota", 0) > 0 else float(os.cpu_count() or 1)
+
+    def read_burst(self, service: str) -> int:
+        """The CFS burst (µs) the kernel holds for `service`'s container (needs a local engine)."""
+        info = self.client.api.inspect_container(self.names[service])
+        return cfs_burst.read_burst(cfs_burst.cpu_cgroup_dir(info["State"]["Pid"], info["Id"]))
 
     def kill(self, service: str) -> None:
         """The kill fault: SIGKILL the service's container (it exits; nothing restarts it but us)."""

@@ -235,19 +235,24 @@ class ControlLoop:
                 log.warning("step %d: recording action %s failed: %s", k, key, exc)
         if not claimed:
             return 0
+        burst_error = None
         try:
             res = self.actuator.set_limit(s, cores)
             status, error = res.status, res.error
+            burst_error = (res.detail or {}).get("cpu_burst_error")
         except Exception as exc:  # noqa: BLE001
             status, error = "failed", f"{type(exc).__name__}: {exc}"
         if status == "succeeded":
             (rec.reapplied if reapply else rec.applied)[s] = cores
         else:
             rec.errors.append(f"{s}: {error}"[:300])
+        if burst_error:   # the limit is set; the burst the run asked for is not
+            rec.errors.append(f"{s}: cpu burst: {burst_error}"[:300])
         if self.store is not None and self._decision_id is not None:
             try:
                 self.store.finish_action(key, "succeeded" if status == "succeeded" else "failed",
-                                         result={"cores": cores}, error=error)
+                                         result={"cores": cores} | ({"cpu_burst_error": burst_error} if burst_error else {}),
+                                         error=error)
             except Exception as exc:  # noqa: BLE001
                 log.warning("step %d: finishing action %s failed: %s", k, key, exc)
         return int(status == "succeeded")

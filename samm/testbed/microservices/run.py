@@ -69,6 +69,7 @@ class MicroservicesRunOptions:
     seed: int | None = 0
     stale_s: float = 2.0
     plots: bool = True
+    cpu_burst: float | None = None    # CFS burst as a share of each quota (ours; None: the topology's cfs_burst)
 
 
 @dataclass
@@ -79,6 +80,12 @@ class MicroservicesRunResult:
     loop: str
     knowledge_url: str
     files: dict = field(default_factory=dict)
+
+
+def cpu_burst_of(o: MicroservicesRunOptions, topo) -> float | None:
+    """The CFS burst the containers get: the run's, else the topology's (the twin's `cfs_burst`),
+    else none (the kernel's default, no burst)."""
+    return o.cpu_burst if o.cpu_burst is not None else (topo.cfs_burst or None)
 
 
 def _sleep_until(t: float) -> None:
@@ -163,7 +170,8 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
         client = docker.DockerClient(base_url=base_url, timeout=30)
         ensure_busybox_image(client)
         client.close()
-        app = AppContainers(topo, base_url, out, namespace=f"ms{run}", base_port=o.base_port)
+        app = AppContainers(topo, base_url, out, namespace=f"ms{run}", base_port=o.base_port,
+                            cpu_burst=cpu_burst_of(o, topo))
         app.start(initial, seed=o.seed)
         loop.actuator = app
         load = LoadGenerator(app.conf_dir / "topology.json", app.base_port, o.users, out,
@@ -276,7 +284,7 @@ def summarize(records: list[StepRecord], topo, o: MicroservicesRunOptions, run: 
                 for s in services}
     return {
         "run": run, "loop": loop_name, "agent": o.agent, "topology": topo.name, "users": o.users,
-        "seconds": len(records), "qos_ms": topo.qos_ms, "faults": list(o.faults),
+        "seconds": len(records), "qos_ms": topo.qos_ms, "faults": list(o.faults), "cpu_burst": cpu_burst_of(o, topo),
         "fault_steps": {str(k): v for k, v in sorted(parse_faults(
             o.faults, int(round(o.fault_at if o.fault_at is not None else o.seconds / 2))).items())},
         "total_cores": {"mean": float(np.mean(cores)) if cores else None, "max": float(np.max(cores)) if cores else None,
