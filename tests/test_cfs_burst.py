@@ -35,33 +35,28 @@ def test_the_burst_goes_first_only_when_it_exceeds_the_new_quota():
     assert not cfs_burst.burst_goes_first(10_000, 40_000)    # rising: the quota first
 
 
-def test_cgroup_v1_cpu_directory(tmp_path):
-    root = tmp_path / "sys" / "cpu"
-    d = root / "docker" / "abc"
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_cpu_cgroup_of_a_container_on_v1_and_v2_mounts(tmp_path, version):
+    root = tmp_path / "mnt"
+    if version == "v1":
+        d, name = root / "docker" / "abc", "cpu.cfs_burst_us"
+        groups = "5:memory:/docker/abc\n2:cpuacct:/docker/abc\n1:cpu:/docker/abc\n0::/\n"
+        mounts = (f"31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
+                  f"32 31 0:29 / {root} rw,relatime - cgroup cgroup rw,cpu\n"
+                  f"33 31 0:30 / {tmp_path}/cpuacct rw,relatime - cgroup cgroup rw,cpuacct\n")
+    else:
+        d, name = root / "system.slice" / "docker-abc.scope", "cpu.max.burst"
+        groups = "0::/system.slice/docker-abc.scope\n"
+        mounts = f"30 23 0:27 / {root} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
     d.mkdir(parents=True)
-    (d / "cpu.cfs_burst_us").write_text("0\n")
-    proc = fake_proc(tmp_path, "5:memory:/docker/abc\n2:cpuacct:/docker/abc\n1:cpu:/docker/abc\n0::/\n",
-                     f"31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
-                     f"32 31 0:29 / {root} rw,relatime - cgroup cgroup rw,cpu\n"
-                     f"33 31 0:30 / {tmp_path}/sys/cpuacct rw,relatime - cgroup cgroup rw,cpuacct\n")
+    (d / name).write_text("0\n")
+    proc = fake_proc(tmp_path, groups, mounts)
     assert cfs_burst.cpu_cgroup_dir(42, proc=proc) == d
     assert cfs_burst.cpu_cgroup_dir(42, "abc", proc=proc) == d
     with pytest.raises(OSError, match="not in container other"):   # a pid of another host's engine
         cfs_burst.cpu_cgroup_dir(42, "other", proc=proc)
     cfs_burst.write_burst(d, 12_345)
-    assert cfs_burst.read_burst(d) == 12_345
-
-
-def test_cgroup_v2_cpu_directory(tmp_path):
-    root = tmp_path / "sys" / "fs"
-    d = root / "system.slice" / "docker-abc.scope"
-    d.mkdir(parents=True)
-    (d / "cpu.max.burst").write_text("0\n")
-    proc = fake_proc(tmp_path, "0::/system.slice/docker-abc.scope\n",
-                     f"30 23 0:27 / {root} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
-    assert cfs_burst.cpu_cgroup_dir(42, proc=proc) == d
-    cfs_burst.write_burst(d, 7_000)
-    assert (d / "cpu.max.burst").read_text() == "7000\n"
+    assert (d / name).read_text() == "12345\n" and cfs_burst.read_burst(d) == 12_345
 
 
 def test_no_burst_file_is_a_clear_error(tmp_path):
