@@ -40,7 +40,7 @@ def test_the_cpu_cgroup_of_a_container_on_v1_and_v2_mounts(tmp_path, version):
     root = tmp_path / "mnt"
     if version == "v1":
         d, name = root / "docker" / "abc", "cpu.cfs_burst_us"
-        groups = "5:memory:/docker/abc\n2:cpuacct:/docker/abc\n1:cpu:/docker/abc\n0::/\n"
+        groups = "5:memory:/docker/abc\n0::/\n2:cpuacct:/docker/abc\n1:cpu:/docker/abc\n"   # unified line first
         mounts = (f"31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"
                   f"32 31 0:29 / {root} rw,relatime - cgroup cgroup rw,cpu\n"
                   f"33 31 0:30 / {tmp_path}/cpuacct rw,relatime - cgroup cgroup rw,cpuacct\n")

@@ -425,8 +425,10 @@ def build_loop(cfg, lp: MicroserviceLoopConfig, store, closers: list, clock: Cal
         raise ConfigurationProblem(f"loop {lp.name!r}: agent {a.name!r} for {topo.name}: {exc}") from None
     limits = AppLimits(services=topo.service_names, caps=topo.caps, qos_ms=topo.qos_ms)
     controller.reset(limits)
-    burst = lp.executor.cpu_burst if lp.executor.cpu_burst is not None else (topo.cfs_burst or None)
-    containers = EngineContainers(topo.service_names, lp.containers, cpu_burst=burst)
+    from samm.execute.cfs_burst import chosen_burst
+
+    containers = EngineContainers(topo.service_names, lp.containers,
+                                  cpu_burst=chosen_burst(lp.executor.cpu_burst, topo.cfs_burst))
     closers.append(containers.close)
     inner = ControlLoop(limits, controller, containers, store, loop_name=lp.name,
                         agent_name=getattr(controller, "name", a.name), dry_run=lp.executor.dry_run, history=HISTORY)

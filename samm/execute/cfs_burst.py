@@ -32,6 +32,12 @@ def burst_us(quota_us: int, fraction: float) -> int:
     return int(quota_us * fraction)
 
 
+def chosen_burst(asked: float | None, default: float | None) -> float | None:
+    """The burst a run or a loop gives its containers: the one asked for, else the application's
+    default (a topology's `cfs_burst`), else None (the burst is left alone); 0 asked is 0."""
+    return asked if asked is not None else (default or None)
+
+
 def burst_goes_first(current_burst_us: int, new_quota_us: int) -> bool:
     """Whether the burst must be written before the quota: when the burst held now exceeds the new
     quota, the kernel refuses that quota until the burst is lowered. Otherwise after the quota (a
@@ -61,6 +67,7 @@ def cpu_cgroup_dir(pid: int, container_id: str | None = None, proc: str | os.Pat
     proc = Path(proc)
     groups = (proc / str(pid) / "cgroup").read_text()
     mounts = _mounts((proc / "self" / "mountinfo").read_text())
+    foreign = False
     for line in groups.splitlines():
         hid, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
@@ -71,11 +78,14 @@ def cpu_cgroup_dir(pid: int, container_id: str | None = None, proc: str | os.Pat
         else:
             continue
         if container_id and container_id not in path:
-            raise OSError(f"pid {pid} is not in container {container_id[:12]}'s cgroup (an engine on another host?)")
+            foreign = True      # e.g. a hybrid host's unified line "0::/" beside the v1 cpu line
+            continue
         for root in roots:
             d = Path(root) / path.lstrip("/")
             if (d / V1_FILE).exists() or (d / V2_FILE).exists():
                 return d
+    if foreign:
+        raise OSError(f"pid {pid} is not in container {container_id[:12]}'s cgroup (an engine on another host?)")
     raise OSError(f"no cgroup with a CFS burst file holds pid {pid} (kernel < 5.14, or not this host's engine)")
 
 

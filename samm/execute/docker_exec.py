@@ -10,8 +10,8 @@ state to keep: desired capacity is the live count. Exited containers are reaped 
 
 `set_cpu_limit` changes a running container's CPU quota in place (for agents that allocate cores
 per container), with `cpu_burst` also its CFS burst (`cfs_burst`: a share of the quota the
-container may bank while idle, written to its cgroup on a local engine), and `container_stats` reads CPU, memory working set and throttling from the
-engine's stats endpoint.
+container may bank while idle, written to its cgroup on a local engine), and `container_stats`
+reads CPU, memory working set and throttling from the engine's stats endpoint.
 """
 from __future__ import annotations
 

@@ -85,7 +85,9 @@ class MicroservicesRunResult:
 def cpu_burst_of(o: MicroservicesRunOptions, topo) -> float | None:
     """The CFS burst the containers get: the run's, else the topology's (the twin's `cfs_burst`),
     else none (the kernel's default, no burst)."""
-    return o.cpu_burst if o.cpu_burst is not None else (topo.cfs_burst or None)
+    from samm.execute.cfs_burst import chosen_burst
+
+    return chosen_burst(o.cpu_burst, topo.cfs_burst)
 
 
 def _sleep_until(t: float) -> None:
