@@ -65,6 +65,17 @@ def test_the_recorded_runs_give_the_documented_pair_counts(pool_mod):
     assert counts["sinan-live"] == [(0, 3), (1, 2)]
 
 
+
+def test_the_recorded_burst_runs_give_the_documented_pair_counts(pool_mod):
+    """docs/microservice-testbed.md, "More pairs with the burst (session 79)": with a CFS burst on
+    every container the windowed policy met AutoScale in five of seven pairs and the live-fitted
+    Sinan-style model in two of six."""
+    runs = pool_mod.load_runs()
+    counts = {b: [pool_mod.same_session_pairs(runs, "reclaimer+window5+burst1", b, u) for u in (6, 14)]
+              for b in ("autoscale+burst1", "sinan-live+burst1")}
+    assert counts["autoscale+burst1"] == [(4, 5), (1, 2)]
+    assert counts["sinan-live+burst1"] == [(1, 4), (1, 2)]
+
 def test_a_bad_row_is_named(pool_mod, tmp_path):
     f = tmp_path / "runs.csv"
     f.write_text("# comment\nsession,method,users,seed,seconds,mean_cores,violating_seconds,machine\n"
