@@ -65,7 +65,6 @@ def test_the_recorded_runs_give_the_documented_pair_counts(pool_mod):
     assert counts["sinan-live"] == [(0, 3), (1, 2)]
 
 
-
 def test_the_recorded_burst_runs_give_the_documented_pair_counts(pool_mod):
     """docs/microservice-testbed.md, "More pairs with the burst (session 79)": with a CFS burst on
     every container the windowed policy met AutoScale in five of seven pairs and the live-fitted
@@ -75,6 +74,7 @@ def test_the_recorded_burst_runs_give_the_documented_pair_counts(pool_mod):
               for b in ("autoscale+burst1", "sinan-live+burst1")}
     assert counts["autoscale+burst1"] == [(4, 5), (1, 2)]
     assert counts["sinan-live+burst1"] == [(1, 4), (1, 2)]
+
 
 def test_a_bad_row_is_named(pool_mod, tmp_path):
     f = tmp_path / "runs.csv"
