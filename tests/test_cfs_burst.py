@@ -109,3 +109,45 @@ def test_burst_follows_a_falling_and_rising_limit_on_a_real_engine(dockerd):  # 
         for c in ex._docker().containers.list(all=True, filters={"label": "samm.namespace=burst"}):
             c.remove(force=True)
         ex.close()
+
+
+def counting_lookups(monkeypatch) -> list:
+    """Calls through to the real cgroup lookup, keeping each call's (pid, container id)."""
+    calls, real = [], cfs_burst.cpu_cgroup_dir
+    monkeypatch.setattr(cfs_burst, "cpu_cgroup_dir", lambda pid, cid=None: calls.append((pid, cid)) or real(pid, cid))
+    return calls
+
+
+def test_a_missing_cgroup_is_looked_up_once_and_still_raised(monkeypatch):
+    """A remote engine's pid is no process here: the lookup fails, and is not repeated every second."""
+    calls = counting_lookups(monkeypatch)
+    ex = DockerExecutor([group("web")])
+    remote = type("Container", (), {"id": "f" * 64, "attrs": {"State": {"Pid": 2 ** 22 + 1}}})()   # above pid_max
+    for _ in range(3):
+        with pytest.raises(OSError):
+            ex._cgroup_dir(remote)
+    assert len(calls) == 1
+
+
+@pytest.mark.docker
+def test_the_cgroup_is_found_once_per_container_process(dockerd, monkeypatch):  # noqa: F811
+    ex = DockerExecutor([group("web")], base_url=dockerd.base_url, namespace="burstc", stop_timeout_s=1, cpu_burst=1.0)
+    try:
+        assert ex.apply(ScaleRequest("web", 1, "up")).status == "succeeded"
+        name = "burstc-web-1"
+        calls = counting_lookups(monkeypatch)
+        res = ex.set_cpu_limit(name, 0.5)
+        if "cpu_burst_error" in res.detail:
+            pytest.skip(f"this kernel or engine has no CFS burst: {res.detail['cpu_burst_error']}")
+        for cores in (0.2, 0.8, 0.3):                         # rising limits look it up before and after
+            assert ex.set_cpu_limit(name, cores).detail["cpu_burst_us"] == int(round(cores * 100_000))
+        assert len(calls) == 1
+        ex._docker().containers.get(name).restart(timeout=1)  # a new process: found again, burst still set
+        assert ex.set_cpu_limit(name, 0.6).detail["cpu_burst_us"] == 60_000
+        c = ex._docker().containers.get(name)
+        assert len(calls) == 2 and calls[-1] == (c.attrs["State"]["Pid"], c.id)
+        assert cfs_burst.read_burst(cfs_burst.cpu_cgroup_dir(c.attrs["State"]["Pid"], c.id)) == 60_000
+    finally:
+        for c in ex._docker().containers.list(all=True, filters={"label": "samm.namespace=burstc"}):
+            c.remove(force=True)
+        ex.close()

@@ -21,6 +21,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 CPU_PERIOD_US = 100_000
 MIN_CPU_QUOTA_US = 1_000  # the kernel refuses CFS quotas under 1 ms
+_CGROUP_CACHE_SIZE = 4096  # containers whose cgroup dir is remembered
 DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "infinity")
 LABEL_GROUP = "samm.group"
 LABEL_NAMESPACE = "samm.namespace"
@@ -153,6 +155,9 @@ class DockerExecutor(Executor):
         self.timeout_s = timeout_s
         self._base_url = base_url
         self._client = client
+        # (container id, pid) -> its cgroup dir, or why there is none: a container's cgroup holds
+        # while its process does, and a restart brings a new pid (a new key)
+        self._cgroups: dict[tuple[str, int], Path | OSError] = {}
 
     # -- engine access -------------------------------------------------------------------------
     def _docker(self) -> docker.DockerClient:
@@ -321,7 +326,7 @@ class DockerExecutor(Executor):
         if "cpu_burst_error" in detail or (self.cpu_burst is None and not before):
             return False
         try:
-            d = cfs_burst.cpu_cgroup_dir(int((c.attrs.get("State") or {}).get("Pid") or 0), c.id)
+            d = self._cgroup_dir(c)
             held = cfs_burst.read_burst(d) if before else None
             if self.cpu_burst is None:
                 if held > quota:
@@ -338,6 +343,22 @@ class DockerExecutor(Executor):
             return False
         detail["cpu_burst_us"] = want
         return False
+
+    def _cgroup_dir(self, c) -> Path:
+        """The container's CPU cgroup dir, found once per (container, process): `set_cpu_limit`
+        runs every second per container, and the lookup reads two /proc files."""
+        key = (c.id, int((c.attrs.get("State") or {}).get("Pid") or 0))
+        if key not in self._cgroups:
+            if len(self._cgroups) >= _CGROUP_CACHE_SIZE:   # containers come and go: drop the oldest
+                del self._cgroups[next(iter(self._cgroups))]
+            try:
+                self._cgroups[key] = cfs_burst.cpu_cgroup_dir(key[1], c.id)
+            except OSError as exc:
+                self._cgroups[key] = exc.with_traceback(None)
+        found = self._cgroups[key]
+        if isinstance(found, OSError):
+            raise type(found)(*found.args)   # a fresh one: raising the kept one would grow its traceback
+        return found
 
     def container_stats(self, container: str) -> dict[str, float | None]:
         """cpu_percent (100 = one full core; None without a previous sample),
