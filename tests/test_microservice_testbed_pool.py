@@ -56,25 +56,18 @@ def test_same_session_pairs_match_session_and_seed(pool_mod):
     assert pool_mod.same_session_pairs(runs, "m", "b", 6) == (1, 2)
 
 
-def test_the_recorded_runs_give_the_documented_pair_counts(pool_mod):
-    """docs/microservice-cores.md: five of eleven pairs against AutoScale (session 76 added a failed
-    14-user pair), one of five against the live Sinan."""
+@pytest.mark.parametrize("method, baselines, six_users, fourteen_users", [
+    # docs/microservice-cores.md: five of eleven pairs against AutoScale (session 76 added a failed
+    # 14-user pair), one of five against the live Sinan
+    ("reclaimer+window5", ("autoscale", "sinan-live"), [(3, 5), (0, 3)], [(2, 6), (1, 2)]),
+    # docs/microservice-testbed.md, "More pairs with the burst (session 79)": with a CFS burst on every
+    # container, five of seven against AutoScale and two of six against the live-fitted Sinan-style model
+    ("reclaimer+window5+burst1", ("autoscale+burst1", "sinan-live+burst1"), [(4, 5), (1, 4)], [(1, 2), (1, 2)]),
+])
+def test_the_recorded_runs_give_the_documented_pair_counts(pool_mod, method, baselines, six_users, fourteen_users):
     runs = pool_mod.load_runs()
-    counts = {b: [pool_mod.same_session_pairs(runs, "reclaimer+window5", b, u) for u in (6, 14)]
-              for b in ("autoscale", "sinan-live")}
-    assert counts["autoscale"] == [(3, 5), (2, 6)]
-    assert counts["sinan-live"] == [(0, 3), (1, 2)]
-
-
-def test_the_recorded_burst_runs_give_the_documented_pair_counts(pool_mod):
-    """docs/microservice-testbed.md, "More pairs with the burst (session 79)": with a CFS burst on
-    every container the windowed policy met AutoScale in five of seven pairs and the live-fitted
-    Sinan-style model in two of six."""
-    runs = pool_mod.load_runs()
-    counts = {b: [pool_mod.same_session_pairs(runs, "reclaimer+window5+burst1", b, u) for u in (6, 14)]
-              for b in ("autoscale+burst1", "sinan-live+burst1")}
-    assert counts["autoscale+burst1"] == [(4, 5), (1, 2)]
-    assert counts["sinan-live+burst1"] == [(1, 4), (1, 2)]
+    assert [pool_mod.same_session_pairs(runs, method, b, 6) for b in baselines] == six_users
+    assert [pool_mod.same_session_pairs(runs, method, b, 14) for b in baselines] == fourteen_users
 
 
 def test_the_policy_retrained_with_the_burst_is_not_ahead_pooled(pool_mod):
