@@ -92,6 +92,29 @@ def test_the_policy_retrained_with_the_burst_is_not_ahead_pooled(pool_mod):
     assert cores(method, 14) > cores(sinan, 14) and cores(method, 14) > cores("reclaimer+window5+burst1", 14)
 
 
+def test_the_three_second_window_meets_the_real_container_target_pooled(pool_mod):
+    """docs/microservice-testbed.md, "A 3-s window with the burst (session 81)": by the pre-declared rule,
+    pooled over every burst run on the Intel machine, the shipped policy behind a 3-s window holds fewer
+    mean cores than AutoScale and than the live-fitted Sinan-style model at a violation rate no higher,
+    at 6 and at 14 users; at 6 users its lead over the model is under 2 % of cores, within the noise."""
+    runs = [r for r in pool_mod.load_runs() if r.machine == "intel"]
+    method = "reclaimer+window3+burst1"
+
+    def of(m: str, users: int) -> list:
+        return [r for r in runs if r.method == m and r.users == users]
+
+    assert [len(of(method, u)) for u in (6, 14)] == [7, 4]
+    for users in (6, 14):
+        for baseline in ("autoscale+burst1", "sinan-live+burst1"):
+            c = pool_mod.compare(of(method, users), of(baseline, users))
+            assert c["met_pooled"], (users, baseline, c)
+    close = pool_mod.compare(of(method, 6), of("sinan-live+burst1", 6))
+    assert 0.98 < close["cores_ratio"] < 1 and close["cores_p_welch"] > 0.05
+    assert sum(r.violating_seconds for r in of(method, 14)) == 0
+    # the same session's pairs against the model at 6 users: seed 13 met, seed 14 not (1.5 % more cores)
+    assert pool_mod.same_session_pairs(runs, method, "sinan-live+burst1", 6) == (1, 2)
+
+
 def test_a_bad_row_is_named(pool_mod, tmp_path):
     f = tmp_path / "runs.csv"
     f.write_text("# comment\nsession,method,users,seed,seconds,mean_cores,violating_seconds,machine\n"
