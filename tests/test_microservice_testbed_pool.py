@@ -14,6 +14,11 @@ def pool_mod():
     return load_benchmark("microservice_testbed_pool")
 
 
+def _intel_runs(runs, method, users):
+    """The recorded runs of one method and load on the Intel machine (the burst runs' machine)."""
+    return [r for r in runs if r.method == method and r.users == users and r.machine == "intel"]
+
+
 def _run(mod, method, users, seed, cores, viol, session="s", seconds=600):
     return mod.Run(session=session, method=method, users=users, seed=seed, seconds=seconds,
                    mean_cores=cores, violating_seconds=viol)
@@ -80,7 +85,7 @@ def test_the_policy_retrained_with_the_burst_is_not_ahead_pooled(pool_mod):
     assert [pool_mod.same_session_pairs(runs, method, "autoscale+burst1", u) for u in (6, 14)] == [(1, 1), (1, 1)]
 
     def of(m: str, users: int) -> list:
-        return [r for r in runs if r.method == m and r.users == users and r.machine == "intel"]
+        return _intel_runs(runs, m, users)
 
     def cores(m: str, users: int) -> float:
         return statistics.mean(r.mean_cores for r in of(m, users))
@@ -97,11 +102,11 @@ def test_the_three_second_window_meets_the_real_container_target_pooled(pool_mod
     pooled over every burst run on the Intel machine, the shipped policy behind a 3-s window holds fewer
     mean cores than AutoScale and than the live-fitted Sinan-style model at a violation rate no higher,
     at 6 and at 14 users; at 6 users its lead over the model is under 2 % of cores, within the noise."""
-    runs = [r for r in pool_mod.load_runs() if r.machine == "intel"]
+    runs = pool_mod.load_runs()
     method = "reclaimer+window3+burst1"
 
     def of(m: str, users: int) -> list:
-        return [r for r in runs if r.method == m and r.users == users]
+        return _intel_runs(runs, m, users)
 
     assert [len(of(method, u)) for u in (6, 14)] == [7, 4]
     for users in (6, 14):
