@@ -1277,3 +1277,32 @@ def test_the_action_scale_benchmark_scales_the_policys_limits_within_their_bound
                        "--seconds", "20"]) == 0
     out = capsys.readouterr().out
     assert "| 1 |" in out and "| 0.5 |" in out
+
+
+def test_the_load_keyed_oracle_interpolates_the_searched_allocations_at_the_users_it_estimates():
+    """benchmarks/reclaimer_keyed_oracle.py: users = requests x (think time + median latency) over the last
+    5 s (response-time law), the searched allocations interpolated service by service there, times the
+    scale, within the bounds; the limits held until a second with known requests."""
+    from benchmark_script import load_benchmark
+
+    bench = load_benchmark("reclaimer_keyed_oracle")
+    topo = load_topology("chain3")
+    limits = app_limits(topo)
+    sim = MicroserviceSim(topo, n_envs=1, seed=3)
+    sim.reset(np.array([float(topo.users[1])]))
+    m = sim.step(topo.caps[None]).measurement(0, topo.service_names)
+    grid, table = [10, 20], np.array([[0.1, 0.2, 0.3], [0.3, 0.4, 0.5]])
+    ctl = bench.LoadKeyedStatic(grid, table, rate_per_user=2.0, scale=1.1)
+    ctl.reset(limits)
+    assert np.allclose(ctl.act(replace(m, requests_per_s=float("nan"))), clip_cores(m.cpu_limit, limits))
+    lat = np.full(len(PERCENTILES), np.nan)
+    got = ctl.act(replace(m, requests_per_s=30.0, latency_ms=lat))      # 30 x (0.5 + 0) = 15 users
+    assert ctl.users() == pytest.approx(15.0)
+    assert np.allclose(got, clip_cores(np.array([0.2, 0.3, 0.4]) * 1.1, limits))
+    lat[0] = 100.0                                                       # median 0.1 s
+    for _ in range(5):
+        ctl.act(replace(m, requests_per_s=20.0, latency_ms=lat))         # 20 x 0.6 = 12 users, 5 s
+    assert ctl.users() == pytest.approx(12.0)                            # the 15 has left the window
+    ctl.act(replace(m, requests_per_s=1000.0, latency_ms=lat))
+    assert np.allclose(ctl.act(replace(m, requests_per_s=1000.0, latency_ms=lat)),
+                       clip_cores(table[1] * 1.1, limits))               # beyond the grid: its last row

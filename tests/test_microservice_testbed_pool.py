@@ -120,6 +120,25 @@ def test_the_three_second_window_meets_the_real_container_target_pooled(pool_mod
     assert pool_mod.same_session_pairs(runs, method, "sinan-live+burst1", 6) == (1, 2)
 
 
+def test_the_two_second_window_is_not_ahead_of_the_three_second_one_pooled(pool_mod):
+    """docs/microservice-testbed.md, "A 2-s window with the burst (session 82)": pre-declared, not met; at
+    6 users no fewer cores than the model or the 3-s window, at a higher violation rate than both, and at
+    14 users slow seconds where both baselines have none."""
+    runs = pool_mod.load_runs()
+    method, sinan, w3 = "reclaimer+window2+burst1", "sinan-live+burst1", "reclaimer+window3+burst1"
+
+    def of(m: str, users: int) -> list:
+        return _intel_runs(runs, m, users)
+
+    assert [len(of(method, u)) for u in (6, 14)] == [4, 2]
+    for users in (6, 14):
+        assert not pool_mod.compare(of(method, users), of(sinan, users))["met_pooled"], users
+    six = pool_mod.compare(of(method, 6), of(w3, 6))
+    assert six["cores_ratio"] > 1 and not six["met_pooled"]
+    assert sum(r.violating_seconds for r in of(method, 14)) > 0
+    assert sum(r.violating_seconds for r in of(sinan, 14)) == 0
+
+
 def test_a_bad_row_is_named(pool_mod, tmp_path):
     f = tmp_path / "runs.csv"
     f.write_text("# comment\nsession,method,users,seed,seconds,mean_cores,violating_seconds,machine\n"
