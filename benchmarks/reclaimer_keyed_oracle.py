@@ -15,8 +15,8 @@ AutoScale's (0 on Hotel).
     .venv/bin/python benchmarks/reclaimer_keyed_oracle.py --app hotel --scales 1,1.03,1.05,1.08
 
 Closed-loop caveat: on Social (10 requests/s per user, so R is a large part of Z + R) the estimate
-feeds back on itself (fewer cores, slower requests, fewer requests seen, fewer users estimated); the
-benchmark prints what it gives there but it is a reference for Hotel.
+feeds back on itself (fewer cores, slower requests, fewer requests seen, fewer users estimated), and
+the reference needs a larger scale there (`--app social --scales 1.2,1.3,1.4`).
 """
 from __future__ import annotations
 
