@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents.microservice_cores.control import clip_cores  # noqa: E402
 from agents.microservice_cores.episode import run_episodes  # noqa: E402
 from agents.microservice_cores.experiment import FULL, levels  # noqa: E402
+from agents.microservice_cores.observation import PERCENTILES  # noqa: E402
 from agents.microservice_cores.static_search import StaticSearchParams, search_static  # noqa: E402
 from agents.microservice_cores.topology import load_topology  # noqa: E402
 from samm.cli.seeds import parse_seeds  # noqa: E402
@@ -40,6 +41,7 @@ from samm.cli.seeds import parse_seeds  # noqa: E402
 #: where in the app's user range the allocations are searched: none of them the experiment's levels
 SEARCH_FRACTIONS = (-1 / 15, 0.1, 0.3, 1.4 / 3, 0.7, 0.9, 1.1)
 ESTIMATE_S = 5          # seconds of requests behind each estimate of the users
+P50 = PERCENTILES.index(50)
 
 
 class LoadKeyedStatic:
@@ -55,7 +57,7 @@ class LoadKeyedStatic:
 
     def observe(self, m) -> None:
         if np.isfinite(m.requests_per_s):
-            median_s = m.latency_ms[0] / 1000.0 if np.isfinite(m.latency_ms[0]) else 0.0
+            median_s = m.latency_ms[P50] / 1000.0 if np.isfinite(m.latency_ms[P50]) else 0.0
             self.estimates = (self.estimates + [m.requests_per_s * (self.think_s + median_s)])[-ESTIMATE_S:]
 
     def users(self) -> float | None:

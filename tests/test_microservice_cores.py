@@ -1299,7 +1299,7 @@ def test_the_load_keyed_oracle_interpolates_the_searched_allocations_at_the_user
     got = ctl.act(replace(m, requests_per_s=30.0, latency_ms=lat))      # 30 x (0.5 + 0) = 15 users
     assert ctl.users() == pytest.approx(15.0)
     assert np.allclose(got, clip_cores(np.array([0.2, 0.3, 0.4]) * 1.1, limits))
-    lat[0] = 100.0                                                       # median 0.1 s
+    lat[PERCENTILES.index(50)] = 100.0                                   # median 0.1 s
     for _ in range(5):
         ctl.act(replace(m, requests_per_s=20.0, latency_ms=lat))         # 20 x 0.6 = 12 users, 5 s
     assert ctl.users() == pytest.approx(12.0)                            # the 15 has left the window
