@@ -106,10 +106,10 @@ def main(argv=None) -> int:
                 eps = run_episodes(topo, lambda i: LoadKeyedStatic(grid, table, topo.rate_per_user, s), u, seeds,
                                    steps=FULL.steps)
                 c = float(np.mean([e.mean_cores for e in eps]))
-                v = sum(int(round(e.violation_rate * FULL.steps)) for e in eps)
+                v = sum(int(e.violations.sum()) for e in eps)
                 cells.append(f"{c:.2f} / {v}")
                 cores.append(c)
-                bad, total = bad + v, total + FULL.steps * len(eps)
+                bad, total = bad + v, total + sum(e.violations.size for e in eps)
             print(f"| {s:g} | {seeds[0]}–{seeds[-1]} | " + " | ".join(cells) + f" | {np.mean(cores):.3f} | {bad} of {total} |",
                   flush=True)
             results.append({"scale": s, "seeds": list(seeds), "cores": cores, "mean_cores": float(np.mean(cores)),

@@ -14,9 +14,11 @@ def pool_mod():
     return load_benchmark("microservice_testbed_pool")
 
 
-def _intel_runs(runs, method, users):
-    """The recorded runs of one method and load on the Intel machine (the burst runs' machine)."""
-    return [r for r in runs if r.method == method and r.users == users and r.machine == "intel"]
+def _intel_runs(runs):
+    """(method, users) -> the recorded runs of that method and load on the Intel machine (the burst runs'
+    machine)."""
+    return lambda method, users: [r for r in runs if r.method == method and r.users == users
+                                  and r.machine == "intel"]
 
 
 def _run(mod, method, users, seed, cores, viol, session="s", seconds=600):
@@ -83,9 +85,7 @@ def test_the_policy_retrained_with_the_burst_is_not_ahead_pooled(pool_mod):
     method, sinan = "reclaimer-burst+window5+burst1", "sinan-live+burst1"
     assert [pool_mod.same_session_pairs(runs, method, sinan, u) for u in (6, 14)] == [(0, 1), (0, 1)]
     assert [pool_mod.same_session_pairs(runs, method, "autoscale+burst1", u) for u in (6, 14)] == [(1, 1), (1, 1)]
-
-    def of(m: str, users: int) -> list:
-        return _intel_runs(runs, m, users)
+    of = _intel_runs(runs)
 
     def cores(m: str, users: int) -> float:
         return statistics.mean(r.mean_cores for r in of(m, users))
@@ -104,9 +104,7 @@ def test_the_three_second_window_meets_the_real_container_target_pooled(pool_mod
     at 6 and at 14 users; at 6 users its lead over the model is under 2 % of cores, within the noise."""
     runs = pool_mod.load_runs()
     method = "reclaimer+window3+burst1"
-
-    def of(m: str, users: int) -> list:
-        return _intel_runs(runs, m, users)
+    of = _intel_runs(runs)
 
     assert [len(of(method, u)) for u in (6, 14)] == [7, 4]
     for users in (6, 14):
@@ -126,9 +124,7 @@ def test_the_two_second_window_is_not_ahead_of_the_three_second_one_pooled(pool_
     14 users slow seconds where both baselines have none."""
     runs = pool_mod.load_runs()
     method, sinan, w3 = "reclaimer+window2+burst1", "sinan-live+burst1", "reclaimer+window3+burst1"
-
-    def of(m: str, users: int) -> list:
-        return _intel_runs(runs, m, users)
+    of = _intel_runs(runs)
 
     assert [len(of(method, u)) for u in (6, 14)] == [4, 2]
     for users in (6, 14):
