@@ -754,6 +754,28 @@ def test_quick_experiment_writes_its_report(tmp_path):
     assert app["overall"]["static-best"]["mean_cores"] < app["overall"]["static-max"]["mean_cores"]
 
 
+def test_an_experiment_of_some_methods_counts_their_violating_seconds_and_claims_no_target(tmp_path):
+    """`--methods` runs a subset (the policy and AutoScale over many seeds, for a rare violating
+    second's rate): each method's violating seconds beside its rate, no relative figure or target
+    without the methods it compares, and an unknown method named in the error."""
+    from agents.microservice_cores.experiment import QUICK, run
+
+    summary = run(tmp_path, quick=True, progress=False, methods=["vpa", "autoscale", "vpa"])
+    app = summary["apps"]["chain3"]
+    assert list(app["overall"]) == ["autoscale", "vpa"]         # the report's order, each once
+    assert app["relative"] == {} and summary["targets"] == []
+    for method, o in app["overall"].items():
+        rows = [app["levels"][lv][method] for lv in app["levels"]]
+        assert o["seconds"] == len(QUICK.level_fractions) * len(QUICK.seeds) * QUICK.steps
+        assert o["violating_seconds"] == sum(r["violating_seconds"] for r in rows)
+        for r in rows:
+            assert r["violating_seconds"] == round(r["violation_rate"] * r["seconds"])
+    assert app["overall"]["vpa"]["violating_seconds"] > 0      # the recommender's tight limits break QoS here
+    assert f"of {QUICK.steps * len(QUICK.seeds)} s" in (tmp_path / "report.md").read_text()
+    with pytest.raises(ValueError, match="unknown method.*'sinan-live'"):
+        run(tmp_path / "bad", quick=True, progress=False, methods=["reclaimer", "sinan-live"])
+
+
 def test_testbed_twin_reproduces_the_real_containers_verdicts():
     """The real testbed at 6 users (docs/microservice-testbed.md, 60 s per method): the caps gave
     a p99 of 26-32 ms, AutoScale 3.3 % violating seconds at 0.84 core, the VPA-style recommender

@@ -839,8 +839,11 @@ def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes
               help="APP=DIR: evaluate this saved Reclaimer policy for APP (default: the shipped one). Repeatable.")
 @click.option("--train-steps", type=int, default=None,
               help="Train Reclaimer in this run for this many transitions instead of loading a policy.")
+@click.option("--methods", default=None,
+              help="Comma-separated subset of reclaimer, autoscale, sinan, vpa, static-max, static-best (default: "
+                   "all), e.g. reclaimer,autoscale over many --seeds to count rare violating seconds.")
 @click.option("--quiet", is_flag=True)
-def experiment_reclaimer(out, quick, seeds, apps, policy_specs, train_steps, quiet) -> None:
+def experiment_reclaimer(out, quick, seeds, apps, policy_specs, train_steps, methods, quiet) -> None:
     """Microservice CPU cores (Reclaimer): every method (Reclaimer, AutoScale, the Sinan-style model,
     the VPA-style recommender, static-max, the best static allocation) per application and load
     level; mean and max cores, p99 and QoS violations, the paper's relative figures beside ours;
@@ -854,7 +857,8 @@ def experiment_reclaimer(out, quick, seeds, apps, policy_specs, train_steps, qui
     _run_problem_experiment("microservice-cores", out, quick=quick,
                             seeds=_seeds(seeds) if not quick or seeds != "1-5" else None,
                             apps=[a.strip() for a in apps.split(",")] if apps else None, policy_dirs=policy_dirs,
-                            train_steps=train_steps, progress=not quiet)
+                            train_steps=train_steps, progress=not quiet,
+                            methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None)
 
 
 @experiment.command("run")
