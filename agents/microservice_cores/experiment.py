@@ -129,7 +129,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
     started = time.perf_counter()
     methods = tuple(methods) if methods else METHODS
     unknown = sorted(set(methods) - set(METHODS))
-    if unknown or not methods:
+    if unknown:
         raise ValueError(f"unknown method(s) {unknown}: choose among {', '.join(METHODS)}")
     methods = tuple(m for m in METHODS if m in methods)     # the report's order, each once
     out = Path(out)
@@ -265,7 +265,8 @@ def _report(summary: dict) -> str:
                              f"{(r['p99_mean_ms'] or 0):.1f} | {100 * r['violation_rate']:.2f} % "
                              f"({r['violating_seconds']} of {r['seconds']:,} s) |")
         rel, paper = d["relative"], d["paper"] or {}
-        lines += ["", "| Reclaimer relative to | ours | the paper |", "|---|---|---|"]
+        if rel or paper:
+            lines += ["", "| Reclaimer relative to | ours | the paper |", "|---|---|---|"]
         for key, label in (("mean_vs_autoscale", "AutoScale, mean cores"), ("mean_vs_sinan", "Sinan, mean cores"),
                            ("max_vs_autoscale", "AutoScale, max cores"), ("max_vs_sinan", "Sinan, max cores")):
             if key in rel:
