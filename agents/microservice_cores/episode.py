@@ -11,12 +11,12 @@ seconds whose end-to-end p99 exceeds the QoS target).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
 from .control import AppLimits, Controller, clip_cores
-from .sim import MicroserviceSim
+from .sim import MicroserviceSim, SimStep
 from .topology import Topology
 
 WARMUP_S = 60       # W (Table 2)
@@ -71,14 +71,15 @@ class EpisodeResult:
                 "violation_rate": self.violation_rate, "failures": float(self.failures.sum())}
 
 
-def run_episodes(topo: Topology, make_controller: Callable[[int], Controller], users, seeds,
+def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | None, users, seeds,
                  steps: int = EPISODE_S, warmup: int = WARMUP_S, method: str | None = None,
-                 samples: int | None = None) -> list[EpisodeResult]:
+                 samples: int | None = None, batch: "BatchController | None" = None) -> list[EpisodeResult]:
     """One episode per seed, all seeds stepping together in one simulator batch.
 
     `make_controller(i)` builds the controller of copy i (a controller keeps per-episode memory).
-    The simulator's seed is the first seed; each copy's draws differ, and the whole batch is
-    reproducible for the same seeds."""
+    Alternatively `batch` controls every copy at once from the simulator's whole second (it must
+    act as its copies' controllers would: `ReclaimerPolicy.batch`). The simulator's seed is the
+    first seed; each copy's draws differ, and the whole batch is reproducible for the same seeds."""
     seeds = list(seeds)
     E = len(seeds)
     kwargs = {"samples": samples} if samples else {}
@@ -86,17 +87,21 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller], u
     users_arr = np.broadcast_to(np.asarray(users, dtype=np.float64), (E,)).copy()
     sim.reset(users_arr)
     limits = app_limits(topo)
-    ctls = [make_controller(i) for i in range(E)]
+    ctls = [make_controller(i) for i in range(E)] if batch is None else []
     for c in ctls:
         c.reset(limits)
+    if batch is not None:
+        batch.reset(limits)
     cores = np.tile(topo.caps, (E, 1))
     st = None
-    # controllers with a memory of use (the VPA recommender) may watch the warm-up
+    # controllers with a memory of use (the VPA recommender, the policy's frames) may watch the warm-up
     watchers = [(e, c) for e, c in enumerate(ctls) if hasattr(c, "observe")]
     for _ in range(warmup):
         st = sim.step(cores)
         for e, c in watchers:
             c.observe(st.measurement(e, topo.service_names))
+        if batch is not None:
+            batch.observe_block(st)
     M = topo.n_services
     set_c = np.zeros((steps, E, M))
     used = np.zeros((steps, E, M))
@@ -105,17 +110,30 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller], u
     fail = np.zeros((steps, E))
     throttled = np.zeros((steps, E, M))
     for t in range(steps):
-        cores = np.stack([clip_cores(ctl.act(st.measurement(e, topo.service_names)), limits)
-                          for e, ctl in enumerate(ctls)])
+        wanted = batch.act_block(st) if batch is not None else \
+            [ctl.act(st.measurement(e, topo.service_names)) for e, ctl in enumerate(ctls)]
+        cores = np.stack([clip_cores(c, limits) for c in wanted])
         st = sim.step(cores)
         set_c[t], used[t], p99[t], req[t], fail[t] = cores, st.cpu_used, st.p99_ms, st.requests, st.failures
         throttled[t] = st.throttled
-    name = method or getattr(ctls[0], "name", "controller")
+    name = method or getattr(batch if batch is not None else ctls[0], "name", "controller")
     return [EpisodeResult(method=name, app=topo.name, users=float(users_arr[e]), seed=seeds[e],
                           cores=set_c[:, e], used=used[:, e], p99_ms=p99[:, e], requests=req[:, e],
                           failures=fail[:, e], qos_ms=topo.qos_ms,
                           extra={"throttled_mean": dict(zip(topo.service_names, throttled[:, e].mean(axis=0).tolist()))})
             for e in range(E)]
+
+
+class BatchController(Protocol):
+    """A controller of E simulated copies at once (`run_episodes(batch=...)`): it sees each whole
+    simulated second, the warm-up's too, and returns the cores (E, M) it wants."""
+    name: str
+
+    def reset(self, limits: AppLimits) -> None: ...
+
+    def observe_block(self, st: SimStep) -> None: ...
+
+    def act_block(self, st: SimStep) -> np.ndarray: ...
 
 
 class StaticController:

@@ -23,8 +23,8 @@ from agents.spaces import check_spaces, space_from_json, space_to_json
 
 from .action_map import cores_of
 from .control import AppLimits, clip_cores
-from .features import FrameStack, feature_rows, mean_used, observation_layout, queue_feature
-from .observation import StepMeasurement
+from .features import FrameStack, feature_row_block, feature_rows, mean_used, observation_layout, queue_feature
+from .observation import FIELD, StepMeasurement
 from .sac import Sac, SacConfig
 from .topology import Topology
 
@@ -66,12 +66,19 @@ class ReclaimerPolicy:
 
     # -- Controller ------------------------------------------------------------------------
     def reset(self, limits: AppLimits) -> None:
-        if tuple(limits.services) != self.topo.service_names:
-            raise ValueError(f"this policy controls {self.topo.name}'s services {self.topo.service_names}, "
-                             f"not {tuple(limits.services)}")
+        self.check_services(limits)
         self.limits = limits
         self._stack = None
         self._prev = np.ones(self.topo.n_services)
+
+    def check_services(self, limits: AppLimits) -> None:
+        if tuple(limits.services) != self.topo.service_names:
+            raise ValueError(f"this policy controls {self.topo.name}'s services {self.topo.service_names}, "
+                             f"not {tuple(limits.services)}")
+
+    def batch(self) -> "ReclaimerBatch":
+        """This policy controlling every copy of a simulated batch at once (`run_episodes(batch=)`)."""
+        return ReclaimerBatch(self)
 
     def observe(self, m: StepMeasurement, restart: bool = False) -> np.ndarray:
         """The (1, M, width) observation of this second: its rows pushed on the frame stack (the
@@ -80,12 +87,21 @@ class ReclaimerPolicy:
         # the previous action is what was in force, as a share of the cap (read back, not assumed)
         prev = np.clip(m.cpu_limit / caps, 0.0, 1.0)
         rows = feature_rows(m, prev, caps)[None]
-        queue = self._queue(m)
-        if self._stack is None or restart:
-            self._stack = FrameStack(1, self.topo.n_services, k=self.cfg.k, id_width=self.cfg.id_width,
-                                     queue=self.cfg.observe_queue)
-            return self._stack.reset(rows, queue)
-        return self._stack.push(rows, queue)
+        if restart:
+            self._stack = None
+        self._stack = self.stacked(self._stack, rows, self._queue(m))
+        return self._stack.observation()
+
+    def stacked(self, stack: FrameStack | None, rows: np.ndarray, queue: np.ndarray | None) -> FrameStack:
+        """`stack` with the rows (E, M, ROW) of one second pushed; a new stack, every frame set to
+        them, when there is none yet."""
+        if stack is None:
+            stack = FrameStack(len(rows), self.topo.n_services, k=self.cfg.k, id_width=self.cfg.id_width,
+                               queue=self.cfg.observe_queue)
+            stack.reset(rows, queue)
+        else:
+            stack.push(rows, queue)
+        return stack
 
     def _queue(self, m: StepMeasurement) -> np.ndarray | None:
         if not self.cfg.observe_queue:
@@ -150,6 +166,37 @@ class ReclaimerPolicy:
                     topo.n_services, cfg)
         load_torch_weights(d, agent, WEIGHTS_FILE, METADATA_FILE)
         return cls(agent, topo, cfg, meta.get("training"), meta.get("version"))
+
+
+class ReclaimerBatch:
+    """A policy acting for the E copies of a simulated batch at once (`episode.run_episodes(batch=)`),
+    to the bit what E forks of it would do there: the rows and frames of all copies built together,
+    the actor run copy by copy (a matrix product over more rows may round otherwise: on Hotel's 15
+    services it did, measured). Training's validation runs on it (1.5x faster than forks on Social)."""
+
+    def __init__(self, policy: ReclaimerPolicy):
+        self.policy = policy
+        self.name = policy.name
+        self._stack: FrameStack | None = None
+
+    def reset(self, limits: AppLimits) -> None:
+        self.policy.check_services(limits)
+        self._stack = None
+
+    def observe_block(self, st) -> np.ndarray:
+        """The (E, M, width) observations of a simulated second (a `sim.SimStep`)."""
+        p = self.policy
+        limit = st.per_service[..., FIELD["cpu_limit"]]
+        rows = feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures, st.qos_ms,
+                                 np.clip(limit / p.topo.caps, 0.0, 1.0), p.topo.caps)
+        queue = queue_feature(st.backlog, limit) if p.cfg.observe_queue else None
+        self._stack = p.stacked(self._stack, rows, queue)
+        return self._stack.observation()
+
+    def act_block(self, st) -> np.ndarray:
+        obs = self.observe_block(st)
+        a = np.concatenate([self.policy.agent.act(obs[e:e + 1], deterministic=True) for e in range(len(obs))])
+        return self.policy.cores(a, obs)
 
 
 def shipped_policy(app: str) -> ReclaimerPolicy:

@@ -434,6 +434,9 @@ def main(argv=None) -> int:
                    help="ours: bf16 runs the updates' hidden layers in bfloat16 (autocast; 2x faster on CPUs "
                         "with AVX-512 BF16), bf16-state only the layers that read the state alone (every layer that "
                         "sees the action stays float32); acting and the saved policy stay float32 (default fp32)")
+    p.add_argument("--fused-adam", action="store_true",
+                   help="ours: PyTorch's fused CPU Adam kernel (the same update rule, ~5%% faster updates on 2 cores; "
+                        "not the same bits, so a seed trains other weights than without it; default: off)")
     p.add_argument("--eval-every", type=int, default=0, metavar="N",
                    help="ours: every N transitions (from the explorer's phase on, and at the end) evaluate the "
                         "policy on the experiment's protocol with validation seeds and keep the checkpoint with "
@@ -469,6 +472,8 @@ def main(argv=None) -> int:
         overrides["target_entropy"] = args.target_entropy
     if args.observe_queue:
         overrides["observe_queue"] = True
+    if args.fused_adam:
+        overrides["fused_adam"] = True
     for field, value in (("lr_final", args.lr_final), ("lr_decay_start", args.lr_decay_start)):
         if value is not None:   # SacConfig checks their ranges and that a decay start has its final rate
             overrides[field] = value

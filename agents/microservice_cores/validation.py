@@ -30,12 +30,12 @@ VALIDATION_SEEDS = (101, 102, 103, 104, 105)
 def evaluate(policy, topo: Topology, seeds: Sequence[int] = VALIDATION_SEEDS,
              fractions: Sequence[float] | None = None) -> dict:
     """{"mean_cores", "violation_rate", "levels": {users: {...}}} of `policy` (a ReclaimerPolicy,
-    forked per copy so that each episode keeps its own frame stack)."""
+    acting for every copy at once with a frame stack per copy: the figures of one fork per copy)."""
     from .experiment import FULL, levels
 
     per_level = {}
     for users in levels(topo, fractions if fractions is not None else FULL.level_fractions):
-        eps = run_episodes(topo, lambda i: policy.fork(), users, seeds)
+        eps = run_episodes(topo, None, users, seeds, batch=policy.batch())
         per_level[str(users)] = {"mean_cores": float(np.mean([e.mean_cores for e in eps])),
                                  "violation_rate": float(np.mean([e.violation_rate for e in eps]))}
     return {"mean_cores": float(np.mean([v["mean_cores"] for v in per_level.values()])),
