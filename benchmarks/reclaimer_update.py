@@ -19,7 +19,10 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-CONFIGS = (("fp32", 1), ("fp32", 2), ("bf16", 1), ("bf16", 2), ("bf16-state", 1), ("bf16-state", 2))
+#: (precision, torch threads, fused Adam): the last row is the shipped recipe's (bf16-state, 2 threads)
+#: with `--fused-adam`
+CONFIGS = (("fp32", 1, False), ("fp32", 2, False), ("bf16", 1, False), ("bf16", 2, False),
+           ("bf16-state", 1, False), ("bf16-state", 2, False), ("bf16-state", 2, True))
 
 
 def _time(fn, n: int, repeats: int) -> float:
@@ -33,7 +36,8 @@ def _time(fn, n: int, repeats: int) -> float:
     return statistics.median(runs)
 
 
-def measure(app: str, precision: str, threads: int, updates: int, repeats: int, seed: int = 0) -> dict:
+def measure(app: str, precision: str, threads: int, updates: int, repeats: int, seed: int = 0,
+            fused: bool = False) -> dict:
     from agents.microservice_cores.features import observation_layout
     from agents.microservice_cores.sac import ReplayBuffer, Sac, SacConfig
     from agents.microservice_cores.topology import load_topology
@@ -44,13 +48,19 @@ def measure(app: str, precision: str, threads: int, updates: int, repeats: int, 
     topo = load_topology(app)
     M = topo.n_services
     # the same script measures older trees (the "before" of a change), which may lack a precision
-    extra = {"precision": precision} if "precision" in {f.name for f in fields(SacConfig)} else {}
+    known = {f.name for f in fields(SacConfig)}
+    extra = {"precision": precision} if "precision" in known else {}
+    label = precision + ("+fused" if fused else "")
     try:
         if precision != "fp32" and not extra:
             raise ValueError("no precision option")
+        if fused:
+            if "fused_adam" not in known:
+                raise ValueError("no fused Adam option")
+            extra["fused_adam"] = True
         cfg = sim_config(**extra)
     except ValueError as e:
-        return {"app": app, "precision": precision, "threads": threads, "skipped": f"this code: {e}"}
+        return {"app": app, "precision": label, "threads": threads, "skipped": f"this code: {e}"}
     width, n_scaled = observation_layout(cfg.k, M, cfg.id_width, cfg.observe_queue)
     sac = Sac(width, n_scaled, M, cfg)
     buf = ReplayBuffer(20_000, M, width, cfg.n_envs, seed)
@@ -63,7 +73,7 @@ def measure(app: str, precision: str, threads: int, updates: int, repeats: int, 
         sac.update(*batch)
     update_s = _time(lambda: sac.update(*batch), updates, repeats)
     sample_s = _time(lambda: buf.sample(cfg.batch), updates, repeats)
-    return {"app": app, "services": M, "precision": precision, "threads": threads,
+    return {"app": app, "services": M, "precision": label, "threads": threads,
             "update_ms": update_s * 1e3, "sample_ms": sample_s * 1e3}
 
 
@@ -77,8 +87,8 @@ def main(argv=None) -> int:
     rows = []
     for app in args.apps.split(","):
         base = None
-        for precision, threads in CONFIGS:
-            r = measure(app, precision, threads, args.updates, args.repeats)
+        for precision, threads, fused in CONFIGS:
+            r = measure(app, precision, threads, args.updates, args.repeats, fused=fused)
             if "update_ms" in r:
                 base = base or r["update_ms"] + r["sample_ms"]
                 r["speedup_vs_fp32_1_thread"] = base / (r["update_ms"] + r["sample_ms"])
@@ -86,12 +96,12 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
-        print(f"{'app':8} {'precision':10} {'threads':>7} {'update ms':>10} {'sample ms':>10} {'speed-up':>9}")
+        print(f"{'app':8} {'precision':16} {'threads':>7} {'update ms':>10} {'sample ms':>10} {'speed-up':>9}")
         for r in rows:
             if "skipped" in r:
-                print(f"{r['app']:8} {r['precision']:10} {r['threads']:>7}   ({r['skipped']})")
+                print(f"{r['app']:8} {r['precision']:16} {r['threads']:>7}   ({r['skipped']})")
                 continue
-            print(f"{r['app']:8} {r['precision']:10} {r['threads']:>7} {r['update_ms']:>10.2f} {r['sample_ms']:>10.2f} "
+            print(f"{r['app']:8} {r['precision']:16} {r['threads']:>7} {r['update_ms']:>10.2f} {r['sample_ms']:>10.2f} "
                   f"{r['speedup_vs_fp32_1_thread']:>8.2f}x")
     return 0
 

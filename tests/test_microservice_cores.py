@@ -946,6 +946,59 @@ def test_bf16_updates_keep_float32_weights_and_move_the_actor_like_fp32(low):
         Sac(12, 8, 4, replace(sim_config(hidden=16), precision="fp8")).update(*_batches(1)[0])
 
 
+def test_fused_adam_trains_reproducibly_near_the_loop_and_the_config_says_which():
+    """--fused-adam: the same update rule in one kernel, so weights near the loop's (not always its
+    bits); a seed still gives the same weights, and the saved config records the choice."""
+    from agents.microservice_cores.train import sim_config
+    runs = {}
+    for fused in (False, True, True):
+        torch.manual_seed(0)
+        sac = Sac(12, 8, 4, sim_config(hidden=16, fused_adam=fused))
+        assert all(g.get("fused") is (True if fused else None) for opt in (sac.opt_actor, sac.opt_critic,
+                   sac.opt_alpha, sac.opt_cls) for g in opt.param_groups)
+        for b in _batches(20):
+            sac.update(*b)
+        runs.setdefault(fused, []).append(_weights(sac))
+    loop, (f1, f2) = runs[False][0], runs[True]
+    assert all(torch.equal(a, b) for a, b in zip(f1, f2))
+    # on this tiny float32 network the two kernels may agree to the bit; on the recipe's they do not
+    assert max(float((a - b).abs().max()) for a, b in zip(loop, f1)) < 1e-3
+    assert SacConfig.from_json(sim_config(fused_adam=True).to_json()).fused_adam
+    assert not SacConfig.from_json({k: v for k, v in sim_config().to_json().items() if k != "fused_adam"}).fused_adam
+
+
+@pytest.mark.parametrize("observe_queue, space", [(False, "cap"), (True, "usage")])
+def test_a_policy_acting_for_the_whole_batch_gives_its_forks_figures_to_the_bit(observe_queue, space):
+    """Training's validation runs the policy on the whole simulated batch (`ReclaimerPolicy.batch`):
+    every copy's cores and latency must be those of one fork per copy, the experiment's way."""
+    from agents.microservice_cores.features import observation_layout
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.train import sim_config
+    from agents.microservice_cores.validation import evaluate
+    topo = load_topology("hotel")
+    cfg = sim_config(hidden=16, observe_queue=observe_queue, action_space=space)
+    torch.manual_seed(3)
+    policy = ReclaimerPolicy(Sac(*observation_layout(cfg.k, topo.n_services, None, observe_queue),
+                                 topo.n_services, cfg), topo, cfg)
+    forks = run_episodes(topo, lambda i: policy.fork(), 2500.0, (7, 8, 9), steps=25, warmup=5)
+    batch = run_episodes(topo, None, 2500.0, (7, 8, 9), steps=25, warmup=5, batch=policy.batch())
+    for f, b in zip(forks, batch):
+        assert b.method == f.method == "reclaimer"
+        assert np.array_equal(f.cores, b.cores) and np.array_equal(f.p99_ms, b.p99_ms, equal_nan=True)
+    assert len({f.cores.sum() for f in forks}) == 3      # the copies differ: each kept its own frames
+    assert evaluate(policy, topo, seeds=(7,), fractions=(0.5,))["mean_cores"] > 0
+    with pytest.raises(ValueError, match="services"):
+        run_episodes(load_topology("chain3"), None, 100.0, (1,), steps=2, warmup=1, batch=policy.batch())
+
+
+def test_the_validation_benchmark_times_forks_and_the_batch_on_the_same_figures():
+    """benchmarks/reclaimer_validation.py: the shipped policy acted both ways gives one set of figures."""
+    from benchmark_script import load_benchmark
+    r = load_benchmark("reclaimer_validation").measure("hotel", (7,), threads=1)
+    assert r["identical"] and r["forks_mean_cores"] == r["batch_mean_cores"] > 0
+    assert r["forks_s"] > 0 and r["batch_s"] > 0 and r["speedup"] == pytest.approx(r["forks_s"] / r["batch_s"])
+
+
 def test_state_layers_run_in_bfloat16_only_for_bfloat16_rows():
     """bf16-state's seam: float32 rows go through the state's layers as before, to the bit;
     bfloat16 rows run them in bfloat16 and hand float32 on, close to the float32 result."""
