@@ -163,7 +163,7 @@ class SacConfig:
     reward_split: str = "app"
     #: ours: PyTorch's fused CPU Adam (one kernel per parameter tensor instead of a dozen small
     #: operations): the same update rule, not the same bits, so a seed trains other weights than
-    #: with the per-tensor loop (the default, which every policy trained before it used); 4 % of
+    #: with the per-tensor loop (the default, which every policy trained before it used); ~5 % of
     #: an update on 2 cores (docs/microservice-cores.md, "Training speed, a third look")
     fused_adam: bool = False
 
@@ -214,7 +214,7 @@ def mlp(inp: int, hidden: int, layers: int) -> nn.Sequential:
     d = inp
     for _ in range(layers):
         # in place: the Linear's backward keeps its input, not its output, and ReLU's backward reads
-        # its own result, so the same bits with one tensor fewer per layer (4 % of an update, measured)
+        # its own result, so the same bits with one tensor fewer per layer (~2 % of an update, measured)
         mods += [nn.Linear(d, hidden), nn.ReLU(inplace=True)]
         d = hidden
     return nn.Sequential(*mods)
