@@ -15,10 +15,7 @@ import argparse
 import json
 import time
 
-
-def _seeds(text: str) -> tuple[int, ...]:
-    lo, _, hi = text.partition("-")
-    return tuple(range(int(lo), int(hi) + 1)) if hi else tuple(int(x) for x in text.split(","))
+from samm.cli.seeds import parse_seeds
 
 
 def measure(app: str, seeds: tuple[int, ...], threads: int) -> dict:
@@ -57,7 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the shipped recipes' 2)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    rows = [measure(app, _seeds(args.seeds), args.threads) for app in args.apps.split(",")]
+    rows = [measure(app, tuple(parse_seeds(args.seeds)), args.threads) for app in args.apps.split(",")]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
