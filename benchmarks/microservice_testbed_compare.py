@@ -189,9 +189,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse", action="store_true", help="reuse DIR/A-U/summary.json where present")
     ap.add_argument("--timeout", type=float, default=None, help="per real run (default: seconds + 120)")
     a = ap.parse_args(argv)
+    from samm.cli.seeds import parse_seeds
     agents = [x for x in a.agents.split(",") if x]
     levels = [int(x) for x in a.users.split(",") if x]
-    seeds = [int(x) for x in a.sim_seeds.split(",")]
+    seeds = parse_seeds(a.sim_seeds)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     prior = {}

@@ -37,6 +37,7 @@ def main(argv=None) -> int:
                                                     policy_name, test_specs)
     from agents.oversubscription.metrics import satisfied
     from agents.oversubscription.settings import get_setting
+    from samm.cli.seeds import parse_seeds
     from agents.oversubscription.train import (VALIDATION_EPISODES, choose_checkpoint, evaluate_policy,
                                                validation_episodes)
 
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     trace = generate_trace(setting, args.trace_seed)
     specs = test_specs(trace, args.test_episodes, case.warm)
     alphas = [float(a) for a in args.alphas.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = parse_seeds(args.seeds)
     kept_rows: dict[float, list[dict]] = {a: [] for a in alphas}
     for alpha in alphas:
         for seed in seeds:

@@ -27,6 +27,7 @@ def main(argv=None) -> int:
                                                     load_run_policy, policy_name, test_specs)
     from agents.oversubscription.network import C2MarlEnsemble
     from agents.oversubscription.settings import get_setting
+    from samm.cli.seeds import parse_seeds
     from agents.oversubscription.train import evaluate_policy, saved_checkpoints
 
     cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     setting = get_setting(case.setting)
     trace = generate_trace(setting, args.trace_seed)
     specs = test_specs(trace, args.test_episodes, case.warm)
-    for seed in (int(s) for s in args.seeds.split(",")):
+    for seed in parse_seeds(args.seeds):
         saved = root / policy_name(case, args.alpha, seed)
         policy, seconds = load_run_policy(saved, case, args.alpha, seed, args.trace_seed)
         kept = kept_episode(policy)

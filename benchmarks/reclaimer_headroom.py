@@ -22,6 +22,7 @@ from agents.microservice_cores.episode import run_episodes  # noqa: E402
 from agents.microservice_cores.experiment import FULL, levels  # noqa: E402
 from agents.microservice_cores.static_search import search_static  # noqa: E402
 from agents.microservice_cores.topology import load_topology  # noqa: E402
+from samm.cli.seeds import parse_seeds  # noqa: E402
 
 
 class FixedHeadroom:
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="1,2,3,4,5")
     a = ap.parse_args(argv)
     topo = load_topology(a.app)
-    seeds = [int(s) for s in a.seeds.split(",")]
+    seeds = parse_seeds(a.seeds)
     users = levels(topo, FULL.level_fractions)
     print(f"{a.app}: the static oracle's cores over use, per service (min / median / max), and its total")
     for u in users:

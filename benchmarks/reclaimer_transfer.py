@@ -28,10 +28,11 @@ def main() -> None:
 
     from agents.microservice_cores.policy import ReclaimerPolicy
     from agents.microservice_cores.topology import load_topology
+    from samm.cli.seeds import parse_seeds
     from agents.microservice_cores.validation import evaluate
 
     topo = load_topology(args.app)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = parse_seeds(args.seeds)
     started = time.time()
     rows = {}
     for spec in args.policy:

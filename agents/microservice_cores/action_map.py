@@ -25,6 +25,12 @@ coefficient per service it gives the shipped Hotel policy (session 44, "One entr
 per service").
 
 A NaN action (a controller that could not decide) gives the cap on either space, the safe side.
+
+A headroom ceiling H (ours, off by default; `ReclaimerPolicy.ceiling`, chosen after training on
+validation episodes by `ceiling.py`) caps the cores of either space at H times the same base use:
+the trained policies keep a low load's services at 3-10 times their use, where a fixed rule needs
+2 (docs/microservice-cores.md, "A headroom ceiling"). A throttled service uses its whole limit, so
+the ceiling still lets its limit grow H-fold a second.
 """
 from __future__ import annotations
 
@@ -47,9 +53,9 @@ def _base(used) -> np.ndarray:
     return np.maximum(np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0), MIN_CORES)
 
 
-def cores_of(a, used, caps, space: str = "cap") -> np.ndarray:
+def cores_of(a, used, caps, space: str = "cap", ceiling: float | None = None) -> np.ndarray:
     """Cores per service for actions a (..., M); `used` (..., M) is the base use (cores), read
-    only on "usage"."""
+    on "usage" and by a headroom `ceiling` (at most ceiling x the base use; None: no ceiling)."""
     check_space(space)
     caps = np.asarray(caps, dtype=np.float64)
     a = np.asarray(a, dtype=np.float64)
@@ -60,6 +66,8 @@ def cores_of(a, used, caps, space: str = "cap") -> np.ndarray:
     else:
         lo, hi = HEADROOM
         cores = _base(used) * lo * (hi / lo) ** a
+    if ceiling is not None:
+        cores = np.minimum(cores, ceiling * _base(used))
     return np.clip(np.where(nan, caps, cores), MIN_CORES, caps)
 
 

@@ -36,7 +36,9 @@ PAPER = {
     "hotel": {"mean_vs_autoscale": -38.4, "mean_vs_sinan": -27.5, "max_vs_autoscale": -60.2,
               "max_vs_sinan": -28.0, "violations": "0 for every method"},
 }
-METHODS = ("reclaimer", "autoscale", "sinan", "vpa", "static-max", "static-best")
+#: "reclaimer-no-ceiling" is the Reclaimer policy without its headroom ceiling (ceiling.py), run
+#: only when the policy has one, so that the report shows what the ceiling (ours) changes
+METHODS = ("reclaimer", "reclaimer-no-ceiling", "autoscale", "sinan", "vpa", "static-max", "static-best")
 VIOLATION_CAP = 0.01
 
 
@@ -72,7 +74,7 @@ def _controller_factories(topo: Topology, budget: Budget, out: Path, policy_dir,
     # Reclaimer: a given policy, the shipped one, or one trained here
     from .policy import ReclaimerPolicy, shipped_policy
 
-    if "reclaimer" not in methods:
+    if "reclaimer" not in methods and "reclaimer-no-ceiling" not in methods:
         pol = None
     elif policy_dir:
         pol = ReclaimerPolicy.load(policy_dir)
@@ -86,8 +88,11 @@ def _controller_factories(topo: Topology, budget: Budget, out: Path, policy_dir,
     else:
         pol = shipped_policy(topo.name)
     if pol is not None:
-        log["reclaimer_policy"] = {"version": pol.version, "training": pol.training}
+        log["reclaimer_policy"] = {"version": pol.version, "headroom_ceiling": pol.ceiling, "training": pol.training}
         facts["reclaimer"] = lambda users: (lambda i: pol.fork())
+        if pol.ceiling is not None:
+            raw = pol.with_ceiling(None)
+            facts["reclaimer-no-ceiling"] = lambda users: (lambda i: raw.fork())
     facts["autoscale"] = lambda users: (lambda i: AutoScale())
     facts["vpa"] = lambda users: (lambda i: VPARecommender())
     facts["static-max"] = lambda users: (lambda i: StaticController.maximum(topo))
@@ -150,7 +155,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
         series[app] = {}
         for users in levels(topo, budget.level_fractions):
             row = {}
-            for method in methods:
+            for method in (m for m in methods if m in facts):    # no ceiling: no "reclaimer-no-ceiling"
                 eps = run_episodes(topo, facts[method](users), users, budget.seeds, steps=budget.steps, method=method)
                 row[method] = _aggregate(eps)
                 series[app].setdefault(str(users), {})[method] = eps[0]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .action_map import action_of, cores_of
+from .action_map import action_of
 from .control import AppLimits, clip_cores
 from .env import reward_of, service_rewards
 from .observation import StepMeasurement
@@ -127,7 +127,7 @@ class OnlineReclaimer:
         if self.out is not None and self.cfg.save_every and self.steps % self.cfg.save_every == 0:
             self.save()
         self._base = self.policy.base_use(obs[0])
-        return clip_cores(cores_of(a, self._base, caps, space), self.limits)
+        return clip_cores(self.policy.cores(a, obs[0]), self.limits)
 
     # -- saving --------------------------------------------------------------------------------
     def fine_tuned_policy(self) -> ReclaimerPolicy:
@@ -136,7 +136,8 @@ class OnlineReclaimer:
                               "seconds": round(time.perf_counter() - self._t0, 1), "config": asdict(self.cfg),
                               "base_version": self.policy.version}
         return ReclaimerPolicy(self.agent, self.topo, self.policy.cfg, training,
-                               version=f"{self.policy.version}+online{self.transitions}")
+                               version=f"{self.policy.version}+online{self.transitions}",
+                               ceiling=self.policy.ceiling)
 
     def save(self) -> Path | None:
         if self.out is None:

@@ -8,7 +8,9 @@
     policy.save(dir) / ReclaimerPolicy.load(dir)
 
 The policy keeps its own frame stack for `act`; `reset` clears it. The application's topology is
-saved with the policy (its name, services and caps), and loading checks the spaces.
+saved with the policy (its name, services and caps), and loading checks the spaces. A headroom
+ceiling (ours; `ceiling`, saved as `headroom_ceiling`, chosen by ceiling.py) caps every service's
+cores at that many times its mean use over the stacked seconds (action_map.cores_of).
 """
 from __future__ import annotations
 
@@ -36,6 +38,16 @@ WEIGHTS_FILE = "weights.pt"
 SHIPPED_DIR = Path(__file__).parent / "policies"
 
 
+def check_ceiling(ceiling) -> float | None:
+    """A headroom ceiling: None (none) or a number >= 1 (a limit under the use it must serve would
+    throttle the service for good)."""
+    if ceiling is None:
+        return None
+    if isinstance(ceiling, bool) or not isinstance(ceiling, (int, float)) or not np.isfinite(ceiling) or ceiling < 1:
+        raise ValueError(f"headroom_ceiling must be a number >= 1 (times the mean use) or null, not {ceiling!r}")
+    return float(ceiling)
+
+
 def policy_spaces(topo: Topology, cfg: SacConfig) -> tuple[spaces.Box, spaces.Box]:
     width, _ = observation_layout(cfg.k, topo.n_services, cfg.id_width, cfg.observe_queue)
     return (spaces.Box(-np.inf, np.inf, (topo.n_services, width), np.float32),
@@ -49,12 +61,13 @@ class ReclaimerPolicy:
     name = "reclaimer"
 
     def __init__(self, agent: Sac, topo: Topology, cfg: SacConfig, training: dict | None = None,
-                 version: str | None = None):
+                 version: str | None = None, ceiling: float | None = None):
         self.agent = agent.eval()
         self.topo = topo
         self.cfg = cfg
         self.training = training or {}
         self.version = version or "unversioned"
+        self.ceiling = check_ceiling(ceiling)
         self.observation_space, self.action_space = policy_spaces(topo, cfg)
         self.limits: AppLimits | None = None
         self._stack: FrameStack | None = None
@@ -62,7 +75,11 @@ class ReclaimerPolicy:
 
     def fork(self) -> "ReclaimerPolicy":
         """The same network with its own frame stack (one per controlled application)."""
-        return ReclaimerPolicy(self.agent, self.topo, self.cfg, self.training, self.version)
+        return ReclaimerPolicy(self.agent, self.topo, self.cfg, self.training, self.version, self.ceiling)
+
+    def with_ceiling(self, ceiling: float | None) -> "ReclaimerPolicy":
+        """A fork under another headroom ceiling (None: none); the same network."""
+        return ReclaimerPolicy(self.agent, self.topo, self.cfg, self.training, self.version, ceiling)
 
     # -- Controller ------------------------------------------------------------------------
     def reset(self, limits: AppLimits) -> None:
@@ -119,11 +136,14 @@ class ReclaimerPolicy:
 
     def cores(self, a, obs) -> np.ndarray:
         """Cores for the action a chosen on observation obs (M, width) (action_map.py)."""
-        return cores_of(a, self.base_use(obs), self.topo.caps, self.cfg.action_space)
+        return cores_of(a, self.base_use(obs), self.topo.caps, self.cfg.action_space, self.ceiling)
 
     def base_use(self, obs) -> np.ndarray | None:
-        """The use a "usage" action scales (the mean over obs's stacked seconds); None on "cap"."""
-        return mean_used(obs, self.cfg.k, self.topo.caps) if self.cfg.action_space != "cap" else None
+        """The use a "usage" action or the ceiling scales (the mean over obs's stacked seconds);
+        None on "cap" without a ceiling."""
+        if self.cfg.action_space == "cap" and self.ceiling is None:
+            return None
+        return mean_used(obs, self.cfg.k, self.topo.caps)
 
     # -- Policy protocol --------------------------------------------------------------------
     def initial_state(self):
@@ -136,7 +156,7 @@ class ReclaimerPolicy:
         return Decision(action=[float(x) for x in a],
                         name="cores share" if self.cfg.action_space == "cap" else "headroom over use",
                         info={"cores": [round(float(c), 4) for c in cores],
-                              "total_cores": round(float(cores.sum()), 4)}), None
+                              "total_cores": round(float(cores.sum()), 4), "headroom_ceiling": self.ceiling}), None
 
     def metadata(self) -> dict:
         from samm import __version__
@@ -145,7 +165,8 @@ class ReclaimerPolicy:
                 "samm_version": __version__, "app": self.topo.model_dump(mode="json"),
                 "config": self.cfg.to_json(),
                 "observation_space": space_to_json(self.observation_space),
-                "action_space": space_to_json(self.action_space), "training": self.training}
+                "action_space": space_to_json(self.action_space), "training": self.training,
+                "headroom_ceiling": self.ceiling}
 
     def save(self, directory) -> Path:
         return save_torch_policy(directory, self.agent, self.metadata(), WEIGHTS_FILE, METADATA_FILE)
@@ -159,13 +180,14 @@ class ReclaimerPolicy:
             cfg = SacConfig.from_json(meta["config"])
             saved_obs = space_from_json(meta["observation_space"])
             saved_act = space_from_json(meta["action_space"])
+            ceiling = check_ceiling(meta.get("headroom_ceiling"))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
         check_spaces(saved_obs, saved_act, *policy_spaces(topo, cfg), what=str(d))
         agent = Sac(*observation_layout(cfg.k, topo.n_services, cfg.id_width, cfg.observe_queue),
                     topo.n_services, cfg)
         load_torch_weights(d, agent, WEIGHTS_FILE, METADATA_FILE)
-        return cls(agent, topo, cfg, meta.get("training"), meta.get("version"))
+        return cls(agent, topo, cfg, meta.get("training"), meta.get("version"), ceiling)
 
 
 class ReclaimerBatch:

@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from samm.cli.seeds import parse_seeds
+
 from .action_map import ACTION_SPACES, action_of, cores_of, scaled_actions
 from .autoscale import autoscale_step
 from .control import MIN_CORES
@@ -442,7 +444,8 @@ def main(argv=None) -> int:
                         "policy on the experiment's protocol with validation seeds and keep the checkpoint with "
                         "the fewest mean cores within --best-max-violations in OUT/best-policy (default 0: off)")
     p.add_argument("--eval-seeds", default=",".join(map(str, VALIDATION_SEEDS)),
-                   help="the validation episodes' seeds (keep them apart from the experiment's 1-5 and 6-10)")
+                   help="the validation episodes' seeds, e.g. 101-120 or 101,102 (keep them apart from the "
+                        "experiment's 1-5 and 6-10)")
     p.add_argument("--best-max-violations", type=float, default=0.0,
                    help="the best checkpoint's largest share of violating validation seconds (default 0)")
     p.add_argument("--actor-ema", type=float, default=0.0, metavar="D",
@@ -490,7 +493,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:
-        eval_seeds = tuple(int(x) for x in args.eval_seeds.split(",") if x.strip())
+        eval_seeds = tuple(parse_seeds(args.eval_seeds))
     except ValueError:
         eval_seeds = ()
     if not eval_seeds:

@@ -840,8 +840,9 @@ def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes
 @click.option("--train-steps", type=int, default=None,
               help="Train Reclaimer in this run for this many transitions instead of loading a policy.")
 @click.option("--methods", default=None,
-              help="Comma-separated subset of reclaimer, autoscale, sinan, vpa, static-max, static-best (default: "
-                   "all), e.g. reclaimer,autoscale over many --seeds to count rare violating seconds.")
+              help="Comma-separated subset of reclaimer, reclaimer-no-ceiling (the policy without its headroom "
+                   "ceiling, when it has one), autoscale, sinan, vpa, static-max, static-best (default: all), e.g. "
+                   "reclaimer,autoscale over many --seeds to count rare violating seconds.")
 @click.option("--quiet", is_flag=True)
 def experiment_reclaimer(out, quick, seeds, apps, policy_specs, train_steps, methods, quiet) -> None:
     """Microservice CPU cores (Reclaimer): every method (Reclaimer, AutoScale, the Sinan-style model,
@@ -1156,9 +1157,10 @@ from samm.cli.deferrable import testbed_deferrable  # noqa: E402  (samm testbed-
 
 cli.add_command(testbed_deferrable)
 
-from samm.cli.microservices import testbed_microservices  # noqa: E402  (samm testbed-microservices)
+from samm.cli.microservices import reclaimer_ceiling, testbed_microservices  # noqa: E402  (samm testbed-microservices)
 
 cli.add_command(testbed_microservices)
+cli.add_command(reclaimer_ceiling)
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

@@ -1,8 +1,9 @@
 """`samm testbed-microservices`: a controller right-sizes the CPU limits of a real containerised
-application every second (issue 18's "Real containers").
+application every second (issue 18's "Real containers"). `samm reclaimer-ceiling`: a headroom
+ceiling chosen for a trained Reclaimer policy on validation episodes (agents/microservice_cores/ceiling.py).
 
-A separate command, like `samm testbed-deferrable`; `samm/cli/main.py` registers it with
-`cli.add_command(testbed_microservices)`. The run itself is samm/testbed/microservices/run.py.
+Separate commands, like `samm testbed-deferrable`; `samm/cli/main.py` registers them with
+`cli.add_command`. The testbed run itself is samm/testbed/microservices/run.py.
 """
 from __future__ import annotations
 
@@ -129,3 +130,28 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
         click.echo(f"step {r['step']}: restarted {' '.join(r['services'])}")
     click.echo(f"wrote {', '.join(str(f) for f in res.files.values())}; {s['decisions']} decisions in "
                f"{res.knowledge_url} (loop {res.loop})")
+
+
+@click.command("reclaimer-ceiling")
+@click.option("--policy", "policy_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="A saved Reclaimer policy directory (e.g. a training run's best-policy).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Where the policy with its ceiling is saved (the weights unchanged).")
+@click.option("--eval-seeds", default="101-120", show_default=True,
+              help="Validation seeds, apart from the experiment's 1-5 and 6-10.")
+@click.option("--grid", default=None, help="Ceilings to try, comma-separated (default: 3 down to 1.2 by 0.1).")
+@click.option("--max-violations", type=float, default=0.0, show_default=True,
+              help="The largest share of violating validation seconds allowed.")
+def reclaimer_ceiling(policy_dir, out, eval_seeds, grid, max_violations) -> None:
+    """Choose a headroom ceiling for a Reclaimer policy (ours): the smallest H on the grid such that
+    the policy with every limit capped at H times the service's mean use breaks QoS in no validation
+    second, at H and every larger H of the grid (agents/microservice_cores/ceiling.py). Prints each
+    H's mean cores and violations; saves the policy with the chosen ceiling to --out."""
+    from agents.microservice_cores.ceiling import main as ceiling_main
+
+    argv = ["--policy", policy_dir, "--out", out, "--eval-seeds", eval_seeds, "--max-violations", str(max_violations)]
+    if grid:
+        argv += ["--grid", grid]
+    rc = ceiling_main(argv)
+    if rc:
+        sys.exit(rc)

@@ -1,0 +1,124 @@
+"""A headroom ceiling over a trained Reclaimer policy (ours; the paper applies its agent's limits
+as they come): each service's limit is capped at H times its mean use over the seconds the agent
+sees (action_map.cores_of), and H is chosen after training on validation episodes.
+
+Why: the trained policies keep a low load's services at 3-10 times their use (Social at 20 users:
+2.08 cores for 0.48 used), where the cost term of the paper's reward pays a few hundredths a
+second for the difference and the critics do not resolve it. A fixed rule of 2 times the 5-s mean
+use breaks QoS in no second there (benchmarks/reclaimer_headroom.py) but holds far more cores than
+the policy at the high loads. The ceiling keeps the policy's choice wherever it is below H times
+the use (the high loads) and the rule's elsewhere (docs/microservice-cores.md, "A headroom ceiling
+over the trained policies").
+
+The choice (`choose_ceiling`): on a grid of H from high to low, the smallest H such that the
+policy under it, and under every larger H of the grid, breaks QoS in at most `max_violation` of
+the validation seconds (the experiment's protocol: its three load levels, one episode per seed).
+Scanning down and stopping at the first H that breaks it is the same rule and evaluates fewer H.
+None when even the largest H breaks it: the policy is left without a ceiling. The seeds must be
+apart from the experiment's (1-5) and the check seeds (6-10), like the training's validation.
+
+    python -m agents.microservice_cores.ceiling --policy DIR --out DIR2 [--eval-seeds 101-120]
+    samm reclaimer-ceiling --policy DIR --out DIR2          (the same, from the CLI)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Callable, Sequence
+
+from .validation import evaluate
+
+#: H from 3 down to 1.2 times the mean use: 3 is AutoScale's least headroom (it holds use / limit
+#: under 0.3), and below 1.2 the grid's policies break QoS in most seconds (measured on both apps)
+GRID = tuple(round(3.0 - 0.1 * i, 1) for i in range(19))
+#: the 20 validation seeds of the shipped recipes (docs/microservice-cores.md, session 83)
+CEILING_SEEDS = tuple(range(101, 121))
+
+
+def choose_ceiling(policy, topo, seeds: Sequence[int] = CEILING_SEEDS, grid: Sequence[float] = GRID,
+                   max_violation: float = 0.0, on_row: Callable[[dict], None] | None = None,
+                   evaluate_fn: Callable = evaluate) -> dict:
+    """{"ceiling": H or None, "rows": [{"ceiling", "mean_cores", "violation_rate", "levels"}, ...],
+    "without": the policy's own evaluation, "seeds", "max_violation"}; `policy` a ReclaimerPolicy
+    (its own ceiling is ignored: every row is the policy under the row's H alone). `evaluate_fn`
+    is validation.evaluate (policy, topo, seeds) -> its figures."""
+    grid = sorted({float(h) for h in grid}, reverse=True)
+    if not grid or grid[-1] < 1.0:
+        raise ValueError("the grid must hold ceilings >= 1 (times the mean use)")
+    without = evaluate_fn(policy.with_ceiling(None), topo, seeds)
+    rows, chosen = [], None
+    for h in grid:
+        row = {"ceiling": h, **evaluate_fn(policy.with_ceiling(h), topo, seeds)}
+        rows.append(row)
+        if on_row:
+            on_row(row)
+        if row["violation_rate"] > max_violation:
+            break
+        chosen = h
+    return {"ceiling": chosen, "rows": rows, "without": without, "seeds": [int(s) for s in seeds],
+            "max_violation": max_violation}
+
+
+def calibrated(policy, choice: dict, seconds: float | None = None):
+    """The policy with the chosen ceiling (a new version; unchanged weights) and the choice in its
+    training record."""
+    training = dict(policy.training)
+    training["ceiling"] = {k: choice[k] for k in ("ceiling", "seeds", "max_violation", "rows", "without")}
+    if seconds is not None:
+        training["ceiling"]["seconds"] = round(seconds, 1)
+    base = policy.version.split("+ceiling")[0]
+    version = base if choice["ceiling"] is None else f"{base}+ceiling{choice['ceiling']:g}"
+    out = policy.with_ceiling(choice["ceiling"])
+    out.training, out.version = training, version
+    return out
+
+
+def _line(row: dict) -> str:
+    levels = " | ".join(f"{u}: {v['mean_cores']:.2f} / {v['violation_rate']:.2%}" for u, v in row["levels"].items())
+    return f"{levels} | mean {row['mean_cores']:.3f} cores, {row['violation_rate']:.4%} violating"
+
+
+def main(argv=None) -> int:
+    from samm.cli.seeds import parse_seeds
+
+    from .policy import ReclaimerPolicy
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", required=True, help="a saved Reclaimer policy directory")
+    ap.add_argument("--out", required=True, help="where the policy with its ceiling is saved")
+    ap.add_argument("--eval-seeds", default=f"{CEILING_SEEDS[0]}-{CEILING_SEEDS[-1]}",
+                    help="validation seeds, apart from the experiment's 1-5 and 6-10 (default: %(default)s)")
+    ap.add_argument("--grid", default=",".join(f"{h:g}" for h in GRID),
+                    help="ceilings to try, comma-separated (default: 3 down to 1.2 by 0.1)")
+    ap.add_argument("--max-violations", type=float, default=0.0,
+                    help="the largest share of violating validation seconds allowed (default 0)")
+    a = ap.parse_args(argv)
+    try:
+        seeds = parse_seeds(a.eval_seeds)
+        grid = [float(x) for x in a.grid.split(",") if x.strip()]
+        if not seeds or not 0.0 <= a.max_violations <= 1.0:
+            raise ValueError("--eval-seeds must name seeds and --max-violations lie in [0, 1]")
+        policy = ReclaimerPolicy.load(a.policy)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    print(f"{policy.version} on {policy.topo.name}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})", flush=True)
+    try:
+        choice = choose_ceiling(policy, policy.topo, seeds, grid, a.max_violations,
+                                on_row=lambda r: print(f"  H {r['ceiling']:g}: {_line(r)}", flush=True))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"  without: {_line(choice['without'])}")
+    out = calibrated(policy, choice, time.perf_counter() - t0)
+    out.save(a.out)
+    print(json.dumps({"ceiling": choice["ceiling"], "version": out.version, "out": a.out,
+                      "seconds": out.training["ceiling"]["seconds"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""microservice-cores: the headroom ceiling over a trained Reclaimer policy (ours, ceiling.py): the
+action map's cap, the policy carrying it on every path, the rule that chooses it, the experiment's
+row without it and the CLI verb."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from agents.microservice_cores.action_map import cores_of
+from agents.microservice_cores.control import MIN_CORES, AppLimits
+from agents.microservice_cores.features import ROW, mean_used
+from agents.microservice_cores.sac import Sac
+from agents.microservice_cores.sim import MicroserviceSim
+from agents.microservice_cores.topology import load_topology
+
+
+def _policy(app="chain3", ceiling=None):
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.train import scaled_schedule, sim_config
+
+    topo = load_topology(app)
+    cfg = scaled_schedule(sim_config(n_envs=2, hidden=16), 1200)
+    torch.manual_seed(0)
+    sac = Sac(cfg.k * ROW + topo.n_services, cfg.k * ROW, topo.n_services, cfg)
+    return ReclaimerPolicy(sac, topo, cfg, version="test-1", ceiling=ceiling)
+
+
+def test_a_ceiling_caps_either_spaces_cores_at_its_multiple_of_the_base_use():
+    caps = np.array([4.0, 2.0, 0.5])
+    used = np.array([0.1, 1.0, 0.0])
+    a = np.array([0.5, 0.5, 0.5])
+    assert cores_of(a, used, caps, "cap", None) == pytest.approx([2.0, 1.0, 0.25])
+    # 2 x use where that is lower; an idle service's base is the floor's, so 2 x MIN_CORES
+    assert cores_of(a, used, caps, "cap", 2.0) == pytest.approx([0.2, 1.0, 2 * MIN_CORES])
+    usage = cores_of(a, used, caps, "usage", None)
+    assert cores_of(a, used, caps, "usage", 1.5) == pytest.approx(np.minimum(usage, 1.5 * np.maximum(used, MIN_CORES)))
+    # a throttled service uses its whole limit: the ceiling still lets it grow
+    assert cores_of([1.0], [0.4], [4.0], "cap", 2.0) == pytest.approx([0.8])
+    # a controller that could not decide gets the cap, ceiling or not (the safe side)
+    assert cores_of([np.nan, 0.5, 0.5], used, caps, "cap", 2.0)[0] == 4.0
+    assert cores_of([0.0, 0.0, 0.0], used, caps, "cap", 1.0).min() >= MIN_CORES
+
+
+def test_a_policy_keeps_its_ceiling_through_save_load_fork_and_decide(tmp_path):
+    from agents.microservice_cores.policy import METADATA_FILE, ReclaimerPolicy
+
+    pol = _policy(ceiling=1.5)
+    pol.save(tmp_path / "p")
+    again = ReclaimerPolicy.load(tmp_path / "p")
+    assert again.ceiling == 1.5 and again.fork().ceiling == 1.5 and again.with_ceiling(None).ceiling is None
+    topo = pol.topo
+    lim = AppLimits(topo.service_names, topo.caps, topo.qos_ms)
+    raw = pol.with_ceiling(None)
+    for p in (pol, again, raw):
+        p.reset(lim)
+    sim = MicroserviceSim(topo, n_envs=1, seed=3)
+    sim.reset(80)
+    cores = topo.caps.copy()
+    lowered = 0
+    for _ in range(30):
+        m = sim.step(cores[None]).measurement(0, topo.service_names)
+        obs = pol.observe(m)
+        got, want = again.act(m), raw.act(m)
+        base = np.maximum(mean_used(obs[0], pol.cfg.k, topo.caps), MIN_CORES)
+        assert np.all(got <= 1.5 * base + 1e-9) and np.all(got <= want + 1e-9)
+        lowered += int(np.any(got < want - 1e-9))
+        cores = got
+    assert lowered > 0                      # the untrained actor asks for more than 1.5 x use
+    decision, _ = again.decide(obs[0])
+    assert decision.info["headroom_ceiling"] == 1.5
+    assert decision.info["total_cores"] == pytest.approx(float(np.sum(again.cores(decision.action, obs[0]))), abs=1e-3)
+    # a bad ceiling is refused by name, in code and in a saved file
+    for bad in (0.5, True, "2", float("nan")):
+        with pytest.raises(ValueError, match="headroom_ceiling"):
+            pol.with_ceiling(bad)
+    meta = json.loads((tmp_path / "p" / METADATA_FILE).read_text())
+    meta["headroom_ceiling"] = 0.2
+    (tmp_path / "p" / METADATA_FILE).write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="malformed.*headroom_ceiling"):
+        ReclaimerPolicy.load(tmp_path / "p")
+
+
+def test_the_ceiling_is_the_smallest_h_that_is_clean_and_has_only_clean_larger_ones():
+    from agents.microservice_cores.ceiling import choose_ceiling
+
+    rates = {None: 0.0, 3.0: 0.0, 2.5: 0.0, 2.0: 0.001, 1.5: 0.0, 1.2: 0.3}   # 1.5 clean, 2.0 not
+    seen = []
+
+    def fake_eval(policy, topo, seeds):
+        seen.append(policy.ceiling)
+        return {"mean_cores": 10.0 if policy.ceiling is None else policy.ceiling, "violation_rate": rates[policy.ceiling],
+                "levels": {}}
+
+    pol = _policy(ceiling=9.0)          # its own ceiling plays no part
+    got = choose_ceiling(pol, pol.topo, seeds=[101], grid=[1.2, 3.0, 2.0, 2.5, 1.5, 2.0], evaluate_fn=fake_eval)
+    assert got["ceiling"] == 2.5 and [r["ceiling"] for r in got["rows"]] == [3.0, 2.5, 2.0]
+    assert seen == [None, 3.0, 2.5, 2.0]                                   # stops at the first that breaks QoS
+    assert choose_ceiling(pol, pol.topo, [101], [1.5, 1.2], max_violation=0.5, evaluate_fn=fake_eval)["ceiling"] == 1.2
+    rates[3.0] = 0.01
+    assert choose_ceiling(pol, pol.topo, [101], [3.0, 2.5], evaluate_fn=fake_eval)["ceiling"] is None
+    with pytest.raises(ValueError, match=">= 1"):
+        choose_ceiling(pol, pol.topo, [101], [2.0, 0.5], evaluate_fn=fake_eval)
+
+
+def test_the_cli_verb_chooses_a_ceiling_on_real_episodes_and_saves_the_policy_with_it(tmp_path):
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from samm.cli.main import cli
+
+    _policy().save(tmp_path / "p")
+    r = CliRunner().invoke(cli, ["reclaimer-ceiling", "--policy", str(tmp_path / "p"), "--out", str(tmp_path / "q"),
+                                 "--eval-seeds", "101-102", "--grid", "3,2,1.5", "--max-violations", "1"])
+    assert r.exit_code == 0, r.output
+    q = ReclaimerPolicy.load(tmp_path / "q")
+    rec = q.training["ceiling"]
+    assert q.ceiling == 1.5 and q.version == "test-1+ceiling1.5"          # every H allowed: the smallest
+    assert [row["ceiling"] for row in rec["rows"]] == [3.0, 2.0, 1.5] and rec["seeds"] == [101, 102]
+    # the ceiling only lowers limits, so no row holds more cores than the policy without it
+    assert all(row["mean_cores"] <= rec["without"]["mean_cores"] + 1e-9 for row in rec["rows"])
+    assert [row["mean_cores"] for row in rec["rows"]] == sorted(row["mean_cores"] for row in rec["rows"])[::-1]
+    bad = CliRunner().invoke(cli, ["reclaimer-ceiling", "--policy", str(tmp_path / "p"), "--out", str(tmp_path / "x"),
+                                   "--grid", "2,0.5"])
+    assert bad.exit_code == 2 and ">= 1" in bad.output and not (tmp_path / "x").exists()
+
+
+def test_the_experiment_reports_a_ceilinged_policy_beside_itself_without_the_ceiling(tmp_path):
+    from agents.microservice_cores.experiment import run
+
+    _policy(ceiling=1.5).save(tmp_path / "p")
+    summary = run(tmp_path / "e", quick=True, progress=False, policy_dirs={"chain3": tmp_path / "p"},
+                  methods=["autoscale", "reclaimer-no-ceiling", "reclaimer"])
+    app = summary["apps"]["chain3"]
+    assert list(app["overall"]) == ["reclaimer", "reclaimer-no-ceiling", "autoscale"]
+    assert app["log"]["reclaimer_policy"]["headroom_ceiling"] == 1.5
+    for row in app["levels"].values():
+        assert row["reclaimer"]["mean_cores"] <= row["reclaimer-no-ceiling"]["mean_cores"] + 1e-9
+    _policy().save(tmp_path / "p0")         # no ceiling: no second row
+    plain = run(tmp_path / "e0", quick=True, progress=False, policy_dirs={"chain3": tmp_path / "p0"},
+                methods=["reclaimer", "reclaimer-no-ceiling"])
+    assert list(plain["apps"]["chain3"]["overall"]) == ["reclaimer"]
