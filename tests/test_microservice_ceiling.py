@@ -141,3 +141,22 @@ def test_the_experiment_reports_a_ceilinged_policy_beside_itself_without_the_cei
     plain = run(tmp_path / "e0", quick=True, progress=False, policy_dirs={"chain3": tmp_path / "p0"},
                 methods=["reclaimer", "reclaimer-no-ceiling"])
     assert list(plain["apps"]["chain3"]["overall"]) == ["reclaimer"]
+
+
+def test_training_under_a_ceiling_holds_the_fill_under_it_and_saves_it_with_the_policy(tmp_path):
+    from dataclasses import replace
+
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.sac import SacConfig
+    from agents.microservice_cores.train import sim_config, train
+
+    cfg = sim_config(n_envs=2, hidden=16, classifier_updates=5, replay=5_000, updates_per_step=1,
+                     autoscale_steps=600, classifier_steps=0, total_steps=600)
+    free = train("chain3", cfg, seed=0, progress=False)
+    held = train("chain3", replace(cfg, headroom_ceiling=1.2), seed=0, out=tmp_path / "run", progress=False)
+    # AutoScale's fill keeps 3.3-10 times the use; under the ceiling every limit is at most 1.2 times it
+    assert held.log[0]["mean_cores"] < 0.6 * free.log[0]["mean_cores"]
+    assert held.ceiling == 1.2 and free.ceiling is None
+    assert ReclaimerPolicy.load(tmp_path / "run" / "policy").ceiling == 1.2
+    with pytest.raises(ValueError, match="headroom_ceiling"):
+        SacConfig(headroom_ceiling=0.9)

@@ -166,6 +166,11 @@ class SacConfig:
     #: with the per-tensor loop (the default, which every policy trained before it used); ~5 % of
     #: an update on 2 cores (docs/microservice-cores.md, "Training speed, a third look")
     fused_adam: bool = False
+    #: ours: train under a headroom ceiling (action_map.cores_of): every limit at most this many
+    #: times the service's mean use over the k stacked seconds, on either action space, so the
+    #: replay and the critics only see limits the deployed policy can set; the saved policy
+    #: carries it as its ceiling (ceiling.py may choose another after training). None: no ceiling
+    headroom_ceiling: float | None = None
 
     def __post_init__(self) -> None:
         for field, choices in (("precision", PRECISIONS), ("entropy_space", ENTROPY_SPACES),
@@ -182,6 +187,8 @@ class SacConfig:
             raise ValueError(f"lr_decay_start must be in [0, 1), not {self.lr_decay_start!r}")
         if self.lr_decay_start and self.lr_final is None:
             raise ValueError("lr_decay_start needs lr_final (the rate it decays to)")
+        if self.headroom_ceiling is not None and not self.headroom_ceiling >= 1.0:
+            raise ValueError(f"headroom_ceiling must be >= 1 (times the mean use) or None, not {self.headroom_ceiling!r}")
 
     def lr_at(self, seen: int) -> float:
         """The actor's and critics' learning rate after `seen` transitions (`lr_final`)."""

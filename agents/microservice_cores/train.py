@@ -105,6 +105,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     sim = MicroserviceSim(topo, n_envs=E, seed=seed)
     caps = topo.caps
     usage_actions = cfg.action_space != "cap"
+    ceiling = cfg.headroom_ceiling
     out_dir = Path(out) if out else None
     writer = None
     rows_csv = []
@@ -155,7 +156,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         if phase == "autoscale" and cfg.fill == "mixed":    # drawn only then: the paper's fill keeps its draws
             fill_h = np.exp(rng.uniform(*np.log(FILL_HEADROOM), size=E))
         for t in range(EPISODE_S):
-            base = mean_used(obs, cfg.k, caps) if usage_actions or fill_h is not None else None
+            base = mean_used(obs, cfg.k, caps) if usage_actions or ceiling or fill_h is not None else None
             if phase == "autoscale":
                 noise = 1.0 + rng.uniform(-cfg.autoscale_noise, cfg.autoscale_noise, size=(E, M))
                 a = fill_actions(st.cpu_used, prev * caps, base, caps, noise, cfg, fill_h)
@@ -166,15 +167,15 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                                            keep=(seen - cfg.autoscale_steps) / max(cfg.classifier_steps, 1))
             if usage_actions:
                 a = np.clip(a, 0.0, 1.0).astype(np.float32)
-                cores = cores_of(a, base, caps, cfg.action_space)
+                cores = cores_of(a, base, caps, cfg.action_space, ceiling)
             else:
                 a = np.clip(a, MIN_CORES / caps, 1.0).astype(np.float32)
-                cores = a * caps
+                cores = a * caps if ceiling is None else cores_of(a, base, caps, "cap", ceiling)
             st = sim.step(cores)
             r = reward_of(st.p99_ms, topo.qos_ms * cfg.qos_margin, cores, caps, cost=cfg.cost)
             # the features' previous action is the limit in force as a share of the cap (what
             # the policy reads back from the engine), on either action space
-            prev = cores / caps if usage_actions else a.astype(np.float64)
+            prev = cores / caps if usage_actions or ceiling else a.astype(np.float64)
             nxt = stack.push(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
                                                topo.qos_ms, prev, caps), st.queue if cfg.observe_queue else None)
             done = np.full(E, float(t == EPISODE_S - 1))
@@ -221,7 +222,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             candidates = [("live", agent)] + ([("ema", _snapshot(agent, ema_actor, width, n_scaled, M, cfg))]
                                               if ema_actor is not None else [])
             for which, net in candidates:
-                res = evaluate(ReclaimerPolicy(net, topo, cfg), topo, eval_seeds)
+                res = evaluate(ReclaimerPolicy(net, topo, cfg, ceiling=cfg.headroom_ceiling), topo, eval_seeds)
                 net.train()   # the wrapper put it in eval mode (the networks have no mode-dependent layers)
                 prefix = "eval" if which == "live" else "ema_eval"
                 row[f"{prefix}_mean_cores"], row[f"{prefix}_violation_rate"] = res["mean_cores"], res["violation_rate"]
@@ -230,7 +231,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                     best_agent = net if net is not agent else _snapshot(agent, agent.actor, width, n_scaled, M, cfg)
                     if out_dir:
                         ReclaimerPolicy(best_agent, topo, cfg, training=_best_training(
-                            seed, seen, init_from, keep_norm, best, eval_seeds)).save(out_dir / "best-policy")
+                            seed, seen, init_from, keep_norm, best, eval_seeds),
+                            ceiling=cfg.headroom_ceiling).save(out_dir / "best-policy")
         rows_csv.append(row)
         if writer:
             for key in ("reward", "mean_cores", "violation_rate", "alpha", "entropy", "critic_loss", "q", "classifier_loss", "lr"):
@@ -250,7 +252,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     policy = ReclaimerPolicy(agent, topo, cfg, training={"seed": seed, "steps": seen, "episodes": episode,
                                                           "seconds": round(time.perf_counter() - t0, 1),
                                                           "init_policy": init_from,
-                                                          **({"continued": True} if keep_norm else {})})
+                                                          **({"continued": True} if keep_norm else {})},
+                             ceiling=cfg.headroom_ceiling)
     if out_dir:
         _write_log(out_dir, rows_csv)
         policy.save(out_dir / "policy")
@@ -258,7 +261,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     policy.best = None
     if best_agent is not None:
         policy.best = ReclaimerPolicy(best_agent, topo, cfg, training=_best_training(seed, best.steps, init_from,
-                                                                                     keep_norm, best, eval_seeds))
+                                                                                     keep_norm, best, eval_seeds),
+                                      ceiling=cfg.headroom_ceiling)
     policy.evaluations = best.history
     return policy
 
@@ -313,7 +317,7 @@ def _classifier_guided(agent: Sac, obs, a, used, caps, cfg: SacConfig, rng, keep
     cands = scaled_actions(a, scales, caps, cfg.action_space)                           # (E, C, M)
     p = agent.qos_probability(obs, cands.astype(np.float32))                            # (E, C)
     base = used[:, None, :] if used is not None else None
-    cost = cores_of(cands, base, caps, cfg.action_space).sum(axis=2)
+    cost = cores_of(cands, base, caps, cfg.action_space, cfg.headroom_ceiling).sum(axis=2)
     ok = p >= cfg.classifier_threshold
     cost_ok = np.where(ok, cost, np.inf)
     pick = np.where(ok.any(axis=1), cost_ok.argmin(axis=1), p.argmax(axis=1))
@@ -428,6 +432,10 @@ def main(argv=None) -> int:
                         "default: constant, the paper)")
     p.add_argument("--lr-decay-start", type=float, default=None, metavar="F",
                    help="ours, with --lr-final: the decay begins F of the way through the plain-SAC phase (default 0)")
+    p.add_argument("--headroom-ceiling", type=float, default=None, metavar="H",
+                   help="ours: train under a headroom ceiling, every limit at most H times the service's mean use "
+                        "over the stacked seconds; the saved policies carry it (`samm reclaimer-ceiling` may choose "
+                        "another after training; default: none, the paper)")
     p.add_argument("--observe-queue", action="store_true",
                    help="ours, the ablation: add each service's queued work (seconds of its limit) to its "
                         "observation, which the paper keeps from the agent; such a policy runs in simulation only "
@@ -477,7 +485,8 @@ def main(argv=None) -> int:
         overrides["observe_queue"] = True
     if args.fused_adam:
         overrides["fused_adam"] = True
-    for field, value in (("lr_final", args.lr_final), ("lr_decay_start", args.lr_decay_start)):
+    for field, value in (("lr_final", args.lr_final), ("lr_decay_start", args.lr_decay_start),
+                         ("headroom_ceiling", args.headroom_ceiling)):
         if value is not None:   # SacConfig checks their ranges and that a decay start has its final rate
             overrides[field] = value
     if args.qos_margin is not None:
