@@ -100,6 +100,12 @@ def test_the_ceiling_is_the_smallest_h_that_is_clean_and_has_only_clean_larger_o
     assert got["ceiling"] == 2.5 and [r["ceiling"] for r in got["rows"]] == [3.0, 2.5, 2.0]
     assert seen == [None, 3.0, 2.5, 2.0]                                   # stops at the first that breaks QoS
     assert choose_ceiling(pol, pol.topo, [101], [1.5, 1.2], max_violation=0.5, evaluate_fn=fake_eval)["ceiling"] == 1.2
+    # a margin raises the rule's H (every larger H of the grid was clean), never past the grid
+    wide = choose_ceiling(pol, pol.topo, [101], [3.0, 2.5, 2.0], evaluate_fn=fake_eval, margin=0.3)
+    assert (wide["rule_ceiling"], wide["ceiling"]) == (2.5, 2.8)
+    assert choose_ceiling(pol, pol.topo, [101], [3.0, 2.5, 2.0], evaluate_fn=fake_eval, margin=1.0)["ceiling"] == 3.0
+    with pytest.raises(ValueError, match="margin"):
+        choose_ceiling(pol, pol.topo, [101], [3.0], evaluate_fn=fake_eval, margin=-0.1)
     rates[3.0] = 0.01
     assert choose_ceiling(pol, pol.topo, [101], [3.0, 2.5], evaluate_fn=fake_eval)["ceiling"] is None
     with pytest.raises(ValueError, match=">= 1"):

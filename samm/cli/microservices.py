@@ -142,14 +142,17 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
 @click.option("--grid", default=None, help="Ceilings to try, comma-separated (default: 3 down to 1.2 by 0.1).")
 @click.option("--max-violations", type=float, default=0.0, show_default=True,
               help="The largest share of violating validation seconds allowed.")
-def reclaimer_ceiling(policy_dir, out, eval_seeds, grid, max_violations) -> None:
+@click.option("--margin", type=float, default=0.0, show_default=True,
+              help="Raise the rule's H by this much (Social's shipped ceiling: --eval-seeds 101-170 --margin 0.2).")
+def reclaimer_ceiling(policy_dir, out, eval_seeds, grid, max_violations, margin) -> None:
     """Choose a headroom ceiling for a Reclaimer policy (ours): the smallest H on the grid such that
     the policy with every limit capped at H times the service's mean use breaks QoS in no validation
     second, at H and every larger H of the grid (agents/microservice_cores/ceiling.py). Prints each
     H's mean cores and violations; saves the policy with the chosen ceiling to --out."""
     from agents.microservice_cores.ceiling import main as ceiling_main
 
-    argv = ["--policy", policy_dir, "--out", out, "--eval-seeds", eval_seeds, "--max-violations", str(max_violations)]
+    argv = ["--policy", policy_dir, "--out", out, "--eval-seeds", eval_seeds, "--max-violations", str(max_violations),
+            "--margin", str(margin)]
     if grid:
         argv += ["--grid", grid]
     rc = ceiling_main(argv)
