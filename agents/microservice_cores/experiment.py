@@ -4,7 +4,8 @@ relative figures) on the simulator, ours beside theirs.
 Per application (Hotel Reservation, Social Network) and load level (the low end, the middle and
 the high end of the paper's user range), over seeds: mean and max allocated cores, p99 and the
 QoS-violation rate (share of control seconds whose p99 exceeds the target) of every method:
-Reclaimer (the shipped policy of the app, or one trained in this run), AutoScale, the Sinan-style
+Reclaimer (the shipped policy of the app, or one trained in this run; with a headroom ceiling,
+ceiling.py, also its weights without it, "reclaimer-no-ceiling"), AutoScale, the Sinan-style
 model, the VPA-style recommender, static-max and the best static allocation found by search for
 that load (an oracle: it knows the load). Every method runs the same episodes: the same seeds,
 the W = 60 s warm-up at caps, then 300 control seconds.

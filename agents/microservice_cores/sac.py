@@ -169,7 +169,9 @@ class SacConfig:
     #: ours: train under a headroom ceiling (action_map.cores_of): every limit at most this many
     #: times the service's mean use over the k stacked seconds, on either action space, so the
     #: replay and the critics only see limits the deployed policy can set; the saved policy
-    #: carries it as its ceiling (ceiling.py may choose another after training). None: no ceiling
+    #: carries it as its ceiling (ceiling.py may choose another after training). None: no ceiling.
+    #: Measured on Hotel at 1.9: the deterministic policy stayed at the ceiling on every service
+    #: for 88,000 transitions, so the shipped ceilings are chosen after training instead
     headroom_ceiling: float | None = None
 
     def __post_init__(self) -> None:

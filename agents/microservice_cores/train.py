@@ -171,6 +171,11 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             else:
                 a = np.clip(a, MIN_CORES / caps, 1.0).astype(np.float32)
                 cores = a * caps if ceiling is None else cores_of(a, base, caps, "cap", ceiling)
+            if ceiling is not None:
+                # the action in force is stored, as the online learner does: every action above the
+                # ceiling sets the ceiling's cores. Either way, stored as drawn or in force, Hotel's
+                # policy stayed at the ceiling (docs/microservice-cores.md, "A headroom ceiling")
+                a = action_of(cores, base, caps, cfg.action_space).astype(np.float32)
             st = sim.step(cores)
             r = reward_of(st.p99_ms, topo.qos_ms * cfg.qos_margin, cores, caps, cost=cfg.cost)
             # the features' previous action is the limit in force as a share of the cap (what
@@ -435,7 +440,8 @@ def main(argv=None) -> int:
     p.add_argument("--headroom-ceiling", type=float, default=None, metavar="H",
                    help="ours: train under a headroom ceiling, every limit at most H times the service's mean use "
                         "over the stacked seconds; the saved policies carry it (`samm reclaimer-ceiling` may choose "
-                        "another after training; default: none, the paper)")
+                        "another after training; default: none, the paper). Measured on Hotel at 1.9: the policy "
+                        "stayed at the ceiling; choose one after training instead (docs/microservice-cores.md)")
     p.add_argument("--observe-queue", action="store_true",
                    help="ours, the ablation: add each service's queued work (seconds of its limit) to its "
                         "observation, which the paper keeps from the agent; such a policy runs in simulation only "
