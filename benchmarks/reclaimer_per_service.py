@@ -1,9 +1,10 @@
 """Where a Reclaimer policy puts its cores, service by service, at one load (docs/microservice-cores.md,
 "Where the entropy is measured"): the deterministic policy steps the simulator env for 300 s at the
 given users; over the last 200 s it prints each service's cap, mean cores, mean cores used, action a
-(on the policy's action space) and the actor's σ of u.
+(on the policy's action space) and the actor's σ of u. A policy with a headroom ceiling acts under
+it unless --no-ceiling.
 
-    .venv/bin/python benchmarks/reclaimer_per_service.py --app hotel --users 500 [--policy DIR] [--seed 3]
+    .venv/bin/python benchmarks/reclaimer_per_service.py --app hotel --users 500 [--policy DIR] [--seed 3] [--no-ceiling]
 """
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ def main(argv=None) -> int:
     ap.add_argument("--users", type=float, default=500.0)
     ap.add_argument("--policy", default=None, help="a saved policy (default: the shipped one of --app)")
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--no-ceiling", action="store_true", help="the policy's weights without its headroom ceiling")
     a = ap.parse_args(argv)
     pol = ReclaimerPolicy.load(a.policy or SHIPPED_DIR / f"reclaimer-{a.app}")
-    env = MicroserviceCoresEnv(a.app, id_width=pol.cfg.id_width, action_space=pol.cfg.action_space)
+    env = MicroserviceCoresEnv(a.app, id_width=pol.cfg.id_width, action_space=pol.cfg.action_space,
+                               headroom_ceiling=None if a.no_ceiling else pol.ceiling)
     obs, _ = env.reset(seed=a.seed, options={"users": a.users})
     means, sigmas, cores, used, violations = [], [], [], [], 0
     for _ in range(300):

@@ -166,3 +166,18 @@ def test_training_under_a_ceiling_holds_the_fill_under_it_and_saves_it_with_the_
     assert ReclaimerPolicy.load(tmp_path / "run" / "policy").ceiling == 1.2
     with pytest.raises(ValueError, match="headroom_ceiling"):
         SacConfig(headroom_ceiling=0.9)
+
+
+def test_the_env_takes_a_ceiling_and_still_passes_gymnasium_check():
+    from gymnasium.utils.env_checker import check_env
+
+    from agents.microservice_cores.env import MicroserviceCoresEnv
+
+    env = MicroserviceCoresEnv("chain3", episode_steps=20, warmup=3, headroom_ceiling=1.5)
+    check_env(env, skip_render_check=True)
+    env.reset(seed=0, options={"users": 60})
+    obs, *_ = env.step(np.ones(env.M, dtype=np.float32))        # the caps asked, 1.5 x use given
+    base = np.maximum(mean_used(obs, env.k, env.topo.caps), MIN_CORES)
+    assert np.all(env.cores_of(np.ones(env.M)) <= 1.5 * base + 1e-9)
+    with pytest.raises(ValueError, match="headroom_ceiling"):
+        MicroserviceCoresEnv("chain3", headroom_ceiling=0.5)

@@ -125,7 +125,11 @@ def main(argv=None) -> int:
         return 2
     print(f"  without: {_line(choice['without'])}")
     out = calibrated(policy, choice, time.perf_counter() - t0)
-    out.save(a.out)
+    try:
+        out.save(a.out)
+    except OSError as e:
+        print(f"error: cannot save the policy to {a.out}: {e}", file=sys.stderr)
+        return 2
     print(json.dumps({"ceiling": choice["ceiling"], "version": out.version, "out": a.out,
                       "seconds": out.training["ceiling"]["seconds"]}))
     return 0

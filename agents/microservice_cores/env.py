@@ -5,7 +5,7 @@ rows of Table 1's features plus the one-hot id; with `observe_queue`, ours, each
 depth before the id: features.observation_layout). Action: a ∈ [0, 1]^M, cores = a · cap (the
 paper's sigmoid output times the hand-set cap u), floored at control.MIN_CORES; with
 `action_space="usage"` (ours) a is the headroom over the mean use of the stacked seconds
-(action_map.py).
+(action_map.py); `headroom_ceiling=H` (ours) caps the cores at H times that use.
 
 Reward of step(a): the second in which `a` was in force scores it (the paper's "the reward at t
 is for the action of t−1": the action chosen after second t−1 runs during second t):
@@ -77,7 +77,7 @@ class MicroserviceCoresEnv(gym.Env):
 
     def __init__(self, app: str | Topology = "chain3", k: int = 5, id_width: int | None = None,
                  episode_steps: int = EPISODE_S, warmup: int = WARMUP_S, action_space: str = "cap",
-                 observe_queue: bool = False):
+                 observe_queue: bool = False, headroom_ceiling: float | None = None):
         self.topo = app if isinstance(app, Topology) else load_topology(app)
         self.M = self.topo.n_services
         self.k = k
@@ -89,15 +89,18 @@ class MicroserviceCoresEnv(gym.Env):
         self.action_space = spaces.Box(0.0, 1.0, (self.M,), np.float32)
         self.action_meaning = action_space
         check_space(action_space)
+        if headroom_ceiling is not None and not headroom_ceiling >= 1.0:
+            raise ValueError(f"headroom_ceiling must be >= 1 (times the mean use) or None, not {headroom_ceiling!r}")
+        self.headroom_ceiling = headroom_ceiling
         self.sim: MicroserviceSim | None = None
         self._t = 0
         self._prev = np.ones(self.M)
         self._used = np.zeros(self.M)
 
     def cores_of(self, action) -> np.ndarray:
-        """Cores for an action of the env's space (action_map.py), on "usage" from the mean use
-        over the stacked seconds of the last observation."""
-        return cores_of(action, self._used, self.topo.caps, self.action_meaning)
+        """Cores for an action of the env's space (action_map.py), on "usage" and under a headroom
+        ceiling (ours) from the mean use over the stacked seconds of the last observation."""
+        return cores_of(action, self._used, self.topo.caps, self.action_meaning, self.headroom_ceiling)
 
     def _rows(self, st, prev):
         return feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
