@@ -48,6 +48,16 @@ def check_space(space: str) -> None:
         raise ValueError(f"action_space must be one of {', '.join(ACTION_SPACES)}, not {space!r}")
 
 
+def check_ceiling(ceiling) -> float | None:
+    """A headroom ceiling: None (none) or a number >= 1 (a limit under the use it must serve would
+    throttle the service for good); the ceiling as a float."""
+    if ceiling is None:
+        return None
+    if isinstance(ceiling, bool) or not isinstance(ceiling, (int, float)) or not np.isfinite(ceiling) or ceiling < 1:
+        raise ValueError(f"headroom_ceiling must be a number >= 1 (times the mean use) or null, not {ceiling!r}")
+    return float(ceiling)
+
+
 def _base(used) -> np.ndarray:
     """The use a "usage" action scales: NaN read as none, floored at MIN_CORES."""
     return np.maximum(np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0), MIN_CORES)

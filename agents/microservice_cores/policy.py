@@ -23,7 +23,7 @@ from agents.policy import Decision, load_torch_weights, save_torch_policy
 from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
-from .action_map import cores_of
+from .action_map import check_ceiling, cores_of
 from .control import AppLimits, clip_cores
 from .features import FrameStack, feature_row_block, feature_rows, mean_used, observation_layout, queue_feature
 from .observation import FIELD, StepMeasurement
@@ -36,16 +36,6 @@ FORMAT = 1
 METADATA_FILE = "metadata.json"
 WEIGHTS_FILE = "weights.pt"
 SHIPPED_DIR = Path(__file__).parent / "policies"
-
-
-def check_ceiling(ceiling) -> float | None:
-    """A headroom ceiling: None (none) or a number >= 1 (a limit under the use it must serve would
-    throttle the service for good)."""
-    if ceiling is None:
-        return None
-    if isinstance(ceiling, bool) or not isinstance(ceiling, (int, float)) or not np.isfinite(ceiling) or ceiling < 1:
-        raise ValueError(f"headroom_ceiling must be a number >= 1 (times the mean use) or null, not {ceiling!r}")
-    return float(ceiling)
 
 
 def policy_spaces(topo: Topology, cfg: SacConfig) -> tuple[spaces.Box, spaces.Box]:
