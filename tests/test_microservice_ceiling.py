@@ -181,3 +181,33 @@ def test_the_env_takes_a_ceiling_and_still_passes_gymnasium_check():
     assert np.all(env.cores_of(np.ones(env.M)) <= 1.5 * base + 1e-9)
     with pytest.raises(ValueError, match="headroom_ceiling"):
         MicroserviceCoresEnv("chain3", headroom_ceiling=0.5)
+
+
+def test_the_ceiling_probe_gives_a_per_service_ceiling_and_each_levels_floor(tmp_path, capsys):
+    """benchmarks/reclaimer_ceiling_probe.py: a ceiling per service equal everywhere is the uniform
+    ceiling; the descent only lowers a service's H while the validation stays clean and its cores fall;
+    each level's floor is a clean H at or under the policy's."""
+    from benchmark_script import load_benchmark
+
+    from agents.microservice_cores.validation import evaluate
+
+    bench = load_benchmark("reclaimer_ceiling_probe")
+    pol = _policy(ceiling=2.5)
+    same = evaluate(bench.per_service(pol, [2.5] * pol.topo.n_services), pol.topo, [1])
+    assert same == evaluate(pol, pol.topo, [1])
+    start = evaluate(pol, pol.topo, [1])
+    got = bench.descent(pol, [1], 2.5)
+    assert set(got["ceilings"]) == set(pol.topo.service_names)
+    assert all(bench.FLOOR <= h <= 2.5 for h in got["ceilings"].values())
+    assert got["mean_cores"] <= start["mean_cores"]
+    if start["violation_rate"] == 0:
+        assert evaluate(bench.per_service(pol, list(got["ceilings"].values())), pol.topo, [1])["violation_rate"] == 0
+    floors = bench.level_floors(pol, [1], 2.5)
+    assert len(floors) == 3 and all(f is None or bench.FLOOR <= f["ceiling"] <= 2.5 for f in floors.values())
+    pol.save(tmp_path / "p")
+    out = tmp_path / "probe.json"
+    assert bench.main(["--app", "chain3", "--policy", str(tmp_path / "p"), "--seeds", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["users"] for r in report["where"]] and report["ceiling"] == 2.5 and "descent" not in report
+    assert "| users | mean cores |" in capsys.readouterr().out
+    assert bench.main(["--app", "chain3", "--policy", str(tmp_path / "missing")]) == 2
