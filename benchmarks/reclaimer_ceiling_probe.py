@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agents.microservice_cores.action_map import Ceiling  # noqa: E402
 from agents.microservice_cores.episode import run_episodes  # noqa: E402
 from agents.microservice_cores.experiment import FULL, levels  # noqa: E402
 from agents.microservice_cores.hosting import make_policy  # noqa: E402
@@ -36,10 +37,10 @@ STEP, FLOOR = 0.1, 1.2
 
 
 def per_service(policy, ceilings):
-    """The policy under one ceiling per service. cores_of broadcasts the ceiling over the services,
-    so an array works where the saved policy holds one number; the probe never saves it."""
+    """The policy under one H per service. Ceiling.cap broadcasts over the services, so an array
+    works where a saved policy holds one number (check_ceiling refuses it; the probe never saves it)."""
     probe = policy.with_ceiling(None)
-    probe.ceiling = np.asarray(ceilings, dtype=np.float64)
+    probe.ceiling = Ceiling(multiple=np.asarray(ceilings, dtype=np.float64))
     return probe
 
 
@@ -102,10 +103,11 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    start = policy.ceiling if policy.ceiling is not None else 3.0
+    # from the policy's own H (a plain multiple), else from the grid's top
+    start = policy.ceiling.multiple if policy.ceiling is not None and policy.ceiling.sqrt == 0 else 3.0
     t0 = time.perf_counter()
-    print(f"{args.app}, policy {policy.version} (ceiling {policy.ceiling}), seeds {args.seeds}")
-    out = {"app": args.app, "policy": policy.version, "ceiling": policy.ceiling, "seeds": seeds}
+    print(f"{args.app}, policy {policy.version} (ceiling {policy.ceiling_json()}), seeds {args.seeds}")
+    out = {"app": args.app, "policy": policy.version, "ceiling": policy.ceiling_json(), "seeds": seeds}
     out["where"] = where_the_cores_are(policy, seeds)
     print("| users | mean cores | cores used | cores / used |\n|---|---|---|---|")
     for r in out["where"]:

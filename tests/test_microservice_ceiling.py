@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from agents.microservice_cores.action_map import cores_of
+from agents.microservice_cores.action_map import Ceiling, check_ceiling, cores_of
 from agents.microservice_cores.control import MIN_CORES, AppLimits
 from agents.microservice_cores.features import ROW, mean_used
 from agents.microservice_cores.sac import Sac
@@ -51,7 +51,7 @@ def test_a_policy_keeps_its_ceiling_through_save_load_fork_and_decide(tmp_path):
     pol = _policy(ceiling=1.5)
     pol.save(tmp_path / "p")
     again = ReclaimerPolicy.load(tmp_path / "p")
-    assert again.ceiling == 1.5 and again.fork().ceiling == 1.5 and again.with_ceiling(None).ceiling is None
+    assert again.ceiling == Ceiling(1.5) and again.fork().ceiling == Ceiling(1.5) and again.with_ceiling(None).ceiling is None
     topo = pol.topo
     lim = AppLimits(topo.service_names, topo.caps, topo.qos_ms)
     raw = pol.with_ceiling(None)
@@ -91,9 +91,9 @@ def test_the_ceiling_is_the_smallest_h_that_is_clean_and_has_only_clean_larger_o
     seen = []
 
     def fake_eval(policy, topo, seeds):
-        seen.append(policy.ceiling)
-        return {"mean_cores": 10.0 if policy.ceiling is None else policy.ceiling, "violation_rate": rates[policy.ceiling],
-                "levels": {}}
+        h = None if policy.ceiling is None else policy.ceiling.multiple
+        seen.append(h)
+        return {"mean_cores": 10.0 if h is None else h, "violation_rate": rates[h], "levels": {}}
 
     pol = _policy(ceiling=9.0)          # its own ceiling plays no part
     got = choose_ceiling(pol, pol.topo, seeds=[101], grid=[1.2, 3.0, 2.0, 2.5, 1.5, 2.0], evaluate_fn=fake_eval)
@@ -122,7 +122,7 @@ def test_the_cli_verb_chooses_a_ceiling_on_real_episodes_and_saves_the_policy_wi
     assert r.exit_code == 0, r.output
     q = ReclaimerPolicy.load(tmp_path / "q")
     rec = q.training["ceiling"]
-    assert q.ceiling == 1.5 and q.version == "test-1+ceiling1.5"          # every H allowed: the smallest
+    assert q.ceiling == Ceiling(1.5) and q.version == "test-1+ceiling1.5"          # every H allowed: the smallest
     assert [row["ceiling"] for row in rec["rows"]] == [3.0, 2.0, 1.5] and rec["seeds"] == [101, 102]
     # the ceiling only lowers limits, so no row holds more cores than the policy without it
     assert all(row["mean_cores"] <= rec["without"]["mean_cores"] + 1e-9 for row in rec["rows"])
@@ -130,6 +130,66 @@ def test_the_cli_verb_chooses_a_ceiling_on_real_episodes_and_saves_the_policy_wi
     bad = CliRunner().invoke(cli, ["reclaimer-ceiling", "--policy", str(tmp_path / "p"), "--out", str(tmp_path / "x"),
                                    "--grid", "2,0.5"])
     assert bad.exit_code == 2 and ">= 1" in bad.output and not (tmp_path / "x").exists()
+
+
+def test_a_square_root_ceiling_caps_at_the_use_plus_beta_times_its_square_root(tmp_path):
+    """u + β√u (square-root staffing): more relative headroom for a light service than for a busy one;
+    saved as {"multiple", "sqrt"} (a plain multiple stays a number, the older form), reported by decide."""
+    from agents.microservice_cores.policy import METADATA_FILE, ReclaimerPolicy
+
+    caps = np.array([4.0, 4.0, 0.5])
+    used = np.array([0.04, 1.0, 0.0])
+    srs = check_ceiling({"sqrt": 0.1})
+    assert srs == Ceiling(1.0, 0.1) and srs.to_json() == {"multiple": 1.0, "sqrt": 0.1} and srs.label() == "sqrt0.1"
+    assert check_ceiling(srs.to_json()) == srs and check_ceiling(1.9).to_json() == 1.9 and check_ceiling(1.9).label() == "1.9"
+    got = cores_of(np.ones(3), used, caps, "cap", srs)
+    assert got == pytest.approx([0.04 + 0.1 * 0.2, 1.1, MIN_CORES + 0.1 * np.sqrt(MIN_CORES)])
+    assert got[0] / used[0] > got[1] / used[1]                  # 1.5 x a light service's use, 1.1 x a busy one's
+    for bad in ({"sqrt": -0.1}, {"sqrt": float("nan")}, {"multiple": 0.5}, {"beta": 0.1}, {}, "0.1"):
+        with pytest.raises(ValueError, match="headroom_ceiling"):
+            check_ceiling(bad)
+    pol = _policy(ceiling={"sqrt": 0.2})
+    pol.save(tmp_path / "p")
+    assert json.loads((tmp_path / "p" / METADATA_FILE).read_text())["headroom_ceiling"] == {"multiple": 1.0, "sqrt": 0.2}
+    again = ReclaimerPolicy.load(tmp_path / "p")
+    assert again.ceiling == Ceiling(sqrt=0.2) and again.fork().ceiling == again.ceiling
+    obs = np.zeros(pol.observation_space.shape, dtype=np.float32)
+    decision, _ = again.decide(obs)
+    assert decision.info["headroom_ceiling"] == {"multiple": 1.0, "sqrt": 0.2}
+
+
+def test_the_square_root_rule_is_chosen_like_the_multiple_and_names_the_policy(tmp_path):
+    from agents.microservice_cores.ceiling import SQRT_GRID, calibrated, choose_ceiling
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from samm.cli.main import cli
+
+    rates = {None: 0.0, 0.3: 0.0, 0.2: 0.0, 0.1: 0.001, 0.05: 0.0}
+
+    def fake_eval(policy, topo, seeds):
+        b = None if policy.ceiling is None else policy.ceiling.sqrt
+        assert policy.ceiling is None or policy.ceiling.multiple == 1.0
+        return {"mean_cores": 1.0 + (b or 1.0), "violation_rate": rates[b], "levels": {}}
+
+    pol = _policy(ceiling=1.5)
+    got = choose_ceiling(pol, pol.topo, [101], [0.3, 0.2, 0.1, 0.05], evaluate_fn=fake_eval, rule="sqrt", margin=0.05)
+    assert (got["rule"], got["rule_ceiling"], got["ceiling"]) == ("sqrt", 0.2, 0.25)
+    out = calibrated(pol, got)
+    assert out.ceiling == Ceiling(sqrt=0.25) and out.version == "test-1+ceilingsqrt0.25"
+    assert out.training["ceiling"]["rule"] == "sqrt"
+    assert SQRT_GRID[0] == 0.3 and min(SQRT_GRID) == 0.05 and len(set(SQRT_GRID)) == len(SQRT_GRID)
+    with pytest.raises(ValueError, match="rule"):
+        choose_ceiling(pol, pol.topo, [101], rule="cube", evaluate_fn=fake_eval)
+    with pytest.raises(ValueError, match=">= 0"):
+        choose_ceiling(pol, pol.topo, [101], [0.1, -0.1], rule="sqrt", evaluate_fn=fake_eval)
+    # on real episodes, from the CLI: the policy is saved under the chosen β
+    _policy().save(tmp_path / "p")
+    r = CliRunner().invoke(cli, ["reclaimer-ceiling", "--policy", str(tmp_path / "p"), "--out", str(tmp_path / "q"),
+                                 "--rule", "sqrt", "--eval-seeds", "101", "--grid", "0.5,0.1", "--max-violations", "1"])
+    assert r.exit_code == 0, r.output
+    q = ReclaimerPolicy.load(tmp_path / "q")
+    assert q.ceiling == Ceiling(sqrt=0.1) and q.version == "test-1+ceilingsqrt0.1"
+    rows = q.training["ceiling"]["rows"]
+    assert [row["ceiling"] for row in rows] == [0.5, 0.1] and rows[1]["mean_cores"] <= rows[0]["mean_cores"] + 1e-9
 
 
 def test_the_experiment_reports_a_ceilinged_policy_beside_itself_without_the_ceiling(tmp_path):
@@ -162,8 +222,8 @@ def test_training_under_a_ceiling_holds_the_fill_under_it_and_saves_it_with_the_
     held = train("chain3", replace(cfg, headroom_ceiling=1.2), seed=0, out=tmp_path / "run", progress=False)
     # AutoScale's fill keeps 3.3-10 times the use; under the ceiling every limit is at most 1.2 times it
     assert held.log[0]["mean_cores"] < 0.6 * free.log[0]["mean_cores"]
-    assert held.ceiling == 1.2 and free.ceiling is None
-    assert ReclaimerPolicy.load(tmp_path / "run" / "policy").ceiling == 1.2
+    assert held.ceiling == Ceiling(1.2) and free.ceiling is None
+    assert ReclaimerPolicy.load(tmp_path / "run" / "policy").ceiling == Ceiling(1.2)
     with pytest.raises(ValueError, match="headroom_ceiling"):
         SacConfig(headroom_ceiling=0.9)
 

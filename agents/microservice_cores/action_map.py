@@ -26,13 +26,24 @@ per service").
 
 A NaN action (a controller that could not decide) gives the cap on either space, the safe side.
 
-A headroom ceiling H (ours, off by default; `ReclaimerPolicy.ceiling`, chosen after training on
-validation episodes by `ceiling.py`) caps the cores of either space at H times the same base use:
-the trained policies keep a low load's services at 3-10 times their use, where a fixed rule needs
-2 (docs/microservice-cores.md, "A headroom ceiling"). A throttled service uses its whole limit, so
-the ceiling still lets its limit grow H-fold a second.
+A headroom ceiling (ours, off by default; `ReclaimerPolicy.ceiling`, chosen after training on
+validation episodes by `ceiling.py`) caps the cores of either space by the same base use u:
+
+    cap = multiple · u + sqrt · √u      (a `Ceiling`; cores and √cores)
+
+The trained policies keep a low load's services at 3-10 times their use, where a fixed rule needs
+2 (docs/microservice-cores.md, "A headroom ceiling"): `Ceiling(multiple=H)` is that rule, H times
+the use. `Ceiling(sqrt=β)` is square-root staffing (Halfin and Whitt: R servers of offered load
+need R + β√R to keep the chance of waiting fixed), with u the offered load in cores: the relative
+headroom β/√u is large for a lightly used service, whose use is noisy from second to second, and
+small for a busy one. Measured (docs/microservice-cores.md, "A square-root staffing ceiling"): on
+Hotel 4.05 mean cores against H = 1.9's 4.08, but one violating second on the check seeds, so not
+shipped; on Social even β = 0.3 breaks QoS at 200 users. A throttled service uses its whole limit,
+so under either the limit can still grow a second.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,14 +59,46 @@ def check_space(space: str) -> None:
         raise ValueError(f"action_space must be one of {', '.join(ACTION_SPACES)}, not {space!r}")
 
 
-def check_ceiling(ceiling) -> float | None:
-    """A headroom ceiling: None (none) or a number >= 1 (a limit under the use it must serve would
-    throttle the service for good); the ceiling as a float."""
+@dataclass(frozen=True)
+class Ceiling:
+    """cap = multiple · u + sqrt · √u cores for a base use u (cores); `check_ceiling` makes valid ones."""
+    multiple: float = 1.0
+    sqrt: float = 0.0
+
+    def cap(self, base) -> np.ndarray:
+        return self.multiple * base + self.sqrt * np.sqrt(base)
+
+    def to_json(self):
+        """A plain multiple as its number (the form policies saved before the square-root rule)."""
+        return self.multiple if self.sqrt == 0 else {"multiple": self.multiple, "sqrt": self.sqrt}
+
+    def label(self) -> str:
+        """"1.9" for 1.9 times the use, "sqrt0.13" for u + 0.13 √u (a policy version's suffix)."""
+        if self.sqrt == 0:
+            return f"{self.multiple:g}"
+        return f"sqrt{self.sqrt:g}" if self.multiple == 1 else f"{self.multiple:g}+sqrt{self.sqrt:g}"
+
+
+def check_ceiling(ceiling) -> Ceiling | None:
+    """A headroom ceiling: None (none), a number H >= 1 (H times the use), {"multiple": H >= 1,
+    "sqrt": β >= 0} or a Ceiling (a limit under the use it must serve would throttle the service
+    for good); the Ceiling, or None."""
     if ceiling is None:
         return None
-    if isinstance(ceiling, bool) or not isinstance(ceiling, (int, float)) or not np.isfinite(ceiling) or ceiling < 1:
-        raise ValueError(f"headroom_ceiling must be a number >= 1 (times the mean use) or null, not {ceiling!r}")
-    return float(ceiling)
+    if isinstance(ceiling, Ceiling):
+        parts = {"multiple": ceiling.multiple, "sqrt": ceiling.sqrt}
+    elif isinstance(ceiling, dict) and ceiling and set(ceiling) <= {"multiple", "sqrt"}:
+        parts = {"multiple": ceiling.get("multiple", 1.0), "sqrt": ceiling.get("sqrt", 0.0)}
+    else:
+        parts = {"multiple": ceiling, "sqrt": 0.0}
+
+    def number(x, least):
+        return not isinstance(x, bool) and isinstance(x, (int, float)) and np.isfinite(x) and x >= least
+
+    if not (number(parts["multiple"], 1.0) and number(parts["sqrt"], 0.0)):
+        raise ValueError("headroom_ceiling must be a number >= 1 (times the mean use), "
+                         f"{{\"multiple\": >= 1, \"sqrt\": >= 0}} or null, not {ceiling!r}")
+    return Ceiling(float(parts["multiple"]), float(parts["sqrt"]))
 
 
 def _base(used) -> np.ndarray:
@@ -63,10 +106,13 @@ def _base(used) -> np.ndarray:
     return np.maximum(np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0), MIN_CORES)
 
 
-def cores_of(a, used, caps, space: str = "cap", ceiling: float | None = None) -> np.ndarray:
+def cores_of(a, used, caps, space: str = "cap", ceiling: Ceiling | float | None = None) -> np.ndarray:
     """Cores per service for actions a (..., M); `used` (..., M) is the base use (cores), read
-    on "usage" and by a headroom `ceiling` (at most ceiling x the base use; None: no ceiling)."""
+    on "usage" and by a headroom `ceiling` (at most ceiling.cap(base use); a number H is
+    Ceiling(multiple=H); None: no ceiling)."""
     check_space(space)
+    if ceiling is not None and not isinstance(ceiling, Ceiling):
+        ceiling = check_ceiling(ceiling)
     caps = np.asarray(caps, dtype=np.float64)
     a = np.asarray(a, dtype=np.float64)
     nan = ~np.isfinite(a)
@@ -77,7 +123,7 @@ def cores_of(a, used, caps, space: str = "cap", ceiling: float | None = None) ->
         lo, hi = HEADROOM
         cores = _base(used) * lo * (hi / lo) ** a
     if ceiling is not None:
-        cores = np.minimum(cores, ceiling * _base(used))
+        cores = np.minimum(cores, ceiling.cap(_base(used)))
     return np.clip(np.where(nan, caps, cores), MIN_CORES, caps)
 
 

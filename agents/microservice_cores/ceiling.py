@@ -1,6 +1,8 @@
 """A headroom ceiling over a trained Reclaimer policy (ours; the paper applies its agent's limits
-as they come): each service's limit is capped at H times its mean use over the seconds the agent
-sees (action_map.cores_of), and H is chosen after training on validation episodes.
+as they come): each service's limit is capped by its mean use u over the seconds the agent sees
+(action_map.cores_of), at H times u (`--rule multiple`, the default) or at u + β√u (`--rule sqrt`,
+square-root staffing: more relative headroom for a lightly used, noisy service, less for a busy
+one), and H or β is chosen after training on validation episodes.
 
 Why: the trained policies keep a low load's services at 3-10 times their use (Social at 20 users:
 2.08 cores for 0.48 used), where the cost term of the paper's reward pays a few hundredths a
@@ -10,16 +12,16 @@ the policy at the high loads. The ceiling keeps the policy's choice wherever it 
 the use (the high loads) and the rule's elsewhere (docs/microservice-cores.md, "A headroom ceiling
 over the trained policies").
 
-The choice (`choose_ceiling`): on a grid of H from high to low, the smallest H such that the
-policy under it, and under every larger H of the grid, breaks QoS in at most `max_violation` of
-the validation seconds (the experiment's protocol: its three load levels, one episode per seed).
-Scanning down and stopping at the first H that breaks it is the same rule and evaluates fewer H.
-None when even the largest H breaks it: the policy is left without a ceiling. A margin raises the
-rule's H (Social's shipped ceiling is the rule's 2.0 on 70 validation seeds plus 0.2: at 2.0 its
-policy broke QoS in rare seconds of the held-out tail seeds). The seeds must be apart from the
-experiment's (1-5) and the check seeds (6-10), like the training's validation.
+The choice (`choose_ceiling`): on a grid of values (H or β) from high to low, the smallest such
+that the policy under it, and under every larger value of the grid, breaks QoS in at most
+`max_violation` of the validation seconds (the experiment's protocol: its three load levels, one
+episode per seed). Scanning down and stopping at the first value that breaks it is the same rule
+and evaluates fewer. None when even the largest breaks it: the policy is left without a ceiling. A
+margin raises the rule's value (Social's shipped ceiling is the rule's H 2.0 on 70 validation seeds
+plus 0.2: at 2.0 its policy broke QoS in rare seconds of the held-out tail seeds). The seeds must
+be apart from the experiment's (1-5) and the check seeds (6-10), like the training's validation.
 
-    python -m agents.microservice_cores.ceiling --policy DIR --out DIR2 [--eval-seeds 101-120]
+    python -m agents.microservice_cores.ceiling --policy DIR --out DIR2 [--eval-seeds 101-120] [--rule sqrt]
     samm reclaimer-ceiling --policy DIR --out DIR2          (the same, from the CLI)
 """
 from __future__ import annotations
@@ -30,33 +32,45 @@ import sys
 import time
 from typing import Callable, Sequence
 
+from .action_map import Ceiling
 from .validation import evaluate
 
 #: H from 3 down to 1.2 times the mean use: 3 is AutoScale's least headroom (it holds use / limit
 #: under 0.3), and below 1.2 the grid's policies break QoS in most seconds (measured on both apps)
 GRID = tuple(round(3.0 - 0.1 * i, 1) for i in range(19))
+#: β of u + β√u (√cores): 0.3 holds about what H = 3 holds on Hotel's validation seeds, then by
+#: 0.01 from 0.2 down to 0.05 (Hotel's policy breaks QoS on 70 validation seeds from 0.17; measured)
+SQRT_GRID = (0.3, 0.25) + tuple(round(0.2 - 0.01 * i, 2) for i in range(16))
+#: how a grid value becomes a ceiling, and each rule's default grid and smallest value
+RULES = {"multiple": (lambda h: Ceiling(multiple=h), GRID, 1.0),
+         "sqrt": (lambda b: Ceiling(sqrt=b), SQRT_GRID, 0.0)}
 #: the 20 validation seeds of the shipped recipes (docs/microservice-cores.md, session 83)
 CEILING_SEEDS = tuple(range(101, 121))
 
 
-def choose_ceiling(policy, topo, seeds: Sequence[int] = CEILING_SEEDS, grid: Sequence[float] = GRID,
+def choose_ceiling(policy, topo, seeds: Sequence[int] = CEILING_SEEDS, grid: Sequence[float] | None = None,
                    max_violation: float = 0.0, on_row: Callable[[dict], None] | None = None,
-                   evaluate_fn: Callable = evaluate, margin: float = 0.0) -> dict:
-    """{"ceiling": H or None, "rule_ceiling": the rule's H before the margin, "rows": [{"ceiling",
-    "mean_cores", "violation_rate", "levels"}, ...], "without": the policy's own evaluation, "seeds",
-    "max_violation", "margin"}; `policy` a ReclaimerPolicy (its own ceiling is ignored: every row is
-    the policy under the row's H alone). `margin` raises the rule's H by that much (capped at the
-    grid's largest; every H above the rule's was clean), a distance from the edge where the rare
-    violating second lives. `evaluate_fn` is validation.evaluate (policy, topo, seeds) -> figures."""
-    grid = sorted({float(h) for h in grid}, reverse=True)
-    if not grid or grid[-1] < 1.0:
-        raise ValueError("the grid must hold ceilings >= 1 (times the mean use)")
+                   evaluate_fn: Callable = evaluate, margin: float = 0.0, rule: str = "multiple") -> dict:
+    """{"ceiling": H (or β) or None, "rule": rule, "rule_ceiling": the rule's value before the margin,
+    "rows": [{"ceiling", "mean_cores", "violation_rate", "levels"}, ...], "without": the policy's own
+    evaluation, "seeds", "max_violation", "margin"}; `policy` a ReclaimerPolicy (its own ceiling is
+    ignored: every row is the policy under the row's value alone). `rule` "multiple" (H times the
+    use, grid default GRID) or "sqrt" (u + β√u, SQRT_GRID). `margin` raises the rule's value by that
+    much (capped at the grid's largest; every value above the rule's was clean), a distance from the
+    edge where the rare violating second lives. `evaluate_fn` is validation.evaluate (policy, topo,
+    seeds) -> figures."""
+    if rule not in RULES:
+        raise ValueError(f"the rule must be one of {', '.join(RULES)}, not {rule!r}")
+    make, default_grid, least = RULES[rule]
+    grid = sorted({float(h) for h in (default_grid if grid is None else grid)}, reverse=True)
+    if not grid or grid[-1] < least:
+        raise ValueError(f"the grid must hold values >= {least:g} ({'times the mean use' if rule == 'multiple' else 'β'})")
     if not margin >= 0.0:
         raise ValueError(f"the margin must be >= 0, not {margin!r}")
     without = evaluate_fn(policy.with_ceiling(None), topo, seeds)
     rows, chosen = [], None
     for h in grid:
-        row = {"ceiling": h, **evaluate_fn(policy.with_ceiling(h), topo, seeds)}
+        row = {"ceiling": h, **evaluate_fn(policy.with_ceiling(make(h)), topo, seeds)}
         rows.append(row)
         if on_row:
             on_row(row)
@@ -64,7 +78,7 @@ def choose_ceiling(policy, topo, seeds: Sequence[int] = CEILING_SEEDS, grid: Seq
             break
         chosen = h
     ceiling = None if chosen is None else round(min(chosen + margin, grid[0]), 6)
-    return {"ceiling": ceiling, "rule_ceiling": chosen, "rows": rows, "without": without,
+    return {"ceiling": ceiling, "rule": rule, "rule_ceiling": chosen, "rows": rows, "without": without,
             "seeds": [int(s) for s in seeds], "max_violation": max_violation, "margin": margin}
 
 
@@ -72,13 +86,16 @@ def calibrated(policy, choice: dict, seconds: float | None = None):
     """The policy with the chosen ceiling (a new version; unchanged weights) and the choice in its
     training record."""
     training = dict(policy.training)
+    rule = choice.get("rule", "multiple")
     training["ceiling"] = {k: choice[k] for k in ("ceiling", "rule_ceiling", "margin", "seeds", "max_violation",
                                                   "rows", "without")}
+    training["ceiling"]["rule"] = rule
     if seconds is not None:
         training["ceiling"]["seconds"] = round(seconds, 1)
     base = policy.version.split("+ceiling")[0]
-    version = base if choice["ceiling"] is None else f"{base}+ceiling{choice['ceiling']:g}"
-    out = policy.with_ceiling(choice["ceiling"])
+    ceiling = None if choice["ceiling"] is None else RULES[rule][0](choice["ceiling"])
+    version = base if ceiling is None else f"{base}+ceiling{ceiling.label()}"
+    out = policy.with_ceiling(ceiling)
     out.training, out.version = training, version
     return out
 
@@ -98,8 +115,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="where the policy with its ceiling is saved")
     ap.add_argument("--eval-seeds", default=f"{CEILING_SEEDS[0]}-{CEILING_SEEDS[-1]}",
                     help="validation seeds, apart from the experiment's 1-5 and 6-10 (default: %(default)s)")
-    ap.add_argument("--grid", default=",".join(f"{h:g}" for h in GRID),
-                    help="ceilings to try, comma-separated (default: 3 down to 1.2 by 0.1)")
+    ap.add_argument("--rule", choices=sorted(RULES), default="multiple",
+                    help="multiple: at most H times the mean use (the default); sqrt: at most u + β√u, square-root "
+                         "staffing")
+    ap.add_argument("--grid", default=None,
+                    help="values to try, comma-separated (default: H from 3 down to 1.2 by 0.1; β 0.3, 0.25, then "
+                         "0.2 down to 0.05 by 0.01)")
     ap.add_argument("--max-violations", type=float, default=0.0,
                     help="the largest share of violating validation seconds allowed (default 0)")
     ap.add_argument("--margin", type=float, default=0.0,
@@ -107,7 +128,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         seeds = parse_seeds(a.eval_seeds)
-        grid = [float(x) for x in a.grid.split(",") if x.strip()]
+        grid = None if a.grid is None else [float(x) for x in a.grid.split(",") if x.strip()]
         if not seeds or not 0.0 <= a.max_violations <= 1.0:
             raise ValueError("--eval-seeds must name seeds and --max-violations lie in [0, 1]")
         policy = ReclaimerPolicy.load(a.policy)
@@ -117,9 +138,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     print(f"{policy.version} on {policy.topo.name}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)})", flush=True)
     try:
+        name = "H" if a.rule == "multiple" else "β"
         choice = choose_ceiling(policy, policy.topo, seeds, grid, a.max_violations,
-                                on_row=lambda r: print(f"  H {r['ceiling']:g}: {_line(r)}", flush=True),
-                                margin=a.margin)
+                                on_row=lambda r: print(f"  {name} {r['ceiling']:g}: {_line(r)}", flush=True),
+                                margin=a.margin, rule=a.rule)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -130,7 +152,7 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"error: cannot save the policy to {a.out}: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({"ceiling": choice["ceiling"], "version": out.version, "out": a.out,
+    print(json.dumps({"rule": a.rule, "ceiling": choice["ceiling"], "version": out.version, "out": a.out,
                       "seconds": out.training["ceiling"]["seconds"]}))
     return 0
 

@@ -5,7 +5,8 @@ rows of Table 1's features plus the one-hot id; with `observe_queue`, ours, each
 depth before the id: features.observation_layout). Action: a ∈ [0, 1]^M, cores = a · cap (the
 paper's sigmoid output times the hand-set cap u), floored at control.MIN_CORES; with
 `action_space="usage"` (ours) a is the headroom over the mean use of the stacked seconds
-(action_map.py); `headroom_ceiling=H` (ours) caps the cores at H times that use.
+(action_map.py); `headroom_ceiling=H` (ours) caps the cores at H times that use, or a
+`{"sqrt": β}` at the use plus β times its square root (action_map.Ceiling).
 
 Reward of step(a): the second in which `a` was in force scores it (the paper's "the reward at t
 is for the action of t−1": the action chosen after second t−1 runs during second t):
@@ -77,7 +78,7 @@ class MicroserviceCoresEnv(gym.Env):
 
     def __init__(self, app: str | Topology = "chain3", k: int = 5, id_width: int | None = None,
                  episode_steps: int = EPISODE_S, warmup: int = WARMUP_S, action_space: str = "cap",
-                 observe_queue: bool = False, headroom_ceiling: float | None = None):
+                 observe_queue: bool = False, headroom_ceiling=None):
         self.topo = app if isinstance(app, Topology) else load_topology(app)
         self.M = self.topo.n_services
         self.k = k

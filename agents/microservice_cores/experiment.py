@@ -89,7 +89,7 @@ def _controller_factories(topo: Topology, budget: Budget, out: Path, policy_dir,
     else:
         pol = shipped_policy(topo.name)
     if pol is not None:
-        log["reclaimer_policy"] = {"version": pol.version, "headroom_ceiling": pol.ceiling, "training": pol.training}
+        log["reclaimer_policy"] = {"version": pol.version, "headroom_ceiling": pol.ceiling_json(), "training": pol.training}
         facts["reclaimer"] = lambda users: (lambda i: pol.fork())
         if pol.ceiling is not None:
             raw = pol.with_ceiling(None)

@@ -9,8 +9,9 @@
 
 The policy keeps its own frame stack for `act`; `reset` clears it. The application's topology is
 saved with the policy (its name, services and caps), and loading checks the spaces. A headroom
-ceiling (ours; `ceiling`, saved as `headroom_ceiling`, chosen by ceiling.py) caps every service's
-cores at that many times its mean use over the stacked seconds (action_map.cores_of).
+ceiling (ours; `ceiling`, an action_map.Ceiling saved as `headroom_ceiling`, chosen by ceiling.py)
+caps every service's cores by its mean use over the stacked seconds (action_map.cores_of): that
+many times it, or the use plus a multiple of its square root.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from agents.policy import Decision, load_torch_weights, save_torch_policy
 from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
-from .action_map import check_ceiling, cores_of
+from .action_map import Ceiling, check_ceiling, cores_of
 from .control import AppLimits, clip_cores
 from .features import FrameStack, feature_row_block, feature_rows, mean_used, observation_layout, queue_feature
 from .observation import FIELD, StepMeasurement
@@ -51,7 +52,7 @@ class ReclaimerPolicy:
     name = "reclaimer"
 
     def __init__(self, agent: Sac, topo: Topology, cfg: SacConfig, training: dict | None = None,
-                 version: str | None = None, ceiling: float | None = None):
+                 version: str | None = None, ceiling: Ceiling | float | dict | None = None):
         self.agent = agent.eval()
         self.topo = topo
         self.cfg = cfg
@@ -67,9 +68,13 @@ class ReclaimerPolicy:
         """The same network with its own frame stack (one per controlled application)."""
         return ReclaimerPolicy(self.agent, self.topo, self.cfg, self.training, self.version, self.ceiling)
 
-    def with_ceiling(self, ceiling: float | None) -> "ReclaimerPolicy":
+    def with_ceiling(self, ceiling: Ceiling | float | dict | None) -> "ReclaimerPolicy":
         """A fork under another headroom ceiling (None: none); the same network."""
         return ReclaimerPolicy(self.agent, self.topo, self.cfg, self.training, self.version, ceiling)
+
+    def ceiling_json(self):
+        """The ceiling as saved and reported: None, a number (times the use) or {"multiple", "sqrt"}."""
+        return None if self.ceiling is None else self.ceiling.to_json()
 
     # -- Controller ------------------------------------------------------------------------
     def reset(self, limits: AppLimits) -> None:
@@ -146,7 +151,7 @@ class ReclaimerPolicy:
         return Decision(action=[float(x) for x in a],
                         name="cores share" if self.cfg.action_space == "cap" else "headroom over use",
                         info={"cores": [round(float(c), 4) for c in cores],
-                              "total_cores": round(float(cores.sum()), 4), "headroom_ceiling": self.ceiling}), None
+                              "total_cores": round(float(cores.sum()), 4), "headroom_ceiling": self.ceiling_json()}), None
 
     def metadata(self) -> dict:
         from samm import __version__
@@ -156,7 +161,7 @@ class ReclaimerPolicy:
                 "config": self.cfg.to_json(),
                 "observation_space": space_to_json(self.observation_space),
                 "action_space": space_to_json(self.action_space), "training": self.training,
-                "headroom_ceiling": self.ceiling}
+                "headroom_ceiling": self.ceiling_json()}
 
     def save(self, directory) -> Path:
         return save_torch_policy(directory, self.agent, self.metadata(), WEIGHTS_FILE, METADATA_FILE)

@@ -38,7 +38,7 @@ import torch
 
 from samm.cli.seeds import parse_seeds
 
-from .action_map import ACTION_SPACES, action_of, cores_of, scaled_actions
+from .action_map import ACTION_SPACES, action_of, check_ceiling, cores_of, scaled_actions
 from .autoscale import autoscale_step
 from .control import MIN_CORES
 from .env import COSTS, reward_of, service_rewards
@@ -105,7 +105,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     sim = MicroserviceSim(topo, n_envs=E, seed=seed)
     caps = topo.caps
     usage_actions = cfg.action_space != "cap"
-    ceiling = cfg.headroom_ceiling
+    ceiling = check_ceiling(cfg.headroom_ceiling)
     out_dir = Path(out) if out else None
     writer = None
     rows_csv = []
@@ -156,7 +156,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         if phase == "autoscale" and cfg.fill == "mixed":    # drawn only then: the paper's fill keeps its draws
             fill_h = np.exp(rng.uniform(*np.log(FILL_HEADROOM), size=E))
         for t in range(EPISODE_S):
-            base = mean_used(obs, cfg.k, caps) if usage_actions or ceiling or fill_h is not None else None
+            base = mean_used(obs, cfg.k, caps) if usage_actions or ceiling is not None or fill_h is not None else None
             if phase == "autoscale":
                 noise = 1.0 + rng.uniform(-cfg.autoscale_noise, cfg.autoscale_noise, size=(E, M))
                 a = fill_actions(st.cpu_used, prev * caps, base, caps, noise, cfg, fill_h)
@@ -180,7 +180,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             r = reward_of(st.p99_ms, topo.qos_ms * cfg.qos_margin, cores, caps, cost=cfg.cost)
             # the features' previous action is the limit in force as a share of the cap (what
             # the policy reads back from the engine), on either action space
-            prev = cores / caps if usage_actions or ceiling else a.astype(np.float64)
+            prev = cores / caps if usage_actions or ceiling is not None else a.astype(np.float64)
             nxt = stack.push(feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
                                                topo.qos_ms, prev, caps), st.queue if cfg.observe_queue else None)
             done = np.full(E, float(t == EPISODE_S - 1))
@@ -322,7 +322,7 @@ def _classifier_guided(agent: Sac, obs, a, used, caps, cfg: SacConfig, rng, keep
     cands = scaled_actions(a, scales, caps, cfg.action_space)                           # (E, C, M)
     p = agent.qos_probability(obs, cands.astype(np.float32))                            # (E, C)
     base = used[:, None, :] if used is not None else None
-    cost = cores_of(cands, base, caps, cfg.action_space, cfg.headroom_ceiling).sum(axis=2)
+    cost = cores_of(cands, base, caps, cfg.action_space, check_ceiling(cfg.headroom_ceiling)).sum(axis=2)
     ok = p >= cfg.classifier_threshold
     cost_ok = np.where(ok, cost, np.inf)
     pick = np.where(ok.any(axis=1), cost_ok.argmin(axis=1), p.argmax(axis=1))

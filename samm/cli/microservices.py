@@ -139,20 +139,26 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
               help="Where the policy with its ceiling is saved (the weights unchanged).")
 @click.option("--eval-seeds", default="101-120", show_default=True,
               help="Validation seeds, apart from the experiment's 1-5 and 6-10.")
-@click.option("--grid", default=None, help="Ceilings to try, comma-separated (default: 3 down to 1.2 by 0.1).")
+@click.option("--rule", type=click.Choice(["multiple", "sqrt"]), default="multiple", show_default=True,
+              help="multiple: every limit at most H times the service's mean use; sqrt: at most u + β√u "
+                   "(square-root staffing).")
+@click.option("--grid", default=None,
+              help="Values to try, comma-separated (default: H 3 down to 1.2 by 0.1; β 0.3, 0.25, 0.2 down to 0.05 "
+                   "by 0.01).")
 @click.option("--max-violations", type=float, default=0.0, show_default=True,
               help="The largest share of violating validation seconds allowed.")
 @click.option("--margin", type=float, default=0.0, show_default=True,
-              help="Raise the rule's H by this much (Social's shipped ceiling: --eval-seeds 101-170 --margin 0.2).")
-def reclaimer_ceiling(policy_dir, out, eval_seeds, grid, max_violations, margin) -> None:
-    """Choose a headroom ceiling for a Reclaimer policy (ours): the smallest H on the grid such that
-    the policy with every limit capped at H times the service's mean use breaks QoS in no validation
-    second, at H and every larger H of the grid (agents/microservice_cores/ceiling.py). Prints each
-    H's mean cores and violations; saves the policy with the chosen ceiling to --out."""
+              help="Raise the rule's value by this much (Social's shipped ceiling: --eval-seeds 101-170 --margin 0.2).")
+def reclaimer_ceiling(policy_dir, out, eval_seeds, rule, grid, max_violations, margin) -> None:
+    """Choose a headroom ceiling for a Reclaimer policy (ours): the smallest value on the grid (H, or
+    β with --rule sqrt) such that the policy with every limit capped at H times the service's mean
+    use u (or at u + β√u) breaks QoS in no validation second, at that value and every larger one of
+    the grid (agents/microservice_cores/ceiling.py). Prints each value's mean cores and violations;
+    saves the policy with the chosen ceiling to --out."""
     from agents.microservice_cores.ceiling import main as ceiling_main
 
     argv = ["--policy", policy_dir, "--out", out, "--eval-seeds", eval_seeds, "--max-violations", str(max_violations),
-            "--margin", str(margin)]
+            "--margin", str(margin), "--rule", rule]
     if grid:
         argv += ["--grid", grid]
     rc = ceiling_main(argv)
