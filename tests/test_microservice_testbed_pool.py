@@ -101,12 +101,13 @@ def test_the_three_second_window_meets_the_real_container_target_pooled(pool_mod
     """docs/microservice-testbed.md, "A 3-s window with the burst (session 81)": by the pre-declared rule,
     pooled over every burst run on the Intel machine, the shipped policy behind a 3-s window holds fewer
     mean cores than AutoScale and than the live-fitted Sinan-style model at a violation rate no higher,
-    at 6 and at 14 users; at 6 users its lead over the model is under 2 % of cores, within the noise."""
+    at 6 and at 14 users; at 6 users its lead over the model is under 2 % of cores, within the noise.
+    Session 87 added two pre-declared pairs at 6 users ("Two more pairs at 6 users"), both met."""
     runs = pool_mod.load_runs()
     method = "reclaimer+window3+burst1"
     of = _intel_runs(runs)
 
-    assert [len(of(method, u)) for u in (6, 14)] == [7, 4]
+    assert [len(of(method, u)) for u in (6, 14)] == [9, 4]
     for users in (6, 14):
         for baseline in ("autoscale+burst1", "sinan-live+burst1"):
             c = pool_mod.compare(of(method, users), of(baseline, users))
@@ -114,8 +115,9 @@ def test_the_three_second_window_meets_the_real_container_target_pooled(pool_mod
     close = pool_mod.compare(of(method, 6), of("sinan-live+burst1", 6))
     assert 0.98 < close["cores_ratio"] < 1 and close["cores_p_welch"] > 0.05
     assert sum(r.violating_seconds for r in of(method, 14)) == 0
-    # the same session's pairs against the model at 6 users: seed 13 met, seed 14 not (1.5 % more cores)
-    assert pool_mod.same_session_pairs(runs, method, "sinan-live+burst1", 6) == (1, 2)
+    # the same session's pairs against the model at 6 users: session 81's seed 13 met, seed 14 not (1.5 % more
+    # cores); session 87's seeds 19 and 20 met
+    assert pool_mod.same_session_pairs(runs, method, "sinan-live+burst1", 6) == (3, 4)
 
 
 def test_the_two_second_window_is_not_ahead_of_the_three_second_one_pooled(pool_mod):
