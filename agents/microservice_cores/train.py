@@ -164,7 +164,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                 a = agent.act(obs, deterministic=False)
                 if phase == "classifier":
                     a = _classifier_guided(agent, obs, a, base, caps, cfg, rng,
-                                           keep=(seen - cfg.autoscale_steps) / max(cfg.classifier_steps, 1))
+                                           keep=(seen - cfg.autoscale_steps) / max(cfg.classifier_steps, 1),
+                                           ceiling=ceiling)
             if usage_actions:
                 a = np.clip(a, 0.0, 1.0).astype(np.float32)
                 cores = cores_of(a, base, caps, cfg.action_space, ceiling)
@@ -315,14 +316,16 @@ def _best_training(seed, steps, init_from, keep_norm, best: BestCheckpoint, eval
                          "violation_rate": round(best.result["violation_rate"], 6)}}
 
 
-def _classifier_guided(agent: Sac, obs, a, used, caps, cfg: SacConfig, rng, keep: float) -> np.ndarray:
-    """The paper's QoS-classifier explorer for E copies: candidates scale each action's cores."""
+def _classifier_guided(agent: Sac, obs, a, used, caps, cfg: SacConfig, rng, keep: float,
+                       ceiling=None) -> np.ndarray:
+    """The paper's QoS-classifier explorer for E copies: candidates scale each action's cores (under
+    the run's headroom `ceiling`, an action_map.Ceiling, checked once by the caller)."""
     E, M = a.shape
     scales = 1.0 + np.asarray(cfg.candidates)
     cands = scaled_actions(a, scales, caps, cfg.action_space)                           # (E, C, M)
     p = agent.qos_probability(obs, cands.astype(np.float32))                            # (E, C)
     base = used[:, None, :] if used is not None else None
-    cost = cores_of(cands, base, caps, cfg.action_space, check_ceiling(cfg.headroom_ceiling)).sum(axis=2)
+    cost = cores_of(cands, base, caps, cfg.action_space, ceiling).sum(axis=2)
     ok = p >= cfg.classifier_threshold
     cost_ok = np.where(ok, cost, np.inf)
     pick = np.where(ok.any(axis=1), cost_ok.argmin(axis=1), p.argmax(axis=1))
