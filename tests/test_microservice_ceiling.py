@@ -271,3 +271,136 @@ def test_the_ceiling_probe_gives_a_per_service_ceiling_and_each_levels_floor(tmp
     assert [r["users"] for r in report["where"]] and report["ceiling"] == 2.5 and "descent" not in report
     assert "| users | mean cores |" in capsys.readouterr().out
     assert bench.main(["--app", "chain3", "--policy", str(tmp_path / "missing")]) == 2
+
+
+def test_a_ceiling_with_a_window_keeps_the_larger_mean_and_a_slow_second_lifts_it_for_its_hold():
+    """A stateful ceiling (session 88): the base is the larger of the 5-s mean and the window's mean,
+    and every service's ceiling is lifted for `hold` seconds after a second whose p99 reached
+    `release` times the QoS target (that second's decision included)."""
+    from agents.microservice_cores.action_map import CeilingMemory
+
+    c = check_ceiling({"sqrt": 0.1, "window": 4, "release": 0.8, "hold": 2})
+    assert c.stateful and not check_ceiling({"sqrt": 0.1}).stateful and c.label() == "sqrt0.1-w4-r0.8-h2"
+    assert check_ceiling(c.to_json()) == c and c.to_json()["window"] == 4
+    for bad in ({"window": 2.5}, {"window": -1}, {"release": -0.1}, {"hold": 1.5}, {"release": float("nan")}):
+        with pytest.raises(ValueError, match="headroom_ceiling"):
+            check_ceiling(bad)
+    mem = CeilingMemory(c, n_envs=2, n_services=1)
+    lifted = []
+    for used, p99 in ((1.0, 0.5), (3.0, 0.5), (1.0, 0.9), (1.0, 0.5), (1.0, 0.5), (1.0, 0.5), (1.0, 0.5)):
+        mem.push(np.array([[used], [used]]), np.array([p99, 0.0]))
+        lifted.append(mem.lifted().tolist())
+    assert lifted == [[False, False], [False, False], [True, False], [True, False], [True, False],
+                      [False, False], [False, False]]
+    # the window holds the last 4 seconds: mean 1.0 now, so a higher 5-s mean wins and a lower one does not
+    assert mem.base(np.array([[2.0], [0.5]])).ravel() == pytest.approx([2.0, 1.0])
+    # an unknown p99 is a slow second (lifting is the safe side)
+    mem.push(np.ones((2, 1)), np.array([0.0, np.nan]))
+    assert mem.lifted().tolist() == [False, True]
+    # cores_of: the memory's base, and no ceiling where it is lifted
+    a, used, caps = np.ones((2, 1)), np.full((2, 1), 0.25), np.full((2, 1), 4.0)
+    got = cores_of(a, used, caps, "cap", c, ceiling_base=np.full((2, 1), 1.0), lifted=np.array([[False], [True]]))
+    assert got.ravel() == pytest.approx([1.1, 4.0])
+
+
+def test_a_stateful_ceiling_is_the_same_on_the_batch_a_controller_and_a_rest_session(tmp_path):
+    """One implementation on every path: E copies in one batch, a fork per copy acting second by
+    second, and decide() carrying the memory as its state; the env and the trainer refuse it."""
+    from agents.microservice_cores.env import MicroserviceCoresEnv
+    from agents.microservice_cores.episode import run_episodes
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from agents.microservice_cores.sac import SacConfig
+
+    shape = {"multiple": 1.2, "window": 10, "release": 0.5, "hold": 3}
+    pol = _policy(ceiling=shape)
+    assert pol.stateful and not _policy(ceiling=1.5).stateful
+    pol.save(tmp_path / "p")
+    again = ReclaimerPolicy.load(tmp_path / "p")
+    assert again.ceiling == check_ceiling(shape) and again.stateful
+    topo = pol.topo
+    batch = run_episodes(topo, None, 120, [5, 6], steps=40, batch=again.batch())
+    forks = run_episodes(topo, lambda i: again.fork(), 120, [5, 6], steps=40)
+    for b, f in zip(batch, forks):
+        assert np.allclose(b.cores, f.cores, atol=1e-6)
+    raw = run_episodes(topo, None, 120, [5, 6], steps=40, batch=again.with_ceiling(None).batch())
+    assert sum(b.mean_cores for b in batch) < sum(r.mean_cores for r in raw)      # the ceiling binds
+    # decide: the memory is the state, the same cores as a controller fed the same observations
+    lim = AppLimits(topo.service_names, topo.caps, topo.qos_ms)
+    ctl = again.fork()
+    ctl.reset(lim)
+    sim = MicroserviceSim(topo, n_envs=1, seed=9)
+    sim.reset(120)
+    cores, state = topo.caps.copy(), None
+    for _ in range(15):
+        m = sim.step(cores[None]).measurement(0, topo.service_names)
+        cores = ctl.act(m)
+        decision, state = again.decide(ctl._stack.observation()[0], state)
+        assert decision.info["cores"] == pytest.approx(np.round(cores, 4), abs=2e-4)
+    assert state is not None and state.seen == 10
+    with pytest.raises(ValueError, match="window or a release"):
+        MicroserviceCoresEnv("chain3", headroom_ceiling=shape)
+    with pytest.raises(ValueError, match="window or a release"):
+        SacConfig(headroom_ceiling=shape)
+
+
+def test_the_fewest_cores_pick_and_a_shape_choose_a_ceiling_that_yields(tmp_path):
+    from agents.microservice_cores.ceiling import calibrated, choose_ceiling
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from samm.cli.main import cli
+
+    cores = {None: 5.0, 0.3: 4.0, 0.2: 3.5, 0.1: 3.7, 0.05: 3.9}
+    shape = {"window": 60, "release": 0.8, "hold": 60}
+
+    def fake_eval(policy, topo, seeds):
+        c = policy.ceiling
+        assert c is None or (c.window, c.release, c.hold) == (60, 0.8, 60)
+        b = None if c is None else c.sqrt
+        return {"mean_cores": cores[b], "violation_rate": 0.01 if b == 0.05 else 0.0, "levels": {}}
+
+    pol = _policy()
+    got = choose_ceiling(pol, pol.topo, [101], [0.3, 0.2, 0.1, 0.05], evaluate_fn=fake_eval, rule="sqrt",
+                         shape=shape, pick="fewest", margin=0.01)
+    assert (got["rule_ceiling"], got["ceiling"], got["pick"]) == (0.2, 0.21, "fewest")
+    smallest = choose_ceiling(pol, pol.topo, [101], [0.3, 0.2, 0.1, 0.05], evaluate_fn=fake_eval, rule="sqrt",
+                              shape=shape)
+    assert smallest["rule_ceiling"] == 0.1
+    out = calibrated(pol, got)
+    assert out.ceiling == Ceiling(sqrt=0.21, window=60, release=0.8, hold=60)
+    assert out.version == "test-1+ceilingsqrt0.21-w60-r0.8-h60" and out.training["ceiling"]["shape"] == shape
+    assert "previous" not in out.training["ceiling"]
+    # a ceiling replacing another keeps the old choice in the record, one level deep
+    again = calibrated(calibrated(out, smallest), got)
+    prev = again.training["ceiling"]["previous"]
+    assert prev["version"] == "test-1+ceilingsqrt0.1-w60-r0.8-h60" and prev["rule_ceiling"] == 0.1
+    assert prev["headroom_ceiling"]["sqrt"] == 0.1 and "previous" not in prev
+    for bad in ({"window": -5}, {"beta": 1}):
+        with pytest.raises(ValueError):
+            choose_ceiling(pol, pol.topo, [101], [0.3], evaluate_fn=fake_eval, rule="sqrt", shape=bad)
+    with pytest.raises(ValueError, match="pick"):
+        choose_ceiling(pol, pol.topo, [101], [0.3], evaluate_fn=fake_eval, pick="cheapest")
+    pol.save(tmp_path / "p")
+    r = CliRunner().invoke(cli, ["reclaimer-ceiling", "--policy", str(tmp_path / "p"), "--out", str(tmp_path / "q"),
+                                 "--rule", "sqrt", "--eval-seeds", "101", "--grid", "0.5,0.2", "--max-violations", "1",
+                                 "--pick", "fewest", "--window", "30", "--release", "0.9", "--hold", "20"])
+    assert r.exit_code == 0, r.output
+    q = ReclaimerPolicy.load(tmp_path / "q")
+    assert (q.ceiling.window, q.ceiling.release, q.ceiling.hold) == (30, 0.9, 20) and q.stateful
+
+
+def test_a_load_step_changes_the_users_mid_episode_and_the_benchmark_reports_each_jump():
+    from agents.microservice_cores.autoscale import AutoScale
+    from agents.microservice_cores.episode import run_episodes
+    from benchmarks.reclaimer_load_steps import jumps_of, methods_of, run
+
+    topo = load_topology("chain3")
+    lo, hi = topo.users
+    ep = run_episodes(topo, lambda i: AutoScale(), lo, [1], steps=60, load_step=(30, hi))[0]
+    assert ep.requests[35:].mean() > 2 * ep.requests[:30].mean()
+    pol = _policy(ceiling={"multiple": 1.5, "window": 20, "release": 0.8, "hold": 20})
+    methods = methods_of({"p": pol})
+    assert list(methods) == ["p", "p-no-ceiling", "autoscale"]
+    rows = run(topo, methods, [3], at=100, jumps=jumps_of(topo)[1:2])
+    assert [r["method"] for r in rows] == ["p", "p-no-ceiling", "autoscale"]
+    for r in rows:
+        assert (r["from"], r["to"]) == (lo, hi) and r["seconds"] == 300
+        assert 0 <= r["violating_s_after_jump"] <= r["violating_s"] <= r["seconds"] and r["mean_cores"] > 0

@@ -747,7 +747,8 @@ def test_quick_experiment_writes_its_report(tmp_path):
 
     summary = run(tmp_path, quick=True, progress=False)
     app = summary["apps"]["chain3"]
-    assert set(app["overall"]) == set(METHODS)
+    # the policy trained in the run has no headroom ceiling, so no "reclaimer-no-ceiling" row
+    assert set(app["overall"]) == set(METHODS) - {"reclaimer-no-ceiling"}
     for name in ("report.md", "summary.json", "cores-chain3.png", "latency-cdf-chain3.png"):
         assert (tmp_path / name).is_file()
     # static-max holds every cap; the searched static allocation is cheaper

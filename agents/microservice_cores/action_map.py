@@ -40,6 +40,17 @@ small for a busy one. Measured (docs/microservice-cores.md, "A square-root staff
 Hotel 4.05 mean cores against H = 1.9's 4.08, but one violating second on the check seeds, so not
 shipped; on Social even β = 0.3 breaks QoS at 200 users. A throttled service uses its whole limit,
 so under either the limit can still grow a second.
+
+A ceiling may also remember (`Ceiling.stateful`; session 88, docs/microservice-cores.md, "A
+ceiling that yields to latency"): `window` W takes u as the larger of the 5-s mean and the mean
+over the last W seconds, so a second of low use does not pull every limit down with it, while a
+rise in use still raises the ceiling within 5 s; `release` f with `hold` S lifts every service's
+ceiling for S seconds after any second whose p99 reached f times the QoS target, handing the limits
+back to the policy when the load jumps (measured: the 5-s ceiling alone broke QoS in three times
+as many seconds as the policy without it after a jump of the load, and a 60-s window without the
+release never recovered). `CeilingMemory` holds that memory for E controlled copies; it is fed
+from the latest frame of each observation, so the batch, a controller's `act` and a REST
+session share one implementation.
 """
 from __future__ import annotations
 
@@ -61,44 +72,119 @@ def check_space(space: str) -> None:
 
 @dataclass(frozen=True)
 class Ceiling:
-    """cap = multiple · u + sqrt · √u cores for a base use u (cores); `check_ceiling` makes valid ones."""
+    """cap = multiple · u + sqrt · √u cores for a base use u (cores); `window` (s, 0: none) and
+    `release`/`hold` make it remember (module doc); `check_ceiling` makes valid ones."""
     multiple: float = 1.0
     sqrt: float = 0.0
+    window: int = 0
+    release: float = 0.0
+    hold: int = 0
 
     def cap(self, base) -> np.ndarray:
         return self.multiple * base + self.sqrt * np.sqrt(base)
 
+    @property
+    def stateful(self) -> bool:
+        """Whether it needs a memory of earlier seconds (`CeilingMemory`)."""
+        return self.window > 0 or self.release > 0
+
     def to_json(self):
         """A plain multiple as its number (the form policies saved before the square-root rule)."""
-        return self.multiple if self.sqrt == 0 else {"multiple": self.multiple, "sqrt": self.sqrt}
+        if self.sqrt == 0 and not self.stateful:
+            return self.multiple
+        out = {"multiple": self.multiple, "sqrt": self.sqrt}
+        if self.stateful:
+            out.update(window=self.window, release=self.release, hold=self.hold)
+        return out
 
     def label(self) -> str:
-        """"1.9" for 1.9 times the use, "sqrt0.13" for u + 0.13 √u (a policy version's suffix)."""
+        """"1.9" for 1.9 times the use, "sqrt0.13" for u + 0.13 √u, "sqrt0.13-w60-r0.8-h60" with a
+        60-s window and a 60-s release at 0.8 of the QoS target (a policy version's suffix)."""
         if self.sqrt == 0:
-            return f"{self.multiple:g}"
-        return f"sqrt{self.sqrt:g}" if self.multiple == 1 else f"{self.multiple:g}+sqrt{self.sqrt:g}"
+            text = f"{self.multiple:g}"
+        else:
+            text = f"sqrt{self.sqrt:g}" if self.multiple == 1 else f"{self.multiple:g}+sqrt{self.sqrt:g}"
+        if self.window:
+            text += f"-w{self.window}"
+        if self.release:
+            text += f"-r{self.release:g}-h{self.hold}"
+        return text
+
+
+#: the keys a saved ceiling may hold
+CEILING_KEYS = ("multiple", "sqrt", "window", "release", "hold")
 
 
 def check_ceiling(ceiling) -> Ceiling | None:
     """A headroom ceiling: None (none), a number H >= 1 (H times the use), {"multiple": H >= 1,
-    "sqrt": β >= 0} or a Ceiling (a limit under the use it must serve would throttle the service
-    for good); the Ceiling, or None."""
+    "sqrt": β >= 0, "window": whole seconds >= 0, "release": a share of the QoS target >= 0,
+    "hold": whole seconds >= 0} or a Ceiling (a limit under the use it must serve would throttle
+    the service for good); the Ceiling, or None."""
     if ceiling is None:
         return None
     if isinstance(ceiling, Ceiling):
-        parts = {"multiple": ceiling.multiple, "sqrt": ceiling.sqrt}
-    elif isinstance(ceiling, dict) and ceiling and set(ceiling) <= {"multiple", "sqrt"}:
-        parts = {"multiple": ceiling.get("multiple", 1.0), "sqrt": ceiling.get("sqrt", 0.0)}
+        parts = {k: getattr(ceiling, k) for k in CEILING_KEYS}
+    elif isinstance(ceiling, dict) and ceiling and set(ceiling) <= set(CEILING_KEYS):
+        parts = {**{k: getattr(Ceiling(), k) for k in CEILING_KEYS}, **ceiling}
     else:
-        parts = {"multiple": ceiling, "sqrt": 0.0}
+        parts = {**{k: getattr(Ceiling(), k) for k in CEILING_KEYS}, "multiple": ceiling}
 
     def number(x, least):
         return not isinstance(x, bool) and isinstance(x, (int, float)) and np.isfinite(x) and x >= least
 
-    if not (number(parts["multiple"], 1.0) and number(parts["sqrt"], 0.0)):
+    def whole(x):
+        return number(x, 0) and float(x) == int(x)
+
+    if not (number(parts["multiple"], 1.0) and number(parts["sqrt"], 0.0) and whole(parts["window"])
+            and number(parts["release"], 0.0) and whole(parts["hold"])):
         raise ValueError("headroom_ceiling must be a number >= 1 (times the mean use), "
-                         f"{{\"multiple\": >= 1, \"sqrt\": >= 0}} or null, not {ceiling!r}")
-    return Ceiling(float(parts["multiple"]), float(parts["sqrt"]))
+                         "{\"multiple\": >= 1, \"sqrt\": >= 0, \"window\": s >= 0, \"release\": >= 0, "
+                         f"\"hold\": s >= 0}} or null, not {ceiling!r}")
+    return Ceiling(float(parts["multiple"]), float(parts["sqrt"]), int(parts["window"]),
+                   float(parts["release"]), int(parts["hold"]))
+
+
+def check_memoryless(ceiling, where: str) -> Ceiling | None:
+    """`check_ceiling` for a path that keeps no memory of earlier seconds (the env, the trainer):
+    a stateful ceiling is refused by name rather than applied without its memory."""
+    c = check_ceiling(ceiling)
+    if c is not None and c.stateful:
+        raise ValueError(f"{where}: a headroom_ceiling with a window or a release ({c.label()}) needs a "
+                         "controller's memory of earlier seconds; here only a multiple and a sqrt term apply")
+    return c
+
+
+class CeilingMemory:
+    """What a stateful ceiling remembers of E controlled copies: each service's use over the last
+    `window` seconds and, per copy, how many more seconds its ceiling stays lifted after a second
+    whose p99 reached `release` times the QoS target (that second's decision included)."""
+
+    def __init__(self, ceiling: Ceiling, n_envs: int, n_services: int):
+        self.ceiling = ceiling
+        self.use = np.zeros((n_envs, max(ceiling.window, 1), n_services))
+        self.seen = 0
+        self.left = np.zeros(n_envs, dtype=np.int64)
+
+    def push(self, used, p99_share) -> None:
+        """One second: the cores each service used (E, M) and the p99 as a share of the QoS target (E,);
+        an unknown p99 (NaN) counts as a slow second (lifting is the safe side)."""
+        self.use = np.roll(self.use, -1, axis=1)
+        self.use[:, -1] = np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0)
+        self.seen = min(self.seen + 1, self.use.shape[1])
+        c = self.ceiling
+        if c.release > 0:
+            slow = ~(np.asarray(p99_share, dtype=np.float64) < c.release)
+            self.left = np.where(slow, c.hold + 1, np.maximum(self.left - 1, 0))
+
+    def base(self, fast) -> np.ndarray:
+        """The use the ceiling scales (E, M): the larger of `fast` (the 5-s mean) and the window's mean."""
+        if not self.ceiling.window or not self.seen:
+            return np.asarray(fast, dtype=np.float64)
+        return np.maximum(fast, self.use[:, -self.seen:].mean(axis=1))
+
+    def lifted(self) -> np.ndarray:
+        """(E,) whether each copy's ceiling is lifted this second."""
+        return self.left > 0
 
 
 def _base(used) -> np.ndarray:
@@ -106,10 +192,12 @@ def _base(used) -> np.ndarray:
     return np.maximum(np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0), MIN_CORES)
 
 
-def cores_of(a, used, caps, space: str = "cap", ceiling: Ceiling | float | None = None) -> np.ndarray:
+def cores_of(a, used, caps, space: str = "cap", ceiling: Ceiling | float | None = None,
+             ceiling_base=None, lifted=None) -> np.ndarray:
     """Cores per service for actions a (..., M); `used` (..., M) is the base use (cores), read
     on "usage" and by a headroom `ceiling` (at most ceiling.cap(base use); a number H is
-    Ceiling(multiple=H); None: no ceiling)."""
+    Ceiling(multiple=H); None: no ceiling). A stateful ceiling's memory gives its own base
+    (`ceiling_base`, ..., M) and where it is `lifted` (a bool broadcast over the services)."""
     check_space(space)
     if ceiling is not None and not isinstance(ceiling, Ceiling):
         ceiling = check_ceiling(ceiling)
@@ -123,7 +211,8 @@ def cores_of(a, used, caps, space: str = "cap", ceiling: Ceiling | float | None 
         lo, hi = HEADROOM
         cores = _base(used) * lo * (hi / lo) ** a
     if ceiling is not None:
-        cores = np.minimum(cores, ceiling.cap(_base(used)))
+        capped = np.minimum(cores, ceiling.cap(_base(used if ceiling_base is None else ceiling_base)))
+        cores = capped if lifted is None else np.where(lifted, cores, capped)
     return np.clip(np.where(nan, caps, cores), MIN_CORES, caps)
 
 

@@ -20,7 +20,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .action_map import check_ceiling, check_space, cores_of
+from .action_map import check_memoryless, check_space, cores_of
 from .episode import EPISODE_S, WARMUP_S
 from .features import FrameStack, feature_row_block, mean_used
 from .sim import MicroserviceSim
@@ -90,7 +90,7 @@ class MicroserviceCoresEnv(gym.Env):
         self.action_space = spaces.Box(0.0, 1.0, (self.M,), np.float32)
         self.action_meaning = action_space
         check_space(action_space)
-        self.headroom_ceiling = check_ceiling(headroom_ceiling)
+        self.headroom_ceiling = check_memoryless(headroom_ceiling, "the environment")
         self.sim: MicroserviceSim | None = None
         self._t = 0
         self._prev = np.ones(self.M)

@@ -73,13 +73,16 @@ class EpisodeResult:
 
 def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | None, users, seeds,
                  steps: int = EPISODE_S, warmup: int = WARMUP_S, method: str | None = None,
-                 samples: int | None = None, batch: "BatchController | None" = None) -> list[EpisodeResult]:
+                 samples: int | None = None, batch: "BatchController | None" = None,
+                 load_step: tuple[int, float] | None = None) -> list[EpisodeResult]:
     """One episode per seed, all seeds stepping together in one simulator batch.
 
     `make_controller(i)` builds the controller of copy i (a controller keeps per-episode memory).
     Alternatively `batch` controls every copy at once from the simulator's whole second (it must
     act as its copies' controllers would: `ReclaimerPolicy.batch`). The simulator's seed is the
-    first seed; each copy's draws differ, and the whole batch is reproducible for the same seeds."""
+    first seed; each copy's draws differ, and the whole batch is reproducible for the same seeds.
+    `load_step` (t, users): every copy's users change to `users` before control second t (a jump of
+    the load, benchmarks/reclaimer_load_steps.py; the experiment's episodes keep theirs)."""
     seeds = list(seeds)
     E = len(seeds)
     kwargs = {"samples": samples} if samples else {}
@@ -110,6 +113,8 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
     fail = np.zeros((steps, E))
     throttled = np.zeros((steps, E, M))
     for t in range(steps):
+        if load_step is not None and t == load_step[0]:
+            sim.set_users(np.full(E, float(load_step[1])))
         wanted = batch.act_block(st) if batch is not None else \
             [ctl.act(st.measurement(e, topo.service_names)) for e, ctl in enumerate(ctls)]
         cores = np.stack([clip_cores(c, limits) for c in wanted])

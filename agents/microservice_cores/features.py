@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .observation import FIELD, StepMeasurement
+from .observation import FIELD, P99_INDEX, StepMeasurement
 
 N_NUMERIC = 26
 ROW = N_NUMERIC + 1            # + the previous action
@@ -32,6 +32,8 @@ _LOG_FIELDS = ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rss_bytes", 
                "page_faults", "io_bytes", "io_ops")
 #: the column of a row that holds the cores used, as a share of the cap
 USED_COLUMN = len(_LOG_FIELDS)
+#: the column of a row that holds the first latency percentile, as a share of the QoS target
+LATENCY_COLUMN = USED_COLUMN + 2
 #: the queue-depth column's ceiling, in seconds of work at the limit in force
 QUEUE_CAP_S = 10.0
 
@@ -64,7 +66,7 @@ def feature_row_block(per_service: np.ndarray, latency_ms: np.ndarray, requests:
     j = USED_COLUMN
     out[..., j] = per_service[..., FIELD["cpu_used"]] / caps
     out[..., j + 1] = per_service[..., FIELD["cpu_limit"]] / caps
-    j += 2
+    j = LATENCY_COLUMN
     lat = np.nan_to_num(latency_ms / qos_ms, nan=0.0, posinf=LAT_CAP)
     out[..., j:j + 12] = np.minimum(lat, LAT_CAP)[:, None, :]
     j += 12
@@ -81,6 +83,17 @@ def mean_used(obs: np.ndarray, k: int, caps: np.ndarray) -> np.ndarray:
     (..., M, width) -> (..., M): the base of the "usage" action space (action_map.py)."""
     cols = (np.arange(k) * ROW + USED_COLUMN)
     return np.asarray(obs, dtype=np.float64)[..., cols].mean(axis=-1) * caps
+
+
+def latest_used(obs: np.ndarray, k: int, caps: np.ndarray) -> np.ndarray:
+    """The cores each service used in the latest second of a stacked observation (..., M, width) -> (..., M)."""
+    return np.asarray(obs, dtype=np.float64)[..., (k - 1) * ROW + USED_COLUMN] * caps
+
+
+def latest_p99_share(obs: np.ndarray, k: int) -> np.ndarray:
+    """The latest second's end-to-end p99 as a share of the QoS target (capped at LAT_CAP; an unknown
+    latency reads 0, as in the rows) of a stacked observation (..., M, width) -> (...)."""
+    return np.asarray(obs, dtype=np.float64)[..., 0, (k - 1) * ROW + LATENCY_COLUMN + P99_INDEX]
 
 
 def feature_rows(m: StepMeasurement, prev_action: np.ndarray, caps: np.ndarray) -> np.ndarray:

@@ -24,9 +24,10 @@ from agents.policy import Decision, load_torch_weights, save_torch_policy
 from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
-from .action_map import Ceiling, check_ceiling, cores_of
+from .action_map import Ceiling, CeilingMemory, check_ceiling, cores_of
 from .control import AppLimits, clip_cores
-from .features import FrameStack, feature_row_block, feature_rows, mean_used, observation_layout, queue_feature
+from .features import (FrameStack, feature_row_block, feature_rows, latest_p99_share, latest_used, mean_used,
+                       observation_layout, queue_feature)
 from .observation import FIELD, StepMeasurement
 from .sac import Sac, SacConfig
 from .topology import Topology
@@ -59,9 +60,12 @@ class ReclaimerPolicy:
         self.training = training or {}
         self.version = version or "unversioned"
         self.ceiling = check_ceiling(ceiling)
+        # a ceiling with a memory makes the policy stateful (a REST session keeps the memory)
+        self.stateful = self.ceiling is not None and self.ceiling.stateful
         self.observation_space, self.action_space = policy_spaces(topo, cfg)
         self.limits: AppLimits | None = None
         self._stack: FrameStack | None = None
+        self._memory: CeilingMemory | None = None
         self._prev = np.ones(topo.n_services)
 
     def fork(self) -> "ReclaimerPolicy":
@@ -81,6 +85,7 @@ class ReclaimerPolicy:
         self.check_services(limits)
         self.limits = limits
         self._stack = None
+        self._memory = None
         self._prev = np.ones(self.topo.n_services)
 
     def check_services(self, limits: AppLimits) -> None:
@@ -100,9 +105,21 @@ class ReclaimerPolicy:
         prev = np.clip(m.cpu_limit / caps, 0.0, 1.0)
         rows = feature_rows(m, prev, caps)[None]
         if restart:
-            self._stack = None
+            self._stack = self._memory = None
         self._stack = self.stacked(self._stack, rows, self._queue(m))
-        return self._stack.observation()
+        obs = self._stack.observation()
+        self._memory = self.remember(self._memory, obs)
+        return obs
+
+    def remember(self, memory: CeilingMemory | None, obs: np.ndarray) -> CeilingMemory | None:
+        """A stateful ceiling's memory of the copies of obs (E, M, width) with their latest second
+        pushed (a new one when there is none); None when the ceiling needs none."""
+        if not self.stateful:
+            return None
+        if memory is None:
+            memory = CeilingMemory(self.ceiling, len(obs), self.topo.n_services)
+        memory.push(latest_used(obs, self.cfg.k, self.topo.caps), latest_p99_share(obs, self.cfg.k))
+        return memory
 
     def stacked(self, stack: FrameStack | None, rows: np.ndarray, queue: np.ndarray | None) -> FrameStack:
         """`stack` with the rows (E, M, ROW) of one second pushed; a new stack, every frame set to
@@ -129,9 +146,19 @@ class ReclaimerPolicy:
         a = self.agent.act(obs, deterministic=True)[0]
         return clip_cores(self.cores(a, obs[0]), self.limits)
 
-    def cores(self, a, obs) -> np.ndarray:
-        """Cores for the action a chosen on observation obs (M, width) (action_map.py)."""
-        return cores_of(a, self.base_use(obs), self.topo.caps, self.cfg.action_space, self.ceiling)
+    def cores(self, a, obs, memory: CeilingMemory | None = None) -> np.ndarray:
+        """Cores for the action a chosen on observation obs (M, width), or on E copies' (E, M, width)
+        (action_map.py); a stateful ceiling reads `memory` (default: this controller's own)."""
+        base = self.base_use(obs)
+        memory = memory if memory is not None else self._memory
+        if memory is None:
+            return cores_of(a, base, self.topo.caps, self.cfg.action_space, self.ceiling)
+        single = np.ndim(obs) == 2
+        ceiling_base = memory.base(base[None] if single else base)
+        lifted = memory.lifted()[:, None]
+        return cores_of(a, base, self.topo.caps, self.cfg.action_space, self.ceiling,
+                        ceiling_base=ceiling_base[0] if single else ceiling_base,
+                        lifted=lifted[0] if single else lifted)
 
     def base_use(self, obs) -> np.ndarray | None:
         """The use a "usage" action or the ceiling scales (the mean over obs's stacked seconds);
@@ -145,13 +172,16 @@ class ReclaimerPolicy:
         return None
 
     def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
+        """One decision on a whole observation; with a stateful ceiling, `state` is its memory of the
+        caller's earlier observations (None: the first), returned updated."""
         obs = np.asarray(observation, dtype=np.float32)[None]
         a = self.agent.act(obs, deterministic=deterministic)[0]
-        cores = self.cores(a, obs[0])
+        memory = self.remember(state, obs)
+        cores = self.cores(a, obs[0], memory)
         return Decision(action=[float(x) for x in a],
                         name="cores share" if self.cfg.action_space == "cap" else "headroom over use",
                         info={"cores": [round(float(c), 4) for c in cores],
-                              "total_cores": round(float(cores.sum()), 4), "headroom_ceiling": self.ceiling_json()}), None
+                              "total_cores": round(float(cores.sum()), 4), "headroom_ceiling": self.ceiling_json()}), memory
 
     def metadata(self) -> dict:
         from samm import __version__
@@ -195,10 +225,11 @@ class ReclaimerBatch:
         self.policy = policy
         self.name = policy.name
         self._stack: FrameStack | None = None
+        self._memory: CeilingMemory | None = None
 
     def reset(self, limits: AppLimits) -> None:
         self.policy.check_services(limits)
-        self._stack = None
+        self._stack = self._memory = None
 
     def observe_block(self, st) -> np.ndarray:
         """The (E, M, width) observations of a simulated second (a `sim.SimStep`)."""
@@ -208,12 +239,14 @@ class ReclaimerBatch:
                                  np.clip(limit / p.topo.caps, 0.0, 1.0), p.topo.caps)
         queue = queue_feature(st.backlog, limit) if p.cfg.observe_queue else None
         self._stack = p.stacked(self._stack, rows, queue)
-        return self._stack.observation()
+        obs = self._stack.observation()
+        self._memory = p.remember(self._memory, obs)
+        return obs
 
     def act_block(self, st) -> np.ndarray:
         obs = self.observe_block(st)
         a = np.concatenate([self.policy.agent.act(obs[e:e + 1], deterministic=True) for e in range(len(obs))])
-        return self.policy.cores(a, obs)
+        return self.policy.cores(a, obs, self._memory)
 
 
 def shipped_policy(app: str) -> ReclaimerPolicy:

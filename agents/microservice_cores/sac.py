@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .action_map import ACTION_SPACES, check_ceiling
+from .action_map import ACTION_SPACES, check_memoryless
 from .env import COSTS, LOG_SHARE_FLOOR
 
 
@@ -189,7 +189,7 @@ class SacConfig:
             raise ValueError(f"lr_decay_start must be in [0, 1), not {self.lr_decay_start!r}")
         if self.lr_decay_start and self.lr_final is None:
             raise ValueError("lr_decay_start needs lr_final (the rate it decays to)")
-        check_ceiling(self.headroom_ceiling)
+        check_memoryless(self.headroom_ceiling, "SacConfig.headroom_ceiling")
 
     def lr_at(self, seen: int) -> float:
         """The actor's and critics' learning rate after `seen` transitions (`lr_final`)."""

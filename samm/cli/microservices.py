@@ -149,16 +149,30 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
               help="The largest share of violating validation seconds allowed.")
 @click.option("--margin", type=float, default=0.0, show_default=True,
               help="Raise the rule's value by this much (Social's shipped ceiling: --eval-seeds 101-170 --margin 0.2).")
-def reclaimer_ceiling(policy_dir, out, eval_seeds, rule, grid, max_violations, margin) -> None:
+@click.option("--pick", type=click.Choice(["smallest", "fewest"]), default="smallest", show_default=True,
+              help="Of the clean values: the smallest, or the one with the fewest mean cores.")
+@click.option("--window", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The use the ceiling scales: the larger of the 5-s mean and the mean over this many seconds "
+                   "(0: the 5-s mean alone).")
+@click.option("--release", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="Lift every service's ceiling after a second whose p99 reached this share of the QoS target "
+                   "(0: never).")
+@click.option("--hold", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --release: keep the ceiling lifted this many seconds more.")
+def reclaimer_ceiling(policy_dir, out, eval_seeds, rule, grid, max_violations, margin, pick, window, release,
+                      hold) -> None:
     """Choose a headroom ceiling for a Reclaimer policy (ours): the smallest value on the grid (H, or
     β with --rule sqrt) such that the policy with every limit capped at H times the service's mean
     use u (or at u + β√u) breaks QoS in no validation second, at that value and every larger one of
-    the grid (agents/microservice_cores/ceiling.py). Prints each value's mean cores and violations;
-    saves the policy with the chosen ceiling to --out."""
+    the grid (agents/microservice_cores/ceiling.py); with --pick fewest, the clean value with the
+    fewest mean cores. --window, --release and --hold give the ceiling a memory (a slow mean of the
+    use; lifted after a slow second). Prints each value's mean cores and violations; saves the
+    policy with the chosen ceiling to --out."""
     from agents.microservice_cores.ceiling import main as ceiling_main
 
     argv = ["--policy", policy_dir, "--out", out, "--eval-seeds", eval_seeds, "--max-violations", str(max_violations),
-            "--margin", str(margin), "--rule", rule]
+            "--margin", str(margin), "--rule", rule, "--pick", pick, "--window", str(window),
+            "--release", str(release), "--hold", str(hold)]
     if grid:
         argv += ["--grid", grid]
     rc = ceiling_main(argv)

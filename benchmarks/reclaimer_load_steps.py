@@ -1,0 +1,109 @@
+"""What a jump of the load does to each controller (docs/microservice-cores.md, "A ceiling that
+yields to latency"): the experiment's episodes keep their users for all 300 s, as the paper's do, so
+they never ask how a controller follows a change. Here every episode starts at one of the app's
+three load levels and jumps to another before second `--at`: low to middle, low to high, middle to
+high, high to low. Per jump and method: mean cores over the episode, violating seconds in all and in
+the 30 s after the jump.
+
+    .venv/bin/python benchmarks/reclaimer_load_steps.py --app hotel --seeds 701-720
+    .venv/bin/python benchmarks/reclaimer_load_steps.py --app hotel --policy candidate=DIR --policy shipped=DIR2
+
+Methods: each `--policy NAME=DIR` (default: the shipped policy as "reclaimer"), each policy's weights
+without its ceiling ("NAME-no-ceiling", when it has one), and AutoScale.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agents.microservice_cores.autoscale import AutoScale  # noqa: E402
+from agents.microservice_cores.episode import run_episodes  # noqa: E402
+from agents.microservice_cores.experiment import FULL, levels  # noqa: E402
+from agents.microservice_cores.policy import ReclaimerPolicy, shipped_policy  # noqa: E402
+from samm.cli.seeds import parse_seeds  # noqa: E402
+
+#: seconds after the jump counted apart (the controller's reaction)
+AFTER_S = 30
+
+
+def jumps_of(topo) -> list[tuple[float, float]]:
+    lo, mid, hi = levels(topo, FULL.level_fractions)
+    return [(lo, mid), (lo, hi), (mid, hi), (hi, lo)]
+
+
+def methods_of(policies: dict[str, ReclaimerPolicy]) -> dict:
+    """name -> (batch controller or None, per-copy controller factory or None)."""
+    out = {}
+    for name, pol in policies.items():
+        out[name] = (pol.batch, None)
+        if pol.ceiling is not None:
+            raw = pol.with_ceiling(None)
+            out[f"{name}-no-ceiling"] = (raw.batch, None)
+    out["autoscale"] = (None, lambda i: AutoScale())
+    return out
+
+
+def run(topo, methods: dict, seeds, at: int, jumps=None) -> list[dict]:
+    rows = []
+    for u0, u1 in jumps or jumps_of(topo):
+        for name, (batch, make) in methods.items():
+            eps = run_episodes(topo, make, u0, seeds, batch=batch() if batch else None, load_step=(at, u1),
+                               method=name)
+            viol = np.array([e.violations for e in eps])            # (seeds, steps)
+            rows.append({"from": u0, "to": u1, "method": name, "mean_cores": float(np.mean([e.mean_cores for e in eps])),
+                         "violating_s": int(viol.sum()), "violating_s_after_jump": int(viol[:, at:at + AFTER_S].sum()),
+                         "seconds": int(viol.size)})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--app", default="hotel")
+    ap.add_argument("--policy", action="append", default=[], metavar="NAME=DIR",
+                    help="a saved Reclaimer policy for the app (repeatable; default: the shipped one)")
+    ap.add_argument("--seeds", default="701-720", help="episode seeds (default: %(default)s)")
+    ap.add_argument("--at", type=int, default=100, help="the control second of the jump (default: %(default)s)")
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    a = ap.parse_args(argv)
+    try:
+        seeds = parse_seeds(a.seeds)
+        policies = {}
+        for spec in a.policy:
+            name, sep, d = spec.partition("=")
+            if not sep or not name or not d:
+                raise ValueError(f"--policy takes NAME=DIR, not {spec!r}")
+            policies[name] = ReclaimerPolicy.load(d)
+        if not policies:
+            policies["reclaimer"] = shipped_policy(a.app)
+        topo = next(iter(policies.values())).topo
+        if topo.name != a.app or any(p.topo.name != topo.name for p in policies.values()):
+            raise ValueError(f"every --policy must be for {a.app!r}")
+        if not 0 <= a.at < 300:
+            raise ValueError("--at must lie in the 300 control seconds")
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    rows = run(topo, methods_of(policies), seeds, a.at)
+    print(f"{topo.name}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), jump before second {a.at} of 300, "
+          f"{time.perf_counter() - t0:.0f} s")
+    print("| users | method | mean cores | violating seconds | in the 30 s after the jump |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['from']:g} → {r['to']:g} | {r['method']} | {r['mean_cores']:.3f} | {r['violating_s']} of "
+              f"{r['seconds']:,} | {r['violating_s_after_jump']} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"app": topo.name, "seeds": list(seeds), "at": a.at, "rows": rows,
+                                            "versions": {n: p.version for n, p in policies.items()}}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
