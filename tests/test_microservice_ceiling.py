@@ -404,3 +404,40 @@ def test_a_load_step_changes_the_users_mid_episode_and_the_benchmark_reports_eac
     for r in rows:
         assert (r["from"], r["to"]) == (lo, hi) and r["seconds"] == 300
         assert 0 <= r["violating_s_after_jump"] <= r["violating_s"] <= r["seconds"] and r["mean_cores"] > 0
+
+
+def test_the_decide_route_keeps_a_stateful_ceilings_memory_per_session():
+    """Over REST: a session's slow second lifts the ceiling for its hold on that session's next
+    decision, while a call without a session starts from no memory (the ceiling applies)."""
+    from fastapi.testclient import TestClient
+
+    from agents.microservice_cores.features import LATENCY_COLUMN, USED_COLUMN
+    from agents.microservice_cores.observation import P99_INDEX
+    from samm.plan.registry import PolicyRegistry
+    from samm.plan.service import create_app
+
+    pol = _policy(ceiling={"multiple": 1.0, "release": 0.8, "hold": 2})
+    reg = PolicyRegistry()
+    reg.host("reclaimer", pol)
+    client = TestClient(create_app(reg))
+    k = pol.cfg.k
+    obs = np.zeros(pol.observation_space.shape, dtype=np.float32)
+    obs[:, [f * ROW + USED_COLUMN for f in range(k)]] = 0.05          # each service used 5 % of its cap
+    slow = obs.copy()
+    slow[:, (k - 1) * ROW + LATENCY_COLUMN + P99_INDEX] = 0.9          # the latest p99 at 0.9 x QoS
+
+    def decide(o, session=None):
+        body = {"observation": o.tolist(), **({"session_id": session} if session else {})}
+        r = client.post("/v1/agents/reclaimer/decide", json=body)
+        assert r.status_code == 200, r.text
+        return np.array(r.json()["info"]["cores"])
+
+    capped = decide(obs)
+    assert capped == pytest.approx(0.05 * pol.topo.caps, abs=1e-3)    # at most 1 x the use
+    lifted = decide(slow, "a")
+    assert lifted.sum() > capped.sum() + 1e-3
+    raw = np.array(pol.with_ceiling(None).decide(obs)[0].info["cores"])
+    assert raw.sum() > capped.sum() + 1e-3                            # so "held" differs from "capped"
+    assert decide(obs, "a") == pytest.approx(raw, abs=1e-3)           # held: the memory of session "a"
+    assert decide(obs) == pytest.approx(capped, abs=1e-3)             # no session, no memory
+    assert decide(obs, "b") == pytest.approx(capped, abs=1e-3)        # another session's own memory

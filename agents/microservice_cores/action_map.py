@@ -167,7 +167,9 @@ class CeilingMemory:
 
     def push(self, used, p99_share) -> None:
         """One second: the cores each service used (E, M) and the p99 as a share of the QoS target (E,);
-        an unknown p99 (NaN) counts as a slow second (lifting is the safe side)."""
+        an unknown p99 (NaN) counts as a slow second (lifting is the safe side). The policy reads both
+        from an observation's latest frame, where an unknown latency is already 0; its loops do not
+        act on such a second."""
         self.use = np.roll(self.use, -1, axis=1)
         self.use[:, -1] = np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0)
         self.seen = min(self.seen + 1, self.use.shape[1])

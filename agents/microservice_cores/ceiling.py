@@ -19,10 +19,12 @@ episode per seed). Scanning down and stopping at the first value that breaks it 
 and evaluates fewer. `pick="fewest"` keeps, of those clean values, the one with the fewest mean
 cores instead: a ceiling that yields to latency (`release`) turns a value too low into lifted
 seconds, so its cores stop falling before its violations start. `shape` gives every value of the
-grid the same window and release (action_map.Ceiling; `--window 60 --release 0.8 --hold 60`). None when even the largest breaks it: the policy is left without a ceiling. A
-margin raises the rule's value (Social's shipped ceiling is the rule's H 2.0 on 70 validation seeds
-plus 0.2: at 2.0 its policy broke QoS in rare seconds of the held-out tail seeds). The seeds must
-be apart from the experiment's (1-5) and the check seeds (6-10), like the training's validation.
+grid the same window and release (action_map.Ceiling; `--window 60 --release 0.8 --hold 60`).
+None when even the largest breaks it: the policy is left without a ceiling. A margin raises the
+rule's value (session 86's Social ceiling was the rule's H 2.0 on 70 validation seeds plus 0.2: at
+2.0 its policy broke QoS in rare seconds of the held-out tail seeds; the shipped ceilings since
+session 88 are the fewest-cores pick plus 0.01). The seeds must be apart from the experiment's (1-5)
+and the check seeds (6-10), like the training's validation.
 
     python -m agents.microservice_cores.ceiling --policy DIR --out DIR2 [--eval-seeds 101-120] [--rule sqrt]
     samm reclaimer-ceiling --policy DIR --out DIR2          (the same, from the CLI)
@@ -82,7 +84,7 @@ def choose_ceiling(policy, topo, seeds: Sequence[int] = CEILING_SEEDS, grid: Seq
     shape = dict(shape or {})
     if set(shape) - set(SHAPE_KEYS):
         raise ValueError(f"a ceiling's shape holds {', '.join(SHAPE_KEYS)}, not {sorted(set(shape) - set(SHAPE_KEYS))}")
-    make, default_grid, least = RULES[rule]
+    _, default_grid, least = RULES[rule]
     grid = sorted({float(h) for h in (default_grid if grid is None else grid)}, reverse=True)
     if not grid or grid[-1] < least:
         raise ValueError(f"the grid must hold values >= {least:g} ({'times the mean use' if rule == 'multiple' else 'β'})")
@@ -158,7 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-violations", type=float, default=0.0,
                     help="the largest share of violating validation seconds allowed (default 0)")
     ap.add_argument("--margin", type=float, default=0.0,
-                    help="raise the rule's H by this much (default 0; Social's shipped ceiling: 0.2)")
+                    help="raise the rule's H by this much (default 0; the shipped ceilings: 0.01)")
     ap.add_argument("--pick", choices=PICKS, default="smallest",
                     help="of the clean values: the smallest (default) or the one with the fewest mean cores")
     ap.add_argument("--window", type=int, default=0,

@@ -148,7 +148,7 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
 @click.option("--max-violations", type=float, default=0.0, show_default=True,
               help="The largest share of violating validation seconds allowed.")
 @click.option("--margin", type=float, default=0.0, show_default=True,
-              help="Raise the rule's value by this much (Social's shipped ceiling: --eval-seeds 101-170 --margin 0.2).")
+              help="Raise the rule's value by this much (the shipped ceilings: --eval-seeds 101-170 --margin 0.01).")
 @click.option("--pick", type=click.Choice(["smallest", "fewest"]), default="smallest", show_default=True,
               help="Of the clean values: the smallest, or the one with the fewest mean cores.")
 @click.option("--window", type=click.IntRange(min=0), default=0, show_default=True,
