@@ -3,7 +3,8 @@ yields to latency"): the experiment's episodes keep their users for all 300 s, a
 they never ask how a controller follows a change. Here every episode starts at one of the app's
 three load levels and jumps to another before second `--at`: low to middle, low to high, middle to
 high, high to low. Per jump and method: mean cores over the episode, violating seconds in all and in
-the 30 s after the jump.
+the 30 s after the jump. `--ramp S` spreads each change evenly over S seconds instead (a ramp of the
+load, as a day's rise and fall; the count after it then covers the ramp and the 30 s after it).
 
     .venv/bin/python benchmarks/reclaimer_load_steps.py --app hotel --seeds 701-720
     .venv/bin/python benchmarks/reclaimer_load_steps.py --app hotel --policy candidate=DIR --policy shipped=DIR2
@@ -50,16 +51,17 @@ def methods_of(policies: dict[str, ReclaimerPolicy]) -> dict:
     return out
 
 
-def run(topo, methods: dict, seeds, at: int, jumps=None) -> list[dict]:
+def run(topo, methods: dict, seeds, at: int, jumps=None, ramp: int = 0) -> list[dict]:
     rows = []
+    after = slice(at, at + max(ramp, 1) - 1 + AFTER_S)
     for u0, u1 in jumps or jumps_of(topo):
         for name, (batch, make) in methods.items():
-            eps = run_episodes(topo, make, u0, seeds, batch=batch() if batch else None, load_step=(at, u1),
-                               method=name)
+            eps = run_episodes(topo, make, u0, seeds, batch=batch() if batch else None,
+                               load_step=(at, u1, max(ramp, 1)), method=name)
             viol = np.array([e.violations for e in eps])            # (seeds, steps)
             rows.append({"from": u0, "to": u1, "method": name, "mean_cores": float(np.mean([e.mean_cores for e in eps])),
-                         "violating_s": int(viol.sum()), "violating_s_after_jump": int(viol[:, at:at + AFTER_S].sum()),
-                         "seconds": int(viol.size)})
+                         "violating_s": int(viol.sum()), "violating_s_after_jump": int(viol[:, after].sum()),
+                         "seconds": int(viol.size), "ramp_s": ramp})
     return rows
 
 
@@ -70,6 +72,7 @@ def main(argv=None) -> int:
                     help="a saved Reclaimer policy for the app (repeatable; default: the shipped one)")
     ap.add_argument("--seeds", default="701-720", help="episode seeds (default: %(default)s)")
     ap.add_argument("--at", type=int, default=100, help="the control second of the jump (default: %(default)s)")
+    ap.add_argument("--ramp", type=int, default=0, help="spread each change over this many seconds (default 0: a jump)")
     ap.add_argument("--json", default=None, help="also write the rows here")
     a = ap.parse_args(argv)
     try:
@@ -85,22 +88,23 @@ def main(argv=None) -> int:
         topo = next(iter(policies.values())).topo
         if topo.name != a.app or any(p.topo.name != topo.name for p in policies.values()):
             raise ValueError(f"every --policy must be for {a.app!r}")
-        if not 0 <= a.at < 300:
-            raise ValueError("--at must lie in the 300 control seconds")
+        if not 0 <= a.at < 300 or not 0 <= a.ramp <= 300 - a.at:
+            raise ValueError("--at and --at + --ramp must lie in the 300 control seconds")
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    rows = run(topo, methods_of(policies), seeds, a.at)
-    print(f"{topo.name}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), jump before second {a.at} of 300, "
+    rows = run(topo, methods_of(policies), seeds, a.at, ramp=a.ramp)
+    change = f"jump before second {a.at}" if a.ramp <= 1 else f"ramp over seconds {a.at}-{a.at + a.ramp - 1}"
+    print(f"{topo.name}, seeds {seeds[0]}..{seeds[-1]} ({len(seeds)}), {change} of 300, "
           f"{time.perf_counter() - t0:.0f} s")
-    print("| users | method | mean cores | violating seconds | in the 30 s after the jump |")
+    print(f"| users | method | mean cores | violating seconds | in the {'ramp and the ' if a.ramp > 1 else ''}30 s after it |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['from']:g} → {r['to']:g} | {r['method']} | {r['mean_cores']:.3f} | {r['violating_s']} of "
               f"{r['seconds']:,} | {r['violating_s_after_jump']} |")
     if a.json:
-        Path(a.json).write_text(json.dumps({"app": topo.name, "seeds": list(seeds), "at": a.at, "rows": rows,
+        Path(a.json).write_text(json.dumps({"app": topo.name, "seeds": list(seeds), "at": a.at, "ramp_s": a.ramp, "rows": rows,
                                             "versions": {n: p.version for n, p in policies.items()}}, indent=1))
     return 0
 

@@ -396,11 +396,17 @@ def test_a_load_step_changes_the_users_mid_episode_and_the_benchmark_reports_eac
     lo, hi = topo.users
     ep = run_episodes(topo, lambda i: AutoScale(), lo, [1], steps=60, load_step=(30, hi))[0]
     assert ep.requests[35:].mean() > 2 * ep.requests[:30].mean()
+    # a ramp spreads the change: halfway through it the load is about halfway
+    ramp = run_episodes(topo, lambda i: AutoScale(), lo, [1], steps=100, load_step=(20, hi, 60))[0]
+    before, middle, after = ramp.requests[:20].mean(), ramp.requests[45:55].mean(), ramp.requests[85:].mean()
+    assert before < middle < after and abs(middle - (before + after) / 2) < 0.2 * (after - before)
     pol = _policy(ceiling={"multiple": 1.5, "window": 20, "release": 0.8, "hold": 20})
     methods = methods_of({"p": pol})
     assert list(methods) == ["p", "p-no-ceiling", "autoscale"]
     rows = run(topo, methods, [3], at=100, jumps=jumps_of(topo)[1:2])
     assert [r["method"] for r in rows] == ["p", "p-no-ceiling", "autoscale"]
+    rows += run(topo, methods, [3], at=100, jumps=jumps_of(topo)[1:2], ramp=60)
+    assert [r["ramp_s"] for r in rows] == [0, 0, 0, 60, 60, 60]
     for r in rows:
         assert (r["from"], r["to"]) == (lo, hi) and r["seconds"] == 300
         assert 0 <= r["violating_s_after_jump"] <= r["violating_s"] <= r["seconds"] and r["mean_cores"] > 0

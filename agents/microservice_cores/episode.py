@@ -74,7 +74,7 @@ class EpisodeResult:
 def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | None, users, seeds,
                  steps: int = EPISODE_S, warmup: int = WARMUP_S, method: str | None = None,
                  samples: int | None = None, batch: "BatchController | None" = None,
-                 load_step: tuple[int, float] | None = None) -> list[EpisodeResult]:
+                 load_step: tuple[int, float] | tuple[int, float, int] | None = None) -> list[EpisodeResult]:
     """One episode per seed, all seeds stepping together in one simulator batch.
 
     `make_controller(i)` builds the controller of copy i (a controller keeps per-episode memory).
@@ -82,7 +82,8 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
     act as its copies' controllers would: `ReclaimerPolicy.batch`). The simulator's seed is the
     first seed; each copy's draws differ, and the whole batch is reproducible for the same seeds.
     `load_step` (t, users): every copy's users change to `users` before control second t (a jump of
-    the load, benchmarks/reclaimer_load_steps.py; the experiment's episodes keep theirs)."""
+    the load, benchmarks/reclaimer_load_steps.py; the experiment's episodes keep theirs); (t, users,
+    ramp_s): the change spread evenly over ramp_s seconds from t."""
     seeds = list(seeds)
     E = len(seeds)
     kwargs = {"samples": samples} if samples else {}
@@ -112,9 +113,12 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
     req = np.zeros((steps, E))
     fail = np.zeros((steps, E))
     throttled = np.zeros((steps, E, M))
+    start_users = users_arr.copy()
     for t in range(steps):
-        if load_step is not None and t == load_step[0]:
-            sim.set_users(np.full(E, float(load_step[1])))
+        if load_step is not None:
+            t0, to, ramp = load_step[0], float(load_step[1]), max(int(load_step[2]) if len(load_step) > 2 else 1, 1)
+            if t0 <= t < t0 + ramp:
+                sim.set_users(start_users + (to - start_users) * (t - t0 + 1) / ramp)
         wanted = batch.act_block(st) if batch is not None else \
             [ctl.act(st.measurement(e, topo.service_names)) for e, ctl in enumerate(ctls)]
         cores = np.stack([clip_cores(c, limits) for c in wanted])
