@@ -289,14 +289,24 @@ def test_a_ceiling_with_a_window_keeps_the_larger_mean_and_a_slow_second_lifts_i
     lifted = []
     for used, p99 in ((1.0, 0.5), (3.0, 0.5), (1.0, 0.9), (1.0, 0.5), (1.0, 0.5), (1.0, 0.5), (1.0, 0.5)):
         mem.push(np.array([[used], [used]]), np.array([p99, 0.0]))
-        lifted.append(mem.lifted().tolist())
+        lifted.append(mem.lifted()[:, 0].tolist())
     assert lifted == [[False, False], [False, False], [True, False], [True, False], [True, False],
                       [False, False], [False, False]]
     # the window holds the last 4 seconds: mean 1.0 now, so a higher 5-s mean wins and a lower one does not
     assert mem.base(np.array([[2.0], [0.5]])).ravel() == pytest.approx([2.0, 1.0])
     # an unknown p99 is a slow second (lifting is the safe side)
     mem.push(np.ones((2, 1)), np.array([0.0, np.nan]))
-    assert mem.lifted().tolist() == [False, True]
+    assert mem.lifted()[:, 0].tolist() == [False, True]
+    # pinned: one service at its limit lifts its own ceiling for the hold, not its neighbour's
+    pin = CeilingMemory(check_ceiling({"sqrt": 0.1, "window": 4, "pinned": 0.98, "hold": 1}), 1, 2)
+    assert pin.ceiling.stateful and pin.ceiling.label() == "sqrt0.1-w4-p0.98-h1"
+    states = []
+    for used, limit in (([0.5, 1.0], [1.0, 1.0]), ([0.5, 0.5], [1.0, 1.0]), ([0.5, 0.5], [1.0, 1.0])):
+        pin.push(np.array([used]), np.array([0.0]), np.array([limit]))
+        states.append(pin.lifted()[0].tolist())
+    assert states == [[False, True], [False, True], [False, False]]
+    with pytest.raises(ValueError, match="headroom_ceiling"):
+        check_ceiling({"pinned": 1.5})
     # cores_of: the memory's base, and no ceiling where it is lifted
     a, used, caps = np.ones((2, 1)), np.full((2, 1), 0.25), np.full((2, 1), 4.0)
     got = cores_of(a, used, caps, "cap", c, ceiling_base=np.full((2, 1), 1.0), lifted=np.array([[False], [True]]))
@@ -311,7 +321,7 @@ def test_a_stateful_ceiling_is_the_same_on_the_batch_a_controller_and_a_rest_ses
     from agents.microservice_cores.policy import ReclaimerPolicy
     from agents.microservice_cores.sac import SacConfig
 
-    shape = {"multiple": 1.2, "window": 10, "release": 0.5, "hold": 3}
+    shape = {"multiple": 1.2, "window": 10, "release": 0.5, "hold": 3, "pinned": 0.98}
     pol = _policy(ceiling=shape)
     assert pol.stateful and not _policy(ceiling=1.5).stateful
     pol.save(tmp_path / "p")

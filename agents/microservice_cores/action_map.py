@@ -48,7 +48,10 @@ rise in use still raises the ceiling within 5 s; `release` f with `hold` S lifts
 ceiling for S seconds after any second whose p99 reached f times the QoS target, handing the limits
 back to the policy when the load jumps (measured: the 5-s ceiling alone broke QoS in three times
 as many seconds as the policy without it after a jump of the load, and a 60-s window without the
-release never recovered). `CeilingMemory` holds that memory for E controlled copies; it is fed
+release never recovered). `pinned` r lifts one service's ceiling for the same `hold` while its
+latest use reached r times its limit, i.e. it is pinned at it: a ramp of the load pins a service
+before its latency shows it (measured: Social's widest ramps broke QoS in 20 and 4 seconds of 6,000
+without it, none with it). `CeilingMemory` holds that memory for E controlled copies; it is fed
 from the latest frame of each observation, so the batch, a controller's `act` and a REST
 session share one implementation.
 """
@@ -79,6 +82,7 @@ class Ceiling:
     window: int = 0
     release: float = 0.0
     hold: int = 0
+    pinned: float = 0.0
 
     def cap(self, base) -> np.ndarray:
         return self.multiple * base + self.sqrt * np.sqrt(base)
@@ -86,7 +90,7 @@ class Ceiling:
     @property
     def stateful(self) -> bool:
         """Whether it needs a memory of earlier seconds (`CeilingMemory`)."""
-        return self.window > 0 or self.release > 0
+        return self.window > 0 or self.release > 0 or self.pinned > 0
 
     def to_json(self):
         """A plain multiple as its number (the form policies saved before the square-root rule)."""
@@ -95,6 +99,8 @@ class Ceiling:
         out = {"multiple": self.multiple, "sqrt": self.sqrt}
         if self.stateful:
             out.update(window=self.window, release=self.release, hold=self.hold)
+            if self.pinned:
+                out["pinned"] = self.pinned
         return out
 
     def label(self) -> str:
@@ -106,19 +112,21 @@ class Ceiling:
             text = f"sqrt{self.sqrt:g}" if self.multiple == 1 else f"{self.multiple:g}+sqrt{self.sqrt:g}"
         if self.window:
             text += f"-w{self.window}"
-        if self.release:
-            text += f"-r{self.release:g}-h{self.hold}"
+        if self.pinned:
+            text += f"-p{self.pinned:g}"
+        if self.release or self.pinned:
+            text += (f"-r{self.release:g}" if self.release else "") + f"-h{self.hold}"
         return text
 
 
 #: the keys a saved ceiling may hold
-CEILING_KEYS = ("multiple", "sqrt", "window", "release", "hold")
+CEILING_KEYS = ("multiple", "sqrt", "window", "release", "hold", "pinned")
 
 
 def check_ceiling(ceiling) -> Ceiling | None:
     """A headroom ceiling: None (none), a number H >= 1 (H times the use), {"multiple": H >= 1,
     "sqrt": β >= 0, "window": whole seconds >= 0, "release": a share of the QoS target >= 0,
-    "hold": whole seconds >= 0} or a Ceiling (a limit under the use it must serve would throttle
+    "hold": whole seconds >= 0, "pinned": a share of the limit in [0, 1]} or a Ceiling (a limit under the use it must serve would throttle
     the service for good); the Ceiling, or None."""
     if ceiling is None:
         return None
@@ -136,12 +144,13 @@ def check_ceiling(ceiling) -> Ceiling | None:
         return number(x, 0) and float(x) == int(x)
 
     if not (number(parts["multiple"], 1.0) and number(parts["sqrt"], 0.0) and whole(parts["window"])
-            and number(parts["release"], 0.0) and whole(parts["hold"])):
+            and number(parts["release"], 0.0) and whole(parts["hold"])
+            and number(parts["pinned"], 0.0) and parts["pinned"] <= 1.0):
         raise ValueError("headroom_ceiling must be a number >= 1 (times the mean use), "
                          "{\"multiple\": >= 1, \"sqrt\": >= 0, \"window\": s >= 0, \"release\": >= 0, "
-                         f"\"hold\": s >= 0}} or null, not {ceiling!r}")
+                         f"\"hold\": s >= 0, \"pinned\": 0..1}} or null, not {ceiling!r}")
     return Ceiling(float(parts["multiple"]), float(parts["sqrt"]), int(parts["window"]),
-                   float(parts["release"]), int(parts["hold"]))
+                   float(parts["release"]), int(parts["hold"]), float(parts["pinned"]))
 
 
 def check_memoryless(ceiling, where: str) -> Ceiling | None:
@@ -156,20 +165,23 @@ def check_memoryless(ceiling, where: str) -> Ceiling | None:
 
 class CeilingMemory:
     """What a stateful ceiling remembers of E controlled copies: each service's use over the last
-    `window` seconds and, per copy, how many more seconds its ceiling stays lifted after a second
-    whose p99 reached `release` times the QoS target (that second's decision included)."""
+    `window` seconds, how many more seconds each copy's ceiling stays lifted after a second whose p99
+    reached `release` times the QoS target, and each service's after a second it was `pinned` at
+    its limit (that second's decision included)."""
 
     def __init__(self, ceiling: Ceiling, n_envs: int, n_services: int):
         self.ceiling = ceiling
         self.use = np.zeros((n_envs, max(ceiling.window, 1), n_services))
         self.seen = 0
         self.left = np.zeros(n_envs, dtype=np.int64)
+        self.service_left = np.zeros((n_envs, n_services), dtype=np.int64)
 
-    def push(self, used, p99_share) -> None:
+    def push(self, used, p99_share, limit=None) -> None:
         """One second: the cores each service used (E, M) and the p99 as a share of the QoS target (E,);
         an unknown p99 (NaN) counts as a slow second (lifting is the safe side). The policy reads both
         from an observation's latest frame, where an unknown latency is already 0; its loops do not
-        act on such a second."""
+        act on such a second. `limit` (E, M): the cores each service had in that second (read by
+        `pinned`)."""
         self.use = np.roll(self.use, -1, axis=1)
         self.use[:, -1] = np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0)
         self.seen = min(self.seen + 1, self.use.shape[1])
@@ -177,6 +189,10 @@ class CeilingMemory:
         if c.release > 0:
             slow = ~(np.asarray(p99_share, dtype=np.float64) < c.release)
             self.left = np.where(slow, c.hold + 1, np.maximum(self.left - 1, 0))
+        if c.pinned > 0 and limit is not None:
+            limit = np.nan_to_num(np.asarray(limit, dtype=np.float64), nan=0.0)
+            pinned = self.use[:, -1] >= c.pinned * np.maximum(limit, 1e-9)
+            self.service_left = np.where(pinned, c.hold + 1, np.maximum(self.service_left - 1, 0))
 
     def base(self, fast) -> np.ndarray:
         """The use the ceiling scales (E, M): the larger of `fast` (the 5-s mean) and the window's mean."""
@@ -185,8 +201,8 @@ class CeilingMemory:
         return np.maximum(fast, self.use[:, -self.seen:].mean(axis=1))
 
     def lifted(self) -> np.ndarray:
-        """(E,) whether each copy's ceiling is lifted this second."""
-        return self.left > 0
+        """(E, M) whether each service's ceiling is lifted this second (its copy's, or its own)."""
+        return (self.left > 0)[:, None] | (self.service_left > 0)
 
 
 def _base(used) -> np.ndarray:

@@ -90,6 +90,11 @@ def latest_used(obs: np.ndarray, k: int, caps: np.ndarray) -> np.ndarray:
     return np.asarray(obs, dtype=np.float64)[..., (k - 1) * ROW + USED_COLUMN] * caps
 
 
+def latest_limit(obs: np.ndarray, k: int, caps: np.ndarray) -> np.ndarray:
+    """The cores each service had in the latest second of a stacked observation (..., M, width) -> (..., M)."""
+    return np.asarray(obs, dtype=np.float64)[..., (k - 1) * ROW + USED_COLUMN + 1] * caps
+
+
 def latest_p99_share(obs: np.ndarray, k: int) -> np.ndarray:
     """The latest second's end-to-end p99 as a share of the QoS target (capped at LAT_CAP; an unknown
     latency reads 0, as in the rows) of a stacked observation (..., M, width) -> (...)."""

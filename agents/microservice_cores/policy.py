@@ -26,8 +26,8 @@ from agents.spaces import check_spaces, space_from_json, space_to_json
 
 from .action_map import Ceiling, CeilingMemory, check_ceiling, cores_of
 from .control import AppLimits, clip_cores
-from .features import (FrameStack, feature_row_block, feature_rows, latest_p99_share, latest_used, mean_used,
-                       observation_layout, queue_feature)
+from .features import (FrameStack, feature_row_block, feature_rows, latest_limit, latest_p99_share, latest_used,
+                       mean_used, observation_layout, queue_feature)
 from .observation import FIELD, StepMeasurement
 from .sac import Sac, SacConfig
 from .topology import Topology
@@ -118,7 +118,8 @@ class ReclaimerPolicy:
             return None
         if memory is None:
             memory = CeilingMemory(self.ceiling, len(obs), self.topo.n_services)
-        memory.push(latest_used(obs, self.cfg.k, self.topo.caps), latest_p99_share(obs, self.cfg.k))
+        k, caps = self.cfg.k, self.topo.caps
+        memory.push(latest_used(obs, k, caps), latest_p99_share(obs, k), latest_limit(obs, k, caps))
         return memory
 
     def stacked(self, stack: FrameStack | None, rows: np.ndarray, queue: np.ndarray | None) -> FrameStack:
@@ -155,7 +156,7 @@ class ReclaimerPolicy:
             return cores_of(a, base, self.topo.caps, self.cfg.action_space, self.ceiling)
         single = np.ndim(obs) == 2
         ceiling_base = memory.base(base[None] if single else base)
-        lifted = memory.lifted()[:, None]
+        lifted = memory.lifted()
         return cores_of(a, base, self.topo.caps, self.cfg.action_space, self.ceiling,
                         ceiling_base=ceiling_base[0] if single else ceiling_base,
                         lifted=lifted[0] if single else lifted)

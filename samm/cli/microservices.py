@@ -158,9 +158,11 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
               help="Lift every service's ceiling after a second whose p99 reached this share of the QoS target "
                    "(0: never).")
 @click.option("--hold", type=click.IntRange(min=0), default=0, show_default=True,
-              help="With --release: keep the ceiling lifted this many seconds more.")
+              help="With --release or --pinned: keep the ceiling lifted this many seconds more.")
+@click.option("--pinned", type=click.FloatRange(min=0.0, max=1.0), default=0.0, show_default=True,
+              help="Also lift one service's ceiling while its use reached this share of its limit (0: never).")
 def reclaimer_ceiling(policy_dir, out, eval_seeds, rule, grid, max_violations, margin, pick, window, release,
-                      hold) -> None:
+                      hold, pinned) -> None:
     """Choose a headroom ceiling for a Reclaimer policy (ours): the smallest value on the grid (H, or
     β with --rule sqrt) such that the policy with every limit capped at H times the service's mean
     use u (or at u + β√u) breaks QoS in no validation second, at that value and every larger one of
@@ -172,7 +174,7 @@ def reclaimer_ceiling(policy_dir, out, eval_seeds, rule, grid, max_violations, m
 
     argv = ["--policy", policy_dir, "--out", out, "--eval-seeds", eval_seeds, "--max-violations", str(max_violations),
             "--margin", str(margin), "--rule", rule, "--pick", pick, "--window", str(window),
-            "--release", str(release), "--hold", str(hold)]
+            "--release", str(release), "--hold", str(hold), "--pinned", str(pinned)]
     if grid:
         argv += ["--grid", grid]
     rc = ceiling_main(argv)
