@@ -50,8 +50,9 @@ back to the policy when the load jumps (measured: the 5-s ceiling alone broke Qo
 as many seconds as the policy without it after a jump of the load, and a 60-s window without the
 release never recovered). `pinned` r lifts one service's ceiling for the same `hold` while its
 latest use reached r times its limit, i.e. it is pinned at it: a ramp of the load pins a service
-before its latency shows it (measured: Social's widest ramps broke QoS in 20 and 4 seconds of 6,000
-without it, none with it). `CeilingMemory` holds that memory for E controlled copies; it is fed
+before its latency shows it (measured: Social's widest ramps broke QoS in 66 and 24 seconds of
+30,000 without it, none with it; off in the shipped ceilings, which a pre-declared jump gate kept
+from it). `CeilingMemory` holds that memory for E controlled copies; it is fed
 from the latest frame of each observation, so the batch, a controller's `act` and a REST
 session share one implementation.
 """
@@ -126,8 +127,8 @@ CEILING_KEYS = ("multiple", "sqrt", "window", "release", "hold", "pinned")
 def check_ceiling(ceiling) -> Ceiling | None:
     """A headroom ceiling: None (none), a number H >= 1 (H times the use), {"multiple": H >= 1,
     "sqrt": β >= 0, "window": whole seconds >= 0, "release": a share of the QoS target >= 0,
-    "hold": whole seconds >= 0, "pinned": a share of the limit in [0, 1]} or a Ceiling (a limit under the use it must serve would throttle
-    the service for good); the Ceiling, or None."""
+    "hold": whole seconds >= 0, "pinned": a share of the limit in [0, 1]} or a Ceiling (a limit
+    under the use it must serve would throttle the service for good); the Ceiling, or None."""
     if ceiling is None:
         return None
     if isinstance(ceiling, Ceiling):
