@@ -113,12 +113,13 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
     req = np.zeros((steps, E))
     fail = np.zeros((steps, E))
     throttled = np.zeros((steps, E, M))
-    start_users = users_arr.copy()
+    if load_step is not None:
+        t0, to = int(load_step[0]), float(load_step[1])
+        ramp = max(int(load_step[2]) if len(load_step) > 2 else 1, 1)
+        start_users = users_arr.copy()
     for t in range(steps):
-        if load_step is not None:
-            t0, to, ramp = load_step[0], float(load_step[1]), max(int(load_step[2]) if len(load_step) > 2 else 1, 1)
-            if t0 <= t < t0 + ramp:
-                sim.set_users(start_users + (to - start_users) * (t - t0 + 1) / ramp)
+        if load_step is not None and t0 <= t < t0 + ramp:
+            sim.set_users(start_users + (to - start_users) * (t - t0 + 1) / ramp)
         wanted = batch.act_block(st) if batch is not None else \
             [ctl.act(st.measurement(e, topo.service_names)) for e, ctl in enumerate(ctls)]
         cores = np.stack([clip_cores(c, limits) for c in wanted])
