@@ -108,6 +108,11 @@ def test_the_ceiling_is_the_smallest_h_that_is_clean_and_has_only_clean_larger_o
         choose_ceiling(pol, pol.topo, [101], [3.0], evaluate_fn=fake_eval, margin=-0.1)
     rates[3.0] = 0.01
     assert choose_ceiling(pol, pol.topo, [101], [3.0, 2.5], evaluate_fn=fake_eval)["ceiling"] is None
+    # a policy that breaks rare seconds itself: a value no worse than it counts as clean when asked
+    rates.update({None: 0.001, 3.0: 0.0005, 2.5: 0.001, 2.0: 0.002})
+    got = choose_ceiling(pol, pol.topo, [101], [3.0, 2.5, 2.0], evaluate_fn=fake_eval, no_worse_than_policy=True)
+    assert got["ceiling"] == 2.5 and got["no_worse_than_policy"]
+    assert choose_ceiling(pol, pol.topo, [101], [3.0, 2.5], evaluate_fn=fake_eval)["ceiling"] is None
     with pytest.raises(ValueError, match=">= 1"):
         choose_ceiling(pol, pol.topo, [101], [2.0, 0.5], evaluate_fn=fake_eval)
 
@@ -397,6 +402,35 @@ def test_the_fewest_cores_pick_and_a_shape_choose_a_ceiling_that_yields(tmp_path
     assert (q.ceiling.window, q.ceiling.release, q.ceiling.hold) == (30, 0.9, 20) and q.stateful
 
 
+def test_the_shipped_recipe_fills_what_the_command_line_leaves_out(tmp_path):
+    from agents.microservice_cores.ceiling import DEFAULTS, RECIPES, resolve_options
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from samm.cli.main import cli
+
+    assert resolve_options({}) == DEFAULTS and resolve_options({"rule": None}, "shipped") == RECIPES["shipped"]
+    assert resolve_options({"release": 0.0, "window": 30}, "shipped") | {"release": 0.8, "window": 60} \
+        == RECIPES["shipped"]                                          # a given option wins, even a 0
+    with pytest.raises(ValueError, match="recipe"):
+        resolve_options({}, "newest")
+    _policy().save(tmp_path / "p")
+    run = lambda out, *extra: CliRunner().invoke(cli, [                # noqa: E731
+        "reclaimer-ceiling", "--policy", str(tmp_path / "p"), "--out", str(tmp_path / out), "--recipe", "shipped",
+        "--eval-seeds", "101", "--grid", "0.5,0.2", "--max-violations", "1", *extra])
+    r = run("q")
+    assert r.exit_code == 0, r.output
+    q = ReclaimerPolicy.load(tmp_path / "q")
+    rec = q.training["ceiling"]
+    assert (q.ceiling.window, q.ceiling.release, q.ceiling.hold, q.ceiling.pinned) == (60, 0.8, 60, 0.0)
+    assert rec["rule"] == "sqrt" and rec["pick"] == "fewest" and rec["margin"] == 0.01
+    assert q.ceiling.sqrt == pytest.approx(min(rec["rule_ceiling"] + 0.01, 0.5)) and "warning" not in r.output
+    assert rec["no_worse_than_policy"] is False
+    r = run("x", "--release", "0", "--pinned", "0", "--no-worse-than-policy")   # the recipe without its release
+    assert r.exit_code == 0 and "warning: without --release" in r.output
+    x = ReclaimerPolicy.load(tmp_path / "x")
+    assert x.ceiling.release == 0.0 and x.training["ceiling"]["no_worse_than_policy"] is True
+    assert CliRunner().invoke(cli, ["reclaimer-ceiling", "--help"]).output.count("shipped") >= 1
+
+
 def test_a_load_step_changes_the_users_mid_episode_and_the_benchmark_reports_each_jump():
     from agents.microservice_cores.autoscale import AutoScale
     from agents.microservice_cores.episode import run_episodes
@@ -457,3 +491,6 @@ def test_the_decide_route_keeps_a_stateful_ceilings_memory_per_session():
     assert decide(obs, "a") == pytest.approx(raw, abs=1e-3)           # held: the memory of session "a"
     assert decide(obs) == pytest.approx(capped, abs=1e-3)             # no session, no memory
     assert decide(obs, "b") == pytest.approx(capped, abs=1e-3)        # another session's own memory
+    said = [client.post("/v1/agents/reclaimer/decide", json={"observation": obs.tolist(), **extra}).json()["memory"]
+            for extra in ({}, {"session_id": "c"})]
+    assert said == ["not kept", "session"]                            # the caller is told which it got

@@ -103,6 +103,9 @@ def test_toy_problem_is_served_with_its_own_schema(client):
     r = client.post("/v1/agents/toy/decide", json=good_body())
     assert r.status_code == 200, r.text
     assert r.json()["action"] == 1 and r.json()["info"] == {"calls": 1}
+    assert r.json()["memory"] == "session"
+    alone = client.post("/v1/agents/toy/decide", json=good_body(session_id=None)).json()
+    assert alone["memory"] == "not kept" and alone["info"] == {"calls": 1}
     # per-session state
     assert client.post("/v1/agents/toy/decide", json=good_body()).json()["info"] == {"calls": 2}
     assert client.post("/v1/agents/toy/decide", json=good_body(session_id="s2")).json()["info"] == {"calls": 1}

@@ -137,46 +137,53 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
               help="A saved Reclaimer policy directory (e.g. a training run's best-policy).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Where the policy with its ceiling is saved (the weights unchanged).")
-@click.option("--eval-seeds", default="101-120", show_default=True,
-              help="Validation seeds, apart from the experiment's 1-5 and 6-10.")
-@click.option("--rule", type=click.Choice(["multiple", "sqrt"]), default="multiple", show_default=True,
-              help="multiple: every limit at most H times the service's mean use; sqrt: at most u + β√u "
-                   "(square-root staffing).")
+@click.option("--recipe", type=click.Choice(["shipped"]), default=None,
+              help="Fill every option below that is left out from a recipe. shipped: the ceilings shipped since "
+                   "session 88 (--eval-seeds 101-170 --rule sqrt --margin 0.01 --pick fewest --window 60 "
+                   "--release 0.8 --hold 60).")
+@click.option("--eval-seeds", default=None,
+              help="Validation seeds, apart from the experiment's 1-5 and 6-10 (default: 101-120).")
+@click.option("--rule", type=click.Choice(["multiple", "sqrt"]), default=None,
+              help="multiple (the default): every limit at most H times the service's mean use; sqrt: at most "
+                   "u + β√u (square-root staffing).")
 @click.option("--grid", default=None,
               help="Values to try, comma-separated (default: H 3 down to 1.2 by 0.1; β 0.3, 0.25, 0.2 down to 0.05 "
                    "by 0.01).")
 @click.option("--max-violations", type=float, default=0.0, show_default=True,
               help="The largest share of violating validation seconds allowed.")
-@click.option("--margin", type=float, default=0.0, show_default=True,
-              help="Raise the rule's value by this much (the shipped ceilings: --eval-seeds 101-170 --margin 0.01).")
-@click.option("--pick", type=click.Choice(["smallest", "fewest"]), default="smallest", show_default=True,
-              help="Of the clean values: the smallest, or the one with the fewest mean cores.")
-@click.option("--window", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--no-worse-than-policy", is_flag=True,
+              help="Also count a value clean when it breaks no more validation seconds than the policy without a "
+                   "ceiling (for a policy that already breaks rare ones; otherwise it gets no ceiling).")
+@click.option("--margin", type=float, default=None,
+              help="Raise the rule's value by this much (default 0).")
+@click.option("--pick", type=click.Choice(["smallest", "fewest"]), default=None,
+              help="Of the clean values: the smallest (the default), or the one with the fewest mean cores.")
+@click.option("--window", type=click.IntRange(min=0), default=None,
               help="The use the ceiling scales: the larger of the 5-s mean and the mean over this many seconds "
-                   "(0: the 5-s mean alone).")
-@click.option("--release", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+                   "(default 0: the 5-s mean alone).")
+@click.option("--release", type=click.FloatRange(min=0.0), default=None,
               help="Lift every service's ceiling after a second whose p99 reached this share of the QoS target "
-                   "(0: never).")
-@click.option("--hold", type=click.IntRange(min=0), default=0, show_default=True,
-              help="With --release or --pinned: keep the ceiling lifted this many seconds more.")
-@click.option("--pinned", type=click.FloatRange(min=0.0, max=1.0), default=0.0, show_default=True,
-              help="Also lift one service's ceiling while its use reached this share of its limit (0: never).")
-def reclaimer_ceiling(policy_dir, out, eval_seeds, rule, grid, max_violations, margin, pick, window, release,
-                      hold, pinned) -> None:
+                   "(default 0: never).")
+@click.option("--hold", type=click.IntRange(min=0), default=None,
+              help="With --release or --pinned: keep the ceiling lifted this many seconds more (default 0).")
+@click.option("--pinned", type=click.FloatRange(min=0.0, max=1.0), default=None,
+              help="Also lift one service's ceiling while its use reached this share of its limit (default 0: never).")
+def reclaimer_ceiling(policy_dir, out, recipe, eval_seeds, rule, grid, max_violations, no_worse_than_policy, margin,
+                      pick, window, release, hold, pinned) -> None:
     """Choose a headroom ceiling for a Reclaimer policy (ours): the smallest value on the grid (H, or
     β with --rule sqrt) such that the policy with every limit capped at H times the service's mean
     use u (or at u + β√u) breaks QoS in no validation second, at that value and every larger one of
     the grid (agents/microservice_cores/ceiling.py); with --pick fewest, the clean value with the
     fewest mean cores. --window, --release and --hold give the ceiling a memory (a slow mean of the
-    use; lifted after a slow second). Prints each value's mean cores and violations; saves the
-    policy with the chosen ceiling to --out."""
+    use; lifted after a slow second). --recipe shipped is the shipped ceilings' recipe. Prints each
+    value's mean cores and violations; saves the policy with the chosen ceiling to --out."""
     from agents.microservice_cores.ceiling import main as ceiling_main
 
-    argv = ["--policy", policy_dir, "--out", out, "--eval-seeds", eval_seeds, "--max-violations", str(max_violations),
-            "--margin", str(margin), "--rule", rule, "--pick", pick, "--window", str(window),
-            "--release", str(release), "--hold", str(hold), "--pinned", str(pinned)]
-    if grid:
-        argv += ["--grid", grid]
+    argv = ["--policy", policy_dir, "--out", out, "--max-violations", str(max_violations)]
+    given = {"--recipe": recipe, "--eval-seeds": eval_seeds, "--rule": rule, "--grid": grid, "--margin": margin,
+             "--pick": pick, "--window": window, "--release": release, "--hold": hold, "--pinned": pinned}
+    argv += [x for flag, v in given.items() if v is not None for x in (flag, str(v))]
+    argv += ["--no-worse-than-policy"] if no_worse_than_policy else []
     rc = ceiling_main(argv)
     if rc:
         sys.exit(rc)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from gymnasium import spaces
@@ -108,6 +108,12 @@ def mask_type(action_space: spaces.Space) -> Any | None:
     return None
 
 
+#: what the generic decide route did with a policy's memory between calls
+MEMORY_DOC = ("What became of the policy's memory of earlier calls: 'none', it keeps none; 'session', kept "
+              "under session_id for the next call; 'not kept', the policy keeps one per session but the call "
+              "named no session_id, so it decided from an empty memory and nothing was kept.")
+
+
 def decide_models(agent_name: str, policy) -> tuple[type[BaseModel], type[BaseModel]]:
     base = _camel(agent_name)
     obs = field_type(policy.observation_space, f"{base}Observation")
@@ -124,5 +130,7 @@ def decide_models(agent_name: str, policy) -> tuple[type[BaseModel], type[BaseMo
     req = create_model(f"{base}DecideRequest", __base__=Strict, **fields)
     resp = create_model(f"{base}DecideResponse", action=(act, ...), action_name=(str | None, None),
                         info=(dict[str, Any], Field(default_factory=dict)), policy_version=(str, ...),
-                        session_id=(str | None, None))
+                        session_id=(str | None, None),
+                        memory=(Literal["none", "session", "not kept"],
+                                Field("none", description=MEMORY_DOC)))
     return req, resp

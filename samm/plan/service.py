@@ -296,13 +296,15 @@ def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, session
     """POST /v1/agents/{name}/decide with request/response models generated from the spaces."""
     policy = registry.get(name)
     Request_, Response_ = decide_models(name, policy)
+    unkept: set[str] = set()
 
     async def decide_any(req: Request_) -> Response_:  # type: ignore[valid-type]
         p = registry.get(name)
         body = req.model_dump()
         started = time.perf_counter()
-        stateful = bool(getattr(p, "stateful", False)) and req.session_id is not None
-        state = sessions.checkout(name, req.session_id, p) if stateful else None
+        remembers = bool(getattr(p, "stateful", False))
+        stateful = remembers and req.session_id is not None
+        state = sessions.checkout(name, req.session_id, p) if stateful else sessions.fresh(p) if remembers else None
         try:
             d, state = dataplane.decide(p, body["observation"], mask=body.get("action_mask"),
                                         deterministic=req.deterministic, state=state)
@@ -316,8 +318,13 @@ def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, session
         if stateful:
             sessions.store(name, req.session_id, p, state)
         latency.labels(name).observe(time.perf_counter() - started)
+        if remembers and not stateful and p.version not in unkept:     # once per version, not per call
+            unkept.add(p.version)
+            log.warning("agent %s keeps a memory per session, but a decide call named no session_id: it "
+                        "decided from an empty memory", name)
         return Response_(action=d.action, action_name=d.name, info=d.info, policy_version=p.version,
-                         session_id=req.session_id)
+                         session_id=req.session_id,
+                         memory="session" if stateful else "not kept" if remembers else "none")
 
     # the module has postponed annotations: give FastAPI the generated classes themselves
     decide_any.__annotations__ = {"req": Request_, "return": Response_}

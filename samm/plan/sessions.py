@@ -89,8 +89,13 @@ class SessionStore:
     def checkout(self, agent_name: str, session_id: str, agent) -> Any:
         item = self._cache.get((agent_name, session_id))
         if item is None or item[1] != agent.version:
-            return agent.initial_state(1) if hasattr(agent, "action_mode") else agent.initial_state()
+            return self.fresh(agent)
         return item[0]
+
+    @staticmethod
+    def fresh(agent) -> Any:
+        """A new session's state (also a call that names no session)."""
+        return agent.initial_state(1) if hasattr(agent, "action_mode") else agent.initial_state()
 
     def store(self, agent_name: str, session_id: str, agent, state: Any) -> None:
         self._cache.put((agent_name, session_id), (state, agent.version))
