@@ -10,7 +10,8 @@ load, as a day's rise and fall; the count after it then covers the ramp and the 
     .venv/bin/python benchmarks/reclaimer_load_steps.py --app hotel --policy candidate=DIR --policy shipped=DIR2
 
 Methods: each `--policy NAME=DIR` (default: the shipped policy as "reclaimer"), each policy's weights
-without its ceiling ("NAME-no-ceiling", when it has one), and AutoScale.
+without its ceiling ("NAME-no-ceiling", when it has one; once for policies that share their weights),
+and AutoScale.
 """
 from __future__ import annotations
 
@@ -41,10 +42,12 @@ def jumps_of(topo) -> list[tuple[float, float]]:
 
 def methods_of(policies: dict[str, ReclaimerPolicy]) -> dict:
     """name -> (batch controller or None, per-copy controller factory or None)."""
-    out = {}
+    out, weights = {}, set()
     for name, pol in policies.items():
         out[name] = (pol.batch, None)
-        if pol.ceiling is not None:
+        base = pol.version.split("+ceiling")[0]
+        if pol.ceiling is not None and base not in weights:    # the same weights under two ceilings: once
+            weights.add(base)
             raw = pol.with_ceiling(None)
             out[f"{name}-no-ceiling"] = (raw.batch, None)
     out["autoscale"] = (None, lambda i: AutoScale())

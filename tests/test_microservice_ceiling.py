@@ -447,6 +447,8 @@ def test_a_load_step_changes_the_users_mid_episode_and_the_benchmark_reports_eac
     pol = _policy(ceiling={"multiple": 1.5, "window": 20, "release": 0.8, "hold": 20})
     methods = methods_of({"p": pol})
     assert list(methods) == ["p", "p-no-ceiling", "autoscale"]
+    twin = pol.with_ceiling(Ceiling(multiple=2.0))                    # the same weights under another ceiling
+    assert list(methods_of({"p": pol, "q": twin})) == ["p", "p-no-ceiling", "q", "autoscale"]
     rows = run(topo, methods, [3], at=100, jumps=jumps_of(topo)[1:2])
     assert [r["method"] for r in rows] == ["p", "p-no-ceiling", "autoscale"]
     rows += run(topo, methods, [3], at=100, jumps=jumps_of(topo)[1:2], ramp=60)
