@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hold", type=int, default=None, help="for this many seconds more (with --release or --pinned)")
     ap.add_argument("--pinned", type=float, default=None,
                     help="also lift one service's ceiling while its use reached this share of its limit "
-                         "(default 0: never; off in the shipped ceilings)")
+                         "(default 0: never; Social's shipped ceiling: 0.98, Hotel's: 0)")
     a = ap.parse_args(argv)
     try:
         o = resolve_options(vars(a), a.recipe)
