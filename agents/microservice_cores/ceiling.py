@@ -174,7 +174,7 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", choices=sorted(RECIPES), default=None,
                     help="fill every option below that is left out from a recipe: 'shipped', the ceilings shipped "
                          "since session 88 (--eval-seeds 101-170 --rule sqrt --margin 0.01 --pick fewest --window 60 "
-                         "--release 0.8 --hold 60)")
+                         "--release 0.8 --hold 60; Social's adds --pinned 0.98)")
     ap.add_argument("--eval-seeds", default=None,
                     help=f"validation seeds, apart from the experiment's 1-5 and 6-10 (default: {DEFAULTS['eval_seeds']})")
     ap.add_argument("--rule", choices=sorted(RULES), default=None,

@@ -140,7 +140,7 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
 @click.option("--recipe", type=click.Choice(["shipped"]), default=None,
               help="Fill every option below that is left out from a recipe. shipped: the ceilings shipped since "
                    "session 88 (--eval-seeds 101-170 --rule sqrt --margin 0.01 --pick fewest --window 60 "
-                   "--release 0.8 --hold 60).")
+                   "--release 0.8 --hold 60; Social's adds --pinned 0.98).")
 @click.option("--eval-seeds", default=None,
               help="Validation seeds, apart from the experiment's 1-5 and 6-10 (default: 101-120).")
 @click.option("--rule", type=click.Choice(["multiple", "sqrt"]), default=None,
