@@ -303,8 +303,11 @@ def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, session
         body = req.model_dump()
         started = time.perf_counter()
         remembers = bool(getattr(p, "stateful", False))
-        stateful = remembers and req.session_id is not None
-        state = sessions.checkout(name, req.session_id, p) if stateful else sessions.fresh(p) if remembers else None
+        kept = remembers and req.session_id is not None          # its memory lives under the session
+        if kept:
+            state = sessions.checkout(name, req.session_id, p)
+        else:
+            state = sessions.fresh(p) if remembers else None
         try:
             d, state = dataplane.decide(p, body["observation"], mask=body.get("action_mask"),
                                         deterministic=req.deterministic, state=state)
@@ -315,16 +318,16 @@ def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, session
         except Exception as exc:  # noqa: BLE001 - a failing policy is a 500 naming it, never a dropped connection
             log.exception("agent %s failed to decide", name)
             raise HTTPException(500, f"agent {name!r} failed: {type(exc).__name__}: {exc}") from None
-        if stateful:
+        if kept:
             sessions.store(name, req.session_id, p, state)
         latency.labels(name).observe(time.perf_counter() - started)
-        if remembers and not stateful and p.version not in unkept:     # once per version, not per call
+        if remembers and not kept and p.version not in unkept:     # once per version, not per call
             unkept.add(p.version)
             log.warning("agent %s keeps a memory per session, but a decide call named no session_id: it "
                         "decided from an empty memory", name)
         return Response_(action=d.action, action_name=d.name, info=d.info, policy_version=p.version,
                          session_id=req.session_id,
-                         memory="session" if stateful else "not kept" if remembers else "none")
+                         memory="session" if kept else "not kept" if remembers else "none")
 
     # the module has postponed annotations: give FastAPI the generated classes themselves
     decide_any.__annotations__ = {"req": Request_, "return": Response_}
