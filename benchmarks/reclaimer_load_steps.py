@@ -16,6 +16,7 @@ and AutoScale.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -40,14 +41,24 @@ def jumps_of(topo) -> list[tuple[float, float]]:
     return [(lo, mid), (lo, hi), (mid, hi), (hi, lo)]
 
 
+def weights_key(pol: ReclaimerPolicy) -> str:
+    """A digest of the policy's weights: equal for the same weights under any ceiling or version
+    (policies saved before training sets a version are all "unversioned")."""
+    digest = hashlib.sha256()
+    for name, tensor in pol.agent.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().float().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def methods_of(policies: dict[str, ReclaimerPolicy]) -> dict:
     """name -> (batch controller or None, per-copy controller factory or None)."""
     out, weights = {}, set()
     for name, pol in policies.items():
         out[name] = (pol.batch, None)
-        base = pol.version.split("+ceiling")[0]
-        if pol.ceiling is not None and base not in weights:    # the same weights under two ceilings: once
-            weights.add(base)
+        key = weights_key(pol)
+        if pol.ceiling is not None and key not in weights:     # the same weights under two ceilings: once
+            weights.add(key)
             raw = pol.with_ceiling(None)
             out[f"{name}-no-ceiling"] = (raw.batch, None)
     out["autoscale"] = (None, lambda i: AutoScale())

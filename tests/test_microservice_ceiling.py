@@ -449,6 +449,11 @@ def test_a_load_step_changes_the_users_mid_episode_and_the_benchmark_reports_eac
     assert list(methods) == ["p", "p-no-ceiling", "autoscale"]
     twin = pol.with_ceiling(Ceiling(multiple=2.0))                    # the same weights under another ceiling
     assert list(methods_of({"p": pol, "q": twin})) == ["p", "p-no-ceiling", "q", "autoscale"]
+    other = _policy(ceiling={"multiple": 1.5})                       # other weights under the same version
+    with torch.no_grad():
+        next(other.agent.parameters()).add_(0.01)
+    assert other.version == pol.version
+    assert list(methods_of({"p": pol, "o": other})) == ["p", "p-no-ceiling", "o", "o-no-ceiling", "autoscale"]
     rows = run(topo, methods, [3], at=100, jumps=jumps_of(topo)[1:2])
     assert [r["method"] for r in rows] == ["p", "p-no-ceiling", "autoscale"]
     rows += run(topo, methods, [3], at=100, jumps=jumps_of(topo)[1:2], ramp=60)

@@ -530,6 +530,64 @@ def test_evaluating_during_training_keeps_the_best_checkpoint_and_changes_nothin
     assert none.best is None and len(none.evaluations) == 1
 
 
+def test_stopping_after_n_transitions_is_the_full_runs_start_to_the_bit():
+    """`stop_after` (ours): the run ends at the episode boundary, with the full schedule's phases,
+    so every episode and the weights equal the full run's at that point; an evaluation is due there."""
+    from agents.microservice_cores.train import train
+
+    cfg = _tiny_cfg()
+    full = train("chain3", cfg, seed=3, progress=False, eval_every=600, eval_seeds=(101,), best_max_violation=1.0)
+    cut = train("chain3", cfg, seed=3, progress=False, eval_every=600, eval_seeds=(101,), best_max_violation=1.0,
+                stop_after=1000)
+    assert [r["steps"] for r in cut.log] == [600, 1200]          # rounded up to the episode's end
+    keys = ("steps", "phase", "mean_cores", "violation_rate", "eval_mean_cores")
+    assert [[r[k] for k in keys] for r in cut.log] == [[r[k] for k in keys] for r in full.log[:2]]
+    assert cut.training["stopped_after"] == 1000 and cut.training["steps"] == 1200 and "stopped_after" not in full.training
+    assert [h["steps"] for h in cut.evaluations] == [1200]
+    cut2 = train("chain3", cfg, seed=3, progress=False, stop_after=1200)
+    again = train("chain3", cfg, seed=3, progress=False, stop_after=1200)
+    assert all(torch.equal(a, b) for a, b in zip(cut2.agent.state_dict().values(), again.agent.state_dict().values()))
+    assert not all(torch.equal(a, b) for a, b in zip(cut2.agent.state_dict().values(),
+                                                     full.agent.state_dict().values()))
+
+
+def test_training_several_seeds_side_by_side_keeps_the_best_policy_validation_ranks_first(tmp_path):
+    """`--seeds` (ours): one run per seed in processes, each under OUT/seed-S as alone; OUT/best-policy
+    is the seed's with the fewest validation mean cores, its weights unchanged; bad uses are refused."""
+    import json
+
+    from click.testing import CliRunner
+
+    from samm.cli.main import cli
+
+    base = ["train", "--problem", "microservice-cores", "--app", "chain3", "--steps", "2400", "--envs", "2",
+            "--eval-every", "600", "--eval-seeds", "101", "--stop-after", "1800", "--quiet"]
+    r = CliRunner().invoke(cli, base + ["--seeds", "3,4", "--out", str(tmp_path / "two")])
+    assert r.exit_code == 0, r.output
+    record = json.loads((tmp_path / "two" / "seeds.json").read_text())
+    runs = {x["seed"]: x for x in record["seeds"]}
+    assert set(runs) == {3, 4} and all(x["steps"] <= 1800 for x in runs.values())
+    chosen = min(runs.values(), key=lambda x: (x["mean_cores"], x["seed"]))["seed"]
+    assert record["chosen"] == chosen and f"chose seed {chosen}" in r.output
+    best = tmp_path / "two" / "best-policy"
+    assert (best / "weights.pt").read_bytes() == (tmp_path / "two" / f"seed-{chosen}" / "best-policy" /
+                                                  "weights.pt").read_bytes()
+    meta = json.loads((best / "metadata.json").read_text())["training"]
+    assert meta["seed"] == chosen and meta["chosen_among_seeds"] == {str(s): runs[s]["mean_cores"] for s in (3, 4)}
+    # a seed's run is the run of that seed alone
+    r = CliRunner().invoke(cli, base + ["--seed", "4", "--out", str(tmp_path / "alone")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "alone" / "best-policy" / "weights.pt").read_bytes() == \
+        (tmp_path / "two" / "seed-4" / "best-policy" / "weights.pt").read_bytes()
+    for bad, says in ((["--seeds", "3"], "--seeds needs two or more"), (["--seeds", "3,3"], "--seeds needs two"),
+                      (["--stop-after", "0"], "--stop-after must be >= 1")):
+        r = CliRunner().invoke(cli, base + bad + ["--out", str(tmp_path / "bad")])
+        assert r.exit_code == 2 and says in r.output, r.output
+    r = CliRunner().invoke(cli, [a for a in base if a not in ("--eval-every", "600")] + ["--seeds", "3,4", "--out",
+                                                                                         str(tmp_path / "bad")])
+    assert r.exit_code == 2 and "--seeds needs --out and --eval-every" in r.output
+
+
 def test_the_best_checkpoint_rule_wants_fewer_cores_within_the_violation_bound():
     from agents.microservice_cores.validation import BestCheckpoint
 
@@ -778,6 +836,27 @@ def test_an_experiment_of_some_methods_counts_their_violating_seconds_and_claims
         run(tmp_path / "bad", quick=True, progress=False, methods=["reclaimer", "sinan-live"])
 
 
+def test_the_experiments_cells_in_worker_processes_give_the_figures_of_one_process(tmp_path):
+    """`--workers`: the (application, load level) cells in processes change no figure; a run that
+    trains (its policy, or a Sinan-style model that is not shipped) trains once, in one process."""
+    import json
+    from agents.microservice_cores.experiment import FULL, QUICK, _trains, run
+
+    def figures(d):
+        s = json.loads((d / "summary.json").read_text())
+        s.pop("seconds")
+        for v in s["apps"]["chain3"]["log"]["static_best"].values():
+            v.pop("seconds")
+        return s
+    methods = ["autoscale", "vpa", "static-best"]
+    run(tmp_path / "one", quick=True, progress=False, methods=methods, workers=1)
+    run(tmp_path / "two", quick=True, progress=False, methods=methods, workers=2)
+    assert figures(tmp_path / "one") == figures(tmp_path / "two")
+    assert set(figures(tmp_path / "two")["apps"]["chain3"]["log"]["static_best"]) == {"20.0", "120.0"}
+    assert _trains(QUICK, ["reclaimer"]) and _trains(QUICK, ["sinan"]) and not _trains(QUICK, methods)
+    assert not _trains(FULL, ["reclaimer", "sinan"])        # the shipped policies and models
+
+
 def test_testbed_twin_reproduces_the_real_containers_verdicts():
     """The real testbed at 6 users (docs/microservice-testbed.md, 60 s per method): the caps gave
     a p99 of 26-32 ms, AutoScale 3.3 % violating seconds at 0.84 core, the VPA-style recommender
@@ -998,6 +1077,21 @@ def test_the_validation_benchmark_times_forks_and_the_batch_on_the_same_figures(
     r = load_benchmark("reclaimer_validation").measure("hotel", (7,), threads=1)
     assert r["identical"] and r["forks_mean_cores"] == r["batch_mean_cores"] > 0
     assert r["forks_s"] > 0 and r["batch_s"] > 0 and r["speedup"] == pytest.approx(r["forks_s"] / r["batch_s"])
+
+
+def test_the_allocate_benchmark_measures_the_route_beside_the_http_floor(capsys):
+    """benchmarks/reclaimer_allocate.py: a real `samm serve` answers every paced request; the round
+    trip is never longer than the latency from when the request was due, and /healthz gives a floor."""
+    import json
+    from agents.microservice_cores.policy import SHIPPED_DIR
+    from benchmark_script import load_benchmark
+    bench = load_benchmark("reclaimer_allocate")
+    assert bench.main(["--policy", str(SHIPPED_DIR / "reclaimer-hotel"),
+                       "--rate", "40", "--seconds", "0.5"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["services"] == 15 and out["requests"] == 20 and out["errors"] == 0
+    assert 0 < out["round_trip_p50_ms"] <= out["p50_ms"] and out["round_trip_p99_ms"] <= out["p99_ms"]
+    assert 0 < out["healthz_round_trip_p50_ms"] and 0 < out["in_process_p50_ms"]
 
 
 def test_state_layers_run_in_bfloat16_only_for_bfloat16_rows():

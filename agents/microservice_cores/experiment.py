@@ -27,6 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
+from agents.parallel import map_runs
+
 from .episode import EPISODE_S, EpisodeResult, StaticController, run_episodes
 from .topology import Topology, load_topology
 
@@ -133,7 +135,9 @@ def _sinan_factory(topo: Topology, budget: Budget, out: Path, log: dict, sinan_d
 
 def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequence[str] | None = None,
         policy_dirs: dict | None = None, train_steps: int | None = None, progress: bool = True,
-        methods: Sequence[str] | None = None, **_) -> dict:
+        methods: Sequence[str] | None = None, workers: int = 2, **_) -> dict:
+    """`workers` > 1 runs the (application, load level) cells in that many processes, one thread
+    each; the figures are the same as in one process (tested). A run that trains runs in one."""
     started = time.perf_counter()
     methods = tuple(methods) if methods else METHODS
     unknown = sorted(set(methods) - set(METHODS))
@@ -146,31 +150,87 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
     changes = {"seeds": tuple(int(s) for s in seeds) if seeds else None, "apps": tuple(apps) if apps else None,
                "train_steps": train_steps}
     budget = replace(budget, **{k: v for k, v in changes.items() if v})
-    results: dict[str, dict] = {}
-    series: dict[str, dict] = {}
-    logs: dict[str, dict] = {}
-    for app in budget.apps:
-        topo = load_topology(app)
-        log: dict = {}
-        facts = _controller_factories(topo, budget, out, (policy_dirs or {}).get(app), progress, log, methods)
-        logs[app] = log
-        results[app] = {}
-        series[app] = {}
-        for users in levels(topo, budget.level_fractions):
-            row = {}
-            for method in (m for m in methods if m in facts):    # no ceiling: no "reclaimer-no-ceiling"
-                made = facts[method](users)
-                batch = made if hasattr(made, "act_block") else None
-                eps = run_episodes(topo, None if batch else made, users, budget.seeds, steps=budget.steps,
-                                   method=method, batch=batch)
-                row[method] = _aggregate(eps)
-                series[app].setdefault(str(users), {})[method] = eps[0]
-            results[app][str(users)] = row
+    jobs = [_Cell(app, users, budget, methods, (policy_dirs or {}).get(app), str(out), progress)
+            for app in budget.apps for users in levels(load_topology(app), budget.level_fractions)]
+    if workers > 1 and _trains(budget, methods):
+        workers = 1        # a policy or model trained in the run is trained once per app, in this process
+    results: dict[str, dict] = {a: {} for a in budget.apps}
+    series: dict[str, dict] = {a: {} for a in budget.apps}
+    logs: dict[str, dict] = {a: {} for a in budget.apps}
+    for job, (row, firsts, log) in zip(jobs, map_runs(_run_cell if workers > 1 else _CellsHere(), jobs,
+                                                      workers, progress, desc="cells")):
+        results[job.app][str(job.users)] = row
+        series[job.app][str(job.users)] = firsts
+        for k, v in log.items():    # every cell of an app logs the same policy; each its own static search
+            logs[job.app][k] = {**logs[job.app].get(k, {}), **v} if k == "static_best" else v
     summary = _summarise(results, logs, budget, time.perf_counter() - started)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
     _figures(series, out)
     (out / "report.md").write_text(_report(summary))
     return summary
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """One application at one load level: every method over the budget's seeds."""
+    app: str
+    users: float
+    budget: Budget
+    methods: tuple[str, ...]
+    policy_dir: str | None
+    out: str
+    progress: bool
+
+
+def _trains(budget: Budget, methods: Sequence[str]) -> bool:
+    """Whether building the methods trains something (a policy, or a Sinan-style model that is not shipped)."""
+    if budget.train_steps and ("reclaimer" in methods or "reclaimer-no-ceiling" in methods):
+        return True
+    return "sinan" in methods and (budget.quick or any(not (SHIPPED_SINAN / f"sinan-{a}.joblib").is_file()
+                                                       for a in budget.apps))
+
+
+def _cell(job: _Cell, made: dict) -> tuple[dict, dict, dict]:
+    """(method -> aggregate, method -> the first seed's episode, the app's log); `made` keeps each
+    app's controller factories between the cells of one process (a policy trained once per app)."""
+    key = (job.app, job.policy_dir)
+    if key not in made:
+        topo, log = load_topology(job.app), {}
+        made[key] = topo, _controller_factories(topo, job.budget, Path(job.out), job.policy_dir, job.progress,
+                                                log, job.methods), log
+    topo, facts, log = made[key]
+    row, firsts = {}, {}
+    for method in (m for m in job.methods if m in facts):    # no ceiling: no "reclaimer-no-ceiling"
+        built = facts[method](job.users)
+        batch = built if hasattr(built, "act_block") else None
+        eps = run_episodes(topo, None if batch else built, job.users, job.budget.seeds, steps=job.budget.steps,
+                           method=method, batch=batch)
+        row[method], firsts[method] = _aggregate(eps), eps[0]
+    return row, firsts, log
+
+
+class _CellsHere:
+    """The cells one after another in this process."""
+
+    def __init__(self):
+        self.made: dict = {}
+
+    def __call__(self, job: _Cell):
+        return _cell(job, self.made)
+
+
+_MADE_IN_WORKER: dict = {}
+
+
+def _run_cell(job: _Cell):
+    """A cell in a worker process: one thread for PyTorch and OpenMP, since the workers share the cores
+    (two processes with two threads each ran a 2-minute evaluation in 43, docs/benchmarks.md)."""
+    import os
+
+    os.environ["OMP_NUM_THREADS"] = "1"     # read when OpenMP loads (scikit-learn's trees, PyTorch)
+    import torch
+    torch.set_num_threads(1)
+    return _cell(job, _MADE_IN_WORKER)
 
 
 def _aggregate(eps: list[EpisodeResult]) -> dict:

@@ -72,10 +72,12 @@ def sim_config(**overrides) -> SacConfig:
 def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out: str | Path | None = None,
           progress: bool = True, init: "Sac | None" = None, threads: int = 1, init_from: str | None = None,
           keep_norm: bool = False, eval_every: int = 0, eval_seeds=VALIDATION_SEEDS,
-          best_max_violation: float = 0.0, actor_ema: float = 0.0):
+          best_max_violation: float = 0.0, actor_ema: float = 0.0, stop_after: int | None = None):
     """`keep_norm` (continuing a policy of this same application): keep `init`'s input statistics
     instead of refitting them to a new AutoScale fill, and let SAC update only once the replay
-    holds one episode of every copy (a fresh replay, filled by the policy itself)."""
+    holds one episode of every copy (a fresh replay, filled by the policy itself). `stop_after`
+    (ours) ends the run at the first episode boundary at or past that many transitions, with every
+    phase, refit and rate of `cfg.total_steps`' schedule: the full run's start, to the bit."""
     from .policy import ReclaimerPolicy
 
     # one thread: the networks are small, and under load two threads were 12× slower (measured)
@@ -114,10 +116,11 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         from agents.train_log import tensorboard_writer
         writer = tensorboard_writer(out_dir)
 
+    end = cfg.total_steps if not stop_after else min(cfg.total_steps, int(stop_after))
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=cfg.total_steps, unit="step", desc=f"reclaimer {topo.name}", leave=False)
+        bar = tqdm(total=end, unit="step", desc=f"reclaimer {topo.name}", leave=False)
 
     seen = 0
     episode = 0
@@ -134,7 +137,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     ema_actor = copy.deepcopy(agent.actor).requires_grad_(False) if actor_ema else None
     ema_pairs = (list(ema_actor.parameters()), list(agent.actor.parameters())) if ema_actor is not None else None
     last_eval = 0
-    while seen < cfg.total_steps:
+    while seen < end:
         users = draw_users(rng, topo.users, E, cfg.users_draw)
         sim.reset(users)
         full = np.tile(caps, (E, 1))
@@ -223,7 +226,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                "critic_loss": stats.critic_loss if stats else None, "q": stats.q if stats else None,
                "classifier_loss": cls_loss, "lr": lr, "eval_mean_cores": None, "eval_violation_rate": None,
                "ema_eval_mean_cores": None, "ema_eval_violation_rate": None}
-        if eval_every and phase != "autoscale" and (seen - last_eval >= eval_every or seen >= cfg.total_steps):
+        if eval_every and phase != "autoscale" and (seen - last_eval >= eval_every or seen >= end):
             last_eval = seen
             candidates = [("live", agent)] + ([("ema", _snapshot(agent, ema_actor, width, n_scaled, M, cfg))]
                                               if ema_actor is not None else [])
@@ -258,7 +261,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     policy = ReclaimerPolicy(agent, topo, cfg, training={"seed": seed, "steps": seen, "episodes": episode,
                                                           "seconds": round(time.perf_counter() - t0, 1),
                                                           "init_policy": init_from,
-                                                          **({"continued": True} if keep_norm else {})},
+                                                          **({"continued": True} if keep_norm else {}),
+                                                          **({"stopped_after": end} if end < cfg.total_steps else {})},
                              ceiling=cfg.headroom_ceiling)
     if out_dir:
         _write_log(out_dir, rows_csv)
@@ -470,12 +474,29 @@ def main(argv=None) -> int:
                         "per update, e.g. 0.9995) and offer it to the best-checkpoint rule beside the live actor "
                         "(default 0: off; the training itself is unchanged)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default=None, metavar="LIST",
+                   help="ours: train these seeds side by side (e.g. 1,2), one process each with --threads threads, "
+                        "each in OUT/seed-S, and copy to OUT/best-policy the seeds' best-policy with the fewest "
+                        "validation mean cores (all are within --best-max-violations); needs --eval-every; --seed "
+                        "is then ignored")
+    p.add_argument("--stop-after", type=int, default=None, metavar="N",
+                   help="ours: stop after N transitions (rounded up to whole episodes of every copy), keeping the "
+                        "phases, refits and learning rate of the --steps schedule: the full run's first N to the "
+                        "bit (default: run the whole schedule)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: under other load two threads were 12x slower; on a quiet "
                         "machine 2 make an fp32 update 1.4x faster)")
     p.add_argument("--out", default=None, help="directory: policy/, training.csv, training.png, tb/")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
+    if args.stop_after is not None and args.stop_after < 1:
+        print(f"error: --stop-after must be >= 1, not {args.stop_after}", file=sys.stderr)
+        return 2
+    return _train_seeds(args) if args.seeds is not None else _train_one(args)
+
+
+def _train_one(args) -> int:
+    """One run of `main`'s parsed options."""
     overrides = {}
     if args.paper_network:
         overrides.update(hidden=256, actor_layers=7, critic_pre_layers=2, critic_post_layers=5, lr=3e-5)
@@ -549,7 +570,8 @@ def main(argv=None) -> int:
         policy = train(args.app, cfg, seed=args.seed, out=args.out, progress=not args.quiet,
                        init=init.agent if init else None, threads=args.threads, init_from=args.init_policy,
                        keep_norm=args.cont, eval_every=args.eval_every, eval_seeds=eval_seeds,
-                       best_max_violation=args.best_max_violations, actor_ema=args.actor_ema)
+                       best_max_violation=args.best_max_violations, actor_ema=args.actor_ema,
+                       stop_after=args.stop_after)
     except ValueError as e:  # a bad app, policy or option: say which, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -566,6 +588,75 @@ def main(argv=None) -> int:
             print(f"best checkpoint ({sel['actor']} actor) at {policy.best.training['steps']:,} transitions: validation mean cores "
                   f"{sel['mean_cores']:.2f}, QoS violations {sel['violation_rate']:.3%}"
                   + (f"; saved to {Path(args.out) / 'best-policy'}" if args.out else ""))
+    return 0
+
+
+def _train_seeds(args) -> int:
+    """--seeds: one run per seed, side by side in processes, then OUT/best-policy is the best-policy
+    of the seed that validation ranks first (the checkpoint rule's own: every candidate is within the
+    violation bound, the fewest mean cores wins; the same validation seeds for all). What it buys:
+    the recipe's seeds differ more than its checkpoints (docs/microservice-cores.md)."""
+    import copy
+    import json
+    import shutil
+
+    from agents.parallel import map_runs
+
+    from .policy import METADATA_FILE
+
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError:
+        seeds = []
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        print(f"error: --seeds needs two or more distinct integers (e.g. 1,2 or 1-3), not {args.seeds!r}",
+              file=sys.stderr)
+        return 2
+    if not args.out or not args.eval_every:
+        print("error: --seeds needs --out and --eval-every (the seeds' checkpoints are ranked on validation)",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    jobs = []
+    for seed in seeds:
+        job = copy.copy(args)
+        job.seeds, job.seed, job.out, job.quiet = None, seed, str(out / f"seed-{seed}"), True
+        jobs.append(job)
+    t0 = time.perf_counter()
+    codes = map_runs(_train_one, jobs, workers=len(jobs), progress=not args.quiet, desc="seeds")
+    seconds = round(time.perf_counter() - t0, 1)
+    if any(codes):
+        print(f"error: seed(s) {[s for s, c in zip(seeds, codes) if c]} failed", file=sys.stderr)
+        return max(codes)
+    runs = []
+    for seed in seeds:
+        meta = out / f"seed-{seed}" / "best-policy" / METADATA_FILE
+        if meta.is_file():     # absent: no checkpoint within the violation bound
+            t = json.loads(meta.read_text())["training"]
+            runs.append({"seed": seed, "steps": t["steps"], "mean_cores": t["selected"]["mean_cores"],
+                         "violation_rate": t["selected"]["violation_rate"]})
+        else:
+            runs.append({"seed": seed, "steps": None, "mean_cores": None, "violation_rate": None})
+    ranked = sorted((r for r in runs if r["mean_cores"] is not None), key=lambda r: (r["mean_cores"], r["seed"]))
+    chosen = ranked[0]["seed"] if ranked else None
+    record = {"seeds": runs, "chosen": chosen, "rule": "fewest validation mean cores among the seeds' best-policies",
+              "validation_seeds": [int(x) for x in parse_seeds(args.eval_seeds)], "seconds": seconds}
+    (out / "seeds.json").write_text(json.dumps(record, indent=2))
+    best = out / "best-policy"
+    if best.exists():
+        shutil.rmtree(best)
+    for r in runs:
+        print(f"seed {r['seed']}: " + ("no checkpoint within the violation bound" if r["mean_cores"] is None else
+                                       f"best at {r['steps']:,} transitions, validation mean cores {r['mean_cores']:.3f}, "
+                                       f"QoS violations {r['violation_rate']:.3%}"))
+    if chosen is None:
+        print(f"no seed kept a checkpoint: no best-policy ({seconds} s)")
+        return 0
+    shutil.copytree(out / f"seed-{chosen}" / "best-policy", best)
+    meta = json.loads((best / METADATA_FILE).read_text())
+    meta["training"]["chosen_among_seeds"] = {str(r["seed"]): r["mean_cores"] for r in runs}
+    (best / METADATA_FILE).write_text(json.dumps(meta, indent=2))
+    print(f"chose seed {chosen}; saved to {best} ({seconds} s for {len(seeds)} seeds side by side)")
     return 0
 
 

@@ -843,8 +843,11 @@ def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes
               help="Comma-separated subset of reclaimer, reclaimer-no-ceiling (the policy without its headroom "
                    "ceiling, when it has one), autoscale, sinan, vpa, static-max, static-best (default: all), e.g. "
                    "reclaimer,autoscale over many --seeds to count rare violating seconds.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Processes for the (application, load level) cells, one thread each; the figures do not "
+                   "depend on it. A run that trains uses one.")
 @click.option("--quiet", is_flag=True)
-def experiment_reclaimer(out, quick, seeds, apps, policy_specs, train_steps, methods, quiet) -> None:
+def experiment_reclaimer(out, quick, seeds, apps, policy_specs, train_steps, methods, workers, quiet) -> None:
     """Microservice CPU cores (Reclaimer): every method (Reclaimer, AutoScale, the Sinan-style model,
     the VPA-style recommender, static-max, the best static allocation) per application and load
     level; mean and max cores, p99 and QoS violations, the paper's relative figures beside ours;
@@ -859,7 +862,8 @@ def experiment_reclaimer(out, quick, seeds, apps, policy_specs, train_steps, met
                             seeds=_seeds(seeds) if not quick or seeds != "1-5" else None,
                             apps=[a.strip() for a in apps.split(",")] if apps else None, policy_dirs=policy_dirs,
                             train_steps=train_steps, progress=not quiet,
-                            methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None)
+                            methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
+                            workers=workers)
 
 
 @experiment.command("run")
