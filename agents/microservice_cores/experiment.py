@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Sequence
 
@@ -157,7 +158,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
     results: dict[str, dict] = {a: {} for a in budget.apps}
     series: dict[str, dict] = {a: {} for a in budget.apps}
     logs: dict[str, dict] = {a: {} for a in budget.apps}
-    for job, (row, firsts, log) in zip(jobs, map_runs(_run_cell if workers > 1 else _CellsHere(), jobs,
+    for job, (row, firsts, log) in zip(jobs, map_runs(_run_cell if workers > 1 else partial(_cell, made={}), jobs,
                                                       workers, progress, desc="cells")):
         results[job.app][str(job.users)] = row
         series[job.app][str(job.users)] = firsts
@@ -207,16 +208,6 @@ def _cell(job: _Cell, made: dict) -> tuple[dict, dict, dict]:
                            method=method, batch=batch)
         row[method], firsts[method] = _aggregate(eps), eps[0]
     return row, firsts, log
-
-
-class _CellsHere:
-    """The cells one after another in this process."""
-
-    def __init__(self):
-        self.made: dict = {}
-
-    def __call__(self, job: _Cell):
-        return _cell(job, self.made)
 
 
 _MADE_IN_WORKER: dict = {}
