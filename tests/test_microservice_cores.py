@@ -572,6 +572,8 @@ def test_training_several_seeds_side_by_side_keeps_the_best_policy_validation_ra
     best = tmp_path / "two" / "best-policy"
     assert (best / "weights.pt").read_bytes() == (tmp_path / "two" / f"seed-{chosen}" / "best-policy" /
                                                   "weights.pt").read_bytes()
+    for seed in (3, 4):     # each run said how far it got, for the parent's bar and for a user
+        assert json.loads((tmp_path / "two" / f"seed-{seed}" / "progress.json").read_text())["done"] == 1800
     meta = json.loads((best / "metadata.json").read_text())["training"]
     assert meta["seed"] == chosen and meta["chosen_among_seeds"] == {str(s): runs[s]["mean_cores"] for s in (3, 4)}
     # a seed's run is the run of that seed alone
@@ -780,6 +782,55 @@ def test_training_users_draw_uniform_as_the_paper_or_log_uniform():
         SacConfig(users_draw="beta")
     with pytest.raises(ValueError, match="users_draw"):
         draw_users(np.random.default_rng(0), (1, 2), 3, "beta")
+
+
+def test_load_changes_move_some_training_copies_users_once_over_a_ramp(monkeypatch):
+    """Ours (SacConfig.load_changes): off, training never touches the users inside an episode (the
+    paper); on, a copy's users go from its draw to a fresh one over a ramp of 1..90 s, by the rule
+    the load-step benchmark uses, and the run stays reproducible for a seed."""
+    from agents.microservice_cores import train as train_mod
+    from agents.microservice_cores.episode import users_on_ramp
+    from agents.microservice_cores.sim import MicroserviceSim
+    from agents.microservice_cores.train import LOAD_CHANGE_RAMP_MAX, LOAD_CHANGE_WINDOW, load_change_plan
+
+    start, to, t0, ramp = [100.0, 100.0], [200.0, 300.0], [10, 10], [1, 4]
+    assert np.allclose(users_on_ramp(start, to, t0, ramp, 9), [100, 100])
+    assert np.allclose(users_on_ramp(start, to, t0, ramp, 10), [200, 150])      # a jump; a quarter of the ramp
+    assert np.allclose(users_on_ramp(start, to, t0, ramp, 12), [200, 250])
+    assert np.allclose(users_on_ramp(start, to, t0, ramp, 13), [200, 300])
+    assert np.allclose(users_on_ramp(start, to, t0, ramp, 250), [200, 300])
+
+    users = np.array([600.0, 1200.0, 3000.0])
+    kept, _, _ = load_change_plan(np.random.default_rng(1), users, (500, 3500), 0.0)
+    assert np.array_equal(kept, users)
+    moved, when, over = load_change_plan(np.random.default_rng(1), np.full(4000, 600.0), (500, 3500), 1.0)
+    assert moved.min() >= 500 and moved.max() <= 3500 and np.mean(moved != 600.0) == 1.0
+    assert when.min() == LOAD_CHANGE_WINDOW[0] and when.max() == LOAD_CHANGE_WINDOW[1] - 1
+    assert over.min() == 1 and over.max() == LOAD_CHANGE_RAMP_MAX
+    half, _, _ = load_change_plan(np.random.default_rng(1), np.full(4000, 600.0), (500, 3500), 0.5)
+    assert np.mean(half != 600.0) == pytest.approx(0.5, abs=0.03)
+    for bad in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="load_changes"):
+            SacConfig(load_changes=bad)
+
+    seen = []
+    real_set = MicroserviceSim.set_users
+    monkeypatch.setattr(MicroserviceSim, "set_users", lambda self, u: (seen.append(np.array(u)), real_set(self, u))[1])
+    plain = train_mod.train("chain3", _tiny_cfg(), seed=3, progress=False)
+    assert seen == []
+    cfg = replace(_tiny_cfg(), load_changes=1.0)
+    a = train_mod.train("chain3", cfg, seed=3, progress=False)
+    steps = np.array(seen)                                   # one row per training second, two copies
+    assert len(steps) == 1800 // 2
+    per_episode = steps.reshape(3, 300, 2)
+    changed = np.abs(np.diff(per_episode, axis=1)) > 0
+    assert changed.any(axis=1).all()                          # every copy of every episode changed ...
+    assert (changed.sum(axis=1) <= LOAD_CHANGE_RAMP_MAX).all()          # ... once, over its ramp
+    assert (per_episode >= 20).all() and (per_episode <= 120).all()                 # chain3's range
+    b = train_mod.train("chain3", cfg, seed=3, progress=False)
+    for x, y in zip(a.agent.actor.parameters(), b.agent.actor.parameters()):
+        assert torch.equal(x, y)
+    assert any(not torch.equal(x, y) for x, y in zip(a.agent.actor.parameters(), plain.agent.actor.parameters()))
 
 
 def test_sac_learns_the_smallest_safe_limit_of_one_service():

@@ -71,6 +71,16 @@ class EpisodeResult:
                 "violation_rate": self.violation_rate, "failures": float(self.failures.sum())}
 
 
+def users_on_ramp(start, to, t0, ramp, t: int) -> np.ndarray:
+    """Each copy's users before control second t of a load change from `start` to `to` spread evenly
+    over `ramp` seconds from second `t0` (ramp 1: a jump at t0); the one rule of the load-step
+    benchmark and of training with load changes (train.load_change_plan)."""
+    start, to = np.asarray(start, dtype=np.float64), np.asarray(to, dtype=np.float64)
+    ramp = np.maximum(np.asarray(ramp), 1)
+    done = np.clip((t - np.asarray(t0) + 1) / ramp, 0.0, 1.0)
+    return start + (to - start) * done
+
+
 def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | None, users, seeds,
                  steps: int = EPISODE_S, warmup: int = WARMUP_S, method: str | None = None,
                  samples: int | None = None, batch: "BatchController | None" = None,
@@ -119,7 +129,7 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
         start_users = users_arr.copy()
     for t in range(steps):
         if load_step is not None and t0 <= t < t0 + ramp:
-            sim.set_users(start_users + (to - start_users) * (t - t0 + 1) / ramp)
+            sim.set_users(users_on_ramp(start_users, to, t0, ramp, t))
         wanted = batch.act_block(st) if batch is not None else \
             [ctl.act(st.measurement(e, topo.service_names)) for e, ctl in enumerate(ctls)]
         cores = np.stack([clip_cores(c, limits) for c in wanted])

@@ -113,6 +113,12 @@ class SacConfig:
     #: paper's U ~ U[Umin, Umax]; "log-uniform" spends as many episodes on each doubling of the
     #: load, so the low end (where the reward's cores term is smallest) is trained on more often
     users_draw: str = "uniform"
+    #: ours: the chance that a training copy's users change once inside an episode (train.py,
+    #: `load_change_plan`): at a second drawn in LOAD_CHANGE_WINDOW, to a fresh draw of the range
+    #: above, spread over a ramp of 1..LOAD_CHANGE_RAMP_MAX seconds (1 = a jump). 0.0 is the paper's
+    #: constant load per episode (L244, which notes that practice changes load smoothly); validation
+    #: episodes keep constant loads either way
+    load_changes: float = 0.0
     #: ours: what the critics read of each service's action. "linear" is a in [0, 1] (the paper);
     #: "log" is log a rescaled to [0, 1] over [LOG_SHARE_FLOOR, 1], so halving a small limit
     #: moves the critic's input as much as halving a large one (a low load's limits all sit in
@@ -183,6 +189,8 @@ class SacConfig:
             value = getattr(self, field)
             if value not in choices:
                 raise ValueError(f"{field} must be one of {', '.join(choices)}, not {value!r}")
+        if not 0.0 <= self.load_changes <= 1.0:
+            raise ValueError(f"load_changes is a chance in [0, 1], not {self.load_changes!r}")
         if self.lr_final is not None and not 0.0 < self.lr_final <= self.lr:
             raise ValueError(f"lr_final must be in (0, lr = {self.lr}], not {self.lr_final!r}")
         if not 0.0 <= self.lr_decay_start < 1.0:

@@ -2,7 +2,8 @@
 
 Episodes: every copy draws U ~ U[users] (or log-uniformly: `users_draw`, ours), gives every
 service its cap for the W = 60 s warm-up, then runs e_time = 300 one-second steps (d = 1 at the
-last). Three phases by transitions seen:
+last); with `load_changes` (ours, off by default) a copy's users may change once inside the episode,
+a jump or a ramp (`load_change_plan`). Three phases by transitions seen:
 1. AutoScale with ±5 % uniform noise drives the copies and fills the replay buffer; no updates.
    The standardiser is fitted on these rows. (Ours, off by default: `fill` "mixed" holds every
    other copy at a headroom over its use drawn per episode, `fill_actions`.)
@@ -36,13 +37,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from agents.parallel import write_progress
 from samm.cli.seeds import parse_seeds
 
 from .action_map import ACTION_SPACES, action_of, check_ceiling, cores_of, scaled_actions
 from .autoscale import autoscale_step
 from .control import MIN_CORES
 from .env import COSTS, reward_of, service_rewards
-from .episode import EPISODE_S, WARMUP_S
+from .episode import EPISODE_S, WARMUP_S, users_on_ramp
 from .features import FrameStack, feature_row_block, mean_used, observation_layout
 from .sac import (ACTOR_GRADS, CRITIC_ACTIONS, ENTROPY_SCOPES, ENTROPY_SPACES, FILL_HEADROOM, FILLS, PRECISIONS,
                   REWARD_SPLITS, USERS_DRAWS, ReplayBuffer, Sac, SacConfig)
@@ -140,6 +142,9 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     while seen < end:
         users = draw_users(rng, topo.users, E, cfg.users_draw)
         sim.reset(users)
+        # drawn only when asked for: a run without load changes keeps the paper's draws to the bit
+        change = load_change_plan(rng, users, topo.users, cfg.load_changes, cfg.users_draw) \
+            if cfg.load_changes else None
         full = np.tile(caps, (E, 1))
         for _ in range(WARMUP_S):
             st = sim.step(full)
@@ -180,6 +185,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                 # ceiling sets the ceiling's cores. Either way, stored as drawn or in force, Hotel's
                 # policy stayed at the ceiling (docs/microservice-cores.md, "A headroom ceiling")
                 a = action_of(cores, base, caps, cfg.action_space).astype(np.float32)
+            if change is not None:
+                sim.set_users(users_on_ramp(users, *change, t))
             st = sim.step(cores)
             r = reward_of(st.p99_ms, topo.qos_ms * cfg.qos_margin, cores, caps, cost=cfg.cost)
             # the features' previous action is the limit in force as a share of the cap (what
@@ -243,6 +250,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                             seed, seen, init_from, keep_norm, best, eval_seeds),
                             ceiling=cfg.headroom_ceiling).save(out_dir / "best-policy")
         rows_csv.append(row)
+        if out_dir:
+            write_progress(out_dir, seen, end, episode=episode + 1, phase=phase)
         if writer:
             for key in ("reward", "mean_cores", "violation_rate", "alpha", "entropy", "critic_loss", "q", "classifier_loss", "lr"):
                 if row[key] is not None:
@@ -301,6 +310,26 @@ def draw_users(rng: np.random.Generator, bounds, n: int, how: str = "uniform") -
     if how == "log-uniform":
         return np.exp(rng.uniform(np.log(lo), np.log(hi), size=n))
     raise ValueError(f"users_draw must be one of {', '.join(USERS_DRAWS)}, not {how!r}")
+
+
+#: ours (SacConfig.load_changes): the seconds of an episode where a load change may start, and the
+#: longest ramp; a ramp begun late runs on past the episode's last second, as a real load keeps moving
+LOAD_CHANGE_WINDOW = (30, 240)
+LOAD_CHANGE_RAMP_MAX = 90
+
+
+def load_change_plan(rng: np.random.Generator, users: np.ndarray, bounds, chance: float,
+                     how: str = "uniform") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(to, t0, ramp) per copy for users_on_ramp: with `chance` a copy's users move to a fresh draw
+    of `bounds`, from a second drawn in LOAD_CHANGE_WINDOW, over 1..LOAD_CHANGE_RAMP_MAX seconds;
+    the others keep theirs (to = their users). Every copy draws alike, so the draws' order does not
+    depend on which copies change."""
+    n = len(users)
+    changes = rng.random(n) < chance
+    to = np.where(changes, draw_users(rng, bounds, n, how), users)
+    t0 = rng.integers(*LOAD_CHANGE_WINDOW, size=n)
+    ramp = rng.integers(1, LOAD_CHANGE_RAMP_MAX + 1, size=n)
+    return to, t0, ramp
 
 
 def _snapshot(agent: Sac, actor: torch.nn.Module, width: int, n_scaled: int, M: int, cfg: SacConfig) -> Sac:
@@ -449,6 +478,10 @@ def main(argv=None) -> int:
                         "over the stacked seconds; the saved policies carry it (`samm reclaimer-ceiling` may choose "
                         "another after training; default: none, the paper). Measured on Hotel at 1.9: the policy "
                         "stayed at the ceiling; choose one after training instead (docs/microservice-cores.md)")
+    p.add_argument("--load-changes", type=float, default=None, metavar="P",
+                   help="ours: each training copy's users change once inside an episode with chance P, to a fresh "
+                        "draw of the app's range over a ramp of 1-90 s (1: a jump) from a second in [30, 240); "
+                        "validation keeps constant loads (default 0: one load per episode, the paper)")
     p.add_argument("--observe-queue", action="store_true",
                    help="ours, the ablation: add each service's queued work (seconds of its limit) to its "
                         "observation, which the paper keeps from the agent; such a policy runs in simulation only "
@@ -516,7 +549,7 @@ def _train_one(args) -> int:
     if args.fused_adam:
         overrides["fused_adam"] = True
     for field, value in (("lr_final", args.lr_final), ("lr_decay_start", args.lr_decay_start),
-                         ("headroom_ceiling", args.headroom_ceiling)):
+                         ("headroom_ceiling", args.headroom_ceiling), ("load_changes", args.load_changes)):
         if value is not None:   # SacConfig checks their ranges and that a decay start has its final rate
             overrides[field] = value
     if args.qos_margin is not None:
@@ -600,7 +633,7 @@ def _train_seeds(args) -> int:
     import json
     import shutil
 
-    from agents.parallel import map_runs
+    from agents.parallel import map_runs, watch_progress
 
     from .policy import METADATA_FILE
 
@@ -623,7 +656,11 @@ def _train_seeds(args) -> int:
         job.seeds, job.seed, job.out, job.quiet = None, seed, str(out / f"seed-{seed}"), True
         jobs.append(job)
     t0 = time.perf_counter()
-    codes = map_runs(_train_one, jobs, workers=len(jobs), progress=not args.quiet, desc="seeds")
+    if args.quiet:
+        codes = map_runs(_train_one, jobs, workers=len(jobs), progress=False)
+    else:   # one bar over every seed's transitions, read from the progress.json each run keeps
+        with watch_progress([j.out for j in jobs], desc=f"seeds {','.join(map(str, seeds))}"):
+            codes = map_runs(_train_one, jobs, workers=len(jobs), progress=False)
     seconds = round(time.perf_counter() - t0, 1)
     if any(codes):
         print(f"error: seed(s) {[s for s, c in zip(seeds, codes) if c]} failed", file=sys.stderr)
