@@ -318,6 +318,48 @@ def test_a_ceiling_with_a_window_keeps_the_larger_mean_and_a_slow_second_lifts_i
     assert got.ravel() == pytest.approx([1.1, 4.0])
 
 
+def test_a_panic_puts_every_service_at_its_cap_for_its_seconds_after_a_violating_second():
+    """`panic` P (session 92): after a second whose p99 reached the QoS target, the next P decisions
+    give every service its cap; a second under the target (or of unknown latency, read as 0 in
+    the observation) starts none, and a panic alone makes a ceiling stateful."""
+    from agents.microservice_cores.action_map import CeilingMemory, check_memoryless
+    from agents.microservice_cores.episode import run_episodes
+
+    c = check_ceiling({"sqrt": 0.1, "window": 4, "release": 0.8, "hold": 2, "panic": 2})
+    assert c.label() == "sqrt0.1-w4-r0.8-h2-panic2" and c.to_json()["panic"] == 2 and check_ceiling(c.to_json()) == c
+    assert check_ceiling({"multiple": 1.5, "panic": 1}).stateful and "panic" not in check_ceiling({"sqrt": 0.1, "window": 4}).to_json()
+    for bad in ({"panic": 1.5}, {"panic": -1}, {"panic": float("nan")}, {"panic": True}):
+        with pytest.raises(ValueError, match="headroom_ceiling"):
+            check_ceiling(bad)
+    with pytest.raises(ValueError, match="a panic"):
+        check_memoryless({"multiple": 1.5, "panic": 1}, "the env")
+    mem = CeilingMemory(c, n_envs=2, n_services=1)
+    states = []
+    for p99 in (0.9, 1.0, 0.5, 0.5, 1.3, 0.99):
+        mem.push(np.ones((2, 1)), np.array([p99, 0.0]))
+        states.append(mem.panicking().tolist())
+    assert states == [[False, False], [True, False], [True, False], [False, False], [True, False], [True, False]]
+    a, used, caps = np.zeros((2, 2)), np.full((2, 2), 0.25), np.array([[4.0, 2.0], [4.0, 2.0]])
+    got = cores_of(a, used, caps, "usage", c, panic=np.array([True, False]))
+    assert got[0].tolist() == [4.0, 2.0] and (got[1] < 1.0).all()
+    # in an episode: a jump of the load breaks seconds, and each next decision is every cap
+    pol = _policy(ceiling={"multiple": 3.0, "panic": 1})
+    topo = pol.topo
+    lo, hi = topo.users
+    ep = run_episodes(topo, None, lo, [3], steps=80, batch=pol.batch(), load_step=(40, hi))[0]
+    slow = np.flatnonzero(ep.p99_ms >= topo.qos_ms)
+    assert slow.size and slow.min() >= 40 and slow.max() < 79
+    for t in slow:
+        assert np.allclose(ep.cores[t + 1], topo.caps)
+    after = [t for t in range(41, 80) if t - 1 not in set(slow)]
+    assert not any(np.allclose(ep.cores[t], topo.caps) for t in after)
+    same = run_episodes(topo, None, lo, [3], steps=80, batch=pol.with_ceiling({"multiple": 3.0}).batch(),
+                        load_step=(40, hi))[0]
+    first = slow.min()
+    assert np.array_equal(ep.cores[:first + 1], same.cores[:first + 1])     # nothing changes before it
+    assert not np.allclose(same.cores[first + 1], topo.caps)
+
+
 def test_a_stateful_ceiling_is_the_same_on_the_batch_a_controller_and_a_rest_session(tmp_path):
     """One implementation on every path: E copies in one batch, a fork per copy acting second by
     second, and decide() carrying the memory as its state; the env and the trainer refuse it."""
@@ -326,7 +368,7 @@ def test_a_stateful_ceiling_is_the_same_on_the_batch_a_controller_and_a_rest_ses
     from agents.microservice_cores.policy import ReclaimerPolicy
     from agents.microservice_cores.sac import SacConfig
 
-    shape = {"multiple": 1.2, "window": 10, "release": 0.5, "hold": 3, "pinned": 0.98}
+    shape = {"multiple": 1.2, "window": 10, "release": 0.5, "hold": 3, "pinned": 0.98, "panic": 1}
     pol = _policy(ceiling=shape)
     assert pol.stateful and not _policy(ceiling=1.5).stateful
     pol.save(tmp_path / "p")
@@ -352,9 +394,9 @@ def test_a_stateful_ceiling_is_the_same_on_the_batch_a_controller_and_a_rest_ses
         decision, state = again.decide(ctl._stack.observation()[0], state)
         assert decision.info["cores"] == pytest.approx(np.round(cores, 4), abs=2e-4)
     assert state is not None and state.seen == 10
-    with pytest.raises(ValueError, match="window or a release"):
+    with pytest.raises(ValueError, match="a window, a release or a panic"):
         MicroserviceCoresEnv("chain3", headroom_ceiling=shape)
-    with pytest.raises(ValueError, match="window or a release"):
+    with pytest.raises(ValueError, match="a window, a release or a panic"):
         SacConfig(headroom_ceiling=shape)
 
 
@@ -420,7 +462,7 @@ def test_the_shipped_recipe_fills_what_the_command_line_leaves_out(tmp_path):
     assert r.exit_code == 0, r.output
     q = ReclaimerPolicy.load(tmp_path / "q")
     rec = q.training["ceiling"]
-    assert (q.ceiling.window, q.ceiling.release, q.ceiling.hold, q.ceiling.pinned) == (60, 0.8, 60, 0.0)
+    assert (q.ceiling.window, q.ceiling.release, q.ceiling.hold, q.ceiling.pinned, q.ceiling.panic) == (60, 0.8, 60, 0.0, 2)
     assert rec["rule"] == "sqrt" and rec["pick"] == "fewest" and rec["margin"] == 0.01
     assert q.ceiling.sqrt == pytest.approx(min(rec["rule_ceiling"] + 0.01, 0.5)) and "warning" not in r.output
     assert rec["no_worse_than_policy"] is False
@@ -428,6 +470,13 @@ def test_the_shipped_recipe_fills_what_the_command_line_leaves_out(tmp_path):
     assert r.exit_code == 0 and "warning: without --release" in r.output
     x = ReclaimerPolicy.load(tmp_path / "x")
     assert x.ceiling.release == 0.0 and x.training["ceiling"]["no_worse_than_policy"] is True
+    r = run("z", "--panic", "0")                                      # the recipe without its panic
+    assert r.exit_code == 0, r.output
+    z = ReclaimerPolicy.load(tmp_path / "z")
+    assert z.ceiling.panic == 0 and "panic" not in z.version and "panic" not in z.training["ceiling"]["shape"]
+    assert q.version.endswith("-panic2") and rec["shape"]["panic"] == 2
+    assert CliRunner().invoke(cli, ["reclaimer-ceiling", "--policy", str(tmp_path / "p"), "--out", str(tmp_path / "w"),
+                                    "--panic", "-1"]).exit_code == 2
     assert CliRunner().invoke(cli, ["reclaimer-ceiling", "--help"]).output.count("shipped") >= 1
 
 
@@ -461,6 +510,15 @@ def test_a_load_step_changes_the_users_mid_episode_and_the_benchmark_reports_eac
     for r in rows:
         assert (r["from"], r["to"]) == (lo, hi) and r["seconds"] == 300
         assert 0 <= r["violating_s_after_jump"] <= r["violating_s"] <= r["seconds"] and r["mean_cores"] > 0
+        assert len(r["violating_s_by_second"]) == 5 and sum(r["violating_s_by_second"]) <= r["violating_s_after_jump"]
+    # the reaction floor: the policy's own cores until the jump, every cap from the second after it
+    floor = methods_of({"p": pol}, floor_at=100)
+    assert list(floor) == ["p", "p+caps-after", "p-no-ceiling", "autoscale"]
+    eps = {name: run_episodes(topo, None, lo, [3], batch=floor[name][0](), load_step=(100, hi))[0]
+           for name in ("p", "p+caps-after")}
+    own, capped = eps["p"].cores, eps["p+caps-after"].cores
+    assert np.array_equal(own[:101], capped[:101])                   # the same policy until the jump's second
+    assert np.allclose(capped[101:], topo.caps) and not np.allclose(own[101:], topo.caps)
 
 
 def test_the_decide_route_keeps_a_stateful_ceilings_memory_per_session():

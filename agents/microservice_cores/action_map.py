@@ -52,7 +52,14 @@ release never recovered). `pinned` r lifts one service's ceiling for the same `h
 latest use reached r times its limit, i.e. it is pinned at it: a ramp of the load pins a service
 before its latency shows it (measured: Social's widest ramps broke QoS in 66 and 24 seconds of
 30,000 without it, none with it, and on 100 fresh seeds 0 against 106 of 120,000; shipped in
-Social's ceiling since session 89, not in Hotel's). `CeilingMemory` holds that memory for E controlled copies; it is fed
+Social's ceiling since session 89, not in Hotel's). `panic` P (ours, after Knative's panic mode)
+sets every service at its cap for the P seconds after a second whose p99 broke the QoS target:
+after a jump of the load the backlog of the jump's second makes the next one slow too unless the
+limits reach far above what the policy's own rise gives (measured, session 92: on Social the
+policy broke the jump's second and the next, every service at its cap from the second after a
+jump breaks the first alone; on Hotel even that breaks both, the floor of a controller without
+headroom at the jump). A panic costs nothing in a second that meets the target.
+`CeilingMemory` holds that memory for E controlled copies; it is fed
 from the latest frame of each observation, so the batch, a controller's `act` and a REST
 session share one implementation.
 """
@@ -84,6 +91,7 @@ class Ceiling:
     release: float = 0.0
     hold: int = 0
     pinned: float = 0.0
+    panic: int = 0
 
     def cap(self, base) -> np.ndarray:
         return self.multiple * base + self.sqrt * np.sqrt(base)
@@ -91,7 +99,7 @@ class Ceiling:
     @property
     def stateful(self) -> bool:
         """Whether it needs a memory of earlier seconds (`CeilingMemory`)."""
-        return self.window > 0 or self.release > 0 or self.pinned > 0
+        return self.window > 0 or self.release > 0 or self.pinned > 0 or self.panic > 0
 
     def to_json(self):
         """A plain multiple as its number (the form policies saved before the square-root rule)."""
@@ -102,11 +110,14 @@ class Ceiling:
             out.update(window=self.window, release=self.release, hold=self.hold)
             if self.pinned:
                 out["pinned"] = self.pinned
+            if self.panic:
+                out["panic"] = self.panic
         return out
 
     def label(self) -> str:
         """"1.9" for 1.9 times the use, "sqrt0.13" for u + 0.13 √u, "sqrt0.13-w60-r0.8-h60" with a
-        60-s window and a 60-s release at 0.8 of the QoS target (a policy version's suffix)."""
+        60-s window and a 60-s release at 0.8 of the QoS target, "-panic2" with a 2-s panic at every cap
+        (a policy version's suffix)."""
         if self.sqrt == 0:
             text = f"{self.multiple:g}"
         else:
@@ -117,18 +128,21 @@ class Ceiling:
             text += f"-p{self.pinned:g}"
         if self.release or self.pinned:
             text += (f"-r{self.release:g}" if self.release else "") + f"-h{self.hold}"
+        if self.panic:
+            text += f"-panic{self.panic}"
         return text
 
 
 #: the keys a saved ceiling may hold
-CEILING_KEYS = ("multiple", "sqrt", "window", "release", "hold", "pinned")
+CEILING_KEYS = ("multiple", "sqrt", "window", "release", "hold", "pinned", "panic")
 
 
 def check_ceiling(ceiling) -> Ceiling | None:
     """A headroom ceiling: None (none), a number H >= 1 (H times the use), {"multiple": H >= 1,
     "sqrt": β >= 0, "window": whole seconds >= 0, "release": a share of the QoS target >= 0,
-    "hold": whole seconds >= 0, "pinned": a share of the limit in [0, 1]} or a Ceiling (a limit
-    under the use it must serve would throttle the service for good); the Ceiling, or None."""
+    "hold": whole seconds >= 0, "pinned": a share of the limit in [0, 1], "panic": whole seconds
+    >= 0} or a Ceiling (a limit under the use it must serve would throttle the service for good);
+    the Ceiling, or None."""
     if ceiling is None:
         return None
     if isinstance(ceiling, Ceiling):
@@ -146,12 +160,12 @@ def check_ceiling(ceiling) -> Ceiling | None:
 
     if not (number(parts["multiple"], 1.0) and number(parts["sqrt"], 0.0) and whole(parts["window"])
             and number(parts["release"], 0.0) and whole(parts["hold"])
-            and number(parts["pinned"], 0.0) and parts["pinned"] <= 1.0):
+            and number(parts["pinned"], 0.0) and parts["pinned"] <= 1.0 and whole(parts["panic"])):
         raise ValueError("headroom_ceiling must be a number >= 1 (times the mean use), "
                          "{\"multiple\": >= 1, \"sqrt\": >= 0, \"window\": s >= 0, \"release\": >= 0, "
-                         f"\"hold\": s >= 0, \"pinned\": 0..1}} or null, not {ceiling!r}")
+                         f"\"hold\": s >= 0, \"pinned\": 0..1, \"panic\": s >= 0}} or null, not {ceiling!r}")
     return Ceiling(float(parts["multiple"]), float(parts["sqrt"]), int(parts["window"]),
-                   float(parts["release"]), int(parts["hold"]), float(parts["pinned"]))
+                   float(parts["release"]), int(parts["hold"]), float(parts["pinned"]), int(parts["panic"]))
 
 
 def check_memoryless(ceiling, where: str) -> Ceiling | None:
@@ -159,7 +173,7 @@ def check_memoryless(ceiling, where: str) -> Ceiling | None:
     a stateful ceiling is refused by name rather than applied without its memory."""
     c = check_ceiling(ceiling)
     if c is not None and c.stateful:
-        raise ValueError(f"{where}: a headroom_ceiling with a window or a release ({c.label()}) needs a "
+        raise ValueError(f"{where}: a headroom_ceiling with a window, a release or a panic ({c.label()}) needs a "
                          "controller's memory of earlier seconds; here only a multiple and a sqrt term apply")
     return c
 
@@ -168,7 +182,8 @@ class CeilingMemory:
     """What a stateful ceiling remembers of E controlled copies: each service's use over the last
     `window` seconds, how many more seconds each copy's ceiling stays lifted after a second whose p99
     reached `release` times the QoS target, and each service's after a second it was `pinned` at
-    its limit (that second's decision included)."""
+    its limit (that second's decision included), and how many more of each copy's decisions put
+    every service at its cap after a second whose p99 broke the target (`panic`)."""
 
     def __init__(self, ceiling: Ceiling, n_envs: int, n_services: int):
         self.ceiling = ceiling
@@ -176,6 +191,7 @@ class CeilingMemory:
         self.seen = 0
         self.left = np.zeros(n_envs, dtype=np.int64)
         self.service_left = np.zeros((n_envs, n_services), dtype=np.int64)
+        self.panic_left = np.zeros(n_envs, dtype=np.int64)
 
     def push(self, used, p99_share, limit=None) -> None:
         """One second: the cores each service used (E, M) and the p99 as a share of the QoS target (E,);
@@ -187,9 +203,12 @@ class CeilingMemory:
         self.use[:, -1] = np.nan_to_num(np.asarray(used, dtype=np.float64), nan=0.0)
         self.seen = min(self.seen + 1, self.use.shape[1])
         c = self.ceiling
+        share = np.asarray(p99_share, dtype=np.float64)
         if c.release > 0:
-            slow = ~(np.asarray(p99_share, dtype=np.float64) < c.release)
+            slow = ~(share < c.release)
             self.left = np.where(slow, c.hold + 1, np.maximum(self.left - 1, 0))
+        if c.panic > 0:
+            self.panic_left = np.where(~(share < 1.0), c.panic, np.maximum(self.panic_left - 1, 0))
         if c.pinned > 0 and limit is not None:
             limit = np.nan_to_num(np.asarray(limit, dtype=np.float64), nan=0.0)
             pinned = self.use[:, -1] >= c.pinned * np.maximum(limit, 1e-9)
@@ -205,6 +224,10 @@ class CeilingMemory:
         """(E, M) whether each service's ceiling is lifted this second (its copy's, or its own)."""
         return (self.left > 0)[:, None] | (self.service_left > 0)
 
+    def panicking(self) -> np.ndarray:
+        """(E,) whether each copy's services are all at their caps this second."""
+        return self.panic_left > 0
+
 
 def _base(used) -> np.ndarray:
     """The use a "usage" action scales: NaN read as none, floored at MIN_CORES."""
@@ -212,11 +235,12 @@ def _base(used) -> np.ndarray:
 
 
 def cores_of(a, used, caps, space: str = "cap", ceiling: Ceiling | float | None = None,
-             ceiling_base=None, lifted=None) -> np.ndarray:
+             ceiling_base=None, lifted=None, panic=None) -> np.ndarray:
     """Cores per service for actions a (..., M); `used` (..., M) is the base use (cores), read
     on "usage" and by a headroom `ceiling` (at most ceiling.cap(base use); a number H is
     Ceiling(multiple=H); None: no ceiling). A stateful ceiling's memory gives its own base
-    (`ceiling_base`, ..., M) and where it is `lifted` (a bool broadcast over the services)."""
+    (`ceiling_base`, ..., M), where it is `lifted` (a bool broadcast over the services) and which
+    copies panic (`panic`, a bool (...,): every service at its cap)."""
     check_space(space)
     if ceiling is not None and not isinstance(ceiling, Ceiling):
         ceiling = check_ceiling(ceiling)
@@ -232,6 +256,8 @@ def cores_of(a, used, caps, space: str = "cap", ceiling: Ceiling | float | None 
     if ceiling is not None:
         capped = np.minimum(cores, ceiling.cap(_base(used if ceiling_base is None else ceiling_base)))
         cores = capped if lifted is None else np.where(lifted, cores, capped)
+    if panic is not None:
+        cores = np.where(np.asarray(panic, dtype=bool)[..., None], caps, cores)
     return np.clip(np.where(nan, caps, cores), MIN_CORES, caps)
 
 

@@ -56,15 +56,16 @@ CEILING_SEEDS = tuple(range(101, 121))
 #: which clean value of the grid is chosen: the smallest, or the one with the fewest mean cores
 PICKS = ("smallest", "fewest")
 #: a ceiling's shape, the same for every value of the grid (action_map.Ceiling)
-SHAPE_KEYS = ("window", "release", "hold", "pinned")
+SHAPE_KEYS = ("window", "release", "hold", "pinned", "panic")
 #: the command's options left out of its command line: its defaults (a ceiling without a memory, on
 #: the 20 seeds of session 83), or with `--recipe shipped` the recipe of the ceilings shipped since
-#: session 88 (docs/microservice-cores.md, "A ceiling that yields to latency"); an option given
-#: on the command line wins over either
+#: session 88 (docs/microservice-cores.md, "A ceiling that yields to latency"; the 2-s panic since
+#: session 92, "A panic at every cap after a violating second"); an option given on the command
+#: line wins over either
 DEFAULTS = {"eval_seeds": f"{CEILING_SEEDS[0]}-{CEILING_SEEDS[-1]}", "rule": "multiple", "margin": 0.0,
-            "pick": "smallest", "window": 0, "release": 0.0, "hold": 0, "pinned": 0.0}
+            "pick": "smallest", "window": 0, "release": 0.0, "hold": 0, "pinned": 0.0, "panic": 0}
 RECIPES = {"shipped": {**DEFAULTS, "eval_seeds": "101-170", "rule": "sqrt", "margin": 0.01, "pick": "fewest",
-                       "window": 60, "release": 0.8, "hold": 60}}
+                       "window": 60, "release": 0.8, "hold": 60, "panic": 2}}
 
 
 def resolve_options(given: dict, recipe: str | None = None) -> dict:
@@ -174,7 +175,7 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe", choices=sorted(RECIPES), default=None,
                     help="fill every option below that is left out from a recipe: 'shipped', the ceilings shipped "
                          "since session 88 (--eval-seeds 101-170 --rule sqrt --margin 0.01 --pick fewest --window 60 "
-                         "--release 0.8 --hold 60; Social's adds --pinned 0.98)")
+                         "--release 0.8 --hold 60 --panic 2; Social's adds --pinned 0.98)")
     ap.add_argument("--eval-seeds", default=None,
                     help=f"validation seeds, apart from the experiment's 1-5 and 6-10 (default: {DEFAULTS['eval_seeds']})")
     ap.add_argument("--rule", choices=sorted(RULES), default=None,
@@ -202,6 +203,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pinned", type=float, default=None,
                     help="also lift one service's ceiling while its use reached this share of its limit "
                          "(default 0: never; Social's shipped ceiling: 0.98, Hotel's: 0)")
+    ap.add_argument("--panic", type=int, default=None,
+                    help="every service at its cap for this many seconds after a second whose p99 broke the QoS "
+                         "target (default 0: never; ours, action_map.py)")
     a = ap.parse_args(argv)
     try:
         o = resolve_options(vars(a), a.recipe)
@@ -209,6 +213,8 @@ def main(argv=None) -> int:
         grid = None if a.grid is None else [float(x) for x in a.grid.split(",") if x.strip()]
         if not seeds or not 0.0 <= a.max_violations <= 1.0:
             raise ValueError("--eval-seeds must name seeds and --max-violations lie in [0, 1]")
+        if o["panic"] < 0:
+            raise ValueError(f"--panic must be whole seconds >= 0, not {o['panic']}")
         policy = ReclaimerPolicy.load(a.policy)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

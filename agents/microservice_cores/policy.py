@@ -156,10 +156,10 @@ class ReclaimerPolicy:
             return cores_of(a, base, self.topo.caps, self.cfg.action_space, self.ceiling)
         single = np.ndim(obs) == 2
         ceiling_base = memory.base(base[None] if single else base)
-        lifted = memory.lifted()
+        lifted, panic = memory.lifted(), memory.panicking()
         return cores_of(a, base, self.topo.caps, self.cfg.action_space, self.ceiling,
                         ceiling_base=ceiling_base[0] if single else ceiling_base,
-                        lifted=lifted[0] if single else lifted)
+                        lifted=lifted[0] if single else lifted, panic=panic[0] if single else panic)
 
     def base_use(self, obs) -> np.ndarray | None:
         """The use a "usage" action or the ceiling scales (the mean over obs's stacked seconds);

@@ -140,7 +140,7 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
 @click.option("--recipe", type=click.Choice(["shipped"]), default=None,
               help="Fill every option below that is left out from a recipe. shipped: the ceilings shipped since "
                    "session 88 (--eval-seeds 101-170 --rule sqrt --margin 0.01 --pick fewest --window 60 "
-                   "--release 0.8 --hold 60; Social's adds --pinned 0.98).")
+                   "--release 0.8 --hold 60 --panic 2; Social's adds --pinned 0.98).")
 @click.option("--eval-seeds", default=None,
               help="Validation seeds, apart from the experiment's 1-5 and 6-10 (default: 101-120).")
 @click.option("--rule", type=click.Choice(["multiple", "sqrt"]), default=None,
@@ -168,20 +168,24 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
               help="With --release or --pinned: keep the ceiling lifted this many seconds more (default 0).")
 @click.option("--pinned", type=click.FloatRange(min=0.0, max=1.0), default=None,
               help="Also lift one service's ceiling while its use reached this share of its limit (default 0: never).")
+@click.option("--panic", type=click.IntRange(min=0), default=None,
+              help="Every service at its cap for this many seconds after a second whose p99 broke the QoS target "
+                   "(default 0: never).")
 def reclaimer_ceiling(policy_dir, out, recipe, eval_seeds, rule, grid, max_violations, no_worse_than_policy, margin,
-                      pick, window, release, hold, pinned) -> None:
+                      pick, window, release, hold, pinned, panic) -> None:
     """Choose a headroom ceiling for a Reclaimer policy (ours): the smallest value on the grid (H, or
     β with --rule sqrt) such that the policy with every limit capped at H times the service's mean
     use u (or at u + β√u) breaks QoS in no validation second, at that value and every larger one of
     the grid (agents/microservice_cores/ceiling.py); with --pick fewest, the clean value with the
     fewest mean cores. --window, --release and --hold give the ceiling a memory (a slow mean of the
-    use; lifted after a slow second). --recipe shipped is the shipped ceilings' recipe. Prints each
+    use; lifted after a slow second); --panic puts every service at its cap after a violating second. --recipe shipped is the shipped ceilings' recipe. Prints each
     value's mean cores and violations; saves the policy with the chosen ceiling to --out."""
     from agents.microservice_cores.ceiling import main as ceiling_main
 
     argv = ["--policy", policy_dir, "--out", out, "--max-violations", str(max_violations)]
     given = {"--recipe": recipe, "--eval-seeds": eval_seeds, "--rule": rule, "--grid": grid, "--margin": margin,
-             "--pick": pick, "--window": window, "--release": release, "--hold": hold, "--pinned": pinned}
+             "--pick": pick, "--window": window, "--release": release, "--hold": hold, "--pinned": pinned,
+             "--panic": panic}
     argv += [x for flag, v in given.items() if v is not None for x in (flag, str(v))]
     argv += ["--no-worse-than-policy"] if no_worse_than_policy else []
     rc = ceiling_main(argv)
