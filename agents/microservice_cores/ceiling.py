@@ -19,7 +19,9 @@ episode per seed). Scanning down and stopping at the first value that breaks it 
 and evaluates fewer. `pick="fewest"` keeps, of those clean values, the one with the fewest mean
 cores instead: a ceiling that yields to latency (`release`) turns a value too low into lifted
 seconds, so its cores stop falling before its violations start. `shape` gives every value of the
-grid the same window and release (action_map.Ceiling; `--window 60 --release 0.8 --hold 60`).
+grid the same window and release (action_map.Ceiling; `--window 60 --release 0.8 --hold 60`), and
+its panic (`--panic 2`), which cannot change the choice at `max_violation` 0 (without
+`no_worse_than_policy`): a clean value then breaks no second, and the panic starts only after one.
 None when even the largest breaks it: the policy is left without a ceiling. A margin raises the
 rule's value (session 86's Social ceiling was the rule's H 2.0 on 70 validation seeds plus 0.2: at
 2.0 its policy broke QoS in rare seconds of the held-out tail seeds; the shipped ceilings since
@@ -60,8 +62,8 @@ SHAPE_KEYS = ("window", "release", "hold", "pinned", "panic")
 #: the command's options left out of its command line: its defaults (a ceiling without a memory, on
 #: the 20 seeds of session 83), or with `--recipe shipped` the recipe of the ceilings shipped since
 #: session 88 (docs/microservice-cores.md, "A ceiling that yields to latency"; the 2-s panic since
-#: session 92, "A panic at every cap after a violating second"); an option given on the command
-#: line wins over either
+#: session 92, "What a jump costs any controller, and a panic at every cap"); an option given on
+#: the command line wins over either
 DEFAULTS = {"eval_seeds": f"{CEILING_SEEDS[0]}-{CEILING_SEEDS[-1]}", "rule": "multiple", "margin": 0.0,
             "pick": "smallest", "window": 0, "release": 0.0, "hold": 0, "pinned": 0.0, "panic": 0}
 RECIPES = {"shipped": {**DEFAULTS, "eval_seeds": "101-170", "rule": "sqrt", "margin": 0.01, "pick": "fewest",

@@ -178,8 +178,9 @@ def reclaimer_ceiling(policy_dir, out, recipe, eval_seeds, rule, grid, max_viola
     use u (or at u + β√u) breaks QoS in no validation second, at that value and every larger one of
     the grid (agents/microservice_cores/ceiling.py); with --pick fewest, the clean value with the
     fewest mean cores. --window, --release and --hold give the ceiling a memory (a slow mean of the
-    use; lifted after a slow second); --panic puts every service at its cap after a violating second. --recipe shipped is the shipped ceilings' recipe. Prints each
-    value's mean cores and violations; saves the policy with the chosen ceiling to --out."""
+    use; lifted after a slow second); --panic puts every service at its cap for a few seconds after
+    a violating one. --recipe shipped is the shipped ceilings' recipe. Prints each value's mean
+    cores and violations; saves the policy with the chosen ceiling to --out."""
     from agents.microservice_cores.ceiling import main as ceiling_main
 
     argv = ["--policy", policy_dir, "--out", out, "--max-violations", str(max_violations)]
