@@ -559,3 +559,10 @@ def test_the_decide_route_keeps_a_stateful_ceilings_memory_per_session():
     said = [client.post("/v1/agents/reclaimer/decide", json={"observation": obs.tolist(), **extra}).json()["memory"]
             for extra in ({}, {"session_id": "c"})]
     assert said == ["not kept", "session"]                            # the caller is told which it got
+    # a panic over REST: a session's violating second gives its next decision every cap, and only its own
+    reg.host("reclaimer", pol.with_ceiling({"multiple": 1.0, "panic": 1}))
+    broke = obs.copy()
+    broke[:, (k - 1) * ROW + LATENCY_COLUMN + P99_INDEX] = 1.2         # the latest p99 at 1.2 x QoS
+    assert decide(broke, "p") == pytest.approx(pol.topo.caps, abs=1e-3)
+    assert decide(obs, "p") == pytest.approx(capped, abs=1e-3)         # one second, then the ceiling again
+    assert decide(obs, "q") == pytest.approx(capped, abs=1e-3)
