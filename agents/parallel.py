@@ -2,8 +2,12 @@
 every problem's experiment does with its (method, seed) runs."""
 from __future__ import annotations
 
+import json
+import os
 import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Callable, Sequence
 
 
@@ -35,10 +39,6 @@ def write_progress(folder, done: int, total: int, **extra) -> None:
     """Say in folder/progress.json how far a run is ({"done", "total", ...}), replaced whole so a
     reader never sees half a file: how a parent follows runs in other processes (`watch_progress`),
     and how a user follows a quiet one."""
-    import json
-    import os
-    from pathlib import Path
-
     path = Path(folder) / PROGRESS_FILE
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"done": int(done), "total": int(total), **extra}))
@@ -51,14 +51,10 @@ class watch_progress:
     A folder not written yet counts as nothing done."""
 
     def __init__(self, folders, desc: str = "runs", unit: str = "step", every: float = 2.0):
-        from pathlib import Path
-
         self.files = [Path(f) / PROGRESS_FILE for f in folders]
         self.desc, self.unit, self.every = desc, unit, every
 
     def _read(self) -> tuple[int, int]:
-        import json
-
         done = total = 0
         for f in self.files:
             try:
@@ -79,8 +75,6 @@ class watch_progress:
                 return
 
     def __enter__(self):
-        import threading
-
         from tqdm import tqdm
 
         self.bar = tqdm(total=0, unit=self.unit, file=sys.stderr, desc=self.desc)

@@ -57,10 +57,8 @@ class CapsAfter:
 
     def act_block(self, st) -> np.ndarray:
         cores = self.inner.act_block(st)           # the policy keeps its memory of every second
-        self.second += 1
-        if self.second - 1 >= self.t:
-            return np.broadcast_to(self.caps, cores.shape).copy()
-        return cores
+        second, self.second = self.second, self.second + 1
+        return np.broadcast_to(self.caps, cores.shape).copy() if second >= self.t else cores
 
 
 def jumps_of(topo) -> list[tuple[float, float]]:

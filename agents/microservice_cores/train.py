@@ -27,6 +27,7 @@ simulator, and deterministic actions draw no random numbers.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
 import sys
@@ -656,11 +657,11 @@ def _train_seeds(args) -> int:
         job.seeds, job.seed, job.out, job.quiet = None, seed, str(out / f"seed-{seed}"), True
         jobs.append(job)
     t0 = time.perf_counter()
-    if args.quiet:
+    # one bar over every seed's transitions, read from the progress.json each run keeps
+    bar = contextlib.nullcontext() if args.quiet else \
+        watch_progress([j.out for j in jobs], desc=f"seeds {','.join(map(str, seeds))}")
+    with bar:
         codes = map_runs(_train_one, jobs, workers=len(jobs), progress=False)
-    else:   # one bar over every seed's transitions, read from the progress.json each run keeps
-        with watch_progress([j.out for j in jobs], desc=f"seeds {','.join(map(str, seeds))}"):
-            codes = map_runs(_train_one, jobs, workers=len(jobs), progress=False)
     seconds = round(time.perf_counter() - t0, 1)
     if any(codes):
         print(f"error: seed(s) {[s for s, c in zip(seeds, codes) if c]} failed", file=sys.stderr)
