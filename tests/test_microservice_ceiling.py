@@ -566,3 +566,59 @@ def test_the_decide_route_keeps_a_stateful_ceilings_memory_per_session():
     assert decide(broke, "p") == pytest.approx(pol.topo.caps, abs=1e-3)
     assert decide(obs, "p") == pytest.approx(capped, abs=1e-3)         # one second, then the ceiling again
     assert decide(obs, "q") == pytest.approx(capped, abs=1e-3)
+
+
+def test_a_bound_on_the_relative_headroom_caps_only_the_lightly_used_services(tmp_path):
+    """max_multiple H (ours, session 93): at most the smaller of u + β√u and H u, so the square root's
+    relative headroom β/√u is bounded at H − 1 for the services below (β/(H − 1))² cores and no other
+    limit moves; validated, saved, named, and chosen like the other rules as a second stage."""
+    from agents.microservice_cores.ceiling import MAX_MULTIPLE_GRID, calibrated, choose_ceiling, make_ceiling
+    from agents.microservice_cores.policy import ReclaimerPolicy
+    from samm.cli.main import cli
+
+    caps = np.array([4.0, 4.0, 4.0])
+    used = np.array([0.01, (0.26 / 1.0) ** 2, 1.0])                  # light, at the edge, busy
+    plain, bound = Ceiling(sqrt=0.26), Ceiling(sqrt=0.26, max_multiple=2.0)
+    got = cores_of(np.ones(3), used, caps, "cap", bound)
+    assert got == pytest.approx([0.02, 2 * used[1], 1.26])           # 2 x use, the edge (both equal), u + β√u
+    assert got[2] == pytest.approx(cores_of(np.ones(3), used, caps, "cap", plain)[2])
+    assert cores_of(np.ones(3), used, caps, "cap", plain)[0] == pytest.approx(0.01 + 0.026)
+    assert bound.label() == "sqrt0.26-x2" and bound.to_json() == {"multiple": 1.0, "sqrt": 0.26, "max_multiple": 2.0}
+    assert check_ceiling(bound.to_json()) == bound and check_ceiling({"multiple": 1.5, "max_multiple": 0}) == Ceiling(1.5)
+    for bad in ({"sqrt": 0.2, "max_multiple": 0.5}, {"sqrt": 0.2, "max_multiple": -1}, {"sqrt": 0.2, "max_multiple": True},
+                {"sqrt": 0.2, "max_multiple": float("inf")}):
+        with pytest.raises(ValueError, match="max_multiple"):
+            check_ceiling(bad)
+    shaped = check_ceiling({"sqrt": 0.26, "max_multiple": 2, "window": 60, "release": 0.8, "hold": 60, "pinned": 0.98,
+                            "panic": 2})
+    assert shaped.label() == "sqrt0.26-x2-w60-p0.98-r0.8-h60-panic2"
+    # chosen on validation episodes as the other rules: β fixed in the shape, H scanned from the top
+    with pytest.raises(ValueError, match="--sqrt"):
+        make_ceiling("max-multiple", 2.0, {"window": 60})
+    with pytest.raises(ValueError, match="scans"):
+        make_ceiling("sqrt", 0.2, {"sqrt": 0.3})
+    cores = {None: 5.0, 3.0: 4.0, 2.0: 3.6, 1.5: 3.5, 1.25: 3.7}
+
+    def fake_eval(policy, topo, seeds):
+        c = policy.ceiling
+        assert c is None or c.sqrt == 0.26
+        h = None if c is None else c.max_multiple
+        return {"mean_cores": cores[h], "violation_rate": 0.01 if h == 1.25 else 0.0, "levels": {}}
+
+    pol = _policy()
+    got = choose_ceiling(pol, pol.topo, [101], [3.0, 2.0, 1.5, 1.25], evaluate_fn=fake_eval, rule="max-multiple",
+                         shape={"sqrt": 0.26}, pick="fewest", margin=0.5)
+    assert (got["rule_ceiling"], got["ceiling"]) == (1.5, 2.0)
+    out = calibrated(pol, got)
+    assert out.ceiling == Ceiling(sqrt=0.26, max_multiple=2.0) and out.version == "test-1+ceilingsqrt0.26-x2"
+    assert MAX_MULTIPLE_GRID[0] == 3.0 and min(MAX_MULTIPLE_GRID) >= 1.0
+    # from the CLI, on real episodes, over a policy that already has a ceiling: the record keeps it
+    ReclaimerPolicy(pol.agent, pol.topo, pol.cfg, version="test-1", ceiling={"sqrt": 0.3}).save(tmp_path / "p")
+    r = CliRunner().invoke(cli, ["reclaimer-ceiling", "--policy", str(tmp_path / "p"), "--out", str(tmp_path / "q"),
+                                 "--rule", "max-multiple", "--sqrt", "0.3", "--eval-seeds", "101", "--grid", "3,2",
+                                 "--max-violations", "1", "--margin", "0"])
+    assert r.exit_code == 0, r.output
+    q = ReclaimerPolicy.load(tmp_path / "q")
+    assert q.ceiling.sqrt == 0.3 and q.ceiling.max_multiple == 2.0 and q.version == "test-1+ceilingsqrt0.3-x2"
+    assert CliRunner().invoke(cli, ["reclaimer-ceiling", "--policy", str(tmp_path / "p"), "--out", str(tmp_path / "w"),
+                                    "--rule", "max-multiple", "--eval-seeds", "101"]).exit_code == 2

@@ -30,6 +30,7 @@ A headroom ceiling (ours, off by default; `ReclaimerPolicy.ceiling`, chosen afte
 validation episodes by `ceiling.py`) caps the cores of either space by the same base use u:
 
     cap = multiple · u + sqrt · √u      (a `Ceiling`; cores and √cores)
+    cap = min(that, max_multiple · u)  (with `max_multiple` H > 0)
 
 The trained policies keep a low load's services at 3-10 times their use, where a fixed rule needs
 2 (docs/microservice-cores.md, "A headroom ceiling"): `Ceiling(multiple=H)` is that rule, H times
@@ -39,7 +40,11 @@ headroom β/√u is large for a lightly used service, whose use is noisy from se
 small for a busy one. Measured (docs/microservice-cores.md, "A square-root staffing ceiling"): on
 Hotel 4.05 mean cores against H = 1.9's 4.08, but one violating second on the check seeds, so not
 shipped; on Social even β = 0.3 breaks QoS at 200 users. A throttled service uses its whole limit,
-so under either the limit can still grow a second.
+so under either the limit can still grow a second. The relative headroom β/√u of the square root
+grows without bound as u falls (2.3 times the use at u = 0.02 core and β = 0.26); `max_multiple` H
+bounds it at H times the use for the services below (β/(H − 1))² cores, and leaves the others alone
+(ours, session 93: Social's pair held 1.34 cores at 20 users, 2.8 times their use, at a p99 of 38 ms
+against 500; docs/history/microservice-cores.md, "A bound on the relative headroom").
 
 A ceiling may also remember (`Ceiling.stateful`; session 88, docs/microservice-cores.md, "A
 ceiling that yields to latency"): `window` W takes u as the larger of the 5-s mean and the mean
@@ -92,9 +97,11 @@ class Ceiling:
     hold: int = 0
     pinned: float = 0.0
     panic: int = 0
+    max_multiple: float = 0.0
 
     def cap(self, base) -> np.ndarray:
-        return self.multiple * base + self.sqrt * np.sqrt(base)
+        cap = self.multiple * base + self.sqrt * np.sqrt(base)
+        return np.minimum(cap, self.max_multiple * base) if self.max_multiple else cap
 
     @property
     def stateful(self) -> bool:
@@ -103,9 +110,11 @@ class Ceiling:
 
     def to_json(self):
         """A plain multiple as its number (the form policies saved before the square-root rule)."""
-        if self.sqrt == 0 and not self.stateful:
+        if self.sqrt == 0 and not self.stateful and not self.max_multiple:
             return self.multiple
         out = {"multiple": self.multiple, "sqrt": self.sqrt}
+        if self.max_multiple:
+            out["max_multiple"] = self.max_multiple
         if self.stateful:
             out.update(window=self.window, release=self.release, hold=self.hold)
             if self.pinned:
@@ -116,12 +125,14 @@ class Ceiling:
 
     def label(self) -> str:
         """"1.9" for 1.9 times the use, "sqrt0.13" for u + 0.13 √u, "sqrt0.13-w60-r0.8-h60" with a
-        60-s window and a 60-s release at 0.8 of the QoS target, "-panic2" with a 2-s panic at every cap
-        (a policy version's suffix)."""
+        60-s window and a 60-s release at 0.8 of the QoS target, "-panic2" with a 2-s panic at every cap,
+        "sqrt0.26-x2" with at most 2 times the use (a policy version's suffix)."""
         if self.sqrt == 0:
             text = f"{self.multiple:g}"
         else:
             text = f"sqrt{self.sqrt:g}" if self.multiple == 1 else f"{self.multiple:g}+sqrt{self.sqrt:g}"
+        if self.max_multiple:
+            text += f"-x{self.max_multiple:g}"
         if self.window:
             text += f"-w{self.window}"
         if self.pinned:
@@ -134,14 +145,14 @@ class Ceiling:
 
 
 #: the keys a saved ceiling may hold
-CEILING_KEYS = ("multiple", "sqrt", "window", "release", "hold", "pinned", "panic")
+CEILING_KEYS = ("multiple", "sqrt", "window", "release", "hold", "pinned", "panic", "max_multiple")
 
 
 def check_ceiling(ceiling) -> Ceiling | None:
     """A headroom ceiling: None (none), a number H >= 1 (H times the use), {"multiple": H >= 1,
     "sqrt": β >= 0, "window": whole seconds >= 0, "release": a share of the QoS target >= 0,
     "hold": whole seconds >= 0, "pinned": a share of the limit in [0, 1], "panic": whole seconds
-    >= 0} or a Ceiling (a limit under the use it must serve would throttle the service for good);
+    >= 0, "max_multiple": 0 (none) or >= 1} or a Ceiling (a limit under the use it must serve would throttle the service for good);
     the Ceiling, or None."""
     if ceiling is None:
         return None
@@ -160,12 +171,16 @@ def check_ceiling(ceiling) -> Ceiling | None:
 
     if not (number(parts["multiple"], 1.0) and number(parts["sqrt"], 0.0) and whole(parts["window"])
             and number(parts["release"], 0.0) and whole(parts["hold"])
-            and number(parts["pinned"], 0.0) and parts["pinned"] <= 1.0 and whole(parts["panic"])):
+            and number(parts["pinned"], 0.0) and parts["pinned"] <= 1.0 and whole(parts["panic"])
+            and (number(parts["max_multiple"], 1.0) or (number(parts["max_multiple"], 0.0)
+                                                        and parts["max_multiple"] == 0))):
         raise ValueError("headroom_ceiling must be a number >= 1 (times the mean use), "
                          "{\"multiple\": >= 1, \"sqrt\": >= 0, \"window\": s >= 0, \"release\": >= 0, "
-                         f"\"hold\": s >= 0, \"pinned\": 0..1, \"panic\": s >= 0}} or null, not {ceiling!r}")
+                         "\"hold\": s >= 0, \"pinned\": 0..1, \"panic\": s >= 0, \"max_multiple\": 0 or >= 1} "
+                         f"or null, not {ceiling!r}")
     return Ceiling(float(parts["multiple"]), float(parts["sqrt"]), int(parts["window"]),
-                   float(parts["release"]), int(parts["hold"]), float(parts["pinned"]), int(parts["panic"]))
+                   float(parts["release"]), int(parts["hold"]), float(parts["pinned"]), int(parts["panic"]),
+                   float(parts["max_multiple"]))
 
 
 def check_memoryless(ceiling, where: str) -> Ceiling | None:

@@ -50,22 +50,28 @@ GRID = tuple(round(3.0 - 0.1 * i, 1) for i in range(19))
 #: β of u + β√u (√cores): 0.3 holds about what H = 3 holds on Hotel's validation seeds, then by
 #: 0.01 from 0.2 down to 0.05 (Hotel's policy breaks QoS on 70 validation seeds from 0.17; measured)
 SQRT_GRID = (0.3, 0.25) + tuple(round(0.2 - 0.01 * i, 2) for i in range(16))
-#: how a grid value becomes a ceiling, and each rule's default grid and smallest value
-RULES = {"multiple": (lambda h: Ceiling(multiple=h), GRID, 1.0),
-         "sqrt": (lambda b: Ceiling(sqrt=b), SQRT_GRID, 0.0)}
+#: H of "at most H times the use" over a square-root ceiling (`--rule max-multiple --sqrt β`): 3 binds
+#: little on either app, and Social's pair breaks QoS at 1.5 on 70 validation seeds (session 93)
+MAX_MULTIPLE_GRID = (3.0, 2.5, 2.25, 2.0, 1.75, 1.5)
+#: which field of the Ceiling a rule scans, its default grid and its smallest value
+RULES = {"multiple": ("multiple", GRID, 1.0),
+         "sqrt": ("sqrt", SQRT_GRID, 0.0),
+         "max-multiple": ("max_multiple", MAX_MULTIPLE_GRID, 1.0)}
 #: the 20 validation seeds of the shipped recipes (docs/microservice-cores.md, session 83)
 CEILING_SEEDS = tuple(range(101, 121))
 #: which clean value of the grid is chosen: the smallest, or the one with the fewest mean cores
 PICKS = ("smallest", "fewest")
-#: a ceiling's shape, the same for every value of the grid (action_map.Ceiling)
-SHAPE_KEYS = ("window", "release", "hold", "pinned", "panic")
+#: a ceiling's shape, the same for every value of the grid (action_map.Ceiling); a rule's own field
+#: is the scanned value and cannot be part of it
+SHAPE_KEYS = ("window", "release", "hold", "pinned", "panic", "sqrt", "max_multiple")
 #: the command's options left out of its command line: its defaults (a ceiling without a memory, on
 #: the 20 seeds of session 83), or with `--recipe shipped` the recipe of the ceilings shipped since
 #: session 88 (docs/microservice-cores.md, "A ceiling that yields to latency"; the 2-s panic since
 #: session 92, "What a jump costs any controller, and a panic at every cap"); an option given on
 #: the command line wins over either
 DEFAULTS = {"eval_seeds": f"{CEILING_SEEDS[0]}-{CEILING_SEEDS[-1]}", "rule": "multiple", "margin": 0.0,
-            "pick": "smallest", "window": 0, "release": 0.0, "hold": 0, "pinned": 0.0, "panic": 0}
+            "pick": "smallest", "window": 0, "release": 0.0, "hold": 0, "pinned": 0.0, "panic": 0, "sqrt": 0.0,
+            "max_multiple": 0.0}
 RECIPES = {"shipped": {**DEFAULTS, "eval_seeds": "101-170", "rule": "sqrt", "margin": 0.01, "pick": "fewest",
                        "window": 60, "release": 0.8, "hold": 60, "panic": 2}}
 
@@ -79,9 +85,14 @@ def resolve_options(given: dict, recipe: str | None = None) -> dict:
 
 
 def make_ceiling(rule: str, value: float, shape: dict | None = None) -> Ceiling:
-    """The ceiling of a rule's grid value with the given shape (window, release, hold)."""
-    c = RULES[rule][0](value)
-    return c if not shape else check_ceiling(replace(c, **shape))
+    """The ceiling of a rule's grid value with the given shape (SHAPE_KEYS)."""
+    field = RULES[rule][0]
+    shape = dict(shape or {})
+    if field in shape:
+        raise ValueError(f"the rule {rule} scans {field}; it cannot also be fixed in the shape")
+    if rule == "max-multiple" and not shape.get("sqrt"):
+        raise ValueError("the rule max-multiple bounds a square-root ceiling: give its β (--sqrt)")
+    return check_ceiling(replace(Ceiling(), **{field: value}, **shape))
 
 
 def choose_ceiling(policy, topo, seeds: Sequence[int] = CEILING_SEEDS, grid: Sequence[float] | None = None,
@@ -182,10 +193,14 @@ def main(argv=None) -> int:
                     help=f"validation seeds, apart from the experiment's 1-5 and 6-10 (default: {DEFAULTS['eval_seeds']})")
     ap.add_argument("--rule", choices=sorted(RULES), default=None,
                     help="multiple: at most H times the mean use (the default); sqrt: at most u + β√u, square-root "
-                         "staffing")
+                         "staffing; max-multiple: at most the smaller of u + β√u (β from --sqrt) and H times u")
     ap.add_argument("--grid", default=None,
                     help="values to try, comma-separated (default: H from 3 down to 1.2 by 0.1; β 0.3, 0.25, then "
-                         "0.2 down to 0.05 by 0.01)")
+                         "0.2 down to 0.05 by 0.01; max-multiple's H 3, 2.5, 2.25, 2, 1.75, 1.5)")
+    ap.add_argument("--sqrt", type=float, default=None,
+                    help="with --rule max-multiple: the β of the square-root ceiling it bounds")
+    ap.add_argument("--max-multiple", type=float, default=None,
+                    help="with --rule sqrt: also at most this many times the use (default 0: no bound; ours)")
     ap.add_argument("--max-violations", type=float, default=0.0,
                     help="the largest share of violating validation seconds allowed (default 0)")
     ap.add_argument("--no-worse-than-policy", action="store_true",
@@ -230,7 +245,7 @@ def main(argv=None) -> int:
               "\"A ceiling that yields to latency\"); --recipe shipped gives the shipped ones' memory",
               file=sys.stderr, flush=True)
     try:
-        name = "H" if o["rule"] == "multiple" else "β"
+        name = "β" if o["rule"] == "sqrt" else "H"
         choice = choose_ceiling(policy, policy.topo, seeds, grid, a.max_violations,
                                 on_row=lambda r: print(f"  {name} {r['ceiling']:g}: {_line(r)}", flush=True),
                                 margin=o["margin"], rule=o["rule"], pick=o["pick"],

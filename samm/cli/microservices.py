@@ -143,12 +143,17 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
                    "--release 0.8 --hold 60 --panic 2; Social's adds --pinned 0.98).")
 @click.option("--eval-seeds", default=None,
               help="Validation seeds, apart from the experiment's 1-5 and 6-10 (default: 101-120).")
-@click.option("--rule", type=click.Choice(["multiple", "sqrt"]), default=None,
+@click.option("--rule", type=click.Choice(["multiple", "sqrt", "max-multiple"]), default=None,
               help="multiple (the default): every limit at most H times the service's mean use; sqrt: at most "
-                   "u + β√u (square-root staffing).")
+                   "u + β√u (square-root staffing); max-multiple: at most the smaller of u + β√u (β from --sqrt) "
+                   "and H times u.")
 @click.option("--grid", default=None,
               help="Values to try, comma-separated (default: H 3 down to 1.2 by 0.1; β 0.3, 0.25, 0.2 down to 0.05 "
-                   "by 0.01).")
+                   "by 0.01; max-multiple's H 3, 2.5, 2.25, 2, 1.75, 1.5).")
+@click.option("--sqrt", "sqrt_beta", type=click.FloatRange(min=0.0), default=None,
+              help="With --rule max-multiple: the β of the square-root ceiling it bounds.")
+@click.option("--max-multiple", type=click.FloatRange(min=0.0), default=None,
+              help="With --rule sqrt: also at most this many times the use (default 0: no bound; ours).")
 @click.option("--max-violations", type=float, default=0.0, show_default=True,
               help="The largest share of violating validation seconds allowed.")
 @click.option("--no-worse-than-policy", is_flag=True,
@@ -171,20 +176,22 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
 @click.option("--panic", type=click.IntRange(min=0), default=None,
               help="Every service at its cap for this many seconds after a second whose p99 broke the QoS target "
                    "(default 0: never).")
-def reclaimer_ceiling(policy_dir, out, recipe, eval_seeds, rule, grid, max_violations, no_worse_than_policy, margin,
-                      pick, window, release, hold, pinned, panic) -> None:
+def reclaimer_ceiling(policy_dir, out, recipe, eval_seeds, rule, grid, sqrt_beta, max_multiple, max_violations,
+                      no_worse_than_policy, margin, pick, window, release, hold, pinned, panic) -> None:
     """Choose a headroom ceiling for a Reclaimer policy (ours): the smallest value on the grid (H, or
     β with --rule sqrt) such that the policy with every limit capped at H times the service's mean
     use u (or at u + β√u) breaks QoS in no validation second, at that value and every larger one of
     the grid (agents/microservice_cores/ceiling.py); with --pick fewest, the clean value with the
     fewest mean cores. --window, --release and --hold give the ceiling a memory (a slow mean of the
     use; lifted after a slow second); --panic puts every service at its cap for a few seconds after
-    a violating one. --recipe shipped is the shipped ceilings' recipe. Prints each value's mean
-    cores and violations; saves the policy with the chosen ceiling to --out."""
+    a violating one. --recipe shipped is the shipped ceilings' recipe. --rule max-multiple --sqrt β
+    then bounds a square-root ceiling at H times the use (Social's second stage). Prints each value's
+    mean cores and violations; saves the policy with the chosen ceiling to --out."""
     from agents.microservice_cores.ceiling import main as ceiling_main
 
     argv = ["--policy", policy_dir, "--out", out, "--max-violations", str(max_violations)]
-    given = {"--recipe": recipe, "--eval-seeds": eval_seeds, "--rule": rule, "--grid": grid, "--margin": margin,
+    given = {"--recipe": recipe, "--eval-seeds": eval_seeds, "--rule": rule, "--grid": grid, "--sqrt": sqrt_beta,
+             "--max-multiple": max_multiple, "--margin": margin,
              "--pick": pick, "--window": window, "--release": release, "--hold": hold, "--pinned": pinned,
              "--panic": panic}
     argv += [x for flag, v in given.items() if v is not None for x in (flag, str(v))]
