@@ -584,13 +584,14 @@ def test_a_bound_on_the_relative_headroom_caps_only_the_lightly_used_services(tm
     assert got[2] == pytest.approx(cores_of(np.ones(3), used, caps, "cap", plain)[2])
     assert cores_of(np.ones(3), used, caps, "cap", plain)[0] == pytest.approx(0.01 + 0.026)
     assert bound.label() == "sqrt0.26-x2" and bound.to_json() == {"multiple": 1.0, "sqrt": 0.26, "max_multiple": 2.0}
-    assert check_ceiling(bound.to_json()) == bound and check_ceiling({"multiple": 1.5, "max_multiple": 0}) == Ceiling(1.5)
-    for bad in ({"sqrt": 0.2, "max_multiple": 0.5}, {"sqrt": 0.2, "max_multiple": -1}, {"sqrt": 0.2, "max_multiple": True},
-                {"sqrt": 0.2, "max_multiple": float("inf")}):
+    assert check_ceiling(bound.to_json()) == bound
+    assert check_ceiling({"multiple": 1.5, "max_multiple": 0}) == Ceiling(1.5)
+    for bad in ({"sqrt": 0.2, "max_multiple": 0.5}, {"sqrt": 0.2, "max_multiple": -1},
+                {"sqrt": 0.2, "max_multiple": True}, {"sqrt": 0.2, "max_multiple": float("inf")}):
         with pytest.raises(ValueError, match="max_multiple"):
             check_ceiling(bad)
-    shaped = check_ceiling({"sqrt": 0.26, "max_multiple": 2, "window": 60, "release": 0.8, "hold": 60, "pinned": 0.98,
-                            "panic": 2})
+    shaped = check_ceiling({"sqrt": 0.26, "max_multiple": 2, "window": 60, "release": 0.8, "hold": 60,
+                            "pinned": 0.98, "panic": 2})
     assert shaped.label() == "sqrt0.26-x2-w60-p0.98-r0.8-h60-panic2"
     # chosen on validation episodes as the other rules: β fixed in the shape, H scanned from the top
     with pytest.raises(ValueError, match="--sqrt"):

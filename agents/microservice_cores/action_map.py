@@ -152,8 +152,8 @@ def check_ceiling(ceiling) -> Ceiling | None:
     """A headroom ceiling: None (none), a number H >= 1 (H times the use), {"multiple": H >= 1,
     "sqrt": β >= 0, "window": whole seconds >= 0, "release": a share of the QoS target >= 0,
     "hold": whole seconds >= 0, "pinned": a share of the limit in [0, 1], "panic": whole seconds
-    >= 0, "max_multiple": 0 (none) or >= 1} or a Ceiling (a limit under the use it must serve would throttle the service for good);
-    the Ceiling, or None."""
+    >= 0, "max_multiple": 0 (none) or >= 1} or a Ceiling (a limit under the use it must serve would
+    throttle the service for good); the Ceiling, or None."""
     if ceiling is None:
         return None
     if isinstance(ceiling, Ceiling):
