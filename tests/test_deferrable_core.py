@@ -236,10 +236,18 @@ def test_schedule_view_matches_the_simulators():
     ({"running": [{"id": "r", "cores": 1, "remaining": 4, "duration": 2}]}, "running[0]"),
     ({"eligible": [{"id": "a", "cores": 0, "duration": 1, "earliest": 5, "latest": 5}]}, "cores"),
     ({"extra": 1}, "extra"),
+    ({"capacity": 1e300}, "capacity"),                                   # past int64: was a 500 blaming the agent
+    ({"slot": 2**63, "eligible": [], "future": []}, "slot"),
+    ({"future": [{"id": "f", "cores": 1, "duration": 1, "earliest": 7, "latest": 10**40}]}, "future.0.latest"),
 ])
 def test_schedule_rejects_bad_input_naming_the_field(client, change, words):
     r = client.post("/v1/agents/tetris/schedule", json=body(**change))
     assert r.status_code == 422 and words in r.text, r.text
+
+
+def test_schedule_names_the_body_when_it_is_not_json(client):
+    r = client.post("/v1/agents/tetris/schedule", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"].startswith("body: Invalid JSON"), r.text
 
 
 def test_every_setting_is_well_formed():

@@ -106,6 +106,9 @@ def test_plan_places_a_batch_within_slots_and_rules(client, planner):
     ({"nodes": ["a"], "batch": {"app0": 1}, "planner": "magic"}, 422, "planner"),
     ({"nodes": ["a"], "batch": {"app0": 2}, "constraints": [{"app_a": "app0", "app_b": "app0", "rule": "anti-affinity"}]},
      422, "no placement"),
+    ({"nodes": ["a"], "batch": {"app0": 1}, "seed": -1}, 422, "seed"),                  # numpy's seeds are >= 0
+    ({"nodes": ["a"], "batch": {"app0": 2**63}}, 422, "batch.app0"),                    # past int64
+    ({"nodes": ["a"], "batch": {"app0": 2**62, "app1": 2**62}}, 422, "batch.app0"),     # a sum past int64
 ])
 def test_bad_plan_requests_get_4xx_naming_the_problem(client, body, status, field):
     r = client.post("/v1/agents/lra/plan", json=body)

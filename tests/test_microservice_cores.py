@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 import csv
+import json
 import math
 
 import numpy as np
@@ -417,6 +418,25 @@ def test_allocate_route_answers_cores_within_caps_and_holds_on_unknown_latency()
     bad["per_service"][0][0] = -1
     assert client.post("/v1/agents/reclaimer/allocate", json=bad).status_code == 422
     assert "/v1/agents/reclaimer/allocate" in client.get("/openapi.json").json()["paths"]
+
+
+def test_allocate_route_refuses_a_negative_latency_but_holds_on_an_unknown_one():
+    from fastapi.testclient import TestClient
+
+    from agents.microservice_cores.service import create_app
+
+    pol = _tiny_policy()
+    client = TestClient(create_app("reclaimer", pol))
+    json_body = {"content-type": "application/json"}
+    for v in (-1.0, float("-inf")):
+        bad = _body(pol.topo)
+        bad["latency_ms"][3] = v
+        r = client.post("/v1/agents/reclaimer/allocate", content=json.dumps(bad), headers=json_body)
+        assert r.status_code == 422 and "latency_ms[3]" in r.json()["detail"], r.text
+    unknown = _body(pol.topo)
+    unknown["latency_ms"][3] = float("nan")
+    r = client.post("/v1/agents/reclaimer/allocate", content=json.dumps(unknown), headers=json_body)
+    assert r.status_code == 200 and r.json()["action"] == "hold"
 
 
 def test_sessions_expire_and_evict_in_order():

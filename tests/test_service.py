@@ -9,7 +9,6 @@ from fastapi.testclient import TestClient
 
 from agents.factory import make_agent
 from agents.ppo.agent import LstmPpoAgent
-from agents.shipped import shipped_policy_dir
 from samm.analyze import OBSERVATION_NAMES
 from samm.plan.registry import PolicyRegistry
 from samm.plan.service import create_app
@@ -131,6 +130,18 @@ def test_upload_needs_a_token_validates_and_rolls_back(client, tmp_path):
     assert d["policy_version"] == "candidate-1"
     r = client.post("/v1/agents/lstm-ppo/policy/rollback", headers=auth)
     assert r.status_code == 200 and r.json()["policy_version"] == v0
+
+
+@pytest.mark.parametrize("fname", ["a\x00b", "x" * 300, "\ud800"])
+def test_an_upload_with_an_unwritable_file_name_is_rejected_and_leaves_nothing(client, app, fname):
+    store = app.state.registry.store_dir
+    before = set(store.iterdir())
+    files = {"metadata.json": base64.b64encode(b"{}").decode(), fname: ""}
+    r = client.put("/v1/agents/lstm-ppo/policy", content=json.dumps({"files": files}),
+                   headers={"authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    assert r.status_code == 422 and "invalid file name" in r.json()["detail"], r.text
+    assert set(store.iterdir()) == before
+    assert client.get("/healthz").json()["status"] == "ok"
 
 
 def test_health_metrics_and_openapi(client):

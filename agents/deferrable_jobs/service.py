@@ -24,7 +24,7 @@ import time
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -36,6 +36,10 @@ from .rules import select_by_scores
 from .sim import View
 
 MAX_JOBS = 5_000
+# Slots and capacity go into the View's int64 arrays: past 2**63 they overflow there (a 500 that
+# blamed the agent); 2**53 leaves room for the offsets computed from them and is exact as a float.
+LARGEST = 2**53
+Slot = Annotated[int, Field(ge=0, le=LARGEST)]
 JobId = Annotated[str | int, Field(description="The caller's job id (echoed in `start`).")]
 
 
@@ -47,9 +51,9 @@ class WaitingJob(Strict):
     id: JobId
     cores: int = Field(ge=1, le=100_000)
     duration: int = Field(ge=1, le=100_000, description="Run time in slots.")
-    earliest: int = Field(ge=0, description="Earliest start slot, e_i.")
-    latest: int = Field(ge=0, description="Latest start slot, l_i >= earliest.")
-    submitted: int | None = Field(default=None, ge=0, description="Submission slot, g_i (default: earliest).")
+    earliest: Slot = Field(description="Earliest start slot, e_i.")
+    latest: Slot = Field(description="Latest start slot, l_i >= earliest.")
+    submitted: Slot | None = Field(default=None, description="Submission slot, g_i (default: earliest).")
 
 
 class RunningJob(Strict):
@@ -60,8 +64,8 @@ class RunningJob(Strict):
 
 
 class ScheduleRequest(Strict):
-    slot: int = Field(ge=0, description="The current slot t.")
-    capacity: float = Field(ge=0, allow_inf_nan=False, description="C_t: cores left after on-demand use.")
+    slot: Slot = Field(description="The current slot t.")
+    capacity: float = Field(ge=0, le=LARGEST, allow_inf_nan=False, description="C_t: cores left after on-demand use.")
     eligible: list[WaitingJob] = Field(default_factory=list, max_length=MAX_JOBS)
     running: list[RunningJob] = Field(default_factory=list, max_length=MAX_JOBS)
     future: list[WaitingJob] = Field(default_factory=list, max_length=MAX_JOBS)
@@ -182,7 +186,8 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
         try:
             req = ScheduleRequest.model_validate_json(await request.body())
         except ValidationError as e:
-            parts = [f"{'.'.join(str(x) for x in err.get('loc', ()))}: {err.get('msg')}" for err in e.errors()]
+            # a body that is not JSON has an empty location: name the body, as FastAPI does
+            parts = [f"{'.'.join(str(x) for x in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in e.errors()]
             return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
         t0 = time.perf_counter()
         try:

@@ -45,7 +45,7 @@ class PlanRequest(Strict):
     batch: dict[str, int] = Field(description="Containers to place per app (the predictor's app names).")
     constraints: list[RuleModel] = Field(default_factory=list, max_length=256)
     planner: Literal[PLANNER_NAMES] = "policy"  # type: ignore[valid-type]
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="Seed of the planner's random choices (numpy's: non-negative).")
 
 
 class PlacementRow(BaseModel):
@@ -69,15 +69,17 @@ def build_problem(req: PlanRequest, app_names: tuple[str, ...]) -> tuple[Cluster
         raise HTTPException(422, "nodes: node names must be unique")
     index = {a: i for i, a in enumerate(app_names)}
     counts = np.zeros(len(app_names), dtype=np.int64)
+    cluster = Cluster(len(req.nodes), req.slots, tuple(req.nodes))
     for app, n in req.batch.items():
         if app not in index:
             raise HTTPException(422, f"batch.{app}: unknown app; apps are {list(app_names)}")
         if n < 0:
             raise HTTPException(422, f"batch.{app}: must be >= 0, got {n}")
+        if n > cluster.capacity:  # checked per app: a count past int64 would not fit `counts`
+            raise HTTPException(422, f"batch.{app}: {n} containers > capacity {cluster.capacity}")
         counts[index[app]] = n
     if counts.sum() == 0:
         raise HTTPException(422, "batch: no containers to place")
-    cluster = Cluster(len(req.nodes), req.slots, tuple(req.nodes))
     if counts.sum() > cluster.capacity:
         raise HTTPException(422, f"batch: {int(counts.sum())} containers > capacity {cluster.capacity}")
     rules = []

@@ -74,6 +74,10 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
             raise HTTPException(422, detail=f"per_service: {len(req.per_service)} rows for {topo.n_services} services")
         if req.latency_ms is not None and len(req.latency_ms) != len(PERCENTILES):
             raise HTTPException(422, detail=f"latency_ms: {len(req.latency_ms)} values, expected {len(PERCENTILES)}")
+        # checked here, not in the model: a NaN must pass (unknown latency: the limits are held)
+        for i, v in enumerate(req.latency_ms or ()):
+            if v is not None and v < 0:
+                raise HTTPException(422, detail=f"latency_ms[{i}]: must be >= 0, got {v}")
         rows = np.asarray(req.per_service, dtype=np.float64)
         version = str(getattr(policy, "version", "unversioned"))
         lat = None if req.latency_ms is None else np.array([np.nan if v is None else v for v in req.latency_ms], float)

@@ -2,6 +2,7 @@
 validated uploads swapped in atomically (a failed validation never replaces anything)."""
 from __future__ import annotations
 
+import errno
 import shutil
 import tempfile
 import threading
@@ -102,7 +103,14 @@ class PolicyRegistry:
         target = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.store_dir))
         try:
             for fname, data in files.items():
-                (target / fname).write_bytes(data)
+                try:
+                    (target / fname).write_bytes(data)
+                except ValueError as exc:  # a NUL byte or a lone surrogate in the name
+                    raise PolicyRejected(f"invalid file name {fname!r}: {exc}") from None
+                except OSError as exc:
+                    if exc.errno != errno.ENAMETOOLONG:
+                        raise  # the store's own trouble (a full disk) is the server's, not the caller's
+                    raise PolicyRejected(f"invalid file name {fname!r}: {exc.strerror}") from None
             try:
                 candidate = load_policy(target)
             except Exception as exc:  # noqa: BLE001 - any failure to load is a rejection
