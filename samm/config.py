@@ -220,6 +220,18 @@ class SammConfig(Strict):
         names = [lp.name for lp in self.loops]
         if len(set(names)) != len(names):
             raise ValueError(f"loop names must be unique, got {names}")
+        # cool-downs and idempotency keys are per loop: two loops on one ASG would each act
+        # inside the other's cool-down
+        owner: dict[tuple, str] = {}
+        for lp in self.loops:
+            ex = getattr(lp, "executor", None)
+            if getattr(ex, "kind", None) != "aws-asg":
+                continue
+            for g in lp.groups:
+                asg = (ex.region, ex.endpoint_url, g.asg_name)
+                if owner.setdefault(asg, lp.name) != lp.name:
+                    raise ValueError(f"ASG {g.asg_name!r} ({ex.region}) is managed by loops {owner[asg]!r} and "
+                                     f"{lp.name!r}: give each ASG to one loop")
         return self
 
     def control_loops(self) -> list[LoopConfig]:

@@ -68,3 +68,19 @@ def test_cli_config_check(tmp_path, monkeypatch):
     bad.write_text("groups: []\nbogus: 1\n")
     res = CliRunner().invoke(cli, ["config", "check", str(bad)])
     assert res.exit_code == 2 and "unknown key 'bogus'" in res.output
+
+
+def test_an_asg_belongs_to_one_loop():
+    """Cool-downs are per loop: two loops on one ASG would each act inside the other's."""
+    from samm.config import SammConfig
+
+    def loop(name, asgs, region="us-east-1"):
+        return {"name": name, "executor": {"kind": "aws-asg", "region": region},
+                "groups": [{"name": f"G{i}", "cores": 2, "ram_gb": 8, "price_per_hour": 0.1, "min": 0, "max": 5,
+                            "asg_name": a} for i, a in enumerate(asgs)]}
+
+    with pytest.raises(ValueError, match="ASG 'web-b' .* managed by loops 'web' and 'batch'"):
+        SammConfig.model_validate({"loops": [loop("web", ["web-a", "web-b"]), loop("batch", ["web-b", "batch-a"])]})
+    ok = SammConfig.model_validate({"loops": [loop("web", ["web-a"]), loop("batch", ["batch-a"]),
+                                              loop("eu", ["web-a"], region="eu-west-1")]})
+    assert [lp.name for lp in ok.control_loops()] == ["web", "batch", "eu"]

@@ -313,3 +313,73 @@ def test_guard_plan_applied_through_the_executor(moto, make_executor, caplog):
     assert {ex.apply(r).status for r in plan.requests} == {"skipped"}
     nxt = plan_scaling({"S": 1}, ex.inventory(), GROUPS, cooldown, now + 60, "tick-2")
     assert not nxt.requests and nxt.skipped[0].reason == "cooldown"
+
+
+# --- the daemon's Execute stage (ControlLoop) over the real executor ----------------------------
+
+class _Monitor:
+    """One actionable snapshot per read, each a minute after the last (the loop's window key)."""
+
+    def __init__(self, start: float):
+        import numpy as np
+
+        from samm.analyze import RawSnapshot
+        from samm.daemon.monitoring import MonitorOutcome
+
+        self.end, self.outcome = start, MonitorOutcome
+        self.raw = RawSnapshot(vm_type=np.array([0, 1, 2]), vm_state=np.ones(3, dtype=int),
+                               vm_cpu_busy=np.full(3, 0.9), vm_ram_used_gb=np.full(3, 2.0),
+                               vm_running_for_s=np.full(3, 600.0), jobs_submitted_total=np.array(10.0),
+                               jobs_submitted_interval=np.array(2.0), jobs_waiting_now=np.array(1.0),
+                               jobs_waiting_interval=np.array(1.0), jobs_running=np.array(3.0))
+
+    def read(self):
+        self.end += 60
+        return self.outcome(self.end - 60, self.end, "ok", raw=self.raw)
+
+
+class _Planner:
+    feature_names = None
+
+    def __init__(self, deltas):
+        self.deltas = deltas
+
+    def decide(self, features):
+        from samm.plan.client import PlanOutcome
+
+        return PlanOutcome(dict(self.deltas), action=None, action_name="scale")
+
+
+def test_an_outcome_the_store_failed_to_take_still_cools_its_group_down(moto, make_executor, tmp_path):
+    """The call acted, then writing its outcome (and so its cool-down) failed while the daemon
+    lived on: the next iteration must resolve that action and honour the cool-down, not act again."""
+    from samm.analyze import FleetSpec
+    from samm.daemon.loop import ControlLoop
+    from samm.knowledge import KnowledgeError, KnowledgeStore
+
+    clock = {"now": 1_000_030.0}
+    store = KnowledgeStore(f"sqlite:///{tmp_path}/k.db", clock=lambda: clock["now"])
+    loop = ControlLoop(groups=GROUPS, fleet=FleetSpec.from_vm_types(GROUPS), monitor=_Monitor(1_000_000.0),
+                       planner=_Planner({"M": 1}), executor=make_executor(), store=store, agent_name="test",
+                       warmup_s=0, cooldown_s=300, clock=lambda: clock["now"])
+    finish = store.finish_action
+
+    def lost_write(*a, **kw):
+        store.finish_action = finish
+        raise KnowledgeError("database is locked")
+
+    store.finish_action = lost_write
+    try:
+        with pytest.raises(KnowledgeError):
+            loop.run_once()
+        assert asg(moto, "samm-m5a-xlarge")["DesiredCapacity"] == 2  # it did act
+        assert store.cooldowns() == {} and [a.status for a in store.actions()] == ["in_flight"]
+        clock["now"] += 60
+        rep = loop.run_once()
+        assert asg(moto, "samm-m5a-xlarge")["DesiredCapacity"] == 2, "acted again inside the cool-down"
+        assert [a["status"] for a in rep.actions] == ["blocked"] and "cooldown" in rep.blocked["M"]
+        first = store.actions()[0]
+        assert first.status == "succeeded" and first.result == {"recovered": True}
+        assert store.cooldowns() == {"M": clock["now"] + 300}
+    finally:
+        store.close()

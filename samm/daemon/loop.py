@@ -10,8 +10,9 @@ record. Safety rules, in order:
   iteration finds its decision recorded and does not act again;
 * every request is claimed in the knowledge store under its idempotency key before the
   executor is called, and the group's cool-down is written in the same transaction as the
-  outcome; actions left in flight by a crash are resolved on start (`recover`) and their
-  groups put in cool-down, since the back-end may have acted;
+  outcome; actions left in flight (by a crash, or by an outcome the store failed to take)
+  are resolved on start and before the next action (`recover`) and their groups put in
+  cool-down, since the back-end may have acted;
 * wishes the guard refuses (cool-down, bounds, group in flux) are recorded as `blocked`.
 """
 from __future__ import annotations
@@ -92,26 +93,29 @@ class ControlLoop:
         self.last_progress = time.monotonic()
 
     # --- start-up -------------------------------------------------------------------------
-    def recover(self) -> list[str]:
-        """Resolve actions a previous run left in flight. The back-end may or may not have
-        acted, so the group's cool-down restarts now either way; the inventory tells which."""
+    def recover(self, inventory=None) -> list[str]:
+        """Resolve actions left in flight: by a previous run, or by this one when the store
+        failed to take an outcome. The back-end may or may not have acted, so the group's
+        cool-down restarts now either way; the inventory (`inventory`, else the executor's)
+        tells which."""
         notes = []
         open_actions = self.store.in_flight_actions(loop=self.name)
         if not open_actions:
             return notes
-        try:
-            inventory = self.executor.inventory()
-        except Exception as exc:  # noqa: BLE001
-            inventory = {}
-            log.warning("recover: inventory unavailable (%s); assuming in-flight actions may have acted", exc)
+        if inventory is None:
+            try:
+                inventory = self.executor.inventory()
+            except Exception as exc:  # noqa: BLE001
+                inventory = {}
+                log.warning("recover: inventory unavailable (%s); assuming in-flight actions may have acted", exc)
         now = self.clock()
         for a in open_actions:
             target = (a.request or {}).get("target")
             g = inventory.get(a.group_name)
             done = g is not None and target is not None and g.desired == target
             status = "succeeded" if done else "failed"
-            why = ("daemon restarted; the group is at the requested target" if done
-                   else "daemon restarted before the outcome was known; not retried")
+            why = ("outcome not recorded (a restart or a failed write); the group is at the requested target"
+                   if done else "outcome not recorded (a restart or a failed write) nor known; not retried")
             self.store.finish_action(a.idempotency_key, status, {"recovered": True}, None if done else why,
                                      cooldown_until=now + self.cooldown_s)
             notes.append(f"{a.idempotency_key}: {status} ({why})")
@@ -235,6 +239,10 @@ class ControlLoop:
                     self._blocked(rep, key, g, d, f"inventory unavailable: {type(exc).__name__}: {exc}")
             return
         rep.inventory = {g: {"desired": s.desired, "live": s.live} for g, s in inventory.items()}
+        # an earlier action whose outcome the store failed to take (the process lived on) has
+        # no cool-down yet, though it may have acted: without this its group could act again
+        for note in self.recover(inventory):
+            rep.reasons.append(f"resolved {note}")
         guard = plan_scaling(plan.deltas, inventory, self.groups, self.store.cooldowns(self.name), now,
                              self.action_prefix + key,
                              dry_run=self.dry_run, warmup_s=self.warmup_s)
