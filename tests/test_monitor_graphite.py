@@ -21,6 +21,7 @@ from samm.analyze.snapshot import VM_BOOTING, VM_RUNNING, FleetSpec
 from samm.cli.main import cli
 from samm.execute.base import GroupStatus, Instance
 from samm.monitor.assemble import assemble_snapshot, build_raw_snapshot
+from samm.monitor.collector import QueueReporter
 from samm.monitor.graphite_client import GraphiteError, GraphiteSender, RenderClient, post_event
 from samm.monitor.graphite_source import GraphiteSource, InstanceReading, MonitorReading, QueueReading
 from samm.monitor.local_graphite import LocalGraphite
@@ -159,6 +160,38 @@ def test_render_retries_one_server_error_then_names_it():
     finally:
         srv.shutdown()
 
+
+def test_render_names_a_payload_that_is_not_a_list_of_series():
+    """A proxy or another API can answer 200 with JSON of another shape: the reader's reason
+    says so (it read "AttributeError: 'str' object has no attribute 'get'" before)."""
+    import http.server
+
+    body = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body[0])
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        for payload in (b'{"error": "bad target"}', b'null', b'["a.b"]', b'[{"target": "a.b", "datapoints": [[1.0]]}]',
+                        b'[{"target": "a.b", "datapoints": null}]'):
+            body[:] = [payload]
+            with pytest.raises(GraphiteError, match="not a list of {target, datapoints"):
+                RenderClient(url).render("a.b", 0, 60)
+        reading = GraphiteSource(RenderClient(url), "p", ["small"], now=lambda: 1_000_026).read()
+        assert reading.status == "stale" and "Graphite unavailable" in reading.reasons[0]
+        assert "not a list of {target, datapoints" in reading.reasons[0]
+    finally:
+        srv.shutdown()
+
 # --- reading ---------------------------------------------------------------------------------
 
 @pytest.mark.graphite
@@ -170,8 +203,9 @@ def test_window_is_the_last_complete_interval_without_off_by_one(graphite, graph
             sender.send(f"{graphite_prefix}.groups.small.instances.i1.cpu_percent", value, ts)
             sender.send(f"{graphite_prefix}.groups.small.instances.i1.ram_used_gb", value / 10, ts)
             sender.send(f"{graphite_prefix}.groups.small.instances.i1.up", 1, ts)
-        for m, v in QUEUE.items():
-            sender.send(f"{graphite_prefix}.queue.{m}", v + value, minute + 50)
+        for m, v in QUEUE.items():  # the interval's cohort stays within its 10 arrivals
+            step = value / 10 if m == "waiting_submitted_this_minute" else value
+            sender.send(f"{graphite_prefix}.queue.{m}", v + step, minute + 50)
     sender.flush()
     wait_for_points(graphite.render_url, f"{graphite_prefix}.groups.small.instances.i1.*", E - 121, E + 59, 3, 18)
     wait_for_points(graphite.render_url, f"{graphite_prefix}.queue.*", E - 121, E + 59, 5, 3)
@@ -304,6 +338,85 @@ def test_partial_on_invalid_values_and_incomplete_instances(graphite, graphite_p
         assert needle in text, text
     # the NaN instance is partial too (CPU missing), but its RAM still counts
     assert "small/nan" in text
+
+
+@pytest.mark.graphite
+def test_an_unknown_queue_series_does_not_make_the_window_partial(graphite, graphite_prefix):
+    """`queue.*` also brings other exporters' series: their values are none of the reader's
+    business (a negative one made every window partial, so the daemon never acted)."""
+    E = last_boundary()
+    sender = GraphiteSender(graphite.carbon_host, graphite.carbon_port)
+    n = publish_window(sender, graphite_prefix, E, [("small", "i1", 40.0, 1.0, E - 50)], QUEUE, QUEUE_BEFORE)
+    sender.send(f"{graphite_prefix}.queue.net_change", -3, E - 10)
+    sender.send(f"{graphite_prefix}.queue.backlog_ratio", math.inf, E - 10)
+    sender.flush()
+    wait_for_points(graphite.render_url, f"{graphite_prefix}.queue.*", E - 61, E - 1, 7)
+    wait_for_points(graphite.render_url, f"{graphite_prefix}.groups.*.instances.*.*", E - 61, E - 1, n - 5)
+    r = source(graphite, graphite_prefix, E).read()
+    assert r.status == "ok", r.reasons
+    assert r.queue.submitted_interval == 30 and r.queue.waiting == QUEUE["waiting"]
+
+
+@pytest.mark.graphite
+def test_a_lost_baseline_interval_or_disagreeing_queue_counters_are_partial(graphite, graphite_prefix):
+    """Both read "ok" before, with a wrong metric 6 or 7 passed on: a `submitted_total` delta
+    over two intervals (the one before the window lost its points), and a queue whose waiting
+    jobs outnumber the jobs ever submitted (or the interval's cohort its arrivals)."""
+    E = last_boundary()
+    sender = GraphiteSender(graphite.carbon_host, graphite.carbon_port)
+    inst = [("small", "i1", 40.0, 1.0, E - 50)]
+    gap, more, cohort = (graphite_prefix + x for x in "gmc")
+    publish_window(sender, gap, E, inst, QUEUE)
+    QueueReporter(sender, gap).report(**QUEUE_BEFORE, ts=E - 130, flush=False)  # nothing in [E-120, E-60)
+    publish_window(sender, more, E, inst, dict(QUEUE, waiting=500), QUEUE_BEFORE)
+    publish_window(sender, cohort, E, inst, dict(QUEUE, waiting_submitted_this_minute=31), QUEUE_BEFORE)
+    sender.flush()
+    for p in (gap, more, cohort):
+        wait_for_points(graphite.render_url, f"{p}.queue.*", E - 61, E - 1, 5)
+        wait_for_points(graphite.render_url, f"{p}.groups.*.instances.*.*", E - 61, E - 1, 3)
+    g = source(graphite, gap, E).read()
+    assert g.status == "partial" and g.queue.submitted_interval == 30
+    assert any(f"from {E - 130}, 70 s before it" in x and "more than one interval" in x for x in g.reasons), g.reasons
+    m = source(graphite, more, E).read()
+    assert m.status == "partial"
+    assert any("queue.waiting (500) exceeds queue.submitted_total (70)" in x for x in m.reasons), m.reasons
+    c = source(graphite, cohort, E).read()
+    assert c.status == "partial"
+    assert any("(31) exceeds the interval's arrivals (30)" in x for x in c.reasons), c.reasons
+
+
+class _Overshoot(RenderClient):
+    """A server that ignores `until`: heartbeats from after the window come back with it."""
+
+    def __init__(self, url: str, late: dict):
+        super().__init__(url)
+        self.late = late  # target -> [(value, ts)]
+
+    def render(self, targets, from_, until):
+        series = super().render(targets, from_, until)
+        for s in series:
+            s.points += self.late.get(s.target, [])
+        return series
+
+
+@pytest.mark.graphite
+def test_heartbeats_at_or_after_the_window_end_are_not_trusted(graphite, graphite_prefix):
+    """An instance silent in the window must stay silent whatever comes back from after it
+    (such a heartbeat hid it: the snapshot read "ok" with its load unknown)."""
+    E = last_boundary()
+    sender = GraphiteSender(graphite.carbon_host, graphite.carbon_port)
+    n = publish_window(sender, graphite_prefix, E - 60, [("small", "stays", 40.0, 1.0, E - 170),
+                                                         ("small", "quits", 60.0, 1.0, E - 170)], QUEUE_BEFORE)
+    n += publish_window(sender, graphite_prefix, E, [("small", "stays", 40.0, 1.0, E - 60)], QUEUE, QUEUE_BEFORE)
+    wait_for_points(graphite.render_url, [f"{graphite_prefix}.groups.*.instances.*.*", f"{graphite_prefix}.queue.*"],
+                    E - 181, E - 1, 11)
+    late = {f"{graphite_prefix}.groups.small.instances.quits.up": [(1.0, E), (1.0, E + 30)]}
+    r = source(graphite, graphite_prefix, E, render=_Overshoot(graphite.render_url, late)).read()
+    assert r.instances[("small", "quits")].last_seen == E - 70
+    inv = {"small": GroupStatus("small", 2, 0, 10, tuple(Instance("small", i, "running") for i in ("stays", "quits")))}
+    fleet = FleetSpec(("small",), np.array([2]), np.array([4.0]), np.array([10]), np.array([0]), np.array([0.1]))
+    a = assemble_snapshot(r, inv, fleet, ["small"])
+    assert a.status == "partial" and any("small/quits reported before" in x for x in a.reasons), a.reasons
 
 
 @pytest.mark.graphite

@@ -185,12 +185,21 @@ class RenderClient:
             data = r.json()
         except ValueError as exc:
             raise GraphiteError(f"{method} {where} returned invalid JSON: {exc}") from exc
+        # a proxy's error page or another API can answer 200 with JSON of another shape: name it
+        # as such instead of letting an AttributeError deep in the reader stand for the reason
+        shape = "a list of {target, datapoints: [[value, timestamp], ...]}"
+        if not isinstance(data, list):
+            raise GraphiteError(f"{method} {where} returned JSON that is not {shape}: {str(data)[:200]}")
         out = []
-        for s in data:
-            pts = []
-            for v, t in s.get("datapoints", []):
-                pts.append((None if v is None else float(v), int(t)))
-            out.append(Series(s.get("target", ""), pts))
+        try:
+            for s in data:
+                pts = []
+                for v, t in s.get("datapoints", []):
+                    pts.append((None if v is None else float(v), int(t)))
+                out.append(Series(str(s.get("target", "")), pts))
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise GraphiteError(f"{method} {where} returned JSON that is not {shape}: "
+                                f"{type(exc).__name__}: {exc}") from exc
         return out
 
     def find(self, query: str) -> list[str]:

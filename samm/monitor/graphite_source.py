@@ -36,7 +36,10 @@ Status rules (each adds a line to `reasons`; the worst wins):
   instance reporting some of its series but not both CPU and RAM; `running` or
   `completed_total` missing; a cumulative counter going backwards (the delta then assumes a
   reset to 0); no `submitted_total` before the window (the delta is then a lower bound: last −
-  first point of the window); the first-seen lookback failing.
+  first point of the window), or none in the interval before it (the delta would span more than
+  one interval); `waiting` above `submitted_total`, or `waiting_submitted_this_minute` above the
+  interval's arrivals (each counts some of the other's jobs); the first-seen lookback failing.
+  `queue.*` series other than those named here are ignored.
 * A read that finds a series or a point missing (the stale and partial rules above that say
   "missing", "without", "no data", "has no valid") is made once more, ``reread_delay_s`` (0.5 s)
   later, from the same reader state, and the second answer stands: graphite-web reads a
@@ -64,6 +67,7 @@ COUNTERS = ("submitted_total", "completed_total")
 # Core counts for the `extended` features: absent from older exporters, so not even `partial`
 # when missing (a policy that reads them sees NaN and the loop does nothing).
 CORE_QUEUE = ("waiting_cores", "running_cores", "head_job_cores")
+QUEUE_SERIES = REQUIRED_QUEUE + OPTIONAL_QUEUE + CORE_QUEUE
 
 
 @dataclass(frozen=True)
@@ -248,7 +252,9 @@ class GraphiteSource:
                 _, group, _, inst, metric = parts
                 key = (group, inst)
                 for v, ts in s.values():
-                    if not start <= ts < end and metric != "up":
+                    # heartbeats before the window tell first/last seen; none at or after its end
+                    # may (a server that overshoots `until` would hide an instance gone silent)
+                    if ts >= end or (ts < start and metric != "up"):
                         continue
                     rule = self._valid(metric, group, v)
                     if rule:
@@ -257,7 +263,9 @@ class GraphiteSource:
                     seen_ts[key].append(ts)
                     if start <= ts < end:
                         values[key][metric].append(v)
-            elif len(parts) == 2 and parts[0] == "queue":
+            elif len(parts) == 2 and parts[0] == "queue" and parts[1] in QUEUE_SERIES:
+                # another exporter's `queue.*` series is none of ours: its values must not make
+                # every window partial
                 pts = []
                 for v, ts in s.values():
                     if ts >= end:
@@ -355,19 +363,33 @@ class GraphiteSource:
 
         submitted = pts.get("submitted_total", [])
         last = last_in_window("submitted_total")
+        waiting, waiting_interval = last_in_window("waiting"), last_in_window("waiting_submitted_this_minute")
         interval = None
         if last is not None:
-            before = [v for ts, v in submitted if ts < start]
+            before = [(ts, v) for ts, v in submitted if ts < start]
             inside = [v for ts, v in submitted if start <= ts < end]
             if before:
-                interval = last - before[-1]
+                base_ts, base = before[-1]
+                interval = last - base
                 if interval < 0:
                     interval = last  # a reset: the counter restarted from 0 within the window
+                elif base_ts < start - self.interval_s:
+                    # the interval before the window lost its points: the delta also counts that
+                    # interval's arrivals, and metric 7 would be understated without a word
+                    issues.add("partial", f"the last queue.submitted_total before the window is from {base_ts}, "
+                                          f"{start - base_ts:g} s before it: interval arrivals counted over more "
+                                          "than one interval")
+                elif waiting_interval is not None and waiting_interval > interval:
+                    issues.add("partial", f"queue.waiting_submitted_this_minute ({waiting_interval:g}) exceeds the "
+                                          f"interval's arrivals ({interval:g}): the queue's counters disagree")
             else:
                 interval = last - inside[0]
                 issues.add("partial", f"no queue.submitted_total in the {self.history_s:g} s before the window: "
                                       "interval arrivals estimated from the window alone (a lower bound)")
-        return QueueReading(submitted_total=last, submitted_interval=interval, waiting=last_in_window("waiting"),
+            # a share of what was submitted cannot exceed it: metric 6 would be clipped to 1, not measured
+            if waiting is not None and waiting > last:
+                issues.add("partial", f"queue.waiting ({waiting:g}) exceeds queue.submitted_total ({last:g}): "
+                                      "the queue's counters disagree")
+        return QueueReading(submitted_total=last, submitted_interval=interval, waiting=waiting,
                             running=last_in_window("running"), completed_total=last_in_window("completed_total"),
-                            waiting_interval=last_in_window("waiting_submitted_this_minute"),
-                            **{m: last_in_window(m) for m in CORE_QUEUE})
+                            waiting_interval=waiting_interval, **{m: last_in_window(m) for m in CORE_QUEUE})
