@@ -19,7 +19,13 @@ ENV_PREFIX = "SAMM_"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # an infinite or NaN duration, port or size passes `gt=0` and only fails later, in the scheduler
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+#: The longest interval, grace or lateness: APScheduler and the first-run arithmetic overflow on
+#: larger ones, and no control loop waits a week between decisions
+MAX_PERIOD_S = 7 * 86_400.0
 
 
 class GroupConfig(Strict):
@@ -48,7 +54,7 @@ class GraphiteConfig(Strict):
     carbon_port: int = Field(default=2003, ge=1, le=65535)
     prefix: str = Field(default="samm", pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
     timeout_s: float = Field(default=5.0, gt=0)
-    lateness_s: float = Field(default=5.0, ge=0, description="wait this long after an interval ends before reading it")
+    lateness_s: float = Field(default=5.0, ge=0, le=MAX_PERIOD_S, description="wait this long after an interval ends before reading it")
     publish: bool = Field(default=True, description="publish SAMM's own metrics, decisions and events")
 
 
@@ -76,10 +82,10 @@ class ExecutorConfig(Strict):
 
 
 class TimingConfig(Strict):
-    interval_s: float = Field(default=60.0, gt=0)
+    interval_s: float = Field(default=60.0, gt=0, le=MAX_PERIOD_S)
     warmup_s: float = Field(default=120.0, ge=0)
     cooldown_s: float = Field(default=300.0, ge=0)
-    misfire_grace_s: float = Field(default=30.0, ge=0)
+    misfire_grace_s: float = Field(default=30.0, ge=0, le=MAX_PERIOD_S)
 
 
 class SimulationConfig(Strict):
@@ -281,7 +287,10 @@ def _apply_env(data: dict, environ: dict[str, str]) -> list[str]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
-        node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
+        try:
+            node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{name}: not a valid YAML value ({exc.problem or exc})") from None
         applied.append(name)
     return applied
 
@@ -289,9 +298,11 @@ def _apply_env(data: dict, environ: dict[str, str]) -> list[str]:
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> SammConfig:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); is it a binary file?") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

@@ -163,8 +163,10 @@ def load_sim_config(path: str | Path | None = None, preset: str = "paper", **ove
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     data: dict = dict(PRESETS[preset])
     if path is not None:
-        text = Path(path).read_text()
-        loaded = yaml.safe_load(text) or {}
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:  # neither is an OSError: name the file here
+            raise ValueError(f"{path}: not a valid YAML/JSON file ({' '.join(str(exc).split())})") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: the simulation config must be a mapping")
         data.update(loaded)

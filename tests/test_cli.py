@@ -36,6 +36,12 @@ def test_seed_lists_parse_as_ranges_or_commas_and_bad_ones_are_clear_errors():
         parse_seeds("a-b")
     r = CliRunner().invoke(cli, ["evaluate", "--agent", "threshold", "--seeds", "one,two"])
     assert r.exit_code != 0 and "--seeds must be a list" in r.output, r.output
+    # these once gave [] (a run over no episodes) or silently dropped a typo
+    for bad in ("5-1", "", ",", "1,,2", "1,2,", "1-", "1-2-3"):
+        with pytest.raises(ValueError):
+            parse_seeds(bad)
+        r = CliRunner().invoke(cli, ["tune", "--agent", "threshold", "--seeds", bad])
+        assert r.exit_code == 2 and "--seeds must be a list" in r.output, (bad, r.output)
 
 
 def test_console_script_is_installed():
@@ -145,3 +151,37 @@ def test_workload_mix_with_a_test_trace_is_refused(tmp_path):
     mix.write_text(yaml.safe_dump({"sources": [{"kind": "swf", "traces": ["KTH-SP2-1996-2.1-cln.swf.gz"]}]}))
     res = CliRunner().invoke(cli, ["train", "--workload-mix", str(mix), "--out", str(tmp_path / "x"), "--quiet"])
     assert res.exit_code != 0 and "KTH-SP2-1996-2.1-cln.swf.gz" in res.output
+
+
+@pytest.mark.parametrize("args, names", [
+    (["sim", "bench", "--threads", "-1"], "--threads"),
+    (["sim", "bench", "--envs", "0"], "--envs"),
+    (["testbed-deferrable", "--agent-param", "eps=abc"], "--agent-param"),
+    (["train", "--out", "OUT", "--ppo", "[1]"], "--ppo must be a JSON object"),
+    (["sim", "run", "--initial", "a,1,1"], "--initial"),
+    (["run", "--config", "deploy/configs/samm.example.yaml", "--iterations", "0"], "--iterations"),
+    (["serve", "--port", "0"], "--port"),
+    (["collect", "--group", "S", "--interval", "inf"], "--interval"),
+    (["collect", "--group", "S", "--once", "--duration", "nan"], "--duration"),
+    (["testbed", "--compression", "nan"], "--compression"),
+    (["reclaimer-ceiling", "--policy", "POLICY", "--out", "OUT", "--eval-seeds", "1-"], "--eval-seeds"),
+    (["experiment", "paper", "--out", "OUT", "--tune-seeds", "5-1"], "--tune-seeds must be a list"),
+])
+def test_bad_option_values_are_usage_errors_naming_the_option(tmp_path, monkeypatch, args, names):
+    """Each of these once gave a traceback, went on with a value it could not use, or named another option."""
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    (tmp_path / "policy").mkdir()
+    args = [str(tmp_path / "out") if a == "OUT" else str(tmp_path / "policy") if a == "POLICY" else a for a in args]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (args, res.output, res.exception)
+    assert names in res.output and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_broken_sim_config_file_is_named_not_a_traceback(tmp_path):
+    p = tmp_path / "sim.yaml"
+    p.write_text("cooldown_s: [\n")
+    res = CliRunner().invoke(cli, ["sim", "run", "--config", str(p), "--json"])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit) and str(p) in res.output, res.output

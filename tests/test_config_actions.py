@@ -93,3 +93,14 @@ def test_shipped_example_configs_validate():
     assert files
     for f in files:
         load_sim_config(f)
+
+
+def test_a_broken_yaml_file_is_a_value_error_naming_it(tmp_path):
+    """The CLI turns ValueError into a one-line error; a YAML error used to escape as a traceback."""
+    p = tmp_path / "sim.yaml"
+    p.write_text("cooldown_s: [\n")
+    with pytest.raises(ValueError, match=f"{p}: not a valid YAML/JSON file"):
+        load_sim_config(p)
+    p.write_bytes(b"cooldown_s: \xff\n")
+    with pytest.raises(ValueError, match=f"{p}: not a valid YAML/JSON file"):
+        load_sim_config(p)

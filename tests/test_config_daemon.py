@@ -84,3 +84,47 @@ def test_an_asg_belongs_to_one_loop():
     ok = SammConfig.model_validate({"loops": [loop("web", ["web-a"]), loop("batch", ["batch-a"]),
                                               loop("eu", ["web-a"], region="eu-west-1")]})
     assert [lp.name for lp in ok.control_loops()] == ["web", "batch", "eu"]
+
+
+def test_a_binary_file_or_a_broken_environment_value_is_a_config_error(tmp_path):
+    """Neither is an OSError nor a ValidationError: both once left `samm config check` with a traceback."""
+    from click.testing import CliRunner
+
+    from samm.cli.main import cli
+
+    p = tmp_path / "c.yaml"
+    p.write_bytes(b"groups: [\xff\xfe]\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(p, environ={})
+    res = CliRunner().invoke(cli, ["config", "check", str(p)])
+    assert res.exit_code == 2 and f"{p}: not UTF-8" in res.output and res.exception.__class__ is SystemExit
+    with pytest.raises(ConfigError, match="SAMM_SERVICE__PORT: not a valid YAML value"):
+        load_config(EXAMPLE, environ={"SAMM_SERVICE__PORT": "[1"})
+
+
+@pytest.mark.parametrize("text, key", [
+    ("  interval_s: 60 ", "  interval_s: .inf "),
+    ("  interval_s: 60 ", "  interval_s: 1.0e+30 "),
+    ("  misfire_grace_s: 30", "  misfire_grace_s: .inf"),
+    ("  timeout_s: 5", "  timeout_s: .inf"),
+])
+def test_durations_the_scheduler_cannot_hold_are_rejected(tmp_path, text, key):
+    """`gt=0` lets inf and huge values through, and `samm run` then died in APScheduler's timedelta."""
+    p = tmp_path / "c.yaml"
+    src = EXAMPLE.read_text()
+    assert text in src
+    p.write_text(src.replace(text, key))
+    with pytest.raises(ConfigError, match="finite number|less than or equal"):
+        load_config(p, environ={})
+
+
+def test_a_problem_loops_interval_is_bounded_too():
+    from samm.config import SammConfig
+
+    loop = {"name": "batch", "problem": "deferrable-jobs", "queue": {"path": "/tmp/q.sqlite"},
+            "capacity": {"kind": "fixed", "cores": 4}, "timing": {"interval_s": float("inf")}}
+    with pytest.raises(ValueError, match="finite number"):
+        SammConfig.model_validate({"loops": [loop]})
+    loop["timing"] = {"interval_s": 1e30}
+    with pytest.raises(ValueError, match="less than or equal"):
+        SammConfig.model_validate({"loops": [loop]})

@@ -27,7 +27,7 @@ from typing import Callable, Literal
 
 from pydantic import Field, model_validator
 
-from samm.config import LOOP_NAME, AgentConfig, Strict
+from samm.config import LOOP_NAME, MAX_PERIOD_S, AgentConfig, Strict
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class SchedulingAgentConfig(AgentConfig):
 
 
 class SlotTiming(Strict):
-    interval_s: float = Field(default=900.0, gt=0, description="one slot (the policy's slot length)")
-    misfire_grace_s: float = Field(default=30.0, ge=0)
+    interval_s: float = Field(default=900.0, gt=0, le=MAX_PERIOD_S, description="one slot (the policy's slot length)")
+    misfire_grace_s: float = Field(default=30.0, ge=0, le=MAX_PERIOD_S)
     slot_zero_unix: float = Field(default=0.0, description="wall time of slot 0 (the queue's slot numbers)")
 
 

@@ -51,7 +51,7 @@ from typing import Callable, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from samm.config import LOOP_NAME, Strict
+from samm.config import LOOP_NAME, MAX_PERIOD_S, Strict
 from samm.testbed.microservices.load import LoadGenerator
 from samm.testbed.microservices.loop import QUOTA_STEP, ControlLoop
 from samm.testbed.microservices.measure import Measurer
@@ -107,8 +107,8 @@ class ControllerConfig(Strict):
 
 
 class SecondTiming(Strict):
-    interval_s: float = Field(default=1.0, gt=0, description="one control step (the paper: 1 s)")
-    misfire_grace_s: float = Field(default=1.0, ge=0)
+    interval_s: float = Field(default=1.0, gt=0, le=MAX_PERIOD_S, description="one control step (the paper: 1 s)")
+    misfire_grace_s: float = Field(default=1.0, ge=0, le=MAX_PERIOD_S)
 
 
 class DockerLimitsExecutor(Strict):

@@ -18,7 +18,10 @@ def _params(values: tuple[str, ...]) -> dict:
         k, sep, x = v.partition("=")
         if not sep or not k:
             raise click.BadParameter(f"expected KEY=VALUE, got {v!r}", param_hint="--agent-param")
-        out[k] = float(x)
+        try:
+            out[k] = float(x)
+        except ValueError:
+            raise click.BadParameter(f"{k}={x!r}: the value must be a number", param_hint="--agent-param") from None
     return out
 
 
@@ -57,7 +60,7 @@ def testbed_deferrable(setting, seed, split, slots, slot_seconds, agent, policy_
 
     from samm.testbed.deferrable.run import DeferrableRunOptions, run_deferrable
 
-    if slot_seconds <= 0 or workers < 1 or (slots is not None and slots < 1):
+    if not 0 < slot_seconds < float("inf") or workers < 1 or (slots is not None and slots < 1):
         click.echo("error: --slot-seconds must be > 0, --workers and --slots >= 1", err=True)
         sys.exit(2)
     out_dir = Path(out).resolve()

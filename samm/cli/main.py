@@ -36,10 +36,13 @@ def _sim_config(config_path: str | None, preset: str, initial: str | None, actio
 
     try:
         cfg = load_sim_config(config_path, preset=preset, action_mode=action_mode, max_steps=max_steps)
-        if initial:
-            cfg = cfg.with_initial([int(x) for x in initial.split(",")])
     except (ValidationError, ValueError, OSError) as exc:
         _fail(f"invalid simulation config: {exc}")
+    if initial:
+        try:
+            cfg = cfg.with_initial([int(x) for x in initial.split(",")])
+        except (ValidationError, ValueError) as exc:
+            _fail(f"--initial {initial!r}: {exc}")
     return cfg
 
 
@@ -141,10 +144,12 @@ def sim_run(workload, window, time_compression, mips_per_core, max_jobs, config_
 
 
 @sim.command("bench")
-@click.option("--envs", type=int, default=8, show_default=True, help="Environments stepped per batched call.")
-@click.option("--steps", type=int, default=4000, show_default=True, help="Batched steps per timed run.")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed runs of each loop (median reported).")
-@click.option("--threads", type=int, default=0, show_default=True, help="Java threads per batch (0 = one per CPU).")
+@click.option("--envs", type=click.IntRange(min=1), default=8, show_default=True, help="Environments stepped per batched call.")
+@click.option("--steps", type=click.IntRange(min=1), default=4000, show_default=True, help="Batched steps per timed run.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed runs of each loop (median reported).")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Java threads per batch (0 = one per CPU).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def sim_bench(envs, steps, repeats, threads, seed, as_json) -> None:
@@ -332,8 +337,8 @@ def testbed_cmd(agent_kind, params_json, policy_dir, workload, compression, cool
         wl = load_workload(workload)
     except (KeyError, ValueError, FileNotFoundError) as exc:
         _fail(f"--workload: {exc}")
-    if compression <= 0:
-        _fail("--compression must be positive")
+    if not 0 < compression < float("inf"):  # NaN passes `<= 0`
+        _fail(f"--compression must be a positive number, got {compression}")
     out_dir = Path(out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
@@ -355,11 +360,11 @@ def testbed_cmd(agent_kind, params_json, policy_dir, workload, compression, cool
         click.echo(f"wrote {out_dir / 'summary.json'}, {out_dir / 'timeline.csv'} and {figure}")
 
 
-def _seeds(text: str) -> list[int]:
+def _seeds(text: str, flag: str = "--seeds") -> list[int]:
     try:
         return parse_seeds(text)
     except ValueError:
-        _fail(f"--seeds must be a list like 1,2,3 or a range like 1-5, got {text!r}")
+        _fail(f"{flag} must be a list like 1,2,3 or a range like 1-5, got {text!r}")
         return []
 
 
@@ -371,15 +376,15 @@ def _floats(text: str, flag: str) -> list[float]:
         return []
 
 
-def _params(text: str | None) -> dict | None:
+def _params(text: str | None, flag: str = "--params") -> dict | None:
     if not text:
         return None
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        _fail(f"--params must be a JSON object: {exc}")
+        _fail(f"{flag} must be a JSON object: {exc}")
     if not isinstance(value, dict):
-        _fail("--params must be a JSON object")
+        _fail(f"{flag} must be a JSON object")
     return value
 
 
@@ -484,7 +489,7 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
     from agents.training import train_lstm_ppo
 
     cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
-    overrides = _params(ppo_json) or {}
+    overrides = _params(ppo_json, "--ppo") or {}
     plan = _training_plan(cfg, workload, window, time_compression, mips_per_core, max_jobs, mix_path, features,
                           reward_kind, reward_scale, init_policy, n_validation, seed)
     try:
@@ -494,7 +499,7 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
         _fail(f"invalid PPO settings: {exc}")
     try:
         _, summary = train_lstm_ppo(cfg, plan.workload, ppo, out, resume=resume, progress=not quiet,
-                                    eval_seeds=_seeds(eval_seeds), features=plan.features,
+                                    eval_seeds=_seeds(eval_seeds, "--eval-seeds"), features=plan.features,
                                     sampler_factory=plan.sampler_factory, reward_scale=plan.reward_scale,
                                     reward=plan.reward, validation=plan.validation, init_policy=init_policy,
                                     training_info=plan.info, ray_address=ray_address, rollout_workers=rollout_workers)
@@ -699,8 +704,8 @@ def experiment_paper(out, policy_dir, timesteps, seeds, tune_seeds, ppo_json, no
     write report.md, summary.json and PNG figures."""
     from agents.experiment import run_paper_experiment
 
-    summary = run_paper_experiment(out, policy_dir, timesteps, _seeds(seeds), _seeds(tune_seeds),
-                                   ppo_overrides=_params(ppo_json), swf=not no_swf, progress=not quiet,
+    summary = run_paper_experiment(out, policy_dir, timesteps, _seeds(seeds), _seeds(tune_seeds, "--tune-seeds"),
+                                   ppo_overrides=_params(ppo_json, "--ppo"), swf=not no_swf, progress=not quiet,
                                    fast_tuning=fast_tuning)
     click.echo(json.dumps(summary["targets"]))
     click.echo(f"wrote {Path(out) / 'report.md'}")
@@ -989,7 +994,7 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
 
 @cli.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
-@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @click.option("--agent", "agents", multiple=True, default=("lstm-ppo",), show_default=True,
               help="Hosted agent of any problem: NAME (shipped policy or default parameters) or NAME=POLICY_DIR; "
                    "repeatable (e.g. --agent lstm-ppo --agent lra-reinforce).")
@@ -1071,8 +1076,10 @@ def collect(graphite_addr, prefix, group, instance, interval, cores, pid, once, 
         _fail(str(exc))
     except psutil.NoSuchProcess:
         _fail(f"--pid {pid}: no such process")
-    if not interval > 0:
-        _fail(f"--interval must be positive, got {interval}")
+    if not 0 < interval < float("inf"):  # NaN and inf pass `> 0` alone
+        _fail(f"--interval must be a positive number, got {interval}")
+    if duration is not None and not 0 < duration < float("inf"):
+        _fail(f"--duration must be a positive number, got {duration}")
     instance = instance or socket.gethostname()
     sender = GraphiteSender(host, port)
     reporter = InstanceReporter(sender, prefix, group, instance)
@@ -1086,7 +1093,8 @@ def collect(graphite_addr, prefix, group, instance, interval, cores, pid, once, 
 @cli.command("run")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
               help="Daemon config YAML (see deploy/configs/samm.example.yaml).")
-@click.option("--iterations", type=int, default=None, help="Stop after this many iterations (default: run until SIGTERM).")
+@click.option("--iterations", type=click.IntRange(min=1), default=None,
+              help="Stop after this many iterations (default: run until SIGTERM).")
 @click.option("--dry-run", is_flag=True, help="Decide and record, never act (overrides executor.dry_run).")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line per iteration.")

@@ -50,7 +50,7 @@ def testbed_oversub(agent_spec, setting, pms, steps, seconds_per_step, seed, max
     reason = unavailable_reason()
     if reason:
         fail(f"testbed-oversub needs writable cgroups: {reason}")
-    if steps < 1 or pms < 1 or max_vms < 1 or seconds_per_step < 1 or host_cores <= 0:
+    if steps < 1 or pms < 1 or max_vms < 1 or seconds_per_step < 1 or not 0 < host_cores < float("inf"):
         fail("--steps, --pms, --max-vms and --seconds-per-step must be >= 1 and --host-cores > 0")
     agent, _, policy_dir = agent_spec.partition("=")
     out_dir = Path(out).resolve()

@@ -6,5 +6,9 @@ def parse_seeds(text: str) -> list[int]:
     """`"1-5"` -> [1, 2, 3, 4, 5]; `"1,3"` -> [1, 3]. Raises ValueError on anything else."""
     if "-" in text and "," not in text:
         a, b = text.split("-")
-        return list(range(int(a), int(b) + 1))
-    return [int(x) for x in text.split(",") if x.strip()]
+        seeds = list(range(int(a), int(b) + 1))
+    else:
+        seeds = [int(x) for x in text.split(",")]  # an empty item ("1,,2", "") is a typo, not a skip
+    if not seeds:  # "5-1": a run over no episodes would report statistics of nothing
+        raise ValueError(f"no seeds in {text!r}")
+    return seeds
