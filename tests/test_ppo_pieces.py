@@ -143,3 +143,8 @@ def test_config_validation():
     with pytest.raises(ValueError):
         PPOConfig(num_steps=100, bptt_chunk=16).validate()
     assert PPOConfig().validate().batch_size == 16 * 256
+    # zeros and negatives once passed (bptt_chunk 0 was a ZeroDivisionError, total_timesteps -1 a run of nothing)
+    for bad in ({"bptt_chunk": 0}, {"total_timesteps": -1}, {"num_envs": 0}, {"learning_rate": float("nan")},
+                {"device": "tpu"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            PPOConfig(**bad).validate()

@@ -85,6 +85,16 @@ class PPOConfig:
         return max(1, self.total_timesteps // self.batch_size)
 
     def validate(self) -> "PPOConfig":
+        # first: a zero here would be a ZeroDivisionError below, a negative one a run of nothing
+        for name in ("num_envs", "num_steps", "total_timesteps", "max_episode_steps", "update_epochs",
+                     "num_minibatches", "bptt_chunk", "lstm_hidden"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if not 0.0 < self.learning_rate < float("inf"):
+            raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
+        if not (self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:")):
+            raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         if self.num_steps % self.bptt_chunk:
             raise ValueError(f"num_steps ({self.num_steps}) must be a multiple of bptt_chunk ({self.bptt_chunk})")
         chunks = self.num_envs * self.num_steps // self.bptt_chunk
