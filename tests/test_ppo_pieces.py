@@ -144,7 +144,8 @@ def test_config_validation():
         PPOConfig(num_steps=100, bptt_chunk=16).validate()
     assert PPOConfig().validate().batch_size == 16 * 256
     # zeros and negatives once passed (bptt_chunk 0 was a ZeroDivisionError, total_timesteps -1 a run of nothing)
-    for bad in ({"bptt_chunk": 0}, {"total_timesteps": -1}, {"num_envs": 0}, {"learning_rate": float("nan")},
+    for bad in ({"bptt_chunk": 0}, {"total_timesteps": -1}, {"num_envs": 0}, {"learning_rate": float("nan")}, {"learning_rate": -1e-3},
                 {"device": "tpu"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             PPOConfig(**bad).validate()
+    assert PPOConfig(learning_rate=0.0).validate().learning_rate == 0.0   # a run that must not move the weights

@@ -91,8 +91,8 @@ class PPOConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
-        if not 0.0 < self.learning_rate < float("inf"):
-            raise ValueError(f"learning_rate must be a positive number, got {self.learning_rate!r}")
+        if not 0.0 <= self.learning_rate < float("inf"):  # 0 is allowed: a run that must not move the weights
+            raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}")
         if not (self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
         if self.num_steps % self.bptt_chunk:
