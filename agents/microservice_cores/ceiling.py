@@ -226,10 +226,14 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         o = resolve_options(vars(a), a.recipe)
-        seeds = parse_seeds(o["eval_seeds"])
+        try:
+            seeds = parse_seeds(o["eval_seeds"])
+        except ValueError:
+            raise ValueError(f"--eval-seeds must be a list like 101,102 or a range like 101-120, "
+                             f"not {o['eval_seeds']!r}") from None
         grid = None if a.grid is None else [float(x) for x in a.grid.split(",") if x.strip()]
-        if not seeds or not 0.0 <= a.max_violations <= 1.0:
-            raise ValueError("--eval-seeds must name seeds and --max-violations lie in [0, 1]")
+        if not 0.0 <= a.max_violations <= 1.0:
+            raise ValueError(f"--max-violations must lie in [0, 1], not {a.max_violations}")
         if o["panic"] < 0:
             raise ValueError(f"--panic must be whole seconds >= 0, not {o['panic']}")
         policy = ReclaimerPolicy.load(a.policy)

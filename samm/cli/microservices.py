@@ -188,14 +188,7 @@ def reclaimer_ceiling(policy_dir, out, recipe, eval_seeds, rule, grid, sqrt_beta
     then bounds a square-root ceiling at H times the use (Social's second stage). Prints each value's
     mean cores and violations; saves the policy with the chosen ceiling to --out."""
     from agents.microservice_cores.ceiling import main as ceiling_main
-    from samm.cli.seeds import parse_seeds
 
-    if eval_seeds is not None:  # the ceiling's own message would not name the option
-        try:
-            parse_seeds(eval_seeds)
-        except ValueError:
-            raise click.BadParameter(f"expected a list like 101,102 or a range like 101-120, got {eval_seeds!r}",
-                                     param_hint="--eval-seeds") from None
     argv = ["--policy", policy_dir, "--out", out, "--max-violations", str(max_violations)]
     given = {"--recipe": recipe, "--eval-seeds": eval_seeds, "--rule": rule, "--grid": grid, "--sqrt": sqrt_beta,
              "--max-multiple": max_multiple, "--margin": margin,
