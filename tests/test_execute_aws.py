@@ -203,6 +203,27 @@ def test_bounds_are_refused_on_our_side(moto, make_executor, group, target, boun
     assert ex.inventory()[group].desired == 1
 
 
+def test_a_group_moved_past_the_target_is_not_reversed(moto, make_executor):
+    # An operator moves the group between the decision and the call: the absolute target would
+    # turn a scale-out into terminations (and a scale-in into launches). Left as the operator set it.
+    ex = make_executor()
+    client = moto.client("autoscaling")
+    terms = Sends(ex.client, "TerminateInstanceInAutoScalingGroup")
+    client.set_desired_capacity(AutoScalingGroupName="samm-m5a-xlarge", DesiredCapacity=5)
+    res = ex.apply(ScaleRequest("M", 3, "d1:M", basis=1))
+    assert res.status == "skipped" and "moved from 1 to 5, past the target 3" in res.detail["reason"]
+    assert asg(moto, "samm-m5a-xlarge")["DesiredCapacity"] == 5 and terms.reached_server == 0
+    client.set_desired_capacity(AutoScalingGroupName="samm-m5a-xlarge", DesiredCapacity=1)
+    res = ex.apply(ScaleRequest("M", 4, "d2:M", basis=5))
+    assert res.status == "skipped" and "scale in" in res.detail["reason"]
+    assert asg(moto, "samm-m5a-xlarge")["DesiredCapacity"] == 1
+    # progress towards the target (a replay after part of a scale-in) still proceeds
+    client.set_desired_capacity(AutoScalingGroupName="samm-m5a-xlarge", DesiredCapacity=3)
+    res = ex.apply(ScaleRequest("M", 2, "d3:M", basis=4))
+    assert res.status == "succeeded", res.error
+    assert asg(moto, "samm-m5a-xlarge")["DesiredCapacity"] == 2
+
+
 def test_replaying_a_request_does_not_act_twice(moto, make_executor):
     ex = make_executor()
     sets = Sends(ex.client, "SetDesiredCapacity")

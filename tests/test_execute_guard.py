@@ -35,6 +35,7 @@ def test_scale_out_sets_absolute_target_and_key():
     assert set(reqs) == {"S", "L"}
     assert reqs["S"].target == 3 and reqs["S"].idempotency_key == "d1:S" and reqs["S"].victim is None
     assert reqs["L"].target == 2 and reqs["L"].victim == "i-L2"  # the newest running
+    assert (reqs["S"].basis, reqs["L"].basis) == (2, 3)  # what the decision saw: the request's direction
     assert [(s.group, s.reason) for s in p.skipped] == [("M", "no_change")]
 
 

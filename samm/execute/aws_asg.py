@@ -25,7 +25,7 @@ from botocore.parsers import ResponseParserError
 
 from samm.config import GroupConfig, SammConfig
 from samm.execute.base import (ActionResult, Executor, ExecutorError, GroupStatus, Instance,
-                               InstanceState, ScaleRequest)
+                               InstanceState, ScaleRequest, moved_past)
 from samm.execute.guard import choose_victims
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,10 @@ class AwsAsgExecutor(Executor):
                                 f"target {req.target} is outside ASG {name} bounds [{lo}, {hi}] ({which}); refused")
         if desired == req.target:
             detail["reason"] = "already at target"
+            return ActionResult("skipped", detail)
+        stale = moved_past(req, desired)
+        if stale:
+            detail["reason"] = stale
             return ActionResult("skipped", detail)
 
         if desired < req.target:

@@ -39,12 +39,30 @@ class GroupStatus:
 class ScaleRequest:
     """One change to one group. `target` is the absolute desired capacity computed at decision
     time, so replaying the same request is harmless; `victim` names the instance to remove on
-    scale-in (None lets the executor choose)."""
+    scale-in (None lets the executor choose); `basis` is the desired capacity the decision saw
+    (None: unknown), which gives the request its direction (see `moved_past`)."""
 
     group: str
     target: int
     idempotency_key: str
     victim: str | None = None
+    basis: int | None = None
+
+
+def moved_past(request: ScaleRequest, desired: int) -> str | None:
+    """Why `request` must not act on a group now at `desired`, or None.
+
+    An absolute target reverses its meaning when someone else (an operator, another tool)
+    moves the group past it between the decision and the call: a scale-out decision would
+    terminate instances, a scale-in one would launch them. Progress towards the target (a
+    replay after a partial scale-in) still proceeds."""
+    if request.basis is None or request.basis == request.target:
+        return None
+    outward = request.target > request.basis
+    if (outward and desired > request.target) or (not outward and desired < request.target):
+        return (f"desired capacity moved from {request.basis} to {desired}, past the target {request.target}, "
+                f"since the decision to scale {'out' if outward else 'in'}; not reversing it")
+    return None
 
 
 @dataclass

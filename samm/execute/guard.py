@@ -253,7 +253,7 @@ def scale_request(w: Wish, ctx: GuardContext) -> Wish:
     if w.data["delta"] < 0:
         victims = choose_victims(w.data["status"], 1)
         victim = victims[0] if victims else None
-    return w.with_data(request=ScaleRequest(w.target, w.data["target"], w.key, victim))
+    return w.with_data(request=ScaleRequest(w.target, w.data["target"], w.key, victim, basis=w.data["current"]))
 
 
 def scaling_steps(configs, inventory, warming, *, scale_in_stabilisation_s: float = 0.0,
