@@ -584,6 +584,22 @@ def test_build_raw_snapshot_maps_inventory_and_reading():
     assert m[5] == pytest.approx(0.08) and m[6] == pytest.approx(0.3)
 
 
+def test_an_instance_never_heard_long_after_launch_is_noted_not_blocking():
+    E = 1_000_020.0
+    reading = MonitorReading(E - 60, E, {("S", "a"): _inst("S", "a", 50.0, 2.0, E - 300, E - 5)}, QueueReading(),
+                             "ok", ())
+    inv = {"S": GroupStatus("S", 3, 0, 5, (Instance("S", "a", "running", launched_at=E - 320),
+                                           Instance("S", "new", "pending", launched_at=E - 90),
+                                           Instance("S", "dead", "running", launched_at=E - 3_600))),
+           "M": GroupStatus("M", 0, 0, 5)}
+    out = assemble_snapshot(reading, inv, FLEET, ["S", "M"])
+    np.testing.assert_array_equal(out.snapshot.vm_state, [VM_BOOTING, VM_RUNNING, VM_BOOTING])
+    assert out.status == "ok"  # a dead collector must not stop the loop for good
+    [note] = [x for x in out.reasons if "launched over 600 s ago" in x]
+    assert "S/dead (3600 s)" in note and "S/new" not in note  # 90 s is an ordinary boot
+    assert not assemble_snapshot(reading, inv, FLEET, ["S", "M"], boot_grace_s=7_200).reasons
+
+
 def test_build_raw_snapshot_empty_fleet_and_stale_reading():
     reading = MonitorReading(0.0, 60.0, status="stale", reasons=("Graphite unavailable: x",))
     out = assemble_snapshot(reading, {"S": GroupStatus("S", 0, 0, 5), "M": GroupStatus("M", 0, 0, 5)}, FLEET, ["S", "M"])

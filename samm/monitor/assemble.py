@@ -24,6 +24,10 @@ Status: the reading's, made ``partial`` when an inventory instance that reported
 silent (it is counted as booting: its load is unknown), when the inventory lacks a group, or
 when an instance reports under another group than the inventory's. Reports from instances
 not in the inventory (terminated VMs whose collector still ran) are ignored and only noted.
+An instance launched more than `boot_grace_s` ago that the reading does not know at all (its
+collector never started, or went silent before the source's history) is noted too, and still
+counted as booting without making the snapshot partial: one dead collector must not stop the
+loop for good, but it must not pass without a word either.
 """
 from __future__ import annotations
 
@@ -69,8 +73,12 @@ def _short(items: list[str], n: int = 5) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
+# Longer than any boot seen here (the emulated testbed: seconds; EC2: 1-3 minutes).
+BOOT_GRACE_S = 600.0
+
+
 def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStatus], fleet: FleetSpec,
-                      group_order: Sequence[str]) -> AssembledSnapshot:
+                      group_order: Sequence[str], boot_grace_s: float = BOOT_GRACE_S) -> AssembledSnapshot:
     """The snapshot plus its slots (which instance each VM slot is), status and reasons."""
     if len(group_order) != fleet.n_types:
         raise ValueError(f"group_order has {len(group_order)} groups but the fleet has {fleet.n_types} types "
@@ -85,7 +93,7 @@ def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStat
     slots: list[Slot] = []
     cpu, ram, age = [], [], []
     matched: set[tuple[str, str]] = set()
-    silent, misgrouped = [], []
+    silent, misgrouped, unheard = [], [], []
     for t, gname in enumerate(group_order):
         gs = inventory.get(gname)
         if gs is None:
@@ -111,6 +119,9 @@ def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStat
             else:
                 if r is not None and (r.last_seen is None or r.last_seen < reading.window_start):
                     silent.append(f"{gname}/{iid}")
+                elif (r is None and inst.launched_at is not None
+                      and reading.window_end - inst.launched_at > boot_grace_s):
+                    unheard.append(f"{gname}/{iid} ({reading.window_end - inst.launched_at:.0f} s)")
                 slots.append(Slot(gname, inst.instance_id, t, VM_BOOTING))
                 cpu.append(0.0)
                 ram.append(0.0)
@@ -119,6 +130,9 @@ def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStat
     if silent:
         status = worst(status, "partial")
         reasons.append(f"instance(s) {_short(silent)} reported before but not in the window: counted as booting")
+    if unheard:
+        reasons.append(f"instance(s) {_short(unheard)} launched over {boot_grace_s:g} s ago but not heard from "
+                       f"recently: counted as booting (a collector that never started or stopped?)")
     if misgrouped:
         status = worst(status, "partial")
         reasons.append(f"instance(s) reporting under another group: {_short(misgrouped)}")
