@@ -428,11 +428,20 @@ def test_allocate_route_refuses_a_negative_latency_but_holds_on_an_unknown_one()
     pol = _tiny_policy()
     client = TestClient(create_app("reclaimer", pol))
     json_body = {"content-type": "application/json"}
-    for v in (-1.0, float("-inf")):
+    for v in (-1.0, float("-inf"), 1e300):
         bad = _body(pol.topo)
         bad["latency_ms"][3] = v
         r = client.post("/v1/agents/reclaimer/allocate", content=json.dumps(bad), headers=json_body)
         assert r.status_code == 422 and "latency_ms[3]" in r.json()["detail"], r.text
+    # a counter past any real exporter's (1e300 bytes/s) is a broken exporter, named; not fed to the features
+    for field, value in (("per_service", 1e300), ("requests_per_s", 1e16)):
+        bad = _body(pol.topo)
+        if field == "per_service":
+            bad["per_service"][1][SERVICE_FIELDS.index("rx_bytes")] = value
+        else:
+            bad[field] = value
+        r = client.post("/v1/agents/reclaimer/allocate", content=json.dumps(bad), headers=json_body)
+        assert r.status_code == 422 and field in r.text, r.text
     unknown = _body(pol.topo)
     unknown["latency_ms"][3] = float("nan")
     r = client.post("/v1/agents/reclaimer/allocate", content=json.dumps(unknown), headers=json_body)

@@ -35,7 +35,10 @@ from samm.plan.sessions import sessions_for
 from .control import AppLimits
 from .observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
 
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# Far above any real counter (a petabyte per second), far below where the float32 features
+# overflow to inf: a larger value is a broken exporter, answered with a 422 naming it.
+LARGEST = 1e15
+NonNegative = Annotated[float, Field(ge=0, le=LARGEST, allow_inf_nan=False)]
 
 
 class AllocateRequest(BaseModel):
@@ -74,10 +77,10 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
             raise HTTPException(422, detail=f"per_service: {len(req.per_service)} rows for {topo.n_services} services")
         if req.latency_ms is not None and len(req.latency_ms) != len(PERCENTILES):
             raise HTTPException(422, detail=f"latency_ms: {len(req.latency_ms)} values, expected {len(PERCENTILES)}")
-        # checked here, not in the model: a NaN must pass (unknown latency: the limits are held)
+        # checked here, not in the model: a NaN (or inf) must pass (unknown latency: the limits are held)
         for i, v in enumerate(req.latency_ms or ()):
-            if v is not None and v < 0:
-                raise HTTPException(422, detail=f"latency_ms[{i}]: must be >= 0, got {v}")
+            if v is not None and (v < 0 or LARGEST < v < np.inf):
+                raise HTTPException(422, detail=f"latency_ms[{i}]: must be in [0, {LARGEST:g}], got {v}")
         rows = np.asarray(req.per_service, dtype=np.float64)
         version = str(getattr(policy, "version", "unversioned"))
         lat = None if req.latency_ms is None else np.array([np.nan if v is None else v for v in req.latency_ms], float)
