@@ -219,8 +219,10 @@ class EngineContainers:
 
     def read_limit(self, service: str) -> float:
         """The limit the engine holds for `service` (cores; the host's CPUs when unlimited)."""
-        host = self.client.api.inspect_container(self.names[service])["HostConfig"]
-        return host["CpuQuota"] / host["CpuPeriod"] if host.get("CpuQuota", 0) > 0 else float(os.cpu_count() or 1)
+        from samm.execute.docker_exec import limit_cores
+
+        cores = limit_cores(self.client.api.inspect_container(self.names[service])["HostConfig"])
+        return cores if cores is not None else float(os.cpu_count() or 1)
 
     def close(self) -> None:
         if self._client is not None:

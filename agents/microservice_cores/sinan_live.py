@@ -31,7 +31,7 @@ import numpy as np
 from .control import AppLimits
 from .observation import PERCENTILES, StepMeasurement
 from .sinan import (History, SinanData, SinanExplorer, SinanTrainParams, build_features, collect, fit,
-                    load_sinan, outcome_labels, params_for_budget, SHIPPED_DIR)
+                    load_sinan, n_features, outcome_labels, params_for_budget, SHIPPED_DIR)
 from .topology import Topology, load_topology
 
 SAMPLES_FILE = "sinan-samples.npz"
@@ -99,12 +99,28 @@ def load_samples(paths, topo: Topology, k: int = SinanTrainParams.k, group_offse
     """The samples of `SinanCollector` runs as training data: a violation label needs k seconds of
     future, so each run's last k-1 seconds are features without labels and are dropped."""
     Xs, yl, yv, gs = [], [], [], []
+    width = n_features(topo.n_services)
     for g, path in enumerate(paths):
         path = _samples_path(path)
-        with np.load(path, allow_pickle=False) as f:
-            if str(f["app"]) != topo.name or tuple(str(s) for s in f["services"]) != topo.service_names:
-                raise ValueError(f"{path}: samples of {str(f['app'])!r}, not of {topo.name!r}'s services")
-            X, p99 = f["X"], f["p99_ms"]
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                missing = sorted({"X", "p99_ms", "app", "services"} - set(f.files))
+                if missing:
+                    raise ValueError(f"{path}: not a {SAMPLES_FILE} (no {', '.join(missing)})")
+                if str(f["app"]) != topo.name or tuple(str(s) for s in f["services"]) != topo.service_names:
+                    raise ValueError(f"{path}: samples of {str(f['app'])!r}, not of {topo.name!r}'s services")
+                X, p99 = f["X"], np.asarray(f["p99_ms"], dtype=np.float64)
+        except (OSError, EOFError, KeyError) as exc:   # missing, unreadable, not an npz
+            raise ValueError(f"{path}: cannot read the samples: {type(exc).__name__}: {exc}") from None
+        except ValueError as exc:
+            if str(exc).startswith(str(path)):
+                raise
+            raise ValueError(f"{path}: cannot read the samples: {exc}") from None
+        if X.ndim != 2 or X.shape != (len(p99), width):
+            raise ValueError(f"{path}: X is {X.shape}, not ({len(p99)}, {width}) (one row of "
+                             f"{width} features per measured second)")
+        if not np.isfinite(X).all() or not np.isfinite(p99).all() or (p99 < 0).any():
+            raise ValueError(f"{path}: samples hold NaN, infinite or negative values")
         n = len(p99) - k + 1
         if n <= 0:
             raise ValueError(f"{path}: {len(p99)} measured seconds, fewer than the look-ahead k = {k}")
@@ -170,8 +186,13 @@ def fit_live(topo: Topology | str, sample_paths, seed: int = 0, twin_seconds: in
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Where sinan-<app>.joblib goes.")
 def main(samples, topology, twin_seconds, live_weight, seed, out):
     """Fit a Sinan-style model on samples collected on a live application."""
-    model = fit_live(topology, list(samples), seed=seed, twin_seconds=twin_seconds, live_weight=live_weight,
-                     out_dir=out)
+    if twin_seconds < 0:
+        raise click.BadParameter(f"must be >= 0, not {twin_seconds}", param_hint="--twin-seconds")
+    try:
+        model = fit_live(topology, list(samples), seed=seed, twin_seconds=twin_seconds, live_weight=live_weight,
+                         out_dir=out)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(json.dumps({k: model.info.get(k) for k in ("live", "samples", "held_out", "violation_share",
                                                              "val_auc", "val_mae_ms", "path")}, default=str))
 

@@ -94,9 +94,13 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
         click.echo("error: --seconds and --users must be >= 1", err=True)
         sys.exit(2)
     out_dir = Path(out).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    except OSError as exc:
+        click.echo(f"error: testbed-microservices: --out {out}: cannot write there: {exc}", err=True)
+        sys.exit(2)
     opts = MicroservicesRunOptions(agent=agent, agent_params=_params(agent_param), users=users, seconds=seconds,
                                    out_dir=str(out_dir), topology=topology, faults=tuple(faults), fault_at=fault_at,
                                    fault_service=fault_service, stall_seconds=stall_seconds, docker_host=docker_host,

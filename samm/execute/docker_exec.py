@@ -95,6 +95,19 @@ def cpu_quota_for(cores: float) -> int:
     return max(MIN_CPU_QUOTA_US, int(round(cores * CPU_PERIOD_US)))
 
 
+def limit_cores(host_config: Mapping[str, Any] | None) -> float | None:
+    """The CPU limit a container's HostConfig holds, in cores: CpuQuota / CpuPeriod (period 0 is
+    the kernel's 100 ms), or NanoCpus / 1e9 for a container made with `--cpus` (Compose's `cpus`);
+    None when it has none (unlimited)."""
+    h = host_config or {}
+    quota, nano = h.get("CpuQuota") or 0, h.get("NanoCpus") or 0
+    if quota > 0:
+        return quota / (h.get("CpuPeriod") or CPU_PERIOD_US)
+    if nano > 0:
+        return nano / 1e9
+    return None
+
+
 def stats_summary(stats: Mapping[str, Any]) -> dict[str, float | None]:
     """One engine stats sample (with its `precpu_stats`) -> cpu_percent (100 = one core),
     mem_working_set_bytes and throttle_ratio (share of CFS periods that were throttled)."""
@@ -205,7 +218,8 @@ class DockerExecutor(Executor):
         if cfg is None:
             return ActionResult("failed", {"group": request.group},
                                 f"unknown group {request.group!r} (known: {sorted(self.groups)})")
-        if not isinstance(request.target, int) or not cfg.min <= request.target <= cfg.max:
+        if not isinstance(request.target, int) or isinstance(request.target, bool) \
+                or not cfg.min <= request.target <= cfg.max:
             return ActionResult("failed", {"group": cfg.name, "target": request.target},
                                 f"target {request.target!r} outside [{cfg.min}, {cfg.max}] of group {cfg.name!r}")
         if not cfg.docker_image:
@@ -311,7 +325,16 @@ class DockerExecutor(Executor):
         try:
             c = _call("containers.get", self._docker().containers.get, container)
             burst_after = self._burst(c, quota, detail, before=True)
-            _call("container.update", c.update, cpu_period=CPU_PERIOD_US, cpu_quota=quota)
+            if ((c.attrs.get("HostConfig") or {}).get("NanoCpus") or 0) > 0:
+                # made with --cpus: the engine refuses a quota beside NanoCpus (409), so the limit
+                # stays NanoCpus (the kernel's quota per 100 ms period is the same)
+                nano = quota * 10_000   # the same limit as the quota: µs per 100 ms -> ns per s
+                detail = {k: v for k, v in detail.items() if k not in ("cpu_period", "cpu_quota")} | {"nano_cpus": nano}
+                api = c.client.api
+                _call("container.update", lambda: api._result(
+                    api._post_json(api._url("/containers/{0}/update", c.id), data={"NanoCpus": nano}), True))
+            else:
+                _call("container.update", c.update, cpu_period=CPU_PERIOD_US, cpu_quota=quota)
             if burst_after:
                 self._burst(c, quota, detail, before=False)
         except _CallFailed as exc:

@@ -40,7 +40,8 @@ import docker
 from samm.config import GroupConfig
 from samm.execute import cfs_burst
 from samm.execute.base import ActionResult
-from samm.execute.docker_exec import CPU_PERIOD_US, LABEL_GROUP, LABEL_NAMESPACE, DockerExecutor, cpu_quota_for
+from samm.execute.docker_exec import (CPU_PERIOD_US, LABEL_GROUP, LABEL_NAMESPACE, DockerExecutor, cpu_quota_for,
+                                      limit_cores)
 from samm.execute.local_dockerd import BUSYBOX_TAG, LocalDockerd
 
 log = logging.getLogger(__name__)
@@ -324,8 +325,8 @@ class AppContainers:
 
     def read_limit(self, service: str) -> float:
         """The limit the engine holds for `service` (cores)."""
-        host = self.client.api.inspect_container(self.names[service])["HostConfig"]
-        return host["CpuQuota"] / host["CpuPeriod"] if host.get("CpuQuota", 0) > 0 else float(os.cpu_count() or 1)
+        cores = limit_cores(self.client.api.inspect_container(self.names[service])["HostConfig"])
+        return cores if cores is not None else float(os.cpu_count() or 1)
 
     def read_burst(self, service: str) -> int:
         """The CFS burst (µs) the kernel holds for `service`'s container (needs a local engine)."""
@@ -339,12 +340,18 @@ class AppContainers:
     def ensure_running(self) -> list[str]:
         """Start every service container that is not running; one the engine refuses to start
         (e.g. "task already exists" after an engine restart cut a start short) is removed and
-        created again with its last limit. Returns the services started; the failures of this
+        created again with its last limit, as is one that no longer exists (removed). Returns the services started; the failures of this
         call are in `self.errors` (the engine may be down: then every service fails)."""
         started, self.errors = [], []
         for s in self.services:
             try:
-                info = self.client.api.inspect_container(self.names[s])
+                try:
+                    info = self.client.api.inspect_container(self.names[s])
+                except docker.errors.NotFound:   # removed (docker rm -f, a lost engine state): made again
+                    log.warning("service %s has no container: creating it again", s)
+                    self._run(s, self.last_limit.get(s, float(self.topology.services[s].cap)))
+                    started.append(s)
+                    continue
                 if info["State"].get("Running"):
                     continue
                 status = info["State"].get("Status")

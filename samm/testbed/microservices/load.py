@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -21,12 +22,45 @@ import sys
 import time
 from pathlib import Path
 
+from agents.microservice_cores.observation import PERCENTILES
 from samm.localproc import popen_tied
 
 log = logging.getLogger(__name__)
 
 LOCUSTFILE = Path(__file__).resolve().with_name("locustfile.py")
 REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+#: a load record's t_end this far ahead of the reader's clock is not of this run (a bogus line,
+#: or another clock): it would otherwise stay "the newest second" and never turn stale
+MAX_AHEAD_S = 60.0
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def record_problem(rec) -> str | None:
+    """Why `rec` (a parsed line) is not a load record of locustfile.py's format, or None: a JSON
+    object with a whole `second`, a `t_end` (epoch s, not far in the future), numeric
+    `requests_per_s` / `failures_per_s` and `latency_ms` null or the PERCENTILES as numbers."""
+    if not isinstance(rec, dict):
+        return f"not a JSON object but {type(rec).__name__}"
+    if not _number(rec.get("second")) or rec["second"] != int(rec["second"]):
+        return f"second {rec.get('second')!r} is not a whole number"
+    if not _number(rec.get("t_end")):
+        return f"t_end {rec.get('t_end')!r} is not a number"
+    if rec["t_end"] > time.time() + MAX_AHEAD_S:
+        return f"t_end {rec['t_end']!r} is more than {MAX_AHEAD_S:g} s in the future"
+    for k in ("requests_per_s", "failures_per_s"):
+        if not _number(rec.get(k)) or rec[k] < 0:
+            return f"{k} {rec.get(k)!r} is not a number >= 0"
+    lat = rec.get("latency_ms")
+    if lat is not None and lat != [] and (not isinstance(lat, list) or len(lat) != len(PERCENTILES)
+                                          or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                     for x in lat)):
+        return f"latency_ms is not null nor {len(PERCENTILES)} numbers"
+    return None
 
 
 class LoadGenerator:
@@ -47,6 +81,8 @@ class LoadGenerator:
         self._offset = 0
         self._partial = b""
         self.stalled = False
+        self.rejected = 0                    # lines skipped as not load records (record_problem)
+        self.last_rejected: str | None = None
 
     def start(self, ready_timeout_s: float = 60.0) -> None:
         """Start Locust and wait for its first per-second line."""
@@ -101,11 +137,22 @@ class LoadGenerator:
             try:
                 rec = json.loads(line)
             except ValueError:
-                log.warning("load line not JSON: %r", line[:200])
+                self._reject(line, "not JSON")
+                continue
+            problem = record_problem(rec)
+            if problem:
+                self._reject(line, problem)
                 continue
             self.records[int(rec["second"])] = rec
             new.append(rec)
         return new
+
+    def _reject(self, line: bytes, why: str) -> None:
+        """A line that is not a load record is skipped (counted, the newest reason kept): one bad
+        line must not stop the reader, nor stand for the load of a second."""
+        self.rejected += 1
+        self.last_rejected = f"{why}: {line[:120]!r}"
+        log.warning("load line skipped (%s): %r", why, line[:200])
 
     def latest(self) -> dict | None:
         """The newest complete second, after reading what is new."""

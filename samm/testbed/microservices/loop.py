@@ -11,6 +11,8 @@ The guard, in order:
   * services restarted since the last step (the kill and engine-restart faults) get the limit the
     loop last set for them re-applied, whatever else this step decides;
   * no action when the load data is stale (no new second for > 2 s: "no action: stale latency"),
+    when the step starts a whole second after its time (`extra["late_s"]`: a blocked engine call
+    made the loop fall behind; it catches up without a burst of decisions),
     when no request completed in the second ("no action: unknown latency"), or when the engine
     could not be read ("no action: engine unreachable"); the controller is then not asked, so
     its memory (stacked frames, the previous action) only ever holds applied actions;
@@ -124,6 +126,7 @@ class ControlLoop:
         self.last_target: dict[str, float] = {}
         self.dry_run = bool(dry_run)
         self.history = history
+        self._unrecorded: dict[str, tuple] = {}   # action key -> outcome the store did not take yet
 
     def step(self, k: int, m: StepMeasurement, restarted=(), fault: str = "", errors=()) -> StepRecord:
         """Step k on the measurement of the second just ended. `restarted`: services the
@@ -145,18 +148,34 @@ class ControlLoop:
         running = m.extra.get("running") or {}
         down = [s for s in self.services if running.get(s) is False]
         key = f"step{k}"
-        previous = self.store.decision(key, loop=self.loop_name) if self.store is not None else None
+        self._finish_unrecorded()
+        previous = store_error = None
+        if self.store is not None:
+            try:
+                previous = self.store.decision(key, loop=self.loop_name)
+            except LeaseLost:
+                raise
+            except Exception as exc:  # noqa: BLE001 - unknown whether this step acted: it does not
+                store_error = f"knowledge store: {type(exc).__name__}: {exc}"[:300]
         engine_errors = m.extra.get("engine_errors") or []
         if previous is not None:  # a replayed step: apply what was decided, ask nothing
             rec.decision_created = False
             cores = (previous.action or {}).get("cores")
             if cores:
-                rec.targets = {s: float(cores[s]) for s in self.services}
-                rec.action = "replayed decision"
+                self._replay(cores, rec)
             else:
                 rec.action = previous.reason or "no action (replayed)"
+        elif store_error is not None:
+            rec.action = "no action: knowledge store unreadable"
+            rec.errors.append(store_error)
+            rec.decision_created = False
         elif state == "stale":
             rec.action = "no action: stale latency"
+        elif (m.extra.get("late_s") or 0) >= 1.0:
+            # the step starts a whole period after its time (an engine call blocked): its latency is
+            # the second an earlier step already saw, and acting on each late step would make a
+            # burst of decisions in one second
+            rec.action = "no action: step late (the loop fell behind)"
         elif engine_errors:
             rec.action = "no action: engine unreachable"
             rec.errors.extend(engine_errors)
@@ -184,7 +203,7 @@ class ControlLoop:
         if rec.decision_created:
             self._record(key, m, rec)
         else:
-            self._decision_id = previous.id
+            self._decision_id = previous.id if previous is not None else None
         # services restarted since the last step: the loop's last limit goes back on
         for s in restarted:
             want = self.last_target.get(s)
@@ -209,6 +228,37 @@ class ControlLoop:
                 self._by_step.pop(old.step, None)
             del self.records[:-self.history]
         return rec
+
+    def _replay(self, cores, rec: StepRecord) -> None:
+        """The targets of a recorded decision, held to today's bounds: the record may be of another
+        topology (a reused loop or run name) or edited; one that names not every service of this
+        application is not applied at all."""
+        try:
+            raw = np.array([float(cores[s]) for s in self.services], dtype=np.float64)
+        except (KeyError, TypeError, ValueError) as exc:
+            rec.action = "no action: recorded decision unreadable"
+            rec.errors.append(f"replayed decision: {type(exc).__name__}: {exc}"[:300])
+            return
+        clipped = clip_cores(raw, self.limits)
+        rec.clipped = [s for s, a, b in zip(self.services, raw, clipped) if not (np.isfinite(a) and abs(a - b) <= 1e-9)]
+        rec.targets = {s: float(c) for s, c in zip(self.services, clipped)}
+        rec.action = "replayed decision"
+
+    def _finish_unrecorded(self) -> None:
+        """Outcomes whose write to the store failed (the action then stays in_flight there, and a
+        restarted daemon would judge it against a limit set long after): written again each step
+        until they go through."""
+        if not self._unrecorded or self.store is None:
+            return
+        for key, (status, result, error) in list(self._unrecorded.items()):
+            try:
+                self.store.finish_action(key, status, result=result, error=error)
+            except LeaseLost:
+                raise
+            except Exception as exc:  # noqa: BLE001 - still down: try again next step
+                log.warning("finishing action %s still fails: %s", key, exc)
+                return
+            del self._unrecorded[key]
 
     def _apply(self, k: int, s: str, cores: float, rec: StepRecord, reapply: bool = False) -> int:
         key = f"{self.loop_name}:step{k}:{s}" + (":reapply" if reapply else "")
@@ -249,12 +299,16 @@ class ControlLoop:
         if burst_error:   # the limit is set; the burst the run asked for is not
             rec.errors.append(f"{s}: cpu burst: {burst_error}"[:300])
         if self.store is not None and self._decision_id is not None:
+            outcome = ("succeeded" if status == "succeeded" else "failed",
+                       {"cores": cores} | ({"cpu_burst_error": burst_error} if burst_error else {}), error)
             try:
-                self.store.finish_action(key, "succeeded" if status == "succeeded" else "failed",
-                                         result={"cores": cores} | ({"cpu_burst_error": burst_error} if burst_error else {}),
-                                         error=error)
+                self.store.finish_action(key, outcome[0], result=outcome[1], error=outcome[2])
+            except LeaseLost:
+                raise
             except Exception as exc:  # noqa: BLE001
-                log.warning("step %d: finishing action %s failed: %s", k, key, exc)
+                log.warning("step %d: finishing action %s failed (written again next step): %s", k, key, exc)
+                rec.errors.append(f"knowledge store: outcome of {key} not written: {exc}"[:300])
+                self._unrecorded[key] = outcome
         return int(status == "succeeded")
 
     _decision_id: int | None = None

@@ -41,6 +41,7 @@ too (`extra["latency_state"] == "none completed"`).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -49,8 +50,10 @@ from pathlib import Path
 import numpy as np
 
 from agents.microservice_cores.observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
+from samm.execute.docker_exec import limit_cores
 
 NAN = float("nan")
+log = logging.getLogger(__name__)
 
 
 def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[dict[str, str], str | None]:
@@ -204,9 +207,8 @@ class Measurer:
             info = None
             try:
                 info = self._inspect(s)
-                host = info["HostConfig"]
-                quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 100_000
-                self._limit[s] = quota / period if quota > 0 else float(os.cpu_count() or 1)
+                cores = limit_cores(info["HostConfig"])   # quota / period, or --cpus' NanoCpus
+                self._limit[s] = cores if cores is not None else float(os.cpu_count() or 1)
                 running[s] = bool(info["State"].get("Running"))
             except Exception as exc:  # noqa: BLE001 - the engine may be down: keep measuring
                 engine_errors.append(f"{s}: {type(exc).__name__}: {str(exc)[:160]}")
@@ -258,7 +260,9 @@ class Measurer:
         lat = np.full(len(PERCENTILES), NAN)
         rps = fps = NAN
         rec = self.load.latest()
-        stale = rec is None or t - float(rec["t_end"]) > self.stale_s
+        # a second that ends well after now is not fresh either: another clock, or a bogus line
+        # (load.record_problem refuses those far ahead); NaN ages are stale too
+        stale = rec is None or not -self.stale_s <= t - float(rec["t_end"]) <= self.stale_s
         if stale:
             latency_state = "stale"
         else:
@@ -280,7 +284,17 @@ class Measurer:
                                failures_per_s=fps, qos_ms=float(self.topology.qos_ms), t=t, extra=extra)
 
     def _net(self, s: str) -> dict | None:
+        """The service's own counters, or None (zeros this second, the previous counters kept) when
+        the file is missing, unreadable or not counters: it is another process's file, and one bad
+        file must not stop the measurement of every service."""
         try:
-            return json.loads((self.c.state_dir / f"{s}.json").read_text())
+            net = json.loads((self.c.state_dir / f"{s}.json").read_text())
         except (OSError, ValueError):
             return None
+        if not isinstance(net, dict) or not all(
+                isinstance(net.get(k), (int, float)) and not isinstance(net.get(k), bool)
+                and math.isfinite(net[k]) and net[k] >= 0 for k in _NET):
+            log.warning("service %s: counters file %s is not %s as numbers >= 0; ignored", s,
+                        self.c.state_dir / f"{s}.json", ", ".join(_NET))
+            return None
+        return net

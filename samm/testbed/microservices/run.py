@@ -27,6 +27,7 @@ import csv
 import json
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -102,14 +103,19 @@ def _initial_cores(o: MicroservicesRunOptions, topo) -> dict:
     key, _, value = o.initial.partition("=")
     if key != "fraction" or not value:
         raise ValueError(f"initial must be 'cap' or 'fraction=<f>', not {o.initial!r}")
-    f = float(value)
+    try:
+        f = float(value)
+    except ValueError:
+        raise ValueError(f"initial fraction {value!r} is not a number") from None
     if not 0 < f <= 1:
         raise ValueError("initial fraction must be in (0, 1]")
     return {s: max(0.05, c * f) for s, c in caps.items()}
 
 
-def parse_faults(faults, default_at: int) -> dict[int, list[str]]:
-    """("kill-service", "stall-load@8") -> {default_at: ["kill-service"], 8: ["stall-load"]}."""
+def parse_faults(faults, default_at: int, seconds: int | None = None) -> dict[int, list[str]]:
+    """("kill-service", "stall-load@8") -> {default_at: ["kill-service"], 8: ["stall-load"]}.
+    With `seconds`, a fault at a step the run does not have (< 0 or >= seconds) is refused: it
+    would never fire, and the run would look as if it had been tested under it."""
     out: dict[int, list[str]] = {}
     for spec in faults:
         name, sep, at = str(spec).partition("@")
@@ -117,10 +123,44 @@ def parse_faults(faults, default_at: int) -> dict[int, list[str]]:
             raise ValueError(f"unknown fault {name!r} (known: {', '.join(FAULTS)})")
         try:
             step = int(round(float(at))) if sep else default_at
-        except ValueError:
+        except (ValueError, OverflowError):
             raise ValueError(f"fault {spec!r}: the part after @ must be a second") from None
+        if seconds is not None and not 0 <= step < seconds:
+            raise ValueError(f"fault {spec!r} at second {step} never fires in a run of {seconds} s "
+                             f"(steps 0..{seconds - 1})")
         out.setdefault(step, []).append(name)
     return out
+
+
+def _finite(x, name: str, lo: float, strict: bool = False) -> None:
+    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > lo if strict else x >= lo)
+    if not ok:
+        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {lo:g}, not {x!r}")
+
+
+def check_options(o: MicroservicesRunOptions) -> None:
+    """Refuses bad options before anything starts (an engine, containers, Locust), naming the option."""
+    for name in ("seconds", "users"):
+        v = getattr(o, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, not {v!r}")
+    if o.fault_at is not None:
+        _finite(o.fault_at, "fault_at", 0.0)
+    _finite(o.stall_seconds, "stall_seconds", 0.0, strict=True)
+    _finite(o.engine_down_seconds, "engine_down_seconds", 0.0)
+    _finite(o.warmup_s, "warmup_s", 0.0)
+    _finite(o.stale_s, "stale_s", 0.0, strict=True)
+    if o.base_port is not None and (not isinstance(o.base_port, int) or not 1 <= o.base_port <= 65535):
+        raise ValueError(f"base_port must be a port number in 1..65535, not {o.base_port!r}")
+    if o.run_name is not None and not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", str(o.run_name)):
+        raise ValueError(f"run_name {o.run_name!r} must match [a-zA-Z0-9][a-zA-Z0-9_.-]* (it names containers)")
+    if o.cpu_burst is not None:
+        from samm.execute.cfs_burst import burst_us
+        burst_us(100_000, o.cpu_burst)   # ValueError naming it
+
+
+def _default_fault_at(o: MicroservicesRunOptions) -> int:
+    return int(round(o.fault_at if o.fault_at is not None else o.seconds / 2))
 
 
 def run_microservices(o: MicroservicesRunOptions, controller=None) -> MicroservicesRunResult:
@@ -134,9 +174,8 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
     from .load import LoadGenerator
     from .measure import Measurer
 
-    if o.seconds < 1 or o.users < 1:
-        raise ValueError("seconds and users must be >= 1")
-    fault_plan = parse_faults(o.faults, int(round(o.fault_at if o.fault_at is not None else o.seconds / 2)))
+    check_options(o)
+    fault_plan = parse_faults(o.faults, _default_fault_at(o), o.seconds)
     if any("restart-engine" in v for v in fault_plan.values()) and o.docker_host:
         raise ValueError("restart-engine needs the private engine (leave --docker-host out)")
     topo = load_topology(o.topology)
@@ -162,6 +201,7 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
     events: list[dict] = []
     threads: list[threading.Thread] = []
     t_start = time.time()
+    failure: BaseException | None = None
     try:
         if o.docker_host:
             base_url = o.docker_host
@@ -184,8 +224,12 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
         _sleep_until(t0 - 1.0)
         measurer.measure()                                 # primes the counters: step 0 has deltas
         stall_until = None
+        load_gone = False
         for k in range(o.seconds):
             _sleep_until(t0 + k)
+            # how late this step wakes (an earlier step's engine call blocked), not how long its
+            # own measurement takes: a busy host must not turn ordinary steps into no-actions
+            late_s = time.time() - (t0 + k)
             fault = ""
             if k in fault_plan:
                 for f in fault_plan[k]:
@@ -201,7 +245,13 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
                         fault += f"stall load {o.stall_seconds:g} s; "
                     elif f == "restart-engine":
                         def restart():
-                            took = engine.restart(o.engine_down_seconds)
+                            try:
+                                took = engine.restart(o.engine_down_seconds)
+                            except Exception as exc:  # noqa: BLE001 - recorded; the steps go on without it
+                                log.error("restarting the engine failed: %s", exc)
+                                events.append({"event": "engine restart failed", "t": time.time(),
+                                               "error": f"{type(exc).__name__}: {exc}"[:300]})
+                                return
                             events.append({"event": "engine back", "t": time.time(), "down_s": round(took, 2)})
                         th = threading.Thread(target=restart, name="engine-restart", daemon=True)
                         th.start()
@@ -212,16 +262,27 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
                 load.resume()
                 stall_until = None
                 fault += "load resumed; "
+            if not load_gone and not load.alive():   # Locust died: stale latency from now on, said once
+                load_gone = True
+                rc = load.proc.returncode if load.proc is not None else None
+                tail = load._log_tail(3)
+                events.append({"event": (f"load generator exited (status {rc})" + (f": {tail}" if tail else ""))[:400],
+                               "step": k, "t": time.time()})
+                log.error("step %d: the load generator exited with status %s", k, rc)
             restarted = app.ensure_running()   # never raises: failures are in app.errors
             if app.errors:
                 log.warning("step %d: supervisor: %s", k, " | ".join(app.errors)[:500])
             if restarted:
                 events.append({"event": f"restarted {' '.join(restarted)}", "step": k, "t": time.time()})
             m = measurer.measure()
+            m.extra["late_s"] = round(late_s, 3)   # >= 1 s: the loop fell behind, no action
             rec = loop.step(k, m, restarted=restarted, fault=fault.strip("; "),
                             errors=[f"supervisor {e}" for e in app.errors])
             if rec.errors:
                 log.warning("step %d: %s", k, " | ".join(rec.errors)[:500])
+    except BaseException as exc:  # noqa: BLE001 - Ctrl-C included: what was measured is still written
+        failure = exc
+        log.error("run stopped at step %d: %s: %s", len(loop.records), type(exc).__name__, exc)
     finally:
         close = getattr(controller, "close", None)   # a controller that learns saves what it learned
         if callable(close):
@@ -237,11 +298,23 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
             app.close()
         if engine is not None:
             engine.stop()
-    decisions = store.decisions(loop=loop_name)
+    try:
+        decisions = store.decisions(loop=loop_name)
+    except Exception as exc:  # noqa: BLE001 - the store may be what failed: the records still go out
+        log.warning("reading the run's decisions back failed: %s", exc)
+        decisions = []
     store.close()
     summary = summarize(loop.records, topo, o, run, loop_name, t_start, events)
     summary |= {"agent": loop.agent_name, "decisions": len(decisions), "knowledge_url": store.url,
                 "base_port": app.base_port if app else None, "engine": o.docker_host or "private dockerd"}
+    if failure is not None:   # the seconds run so far are written, then the failure goes on up
+        summary["error"] = f"{type(failure).__name__}: {failure}"[:500] or type(failure).__name__
+        summary["completed"] = False
+        try:
+            write_outputs(out, loop.records, topo, summary, plots=False)
+        except Exception:  # noqa: BLE001 - the original failure is the one to report
+            log.exception("writing the outputs of a failed run failed")
+        raise failure
     if hasattr(loop.controller, "fired"):  # a throttle guard: the service-seconds it lifted
         summary["throttle_guard_lifts"] = int(loop.controller.fired)
     files = write_outputs(out, loop.records, topo, summary, plots=o.plots)
@@ -287,8 +360,7 @@ def summarize(records: list[StepRecord], topo, o: MicroservicesRunOptions, run: 
     return {
         "run": run, "loop": loop_name, "agent": o.agent, "topology": topo.name, "users": o.users,
         "seconds": len(records), "qos_ms": topo.qos_ms, "faults": list(o.faults), "cpu_burst": cpu_burst_of(o, topo),
-        "fault_steps": {str(k): v for k, v in sorted(parse_faults(
-            o.faults, int(round(o.fault_at if o.fault_at is not None else o.seconds / 2))).items())},
+        "fault_steps": {str(k): v for k, v in sorted(parse_faults(o.faults, _default_fault_at(o)).items())},
         "total_cores": {"mean": float(np.mean(cores)) if cores else None, "max": float(np.max(cores)) if cores else None,
                         "min": float(np.min(cores)) if cores else None, "final": cores[-1] if cores else None,
                         "caps": float(topo.caps.sum())},
