@@ -53,15 +53,28 @@ class RandomAgent(Agent):
     def __init__(self, feature_names=(), action_mode="paper", type_names=("S", "M", "L"), params=None, **kw):
         super().__init__((), action_mode, type_names, params={"seed": 0, **(params or {})}, **kw)
 
+    _row_seeds = None
+
+    def seed_rows(self, seeds) -> None:
+        """Row i of the next `initial_state` draws from its own stream of (seed, seeds[i]): an episode's
+        actions then depend on its seed alone, not on the other rows of its batch
+        (sim_bridge.runner.run_episodes calls it); None: one stream for the whole batch again."""
+        self._row_seeds = None if seeds is None else [int(s) % 2**64 for s in seeds]
+
     def initial_state(self, batch=1):
+        rows = self._row_seeds
+        if rows is not None and len(rows) == batch:
+            return [np.random.default_rng([int(self.params["seed"]), s]) for s in rows]
         return np.random.default_rng(self.params["seed"])
 
     def act(self, features, state, deterministic=True):
         b = len(features)
-        if self.action_mode == "paper":
-            a = state.integers(0, 1 + 2 * self.n_types, size=b)
+        shape = () if self.action_mode == "paper" else (self.n_types,)
+        high = 1 + 2 * self.n_types if self.action_mode == "paper" else 3
+        if isinstance(state, list):      # one stream per row (seed_rows)
+            a = np.stack([g.integers(0, high, size=shape) for g in state])
         else:
-            a = state.integers(0, 3, size=(b, self.n_types))
+            a = state.integers(0, high, size=(b, *shape))
         return Decisions(a), state
 
 

@@ -50,11 +50,16 @@ def run_episodes(config: SimConfig, workload: Workload | list[Workload], agent, 
     cap = max_steps or config.max_steps
     started = time.perf_counter()
     batch = SimBatch(config, workloads[0], n, gateway=gateway)
+    # an agent that samples (stochastic policies, the random agent) draws row i's numbers from a stream
+    # of seeds[i]: an episode then replays alone as in any batch (else its draws depend on the others)
+    seed_rows = getattr(agent, "seed_rows", None)
     try:
         for i, w in enumerate(workloads):
             if w is not workloads[0]:
                 batch.set_workload(i, w)
         s = batch.reset(np.arange(n), seeds)
+        if callable(seed_rows):
+            seed_rows(seeds)
         state = agent.initial_state(n)
         alive = np.ones(n, dtype=bool)
         steps = np.zeros(n, dtype=np.int64)
@@ -101,6 +106,8 @@ def run_episodes(config: SimConfig, workload: Workload | list[Workload], agent, 
                 requeued[i] = int(s.header[i, H_REQUEUED])
             alive &= ~ended
     finally:
+        if callable(seed_rows):
+            seed_rows(None)
         batch.close()
     wall = time.perf_counter() - started
     results = []

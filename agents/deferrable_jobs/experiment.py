@@ -174,8 +174,10 @@ def _summarise(runs, heur, budget: Budget, t1: str, figures, wall: float, quick:
     for setting, rules in heur.items():
         for name, row in rules.items():
             methods[f"{setting}/{name}"] = {k: [row[k]] for k in METRICS}
-    for setting in {r["setting"] for r in runs}:
-        for variant in {r["variant"] for r in runs if r["setting"] == setting}:
+    # first-seen order (the jobs' order), not a set's: a set of strings iterates in PYTHONHASHSEED's
+    # order, and summary.json's method order would change from one process to the next
+    for setting in dict.fromkeys(r["setting"] for r in runs):
+        for variant in dict.fromkeys(r["variant"] for r in runs if r["setting"] == setting):
             rows = _rows(runs, setting, variant)
             methods[f"{setting}/{variant}"] = {**{k: [r[k] for r in rows] for k in METRICS},
                                                "train_seconds": [r["train_seconds"] for r in rows]}

@@ -139,6 +139,17 @@ def single_thread_blas():
 _CONTROLLER = None
 
 
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Context: torch on `n` intra-op threads, the caller's count restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # --- features ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FeatureSpec:
@@ -233,13 +244,16 @@ class NodeScorer(nn.Module):
         self.global_in = nn.Linear(spec.n_global, h0, bias=False)
         self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(config.hidden[:-1], config.hidden[1:]))
         self.out = nn.Linear(config.hidden[-1], 1)
-        for layer in [self.node_in, self.global_in, *self.hidden]:
-            nn.init.orthogonal_(layer.weight, np.sqrt(2))
-            if layer.bias is not None:
-                nn.init.zeros_(layer.bias)
-        # small output weights: the first policy is close to uniform over feasible nodes
-        nn.init.orthogonal_(self.out.weight, 0.01)
-        nn.init.zeros_(self.out.bias)
+        # orthogonal_ runs a QR whose last bits depend on torch's thread count (MKL's LAPACK), so
+        # one seed gave other weights on another core count or without OMP_NUM_THREADS=1: one thread
+        with torch_threads(1):
+            for layer in [self.node_in, self.global_in, *self.hidden]:
+                nn.init.orthogonal_(layer.weight, np.sqrt(2))
+                if layer.bias is not None:
+                    nn.init.zeros_(layer.bias)
+            # small output weights: the first policy is close to uniform over feasible nodes
+            nn.init.orthogonal_(self.out.weight, 0.01)
+            nn.init.zeros_(self.out.bias)
 
     def trunk(self, first: torch.Tensor) -> torch.Tensor:
         """first: (..., h0) pre-activation of the first layer -> (...,) logits."""

@@ -34,7 +34,16 @@ class LstmPpoAgent(Agent):
         self.net.eval()
         self.obs_rms = obs_rms
         self.np_rng = np.random.default_rng(int(p.get("sample_seed", 0)))
+        self._row_rngs: list[np.random.Generator] | None = None
         self._np = None
+
+    def seed_rows(self, seeds) -> None:
+        """Sample (deterministic=False) batch row i from its own stream of (sample_seed, seeds[i]), so an
+        episode's sampled actions depend on its seed alone, not on the other rows of its batch or on
+        what this agent sampled before (sim_bridge.runner.run_episodes calls it); None: the one
+        shared stream again."""
+        base = int(self.params.get("sample_seed", 0))
+        self._row_rngs = None if seeds is None else [np.random.default_rng([base, int(s) % 2**64]) for s in seeds]
 
     # Inference runs in NumPy: one LSTM step at batch 1 costs ~0.7 ms through PyTorch's call
     # overhead and ~0.05 ms as four small matrix products. The maths is nn.LSTM's (gate order
@@ -77,7 +86,11 @@ class LstmPpoAgent(Agent):
         if deterministic:
             a = probs.argmax(axis=-1)
         else:
-            u = self.np_rng.random(probs.shape[:-1] + (1,))
+            rows = self._row_rngs
+            if rows is not None and len(rows) == len(probs):
+                u = np.stack([r.random(probs.shape[1:-1] + (1,)) for r in rows])
+            else:
+                u = self.np_rng.random(probs.shape[:-1] + (1,))
             a = (probs.cumsum(axis=-1) < u).sum(axis=-1).clip(max=probs.shape[-1] - 1)
         value = (h @ w_v + b_v)[:, 0]
         if self.action_mode == "paper":
