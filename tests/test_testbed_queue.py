@@ -186,3 +186,16 @@ def test_billing_refuses_unknown_groups_and_unfinished_runs_without_horizon():
         summarize([], waiting, [], groups, 10.0, 0.0)
     s = summarize([InstanceRecord("S", "s1", 0.0)], waiting, [], groups, 10.0, 0.0, end_s=60.0)
     assert s["wait_penalty"] == pytest.approx(50 * 1e-5) and not s["terminated"]
+
+
+@pytest.mark.parametrize("lease_s", [float("nan"), float("inf")])
+def test_a_lease_that_could_never_expire_is_refused(q, lease_s):
+    """A NaN expiry is stored as NULL and an infinite one never comes: the jobs of a worker that
+    then dies would never be re-queued (lost)."""
+    q.submit(1, 1, 10.0, 0.0)
+    with pytest.raises(ValueError, match="lease_s"):
+        q.lease("w", 1, 100.0, lease_s, 0.0)
+    (job,) = q.lease("w", 1, 100.0, 5.0, 0.0)
+    with pytest.raises(ValueError, match="lease_s"):
+        q.heartbeat("w", 101.0, lease_s)
+    assert q.requeue_expired(200.0, clock_now=1.0) == 1     # the 5 s lease still expires

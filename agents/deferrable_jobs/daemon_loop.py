@@ -90,10 +90,17 @@ def graphite_capacity(client, cap: CapacityConfig, now: Callable[[], float]) -> 
             series = client.render(cap.target, t - int(cap.lookback_s), t)
         except GraphiteError as e:
             return None, f"capacity unknown ({e}); starting nothing"
-        values = [v for s in series for v, _ in s.values() if math.isfinite(v)]
+        with_data = [s for s in series if any(math.isfinite(v) for v, _ in s.values())]
+        if len(with_data) > 1:  # one node's reading is not the fleet's on-demand use
+            return None, (f"capacity unknown ({cap.target!r} returned {len(with_data)} series, expected one: wrap "
+                          f"it in sumSeries(...)); starting nothing")
+        values = [(ts, v) for s in with_data for v, ts in s.values() if math.isfinite(v)]
         if not values:
             return None, f"capacity unknown (no finite point of {cap.target!r} in {cap.lookback_s:g} s); starting nothing"
-        return max(0.0, cap.fleet_cores - values[-1]), None
+        used = max(values)[1]  # the newest point
+        if used < 0:
+            return None, f"capacity unknown ({cap.target!r} reads {used:g} on-demand cores, below 0); starting nothing"
+        return min(cap.fleet_cores, max(0.0, cap.fleet_cores - used)), None
     return read
 
 
@@ -114,15 +121,61 @@ class DeferrableControlLoop:
         return int((self.clock() - t.slot_zero_unix) // t.interval_s)
 
     def recover(self) -> list[str]:
-        return []  # a replayed slot re-applies its recorded decision (live.DeferrableLoop.tick)
+        """At start-up: a decision recorded for the CURRENT slot whose jobs were not all released
+        (the process died between the record and the release) is applied now, as recorded (the
+        scheduler's first iteration is only at the next slot boundary, too late for it); the
+        queue releases each job at most once. The previous slot's unreleased starts are only
+        reported: that slot is over, its jobs wait for the next decision."""
+        try:
+            notes = self._recover()
+        except Exception as e:  # noqa: BLE001 - a store or queue error: apply nothing, say so, start anyway
+            notes = [f"recovery skipped, nothing re-applied: {type(e).__name__}: {e}"]
+        for n in notes:
+            log.warning("loop %s recover: %s", self.name, n)
+        return notes
+
+    def _recover(self) -> list[str]:
+        inner, notes = self.inner, []
+        slot = self.current_slot()
+        if inner.store is None or slot < 0:
+            return notes
+        for k in (slot - 1, slot):
+            prev = inner.store.decision(f"slot{k}", loop=inner.p.loop)
+            act = (prev.action or {}) if prev is not None else {}
+            start = {int(i) for i in (act.get("start") or [])}
+            if not start or inner.p.dry_run or act.get("dry_run"):  # a dry run's decision is never applied
+                continue
+            pending = sorted(j.id for j in inner.q.deferrable_at(k).eligible if j.id in start)
+            if not pending:
+                continue
+            if k < slot:
+                notes.append(f"slot {k}: its recorded decision started {pending} but they were never released (a "
+                             "restart); that slot is over, they wait for the next decision")
+                continue
+            cap, note = self.capacity()
+            rec = inner.tick(slot, 0.0 if cap is None else cap, note)
+            notes.append(f"slot {slot}: re-applied its recorded decision after a restart: released {rec.released}"
+                         + (f" ({rec.error})" if rec.error else ""))
+        return notes
 
     def run_once(self):
         from samm.daemon.loop import IterationReport
 
         started = time.perf_counter()
         slot = self.current_slot()
-        cap, note = self.capacity()
         t = self.config.timing
+        if slot < 0:  # the clock is before timing.slot_zero_unix: no slot to schedule yet
+            why = (f"the clock is {t.slot_zero_unix - self.clock():.0f} s before timing.slot_zero_unix; no slot to "
+                   "schedule, nothing started")
+            log.warning("loop %s: %s", self.name, why)
+            rep = IterationReport(f"slot{slot}", t.slot_zero_unix + slot * t.interval_s,
+                                  t.slot_zero_unix + (slot + 1) * t.interval_s, "before-slot-0", [why], loop=self.name)
+            rep.actions = [{"group": "jobqueue", "status": "skipped", "key": f"{self.name}:slot{slot}", "target": [],
+                            "detail": why, "error": None}]
+            rep.iteration_ms = (time.perf_counter() - started) * 1e3
+            self.last_progress = time.monotonic()
+            return rep
+        cap, note = self.capacity()
         t_monitor = time.perf_counter()
         rec = self.inner.tick(slot, 0.0 if cap is None else cap, note)
         rep = IterationReport(f"slot{slot}", t.slot_zero_unix + slot * t.interval_s,
@@ -148,14 +201,25 @@ def build_loop(cfg, lp: DeferrableLoopConfig, store, closers: list, clock: Calla
     from .hosting import make_policy
     from .live import DeferrableLoop, HttpAgent, InProcessAgent, LoopParams
 
+    import sqlite3
+
+    from samm.daemon.build import ConfigurationProblem
+
     clock = clock or time.time
-    queue = JobQueue(lp.queue.path)
+    try:
+        queue = JobQueue(lp.queue.path)
+    except (ValueError, RuntimeError, OSError, sqlite3.Error) as e:  # a directory, not a database, unwritable
+        raise ConfigurationProblem(f"loop {lp.name}: queue.path {lp.queue.path}: cannot open the job queue: "
+                                   f"{type(e).__name__}: {e}") from e
     closers.append(queue.close)
     a = lp.agent
     if a.mode == "http":
         agent = HttpAgent(a.service_url, a.name, a.timeout_s)
     else:
-        agent = InProcessAgent(make_policy(a.name, a.policy_dir, **a.params), a.name)
+        try:
+            agent = InProcessAgent(make_policy(a.name, a.policy_dir, **a.params), a.name)
+        except (ValueError, OSError, KeyError, TypeError) as e:  # unknown agent, missing or corrupt policy
+            raise ConfigurationProblem(f"loop {lp.name}: agent {a.name!r}: {type(e).__name__}: {e}") from e
     sender = None
     if cfg.graphite.publish:
         sender = GraphiteSender(cfg.graphite.carbon_host, cfg.graphite.carbon_port)

@@ -29,6 +29,7 @@ live run can be compared with the simulator job for job.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Protocol
@@ -37,7 +38,7 @@ import numpy as np
 
 from .episode import Episode
 from .features import SummaryHistory
-from .service import RunningJob, ScheduleRequest, WaitingJob, schedule
+from .service import MAX_JOBS, RunningJob, ScheduleRequest, WaitingJob, schedule
 from .sim import DeferrableSim, EpisodeResult
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class HttpAgent:
     def __init__(self, url: str, name: str, timeout_s: float = 2.0, session=None):
         import requests
 
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"the request timeout must be a finite number of seconds > 0, got {timeout_s!r}")
         self.url = url.rstrip("/")
         self.name = name
         self.timeout_s = timeout_s
@@ -121,17 +124,24 @@ class HttpAgent:
 
         try:
             r = self.http.post(endpoint, json=req.model_dump(), timeout=self.timeout_s)
-        except requests.RequestException as e:
+        except (requests.RequestException, ValueError) as e:  # ValueError: e.g. a URL requests cannot use
             return failed(f"POST {endpoint} failed: {type(e).__name__}: {e}")
         if r.status_code != 200:
             return failed(f"POST {endpoint} answered HTTP {r.status_code}: {r.text[:300]}")
         try:
             body = r.json()
-            start = list(body["start"])
-        except (ValueError, KeyError, TypeError) as e:
+        except ValueError as e:
             return failed(f"POST {endpoint} returned a malformed answer: {e}")
-        return Answer(start, body.get("scores") or {}, body.get("policy_version"),
-                      latency_ms=(time.perf_counter() - t0) * 1000)
+        # the shape of ScheduleResponse, checked before anything is acted on: a string "12" as
+        # `start` would otherwise be read as the jobs "1" and "2"
+        start = body.get("start") if isinstance(body, dict) else None
+        scores = body.get("scores") if isinstance(body, dict) else None
+        version = body.get("policy_version") if isinstance(body, dict) else None
+        if (not isinstance(start, list) or not all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in start)
+                or not isinstance(scores, (dict, type(None))) or not isinstance(version, (str, type(None)))):
+            return failed(f"POST {endpoint} returned a malformed answer (expected {{'start': [job ids], 'scores': "
+                          f"{{id: score}}, 'policy_version': str}}): {r.text[:300]}")
+        return Answer(list(start), scores or {}, version, latency_ms=(time.perf_counter() - t0) * 1000)
 
 
 def build_request(slot: int, capacity: float, eligible, running, future, session: str) -> ScheduleRequest:
@@ -145,6 +155,74 @@ def build_request(slot: int, capacity: float, eligible, running, future, session
                             duration=int(j.duration)) for j in running],
         future=[WaitingJob(id=int(j.id), cores=int(j.cores), duration=int(j.duration), earliest=int(j.earliest),
                            latest=int(j.latest), submitted=int(j.submitted)) for j in future])
+
+
+def checked_request(slot: int, capacity: float, eligible, running, future,
+                    session: str) -> tuple[ScheduleRequest, dict, float, list[str]]:
+    """`build_request` over job records read from a queue, which may hold rows the request model
+    refuses (cores or durations out of range, a window that does not hold the slot: written by
+    another tool, or by hand). Such a waiting job is left out of the request (it cannot start; it
+    is dropped at its latest start like any other) instead of failing the whole slot; a running
+    one that cannot be shown keeps its cores: they are taken off the capacity the agent sees
+    (all of it when they cannot be read). A list longer than the request allows (MAX_JOBS) is cut
+    the same way: the eligible jobs with the earliest latest start are shown, the future ones with
+    the earliest start, and the running ones left out keep their cores. Returns (request, {job id:
+    why left out}, cores hidden, notes on what was cut)."""
+    t = int(slot)
+    bad: dict = {}
+    hidden = 0.0
+    notes: list[str] = []
+
+    def waiting(j, is_future: bool):
+        w = WaitingJob(id=int(j.id), cores=int(j.cores), duration=int(j.duration), earliest=int(j.earliest),
+                       latest=int(j.latest), submitted=int(j.submitted))
+        ok = (w.submitted <= t < w.earliest <= w.latest) if is_future else (w.submitted <= w.earliest <= t <= w.latest)
+        if not ok:
+            raise ValueError(f"window submitted {w.submitted}, earliest {w.earliest}, latest {w.latest} does not fit "
+                             f"slot {t}")
+        return w
+
+    def keep(jobs, make):
+        out = []
+        for j in jobs:
+            try:
+                out.append(make(j))
+            except (ValueError, TypeError, OverflowError) as e:  # pydantic's ValidationError is a ValueError
+                bad[getattr(j, "id", None)] = " ".join(str(e).split())[:200]
+        return out
+
+    el = keep(eligible, lambda j: waiting(j, False))
+    fu = keep(future, lambda j: waiting(j, True))
+    if len(el) > MAX_JOBS:  # the most urgent first, then back in the caller's (id) order
+        order = {id(w): i for i, w in enumerate(el)}
+        over = len(el) - MAX_JOBS
+        el = sorted(sorted(el, key=lambda w: (w.latest, w.submitted, order[id(w)]))[:MAX_JOBS],
+                    key=lambda w: order[id(w)])
+        notes.append(f"{over} eligible job(s) past the request's limit of {MAX_JOBS} "
+                     "not shown this slot (the earliest latest starts are)")
+    if len(fu) > MAX_JOBS:
+        order = {id(w): i for i, w in enumerate(fu)}
+        fu = sorted(sorted(fu, key=lambda w: (w.earliest, order[id(w)]))[:MAX_JOBS], key=lambda w: order[id(w)])
+    ru = []
+    for j in running:
+        try:
+            ru.append(RunningJob(id=int(j.id), cores=int(j.cores), remaining=int(j.remaining(t)),
+                                 duration=int(j.duration)))
+        except (ValueError, TypeError, OverflowError) as e:
+            bad[getattr(j, "id", None)] = "running: " + " ".join(str(e).split())[:200]
+            try:
+                hidden += max(0.0, float(j.cores))
+            except (ValueError, TypeError):
+                hidden = float("inf")
+    if len(ru) > MAX_JOBS:
+        hidden += sum(r.cores for r in ru[MAX_JOBS:])
+        notes.append(f"{len(ru) - MAX_JOBS} running job(s) past the request's limit of {MAX_JOBS} shown as capacity "
+                     "used instead")
+        ru = ru[:MAX_JOBS]
+    cap = float(capacity)
+    shown = max(0.0, cap - hidden) if hidden != float("inf") else 0.0
+    req = ScheduleRequest(slot=t, capacity=shown, session=session, eligible=el, running=ru, future=fu)
+    return req, bad, hidden, notes
 
 
 @dataclass
@@ -207,10 +285,11 @@ class SlotRecord:
     error: str | None
     latency_ms: float
     decision_created: bool
+    malformed: list = field(default_factory=list)  # queue rows left out of the request (see checked_request)
 
     def csv_row(self) -> dict:
         d = asdict(self)
-        for k in ("chosen", "deadline", "released", "dropped", "dropped_cores"):
+        for k in ("chosen", "deadline", "released", "dropped", "dropped_cores", "malformed"):
             d[k] = " ".join(str(x) for x in d[k])
         d["error"] = d["error"] or ""
         return d
@@ -242,19 +321,29 @@ class DeferrableLoop:
         """One slot. `note`: why the capacity is a stand-in (e.g. no reading: 0 cores, so
         nothing starts), recorded as the decision's reason."""
         t = int(slot)
+        if not (isinstance(capacity, (int, float)) and math.isfinite(capacity) and capacity >= 0):
+            bad = f"capacity {capacity!r} is not a finite number >= 0; starting nothing"
+            note, capacity = (f"{note}; {bad}" if note else bad), 0.0
         snap = self.q.deferrable_at(t)
-        req = build_request(t, capacity, snap.eligible, snap.running, snap.future, self.p.session)
+        req, malformed, _, cut = checked_request(t, capacity, snap.eligible, snap.running, snap.future,
+                                                 self.p.session)
+        for c in cut:
+            log.warning("slot %d: %s", t, c)
+            note = f"{note}; {c}" if note else c
+        if malformed:
+            log.warning("slot %d: left %d malformed queue row(s) out of the request: %s", t, len(malformed),
+                        "; ".join(f"job {i}: {why}" for i, why in malformed.items()))
+            bad = f"malformed job row(s) left out: {', '.join(str(i) for i in malformed)}"
+            note = f"{note}; {bad}" if note else bad
         key = f"slot{t}"
         previous = self.store.decision(key, loop=self.p.loop) if self.store is not None else None
         if previous is not None:  # a replayed slot: apply what was decided, ask nothing
-            act = previous.action or {}
-            dec = SlotDecision(list(act.get("chosen", [])), list(act.get("deadline", [])), req.capacity -
-                               snap.running_cores, Answer([], error=previous.reason if previous.source == "fallback"
-                                                          else None))
-            created = False
+            dec, created = self._recorded(previous, req), False
         else:
             dec = slot_decision(req, self.agent, self.p.guard)
             created = self._record(key, req, dec, snap, note)
+            if not created:  # another process recorded this slot meanwhile: act on ITS decision, not ours
+                dec = self._recorded(self.store.decision(key, loop=self.p.loop), req)
         released = [] if self.p.dry_run else self.q.release(dec.start, t)
         # what starts now (on a replayed slot, only what the crash left unreleased)
         by_id = {j.id: j for j in snap.eligible}
@@ -271,12 +360,27 @@ class DeferrableLoop:
             utilisation=float(sum(j.cores * j.duration for j in started)),
             delay_slots=int(sum(t - j.earliest for j in started)),
             source="fallback" if dec.answer.error else "agent", error=dec.answer.error,
-            latency_ms=round(dec.answer.latency_ms, 3), decision_created=created)
+            latency_ms=round(dec.answer.latency_ms, 3), decision_created=created,
+            malformed=list(malformed))
         if rec.error:
             log.warning("slot %d: %s; started nothing", t, rec.error)
         self._send(rec)
         self.records.append(rec)
         return rec
+
+    def _recorded(self, previous, req: ScheduleRequest) -> SlotDecision:
+        """The decision recorded for this slot, to apply again (its job lists, nothing asked)."""
+        act = (previous.action if previous is not None else None) or {}
+        free = req.capacity - sum(j.cores for j in req.running)
+        if previous is None:  # cannot happen with a working store: start nothing
+            return SlotDecision([], [], free, Answer([], error="the slot's recorded decision could not be read"))
+        was_dry = bool(act.get("dry_run")) or "dry run: nothing released" in (previous.reason or "")
+        if was_dry and not self.p.dry_run:
+            # decided in dry run (the daemon restarted live within the slot): never act on it
+            return SlotDecision([], [], free, Answer([], error="slot decided in dry run; nothing released on the "
+                                                               "live replay"))
+        return SlotDecision(list(act.get("chosen", [])), list(act.get("deadline", [])), free,
+                            Answer([], error=previous.reason if previous.source == "fallback" else None))
 
     def _record(self, key: str, req: ScheduleRequest, dec: SlotDecision, snap, note: str | None = None) -> bool:
         if self.store is None:
@@ -285,7 +389,7 @@ class DeferrableLoop:
             key, agent=self.agent.name, loop=self.p.loop, problem=PROBLEM,
             source="fallback" if dec.answer.error else "agent", policy_version=dec.answer.version,
             action={"start": [int(i) for i in dec.start], "chosen": [int(i) for i in dec.chosen],
-                    "deadline": [int(i) for i in dec.deadline]},
+                    "deadline": [int(i) for i in dec.deadline], **({"dry_run": True} if self.p.dry_run else {})},
             action_name="start" if dec.start else "wait",
             probabilities=dec.answer.scores or None,
             reason="; ".join(x for x in (note, dec.answer.error, f"deadline: {len(dec.deadline)} job(s) at their latest "

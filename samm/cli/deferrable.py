@@ -6,6 +6,8 @@ A separate command, like `samm testbed-oversub`; `samm/cli/main.py` registers it
 from __future__ import annotations
 
 import json
+import math
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -22,6 +24,8 @@ def _params(values: tuple[str, ...]) -> dict:
             out[k] = float(x)
         except ValueError:
             raise click.BadParameter(f"{k}={x!r}: the value must be a number", param_hint="--agent-param") from None
+        if not math.isfinite(out[k]):
+            raise click.BadParameter(f"{k}={x!r}: the value must be a finite number", param_hint="--agent-param")
     return out
 
 
@@ -60,26 +64,41 @@ def testbed_deferrable(setting, seed, split, slots, slot_seconds, agent, policy_
 
     from samm.testbed.deferrable.run import DeferrableRunOptions, run_deferrable
 
-    if not 0 < slot_seconds < float("inf") or workers < 1 or (slots is not None and slots < 1):
-        click.echo("error: --slot-seconds must be > 0, --workers and --slots >= 1", err=True)
+    from samm.knowledge.engine import KnowledgeError
+
+    if (not 0 < slot_seconds < float("inf") or workers < 1 or (slots is not None and slots < 1)
+            or not 0 < request_timeout < float("inf") or (worker_cores is not None and worker_cores < 1)):
+        click.echo("error: --slot-seconds and --request-timeout must be finite numbers > 0, --workers, --slots and "
+                   "--worker-cores >= 1", err=True)
         sys.exit(2)
+    agent_params = _params(agent_param)
     out_dir = Path(out).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "testbed.log").open("a").close()
+    except OSError as exc:
+        click.echo(f"error: testbed-deferrable: --out {out}: cannot write there: {exc}", err=True)
+        sys.exit(2)
     logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     opts = DeferrableRunOptions(setting=setting, seed=seed, split=split, slots=slots, slot_seconds=slot_seconds,
-                                agent=agent, policy_dir=policy_dir, agent_params=_params(agent_param),
+                                agent=agent, policy_dir=policy_dir, agent_params=agent_params,
                                 service_url=service_url, request_timeout_s=request_timeout, workers=workers,
                                 worker_cores=worker_cores, knowledge_url=knowledge_url, graphite=graphite,
                                 out_dir=str(out_dir), run_name=run_name, guard=not no_guard)
     try:
         res = run_deferrable(opts)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError, KnowledgeError, sqlite3.Error) as exc:  # OSError: FileNotFoundError and co.
         click.echo(f"error: testbed-deferrable: {exc}", err=True)
         sys.exit(2)
     s = res.summary
+    if s.get("interrupted"):
+        click.echo(f"interrupted ({s.get('signal') or 'signal'}) after {s['slots']} slot(s); the report covers "
+                   "those", err=True)
     if as_json:
         click.echo(json.dumps(s, default=float))
+        if s.get("interrupted"):
+            sys.exit(_interrupted_code(s))
         return
     lv, sm, sg, ph = s["live"], s["sim"], s["sim_guarded"], s["physical"]
     click.echo(f"run {s['run']}: {s['slots']} slots x {s['slot_seconds']} s, agent {s['agent']} ({s['via']}), "
@@ -95,3 +114,15 @@ def testbed_deferrable(setting, seed, split, slots, slot_seconds, agent, policy_
                f"{ph['start_lag_s_max'] or 0:.3f} s")
     click.echo(f"wrote {res.files['slots']}, {res.files['summary']}; {s['decisions']} decisions in "
                f"{res.knowledge_url} (loop {res.loop})")
+    if s.get("interrupted"):
+        sys.exit(_interrupted_code(s))
+
+
+def _interrupted_code(summary: dict) -> int:
+    """128 + the signal's number, as a shell reports a process a signal stopped (130 for SIGINT)."""
+    import signal
+
+    try:
+        return 128 + int(signal.Signals[summary.get("signal") or "SIGINT"])
+    except KeyError:
+        return 130

@@ -38,6 +38,7 @@ The columns are added to an existing file on open (ALTER TABLE ADD COLUMN when m
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -55,6 +56,8 @@ PENDING, RELEASED, DROPPED = "pending", "released", "dropped"  # defer_state of 
 _DEFERRABLE_COLUMNS = (("earliest", "INTEGER"), ("latest", "INTEGER"), ("duration_slots", "INTEGER"),
                        ("submit_slot", "INTEGER"), ("released_slot", "INTEGER"), ("defer_state", "TEXT"))
 _LEASABLE = "(defer_state IS NULL OR defer_state = 'released')"
+#: a deferrable job's bounds: those of the scheduling request (agents/deferrable_jobs/service.py)
+_MAX_JOB_CORES, _MAX_JOB_SLOTS, _MAX_SLOT = 100_000, 100_000, 2**53
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -89,6 +92,13 @@ CREATE TABLE IF NOT EXISTS runs (           -- one row per attempt, for billing'
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value REAL NOT NULL);
 """
+
+
+def _check_lease(now_wall: float, lease_s: float) -> None:
+    # a NaN expiry is stored as NULL and an infinite one never comes: either way the lease of a
+    # worker that dies would never expire, and its jobs would be lost
+    if not (math.isfinite(lease_s) and lease_s > 0 and math.isfinite(now_wall)):
+        raise ValueError(f"lease_s must be a finite number > 0 and now_wall finite, got {lease_s!r}, {now_wall!r}")
 
 
 @dataclass(frozen=True)
@@ -316,11 +326,19 @@ class JobQueue:
             if len(j) != 8:
                 raise ValueError("a deferrable job row is (job_id, cores, duration_slots, earliest, latest, "
                                  f"submit_slot, runtime_s, submitted_at); got {j!r}")
-            job_id, cores, dur, earliest, latest, sub = (int(x) for x in j[:6])
-            runtime_s, submitted_at = float(j[6]), float(j[7])
-            if job_id < 0 or cores < 1 or dur < 1 or not runtime_s >= 0 or not (0 <= sub <= earliest <= latest):
-                raise ValueError(f"deferrable job {job_id}: needs id >= 0, cores >= 1, duration >= 1 slot, "
-                                 f"runtime_s >= 0 and 0 <= submit <= earliest <= latest (got {j!r})")
+            try:
+                job_id, cores, dur, earliest, latest, sub = (int(x) for x in j[:6])
+                runtime_s, submitted_at = float(j[6]), float(j[7])
+            except (TypeError, ValueError, OverflowError) as e:  # None, NaN, inf, text
+                raise ValueError(f"deferrable job row {j!r}: {e}") from None
+            # the bounds of the scheduling request (agents/deferrable_jobs/service.py): a row past
+            # them could never be shown to the agent
+            if (job_id < 0 or not 1 <= cores <= _MAX_JOB_CORES or not 1 <= dur <= _MAX_JOB_SLOTS
+                    or not 0 <= runtime_s < float("inf") or not math.isfinite(submitted_at)
+                    or not (0 <= sub <= earliest <= latest <= _MAX_SLOT)):
+                raise ValueError(f"deferrable job {job_id}: needs id >= 0, 1 <= cores <= {_MAX_JOB_CORES}, "
+                                 f"1 <= duration <= {_MAX_JOB_SLOTS} slots, finite runtime_s >= 0 and submitted_at, "
+                                 f"and 0 <= submit <= earliest <= latest <= {_MAX_SLOT} (got {j!r})")
             rows.append((job_id, cores, runtime_s, submitted_at, submitted_at, dur, earliest, latest, sub))
         if not rows:
             return 0
@@ -340,7 +358,8 @@ class JobQueue:
         t = int(slot)
         rows = self._read(
             f"SELECT {self._DEFER_COLS} FROM jobs WHERE (defer_state = 'pending' AND submit_slot <= ? "
-            "AND latest >= ?) OR (defer_state = 'released' AND released_slot + duration_slots > ?) ORDER BY id",
+            "AND latest >= ? AND earliest IS NOT NULL AND duration_slots IS NOT NULL) "
+            "OR (defer_state = 'released' AND released_slot + duration_slots > ?) ORDER BY id",
             (t, t, t))
         eligible, future, running = [], [], []
         for r in rows:
@@ -393,8 +412,7 @@ class JobQueue:
         seconds unless heartbeated. Expired leases are re-queued first, in the same transaction."""
         if free_cores < 1:
             return []
-        if not lease_s > 0:
-            raise ValueError(f"lease_s must be positive, got {lease_s}")
+        _check_lease(now_wall, lease_s)
         # cheap read first: 30 idle workers polling must not serialise on the write lock
         head = self._read(f"SELECT cores FROM jobs WHERE state = 'waiting' AND {_LEASABLE} ORDER BY id LIMIT 1")
         expired = self._read("SELECT 1 FROM jobs WHERE state = 'leased' AND lease_expires < ? LIMIT 1", (now_wall,))
@@ -427,6 +445,7 @@ class JobQueue:
 
     def heartbeat(self, worker_id: str, now_wall: float, lease_s: float) -> int:
         """Extend every lease `worker_id` holds to `now_wall + lease_s`; returns how many it holds."""
+        _check_lease(now_wall, lease_s)
         with self._write() as db:
             return db.execute("UPDATE jobs SET lease_expires = ? WHERE state = 'leased' AND lease_owner = ?",
                               (now_wall + lease_s, worker_id)).rowcount

@@ -44,6 +44,7 @@ from agents.deferrable_jobs.data import make_episode
 from agents.deferrable_jobs.live import (DeferrableLoop, HttpAgent, InProcessAgent, LoopParams, cut_episode,
                                          live_result, simulate)
 from agents.deferrable_jobs.settings import get_setting
+from agents.deferrable_jobs.sim import EpisodeResult
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,41 @@ def _make_agent(o: DeferrableRunOptions, session_tag: str):
     return InProcessAgent(make_policy(o.agent, o.policy_dir, **params), name=o.agent)
 
 
-def _sleep_until(t: float) -> None:
-    while (left := t - time.time()) > 0:
+def _sleep_until(t: float, stop=lambda: False) -> None:
+    while (left := t - time.time()) > 0 and not stop():
         time.sleep(min(left, 0.05))
+
+
+class _Interrupt:
+    """SIGINT (Ctrl-C) or SIGTERM stops the run at the next slot boundary, never inside a slot
+    (between a decision's record and its release), and the run still writes its report; a second
+    signal stops at once. Outside the main thread no handler can be installed: neither is caught."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.requested = False
+        self.signal: str | None = None
+        self.old: dict = {}
+
+    def __enter__(self):
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal = signal.Signals(signum).name
+        log.warning("%s: stopping after this slot and writing the report (again to stop at once)", self.signal)
+
+    def __exit__(self, *exc):
+        for s, old in self.old.items():
+            signal.signal(s, old)
+        self.old = {}
 
 
 def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
@@ -107,8 +140,11 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     from samm.localproc import popen_tied
     from samm.testbed.jobqueue import JobQueue
 
-    if o.slot_seconds <= 0 or o.workers < 1:
-        raise ValueError("slot_seconds must be > 0 and workers >= 1")
+    if not 0 < o.slot_seconds < float("inf") or o.workers < 1:
+        raise ValueError(f"slot_seconds must be a finite number > 0 and workers >= 1 (got {o.slot_seconds!r}, "
+                         f"{o.workers!r})")
+    if o.worker_cores is not None and o.worker_cores < 1:
+        raise ValueError(f"worker_cores must be >= 1 (got {o.worker_cores})")
     setting = get_setting(o.setting)
     ep = make_episode(setting, o.seed, o.split)
     if o.slots is not None:
@@ -122,16 +158,29 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     loop_name = f"deferrable-{run}"
     slot_workload_s = setting.slot_minutes * 60.0
     compression = slot_workload_s / o.slot_seconds
-    worker_cores = o.worker_cores or max(math.ceil(setting.fleet_cores / o.workers),
-                                         int(ep.cores.max()) if ep.n_jobs else 1)
+    widest = int(ep.cores.max()) if ep.n_jobs else 1
+    worker_cores = o.worker_cores or max(math.ceil(setting.fleet_cores / o.workers), widest)
+    if worker_cores < widest:  # the queue is head of line: a job no worker can hold would block every later one
+        raise ValueError(f"worker_cores {worker_cores} is below the widest job of the episode ({widest} cores)")
 
     agent = _make_agent(o, run)  # first: a missing policy fails before anything starts
+    knowledge_url = o.knowledge_url or f"sqlite:///{out / 'knowledge.db'}"
+    store = KnowledgeStore(knowledge_url)
+    # the queue is fresh per run, so the Knowledge loop must be too: decisions already recorded
+    # under this loop name would be replayed (slot k's job ids) onto this run's episode
+    try:
+        earlier = store.decisions(loop=loop_name)
+    except BaseException:
+        store.close()
+        raise
+    if earlier:
+        store.close()
+        raise ValueError(f"the Knowledge store {knowledge_url} already holds {len(earlier)} decision(s) of loop "
+                         f"{loop_name} (an earlier run named {run!r}); choose another run name or Knowledge URL")
     qpath = out / "queue.db"
     for suffix in ("", "-wal", "-shm"):  # a fresh queue per run: the episode is replayed from slot 0
         Path(str(qpath) + suffix).unlink(missing_ok=True)
     queue = JobQueue(qpath)
-    knowledge_url = o.knowledge_url or f"sqlite:///{out / 'knowledge.db'}"
-    store = KnowledgeStore(knowledge_url)
     sender = None
     if o.graphite:
         from samm.monitor.collector import parse_host_port
@@ -146,7 +195,10 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     wlog = open(out / "workers.log", "ab")
     procs: list[subprocess.Popen] = []
     late: list[float] = []
+    interrupt = _Interrupt()
+    interrupted = False
     try:
+        interrupt.__enter__()
         for i in range(o.workers):
             procs.append(popen_tied([sys.executable, "-m", "samm.testbed.worker", "--queue", str(qpath),
                                      "--group", loop_name, "--instance", f"{run}-w{i}", "--cores", str(worker_cores),
@@ -155,22 +207,29 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
                                      "--lease-s", str(max(5.0, 4 * o.slot_seconds)), "--log-level", "WARNING"],
                                     stdout=wlog, stderr=wlog))
         for k in range(slots):
-            _sleep_until(t0 + k * o.slot_seconds)
+            _sleep_until(t0 + k * o.slot_seconds, lambda: interrupt.requested)
+            if interrupt.requested:
+                break
             rows = np.flatnonzero(ep.submit == k)
             queue.submit_deferrable([(int(r), int(ep.cores[r]), int(ep.duration[r]), int(ep.earliest[r]),
                                       int(ep.latest[r]), int(ep.submit[r]), float(ep.duration[r]) * slot_workload_s,
                                       k * slot_workload_s) for r in rows])
             loop.tick(k, float(ep.capacity[k]))
             late.append(time.time() - (t0 + k * o.slot_seconds))
-        if o.drain:
+        if o.drain and not interrupt.requested:
             released = [j for j in queue.deferrable_jobs() if j.released is not None]
             end = max((j.released + j.duration for j in released), default=slots)
             deadline = t0 + end * o.slot_seconds + 5.0 + 2 * o.slot_seconds
-            while time.time() < deadline:
+            while time.time() < deadline and not interrupt.requested:
                 if all(j.state == "done" for j in queue.deferrable_jobs() if j.released is not None):
                     break
                 time.sleep(0.05)
+    except KeyboardInterrupt:  # the second signal: stop now, still write what was done
+        interrupt.requested = True
+        interrupt.signal = interrupt.signal or "SIGINT"
     finally:
+        interrupt.__exit__()
+        interrupted = interrupt.requested
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -191,10 +250,26 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     decisions = store.decisions(loop=loop_name)
     store.close()
 
-    live = live_result(loop.records, ep.n_jobs)
-    sim_plain, start_plain = simulate(ep, _make_agent(o, run), guard=False, session=f"{run}-sim")
-    sim_guard, start_guard = simulate(ep, _make_agent(o, run), guard=o.guard, session=f"{run}-simg")
-    live_start = np.asarray([-1 if j.released is None else j.released for j in jobs], dtype=np.int64)
+    if interrupted:  # compare with the simulator over the slots the live run decided
+        done = len(loop.records)
+        log.warning("run %s interrupted after %d of %d slot(s)", run, done, slots)
+        rows_kept = np.flatnonzero(ep.submit < done)
+        ep = cut_episode(ep, done) if done else None
+        slots = done
+    else:
+        rows_kept = np.arange(ep.n_jobs)
+    n_jobs = len(rows_kept)
+    live = live_result(loop.records, n_jobs)
+    if ep is not None:
+        sim_plain, start_plain = simulate(ep, _make_agent(o, run), guard=False, session=f"{run}-sim")
+        sim_guard, start_guard = simulate(ep, _make_agent(o, run), guard=o.guard, session=f"{run}-simg")
+    else:
+        sim_plain = sim_guard = EpisodeResult(jobs=0)
+        start_plain = start_guard = np.zeros(0, dtype=np.int64)
+    # job id = row of the episode; the i-th simulated job is row rows_kept[i]
+    released_at = {j.id: j.released for j in jobs}
+    live_start = np.asarray([-1 if released_at.get(int(r)) is None else released_at[int(r)] for r in rows_kept],
+                            dtype=np.int64)
     # physical starts: when a worker leased the job, relative to its release slot's start (wall s)
     lags = [stats[j.id].first_started_at / compression - j.released * o.slot_seconds
             for j in jobs if j.released is not None and stats[j.id].first_started_at is not None]
@@ -204,7 +279,8 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     summary = {
         "run": run, "loop": loop_name, "setting": setting.name, "seed": o.seed, "split": o.split, "slots": slots,
         "slot_seconds": o.slot_seconds, "agent": o.agent, "via": o.service_url or "in-process",
-        "workers": o.workers, "worker_cores": worker_cores, "fleet_cores": setting.fleet_cores, "jobs": ep.n_jobs,
+        "workers": o.workers, "worker_cores": worker_cores, "fleet_cores": setting.fleet_cores, "jobs": n_jobs,
+        "interrupted": interrupted, "signal": interrupt.signal,
         "live": live, "sim": sim_plain.as_dict(), "sim_guarded": sim_guard.as_dict(),
         "live_minus_sim": {k: live[k] - sim_plain.as_dict()[k] for k in keys},
         "live_minus_sim_guarded": {k: live[k] - sim_guard.as_dict()[k] for k in keys},
