@@ -120,6 +120,7 @@ def test_decisions_recorded_once_per_request(live_run):
     # the second run found every admission decision already there and added none
     assert second.summary["decisions_created"] == 0
     assert second.summary["decisions_existing"] == first.summary["decisions_created"] == w.n_vms
+    assert second.summary["decisions_conflicting"] == 0  # the same policy decided the same again
     assert {d.iteration_key for d in admits} <= set(after_first)
     now = {d.iteration_key: d.id for d in decisions}
     assert all(now[k] == i for k, i in after_first.items())  # the first run's rows, untouched

@@ -8,6 +8,8 @@ The shipped C2MARL policy is safe on its training week but breaks alpha = 0.95 o
 `nsigma` rule held the bound on those weeks."""
 from __future__ import annotations
 
+import math
+
 
 def make_policy(agent: str, policy_dir=None, **params):
     from .policy import HOSTED_RULES, KIND, OversubPolicy, RulePolicy, shipped_policy
@@ -17,5 +19,23 @@ def make_policy(agent: str, policy_dir=None, **params):
     if agent in HOSTED_RULES:
         if policy_dir:
             raise ValueError(f"{agent} is a rule: it takes parameters (--agent-param), not a policy directory")
+        _check_rule_params(agent, params)
         return RulePolicy(agent, **params)
     raise ValueError(f"oversubscription hosts {KIND!r} or a rule {sorted(HOSTED_RULES)}, not {agent!r}")
+
+
+def _check_rule_params(agent: str, params: dict) -> None:
+    """A rule's numbers must be finite and its window a whole number of past steps >= 1: at
+    start-up, naming the parameter. Before, `headroom=nan` made every admit a 500, and
+    `headroom=inf`, `n=nan` or `window=0` answered rate 1.0 to every request in silence."""
+    for key, value in params.items():
+        if key in ("setting", "prior", "trace_seed"):
+            continue
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            continue  # RulePolicy names a value that is not a number
+        if not math.isfinite(x):
+            raise ValueError(f"{agent}: {key} must be a finite number, got {value!r}")
+        if key == "window" and (x < 1 or x != int(x)):
+            raise ValueError(f"{agent}: window must be a whole number of past steps >= 1, got {value!r}")

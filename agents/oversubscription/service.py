@@ -27,7 +27,8 @@ A policy object has `setting` (a `Setting`), `rates(view) -> [N]` in (0, 1] and 
 the policy is looked up per request so an uploaded version takes effect at once.
 
 Input errors are 422s that name the field (wrong number of subscribers, NaN/inf, negative
-values, a subscriber out of range); a policy that fails or answers rates outside (0, 1] is a
+values, a subscriber out of range, a value past its upper bound, a string or a boolean where an
+integer belongs); a policy that fails or answers rates outside (0, 1] is a
 500 naming the agent, never a silent default (the caller chooses its safe default: the live
 admission executor admits without oversubscription and records the error).
 """
@@ -45,12 +46,22 @@ from pydantic import BaseModel, ConfigDict, Field
 from .settings import RATES
 from .sim import View
 
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Resources = Annotated[list[NonNegative], Field(min_length=3, max_length=3,
-                                                description="[cores, mem_gb, net_gbps]")]
+# Upper bounds, far past any real request but small enough that no sum the routes or a policy
+# form overflows (a 1e300-core request was answered with 5e299 reserved cores): a value past one
+# is a 422 naming the field. One VM asks for at most MAX_VM (cores, GB of memory, Gb/s), a
+# subscriber holds at most MAX_TOTAL of each; a usage rate (used / requested cores) is at most
+# 1 on a real host, a measured one a little more (timing jitter): MAX_USAGE_RATE leaves room.
+MAX_VM = 1e6
+MAX_TOTAL = 1e12
+MAX_USAGE_RATE = 10.0
 MAX_SUBSCRIBERS = 4096
 MAX_HISTORY = 10_000
 MAX_BATCH = 10_000
+
+NonNegative = Annotated[float, Field(ge=0, le=MAX_TOTAL, allow_inf_nan=False)]
+UsageRate = Annotated[float, Field(ge=0, le=MAX_USAGE_RATE, allow_inf_nan=False)]
+Resources = Annotated[list[NonNegative], Field(min_length=3, max_length=3,
+                                                description="[cores, mem_gb, net_gbps]")]
 
 
 class Strict(BaseModel):
@@ -58,22 +69,22 @@ class Strict(BaseModel):
 
 
 class ClusterState(Strict):
-    hour: int = Field(ge=0, le=23, description="Hour of the day of this step.")
+    hour: int = Field(ge=0, le=23, strict=True, description="Hour of the day of this step.")
     allocated: list[Resources] = Field(max_length=MAX_SUBSCRIBERS,
                                        description="Live reservations per subscriber: [cores, mem_gb, net_gbps].")
     requested_live: list[NonNegative] = Field(max_length=MAX_SUBSCRIBERS,
                                               description="Live requested cores per subscriber.")
-    usage_history: list[list[NonNegative | None]] = Field(
+    usage_history: list[list[UsageRate | None]] = Field(
         default_factory=list, max_length=MAX_HISTORY,
         description="Optional: past steps' usage rates (used / requested cores) per subscriber, oldest first; "
-                    "null where a subscriber had no live VM.")
+                    f"null where a subscriber had no live VM; each in [0, {MAX_USAGE_RATE:g}].")
 
 
 class VmRequest(Strict):
-    subscriber: int = Field(ge=0, description="Subscriber index, 0..N-1.")
-    cores: float = Field(gt=0, allow_inf_nan=False, description="Requested cores.")
-    mem_gb: float = Field(default=0.0, ge=0, allow_inf_nan=False)
-    net_gbps: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    subscriber: int = Field(ge=0, strict=True, description="Subscriber index, 0..N-1.")
+    cores: float = Field(gt=0, le=MAX_VM, allow_inf_nan=False, description=f"Requested cores (at most {MAX_VM:g}).")
+    mem_gb: float = Field(default=0.0, ge=0, le=MAX_VM, allow_inf_nan=False)
+    net_gbps: float = Field(default=0.0, ge=0, le=MAX_VM, allow_inf_nan=False)
 
 
 class AdmitRequest(ClusterState, VmRequest):

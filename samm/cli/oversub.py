@@ -15,7 +15,9 @@ import click
 @click.command("testbed-oversub")
 @click.option("--agent", "agent_spec", default="c2marl", show_default=True,
               help="NAME[=DIR]: the oversubscription agent to host (a saved policy directory optional).")
-@click.option("--setting", default="tiny", show_default=True, help="tiny, azure or internal (PM size, subscribers).")
+@click.option("--setting", default=None,
+              help="tiny, azure or internal (PM size, subscribers). Default: a learned agent's own setting "
+                   "(the shipped C2MARL policy's is azure), else tiny.")
 @click.option("--pms", type=int, default=4, show_default=True, help="Emulated PMs (cgroups).")
 @click.option("--steps", type=int, default=8, show_default=True, help="Steps (emulated hours) to replay.")
 @click.option("--seconds-per-step", type=int, default=1, show_default=True, help="Wall seconds per step (whole).")
@@ -40,7 +42,9 @@ def testbed_oversub(agent_spec, setting, pms, steps, seconds_per_step, seed, max
     import logging
     import signal
 
-    from samm.testbed.oversub.cgroups import unavailable_reason
+    from samm.knowledge.store import KnowledgeError
+    from samm.monitor.local_graphite import GraphiteUnavailable
+    from samm.testbed.oversub.cgroups import CgroupError, unavailable_reason
     from samm.testbed.oversub.run import OversubRunOptions, run_oversub
 
     def fail(msg: str) -> None:
@@ -52,9 +56,15 @@ def testbed_oversub(agent_spec, setting, pms, steps, seconds_per_step, seed, max
         fail(f"testbed-oversub needs writable cgroups: {reason}")
     if steps < 1 or pms < 1 or max_vms < 1 or seconds_per_step < 1 or not 0 < host_cores < float("inf"):
         fail("--steps, --pms, --max-vms and --seconds-per-step must be >= 1 and --host-cores > 0")
+    if seed < 0:
+        fail(f"--seed must be >= 0, got {seed}")
     agent, _, policy_dir = agent_spec.partition("=")
     out_dir = Path(out).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "testbed.log").open("a").close()
+    except OSError as exc:
+        fail(f"--out {out}: cannot write there: {exc.strerror or exc}")
     logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     opts = OversubRunOptions(agent=agent, policy_dir=policy_dir or None, setting=setting, pms=pms, steps=steps,
@@ -65,8 +75,11 @@ def testbed_oversub(agent_spec, setting, pms, steps, seconds_per_step, seed, max
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         res = run_oversub(opts)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError, KnowledgeError, CgroupError, GraphiteUnavailable) as exc:
         fail(f"testbed-oversub: {exc}")
+    except (KeyboardInterrupt, SystemExit):
+        click.echo(f"testbed-oversub: interrupted; the steps run so far are in {out_dir}", err=True)
+        raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     s = res.summary
@@ -87,5 +100,11 @@ def testbed_oversub(agent_spec, setting, pms, steps, seconds_per_step, seed, max
                    f"steps complete only on the end-of-run read, {d.get('collector_seconds_filled', 0)} seconds "
                    f"filled after a stalled collector, {d.get('points_dropped', 0)} points carbon refused")
     click.echo(f"simulator replays the same placements: {s['sim_placements_match']}")
+    if s.get("decisions_conflicting"):
+        click.echo(f"warning: {s['decisions_conflicting']} decision(s) of run {res.run_name} were recorded earlier "
+                   f"with another action or agent; the earlier records stand (this run's: steps.json)", err=True)
+    if s.get("decisions_unrecorded"):
+        click.echo(f"warning: the Knowledge store refused {s['decisions_unrecorded']} decision(s) to the end: "
+                   f"saved in {res.files['unrecorded']}", err=True)
     click.echo(f"wrote {', '.join(str(p) for p in res.files.values())}; decisions in {res.knowledge_url} "
                f"(loop {res.loop})")

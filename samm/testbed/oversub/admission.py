@@ -7,7 +7,11 @@ step starts, so that the VMs it admits are up and burning from the step's first 
      until the step starts, with nothing left to burn, then get SIGTERM);
   2. the step's requests go to the hosted agent over REST (`/admit/batch`: one call per step,
      one rate per subscriber, the View the simulator builds; or `/admit` per request). A
-     failed call admits without oversubscription (rate 1.0) and records the error;
+     failed call admits without oversubscription (rate 1.0) and records the error. A call
+     may wait only until the step starts (at most `request_timeout_s`): a slow or hung agent
+     costs the step its oversubscription, never the run its timing (without that bound a
+     hung agent made every step later than the one before); a request left with no time is
+     admitted the same way, without a call;
   3. each VM reserves rate x cores (and its memory and network) on the PM best fit picks,
      with `agents.oversubscription.cluster.Cluster`, the simulator's own allocator; a VM no
      PM can take is rejected;
@@ -15,6 +19,9 @@ step starts, so that the VMs it admits are up and burning from the step's first 
      usage[v, t] x cores x host_cores_per_pm_core host cores in every step t of its life;
   5. one decision per request is recorded in the Knowledge store (loop `oversub-<run>`,
      iteration key `step<k>:vm<row>`: a re-run with the same run name records nothing twice).
+     A write the store refuses (locked, unreachable, full) does not stop the run: the decision
+     is kept (`unrecorded`), written at a later step or at the end of the run, and what is
+     still unwritten then is reported (`run.py` saves it beside the run's outputs).
 
 At the step's start every live VM's CPU time is sampled (/proc/<pid>/task/*/schedstat, ns): the
 per-subscriber usage rates of the step before, which the REST call sends as `usage_history`
@@ -47,6 +54,7 @@ import requests
 
 from agents.oversubscription.cluster import NO_PM, Cluster, hot, place_vm, pm_usage
 from agents.oversubscription.features import observation
+from agents.oversubscription.service import MAX_USAGE_RATE
 from agents.oversubscription.settings import Setting
 from agents.oversubscription.sim import View
 from agents.oversubscription.workload import Workload
@@ -59,6 +67,7 @@ from .collector import pm_metric
 log = logging.getLogger(__name__)
 
 PROBLEM = "oversubscription"
+MIN_READ_S = 0.1  # a Graphite read with less time than this before the next admission waits for later
 
 
 @dataclass
@@ -69,7 +78,8 @@ class LiveParams:
     lead_s: float | None = None        # admission starts this long before its step; None: 0.6 x step
     read_deadline_s: float = 8.0       # give up waiting for a step's Graphite points this long after it ends
     reread_s: float = 10.0             # at the end, read incomplete steps again for up to this long
-    request_timeout_s: float = 2.0     # REST call timeout
+    request_timeout_s: float = 2.0     # REST call timeout (and never past the step's start)
+    min_call_s: float = 0.05           # a call with less time than this before its step is not made
     admit_mode: str = "batch"          # "batch": one call per step; "per-vm": one call per request
     slice_s: float = 0.05              # the VM workers' burn slice
     worker_start_timeout_s: float = 10.0
@@ -89,6 +99,8 @@ class LiveParams:
             raise ValueError(f"lead_s must be in (0, seconds_per_step), got {self.lead_s}")
         if not self.host_cores_per_pm_core > 0:
             raise ValueError("host_cores_per_pm_core must be positive")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
 
 
 @dataclass
@@ -184,11 +196,17 @@ class AdmissionExecutor:
         self.history: list[np.ndarray] = []  # measured usage rate per subscriber, one row per finished step
         self.decisions_created = 0   # admission decisions (one per request)
         self.decisions_existing = 0  # ... already recorded by an earlier run with the same keys
+        self.decisions_conflicting = 0  # ... of those, recorded with another action, source or agent
         self.hot_events = 0          # hot PM-steps detected
         self.late_reads = 0          # steps whose points were whole only on the end-of-run read
         self.hot_events_created = 0  # ... recorded now (not by an earlier run)
         self.worker_failures = 0
+        self.worker_exits = 0        # VMs whose worker died while they were live (found at a step's start)
         self.failed_rows: set[int] = set()  # admitted, but the worker never started
+        self.exited_rows: set[int] = set()  # started, then found exited while live
+        self.unrecorded: list[dict] = []   # decisions the store refused, oldest first (retried)
+        self.store_errors = 0              # writes the store refused
+        self._store_retry_at = -math.inf   # after a refusal, no write is tried before this
         self.t0: float | None = None
 
     # ------------------------------------------------------------------ the run
@@ -223,6 +241,10 @@ class AdmissionExecutor:
             self.stop_all()
         self.read_pending(until=None)
         self.reread_incomplete(self.p.reread_s)
+        self.flush_unrecorded(force=True)
+        if self.unrecorded:
+            log.error("%d decision(s) could not be written to the knowledge store: %s", len(self.unrecorded),
+                      self.unrecorded[-1]["error"])
         return self.records
 
     def reread_incomplete(self, for_s: float) -> int:
@@ -255,7 +277,9 @@ class AdmissionExecutor:
         res = np.stack([self.assigned[live], self.w.mem[live], self.w.net[live]], axis=1)
         np.add.at(alloc, self.w.sub[live], res)
         rl = np.bincount(self.w.sub[live], weights=self.w.cores[live], minlength=n)
-        hist = [[None if not np.isfinite(v) else float(v) for v in row] for row in self._history_for_request()]
+        # NaN (no live VM) and a rate past what the service takes (a worker measured over a
+        # sliver of time) go as null, unknown: one such value would make the agent refuse the step
+        hist = [[float(v) if 0 <= v <= MAX_USAGE_RATE else None for v in row] for row in self._history_for_request()]
         return {"hour": int(hour), "allocated": alloc.tolist(), "requested_live": rl.tolist(), "usage_history": hist}
 
     def _history_for_request(self) -> list[np.ndarray]:
@@ -270,10 +294,18 @@ class AdmissionExecutor:
         return {"subscriber": int(self.w.sub[v]), "cores": float(self.w.cores[v]), "mem_gb": float(self.w.mem[v]),
                 "net_gbps": float(self.w.net[v])}
 
-    def _post(self, path: str, body: dict) -> tuple[dict | None, str | None]:
+    def _post(self, path: str, body: dict, deadline: float | None = None) -> tuple[dict | None, str | None]:
+        """POST to the agent, waiting at most until `deadline` (epoch; the step's start)."""
         url = f"{self.url}/v1/agents/{self.agent}/{path}"
+        timeout = self.p.request_timeout_s
+        if deadline is not None:
+            left = deadline - self.clock()
+            if left < self.p.min_call_s:
+                return None, (f"POST {url} not made: no time left before the step began "
+                              f"({left:.3f} s; a slow or hung agent)")
+            timeout = min(timeout, left)
         try:
-            r = self.http.post(url, json=body, timeout=self.p.request_timeout_s)
+            r = self.http.post(url, json=body, timeout=timeout)
         except requests.RequestException as exc:
             return None, f"POST {url} failed: {type(exc).__name__}: {exc}"
         if r.status_code != 200:
@@ -283,29 +315,30 @@ class AdmissionExecutor:
         except ValueError as exc:
             return None, f"POST {url} returned invalid JSON: {exc}"
 
-    def _decide(self, rows: np.ndarray, hour: int, state: dict):
+    def _decide(self, rows: np.ndarray, hour: int, state: dict, deadline: float | None = None):
         """Rate, error and policy version per request (rate 1.0 where the call failed), and in
-        per-vm mode the placements too (each request sees the state the ones before it left)."""
+        per-vm mode the placements too (each request sees the state the ones before it left).
+        No call waits past `deadline` (the step's start)."""
         n = len(rows)
         if self.p.admit_mode == "batch":
             body = state | {"requests": [self._request(v) for v in rows]}
-            reply, err = self._post("admit/batch", body)
+            reply, err = self._post("admit/batch", body, deadline)
             if reply is not None:
                 try:
                     rates = [float(d["rate"]) for d in reply["decisions"]]
                     if len(rates) != n or not all(0 < r <= 1 for r in rates):
                         raise ValueError(f"{len(rates)} rates for {n} requests: {rates}")
-                    return rates, [None] * n, [reply.get("policy_version")] * n, None
+                    return rates, [None] * n, [_version_of(reply)] * n, None
                 except (KeyError, TypeError, ValueError) as exc:
                     err = f"admit/batch reply not understood: {exc}"
             return [1.0] * n, [err] * n, [None] * n, None
         rates, errs, versions, placements = [], [], [], []
         for i, v in enumerate(rows):
-            reply, err = self._post("admit", (state if i == 0 else self._state(hour)) | self._request(v))
+            reply, err = self._post("admit", (state if i == 0 else self._state(hour)) | self._request(v), deadline)
             rate, version = 1.0, None
             if reply is not None:
                 try:
-                    rate, version = float(reply["rate"]), reply.get("policy_version")
+                    rate, version = float(reply["rate"]), _version_of(reply)
                     if not 0 < rate <= 1:
                         raise ValueError(f"rate {rate} outside (0, 1]")
                 except (KeyError, TypeError, ValueError) as exc:
@@ -338,7 +371,8 @@ class AdmissionExecutor:
         rec = StepRecord(step=k, hour=hour, start=self.step_start(k), requests=len(rows))
         pre_state = self._state(hour)  # what a batch decision saw: recorded with each decision
         started = time.perf_counter()
-        rates, errors, versions, placements = self._decide(rows, hour, pre_state) if len(rows) else ([], [], [], [])
+        rates, errors, versions, placements = (self._decide(rows, hour, pre_state, deadline=rec.start) if len(rows)
+                                               else ([], [], [], []))
         rec.admit_ms = (time.perf_counter() - started) * 1e3
         if placements is None:  # batch: place in arrival order once the step's rates are known
             placements = [self._place(v, r) for v, r in zip(rows, rates)]
@@ -383,16 +417,71 @@ class AdmissionExecutor:
                 why = ("its worker process did not start" if v in self.failed_rows
                        else "rejected: no PM can take its reservation")
                 reason = (reason + "; " if reason else "") + why
-            _, created = self.store.record_decision(
-                f"step{rec.step}:vm{v}", agent=self.agent, loop=self.loop, problem=PROBLEM,
+            self._record(dict(
+                iteration_key=f"step{rec.step}:vm{v}", agent=self.agent, loop=self.loop, problem=PROBLEM,
                 source="fallback" if err else "agent", policy_version=version,
                 action={"rate": rate, "reserved_cores": rate * float(self.w.cores[v]), "pm": pm if placed else None},
                 action_name="admit" if placed else "reject", reason=reason,
-                observation={"step": rec.step, "request": self._request(v), "features": features})
-            if created:
-                self.decisions_created += 1
-            else:
-                self.decisions_existing += 1
+                observation={"step": rec.step, "request": self._request(v), "features": features}), kind="admission")
+
+    # ------------------------------------------------------------------ the Knowledge store
+    def _record(self, decision: dict, kind: str, event: dict | None = None) -> None:
+        """Write one decision (kind "admission", "hot" or "exit"); one the store refuses is kept in
+        `unrecorded`, in order, and written again at a later step (`flush_unrecorded`)."""
+        self.unrecorded.append({"kind": kind, "decision": decision, "event": event, "error": None})
+        self.flush_unrecorded()
+
+    def flush_unrecorded(self, force: bool = False) -> int:
+        """Write the kept decisions, oldest first, stopping at the first refusal; after a
+        refusal no write is tried for a step's time (a locked store would make each write wait
+        its busy timeout) unless `force`. Returns how many were written."""
+        if not self.unrecorded or (not force and self.clock() < self._store_retry_at):
+            return 0
+        done = 0
+        while self.unrecorded:
+            item = self.unrecorded[0]
+            try:
+                _, created = self.store.record_decision(**item["decision"])
+            except Exception as exc:  # noqa: BLE001 - kept, retried; the run goes on
+                self.store_errors += 1
+                item["error"] = f"{type(exc).__name__}: {exc}"
+                self._store_retry_at = self.clock() + self.p.seconds_per_step
+                log.error("knowledge store refused %s (%d decision(s) kept to write later): %s",
+                          item["decision"]["iteration_key"], len(self.unrecorded), item["error"])
+                break
+            self.unrecorded.pop(0)
+            done += 1
+            if item["kind"] == "hot":
+                self.hot_events_created += int(created)
+                if created and item["event"] and self.p.post_events and self.render_url:
+                    post_event(self.render_url, **item["event"])
+            elif item["kind"] == "admission":
+                if created:
+                    self.decisions_created += 1
+                else:
+                    self.decisions_existing += 1
+                    self._compare_existing(item["decision"])
+        return done
+
+    def _compare_existing(self, decision: dict) -> None:
+        """A re-run under the same run name keeps the first run's record of an iteration; where
+        this run decided otherwise (another agent, a fallback), that is counted and logged, so the
+        store's record is not taken for this run's (the run's own are in steps.csv / steps.json)."""
+        from samm.knowledge.store import to_json
+
+        try:
+            old = self.store.decision(decision["iteration_key"], loop=decision["loop"])
+        except Exception as exc:  # noqa: BLE001 - a comparison only
+            log.warning("cannot read the recorded decision %s: %s", decision["iteration_key"], exc)
+            return
+        if old is None:
+            return
+        if (old.action != to_json(decision["action"]) or old.source != decision["source"]
+                or old.agent != decision["agent"]):
+            self.decisions_conflicting += 1
+            log.warning("%s of loop %s was recorded by an earlier run as %s %s by %s; this run: %s %s by %s "
+                        "(the earlier record stands)", decision["iteration_key"], decision["loop"], old.source,
+                        old.action, old.agent, decision["source"], decision["action"], decision["agent"])
 
     # ------------------------------------------------------------------ workers
     def _worker_args(self, v: int, k: int) -> list[str]:
@@ -405,13 +494,22 @@ class AdmissionExecutor:
 
     def _start_workers(self, k: int, rows: list[int]) -> None:
         """Start every worker first (their interpreters come up in parallel), then move each
-        into its PM's cgroup and let it go."""
-        err = open(self.worker_log, "ab") if self.worker_log else subprocess.DEVNULL
+        into its PM's cgroup and let it go. A worker that cannot be started (no process or file
+        descriptor left: EAGAIN, EMFILE) fails its VM alone; before, the OSError ended the run."""
+        try:
+            err = open(self.worker_log, "ab") if self.worker_log else subprocess.DEVNULL
+        except OSError as exc:
+            log.warning("workers' stderr not kept: cannot open %s: %s", self.worker_log, exc)
+            err = subprocess.DEVNULL
         started = []
         try:
             for v in rows:
-                p = popen_tied(self._worker_args(v, k), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=err, text=True, bufsize=1)
+                try:
+                    p = popen_tied(self._worker_args(v, k), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=err, text=True, bufsize=1)
+                except OSError as exc:
+                    self._worker_failed(int(v), None, exc)
+                    continue
                 started.append((v, p))
         finally:
             if err is not subprocess.DEVNULL:
@@ -425,14 +523,38 @@ class AdmissionExecutor:
                 p.stdin.write("go\n")
                 p.stdin.flush()
             except Exception as exc:  # noqa: BLE001 - the VM fails, the run goes on
-                self.worker_failures += 1
-                self.failed_rows.add(int(v))
-                log.error("VM %d: worker did not start (%s); its reservation is released", v, exc)
-                _stop(p)
-                self.cluster.release(pm, float(self.assigned[v]), float(self.w.mem[v]), float(self.w.net[v]))
-                self.pm_of[v] = NO_PM
+                self._worker_failed(int(v), p, exc)
                 continue
             self.procs[v] = VmProcess(v, pm, p, proc_cpu_ns(p.pid) or 0, self.clock())
+
+    def _worker_failed(self, v: int, p: subprocess.Popen | None, exc: BaseException) -> None:
+        """VM `v`'s worker did not start: it is stopped, its reservation released, and its
+        decision recorded as not placed (`failed_rows`)."""
+        pm = int(self.pm_of[v])
+        self.worker_failures += 1
+        self.failed_rows.add(v)
+        log.error("VM %d: worker did not start (%s); its reservation is released", v, exc)
+        if p is not None:
+            _stop(p)
+        self.cluster.release(pm, float(self.assigned[v]), float(self.w.mem[v]), float(self.w.net[v]))
+        self.pm_of[v] = NO_PM
+
+    def _check_workers(self, k: int) -> None:
+        """A live VM's worker never exits on its own: one found exited (killed, crashed) is
+        logged, counted and recorded (key `step<k>:exit:vm<row>`, action "vm-exit"), once. Its
+        reservation stays until the VM departs, as a crashed VM's would (and the simulator's)."""
+        for vp in list(self.procs.values()):
+            code = vp.proc.poll()
+            if code is None or vp.row in self.exited_rows:
+                continue
+            self.exited_rows.add(vp.row)
+            self.worker_exits += 1
+            why = f"VM {vp.row}'s worker (pid {vp.proc.pid}) on PM {vp.pm} exited with code {code} before step {k}"
+            log.error("%s: it burns nothing until it departs at step %d", why, int(self.w.depart[vp.row]))
+            self._record(dict(
+                iteration_key=f"step{k}:exit:vm{vp.row}", agent=self.agent, loop=self.loop, problem=PROBLEM,
+                source="none", action={"vm": vp.row, "pm": vp.pm, "exit_code": code, "step": k},
+                action_name="vm-exit", reason=why, observation={"step": k}), kind="exit")
 
     @staticmethod
     def _handshake(p: subprocess.Popen, deadline: float) -> None:
@@ -480,6 +602,7 @@ class AdmissionExecutor:
         else:
             for vp in self.procs.values():
                 vp.cpu_ns_at_step, vp.t_at_step = proc_cpu_ns(vp.proc.pid) or 0, now
+        self._check_workers(k)
         for vp in self.leaving:
             self.cg.release(vp.proc.pid)  # it has left its PM: its exit is not the PM's CPU
             _stop(vp.proc)
@@ -487,7 +610,9 @@ class AdmissionExecutor:
 
     def read_pending(self, until: float | None) -> None:
         """Read finished steps' PM usage from Graphite, oldest first, until the wall time
-        `until` (None: until all are read, waiting up to each one's deadline)."""
+        `until` (None: until all are read, waiting up to each one's deadline). No read runs past
+        `until`: a slow Graphite made each read take its whole timeout (2 s), past the next
+        admission, and every step began later than the one before."""
         for rec in self.records:
             if rec.graphite_status != "pending":
                 continue
@@ -499,20 +624,25 @@ class AdmissionExecutor:
                         self._sleep_until(end + 0.05)
                         continue
                     return
-                done = self._read_step(rec, give_up=now > end + self.p.read_deadline_s)
+                timeout = None
+                if until is not None:
+                    timeout = until - now
+                    if timeout < MIN_READ_S:
+                        return
+                done = self._read_step(rec, give_up=now > end + self.p.read_deadline_s, timeout_s=timeout)
                 if done:
                     break
                 if until is not None and self.clock() > until:
                     return
                 self.sleep(0.1)
 
-    def _read_step(self, rec: StepRecord, give_up: bool) -> bool:
+    def _read_step(self, rec: StepRecord, give_up: bool, timeout_s: float | None = None) -> bool:
         """One render of the step's window; True when the record is final."""
         s, S = self.setting, self.p.seconds_per_step
         a, b = int(round(rec.start)), int(round(rec.start)) + S
         target = pm_metric(self.p.prefix, self.run_name, "*")
         try:
-            series = self.render.render(target, a - 1, b - 1)
+            series = self._render(target, a - 1, b - 1, timeout_s)
         except GraphiteError as exc:
             log.warning("step %d: Graphite read failed: %s", rec.step, exc)
             series = []
@@ -523,7 +653,9 @@ class AdmissionExecutor:
                 pm = int(parts[parts.index("pm") + 1])
             except (ValueError, IndexError):
                 continue
-            points[pm] = [v for v, ts in sr.values() if a <= ts < b]
+            # a non-finite or negative point is no measurement (Graphite keeps and renders an inf
+            # it was sent, which read as a hot PM): that second counts as missing
+            points[pm] = [v for v, ts in sr.values() if a <= ts < b and math.isfinite(v) and v >= 0]
         complete = all(len(points.get(j, [])) >= S for j in range(s.n_pms))
         if not complete and not give_up:
             return False
@@ -540,20 +672,37 @@ class AdmissionExecutor:
                 self._record_hot(rec, int(j))
         return True
 
+    def _render(self, target: str, a: int, b: int, timeout_s: float | None):
+        """The render client's read, its timeout cut to `timeout_s` for this call."""
+        base = getattr(self.render, "timeout_s", None)
+        if timeout_s is None or base is None or timeout_s >= base:
+            return self.render.render(target, a, b)
+        self.render.timeout_s = timeout_s
+        try:
+            return self.render.render(target, a, b)
+        finally:
+            self.render.timeout_s = base
+
     def _record_hot(self, rec: StepRecord, pm: int) -> None:
         s = self.setting
         used = rec.pm_used[pm]
         why = f"PM {pm} used {used:.2f} cores > beta x B = {s.beta * s.pm_cores:.2f} in step {rec.step}"
-        _, created = self.store.record_decision(
-            f"step{rec.step}:hot:pm{pm}", agent=self.agent, loop=self.loop, problem=PROBLEM, source="none",
-            action={"pm": pm, "used_cores": used, "threshold": s.beta * s.pm_cores, "step": rec.step,
-                    "reserved_cores": rec.pm_reserved[pm], "sim_cores": rec.pm_sim[pm]},
-            action_name="hot-event", reason=why, observation={"step": rec.step, "hour": rec.hour})
         self.hot_events += 1
-        self.hot_events_created += int(created)
-        if created and self.p.post_events and self.render_url:
-            post_event(self.render_url, what=f"hot PM {pm}", tags=["oversub", "hot", self.run_name], data=why,
-                       when=rec.start, timeout_s=1.0)
+        self._record(dict(
+            iteration_key=f"step{rec.step}:hot:pm{pm}", agent=self.agent, loop=self.loop, problem=PROBLEM,
+            source="none", action={"pm": pm, "used_cores": used, "threshold": s.beta * s.pm_cores, "step": rec.step,
+                                   "reserved_cores": rec.pm_reserved[pm], "sim_cores": rec.pm_sim[pm]},
+            action_name="hot-event", reason=why, observation={"step": rec.step, "hour": rec.hour}), kind="hot",
+            event=dict(what=f"hot PM {pm}", tags=["oversub", "hot", self.run_name], data=why, when=rec.start,
+                       timeout_s=1.0))
+
+
+def _version_of(reply: dict) -> str | None:
+    """The reply's policy version as the store keeps it (a string): another type from a
+    misbehaving agent is stored as its text, never handed to the database as is (a JSON
+    object there failed the write and, before, the whole run)."""
+    v = reply.get("policy_version")
+    return None if v is None else v if isinstance(v, str) else str(v)
 
 
 def _stop(p: subprocess.Popen) -> None:

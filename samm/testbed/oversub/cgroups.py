@@ -33,6 +33,7 @@ CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 CPUACCT_ROOT = Path("/sys/fs/cgroup/cpuacct")
 PREFIX = "samm-oversub-"
 PERIOD_US = 100_000  # the kernel's default CFS period
+MIN_QUOTA_US = 1000  # the kernel's smallest cpu.cfs_quota_us
 # The emulated cluster's weight against everything else on the host (a process in the root
 # group weighs 1024). Its quotas cap it anyway (e.g. 1.2 host cores in all), so a high weight
 # cannot starve the host; it keeps other work from stealing the PMs' CPU, which the
@@ -131,8 +132,13 @@ class PmCgroups:
         self.n_pms = int(n_pms)
         self.quota_host_cores = float(quota_host_cores)
         self.period_us = int(period_us)
-        # the kernel's minimum quota is 1 ms
-        self.quota_us = max(1000, int(round(self.quota_host_cores * self.period_us)))
+        # the kernel's minimum quota is 1 ms: a smaller one is refused, not raised to 1 ms (that
+        # silently gave every PM more CPU than its share: 200 PMs in 1.2 host cores got 2)
+        self.quota_us = int(round(self.quota_host_cores * self.period_us))
+        if self.quota_us < MIN_QUOTA_US:
+            raise ValueError(f"a PM's CPU quota of {self.quota_host_cores:.4g} host cores is below the kernel's "
+                             f"minimum {MIN_QUOTA_US / self.period_us:.4g} ({MIN_QUOTA_US} us per {self.period_us} "
+                             f"us period): fewer PMs or more host cores")
         self.cpu_root, self.cpuacct_root = Path(cpu_root), Path(cpuacct_root)
         self.parent_shares = int(parent_shares)
         self.name = self._unique_name()

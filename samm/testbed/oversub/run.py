@@ -20,7 +20,9 @@ Outputs under `out`: steps.csv (per step: requests, reservations, each PM's rese
 usage measured through Graphite, the simulator's usage for the same placements, hot flags),
 usage.png (measured vs simulated per PM), summary.json (S-Cores, hot steps per PM, the
 sim-vs-live usage gap, whether the simulator replays the same placements), vms.log (workers'
-stderr) and knowledge.db (unless another Knowledge URL is given).
+stderr) and knowledge.db (unless another Knowledge URL is given). Decisions the Knowledge store
+refused until the end of the run go to unrecorded_decisions.jsonl (one JSON decision a line,
+with the store's error), counted in the summary's `decisions_unrecorded`.
 """
 from __future__ import annotations
 
@@ -47,12 +49,14 @@ from .admission import AdmissionExecutor, LiveParams, StepRecord
 
 log = logging.getLogger(__name__)
 
+STORE_BUSY_TIMEOUT_S = 1.0
+
 
 @dataclass
 class OversubRunOptions:
     agent: str = "c2marl"            # hosted agent name (what --agent NAME[=DIR] names)
     policy_dir: str | None = None
-    setting: str = "tiny"
+    setting: str | None = "tiny"     # None: a learned agent's own setting (the shipped C2MARL's: azure), else tiny
     pms: int = 4                     # emulated PMs (the setting's PM size, fewer of them)
     steps: int = 8
     seconds_per_step: int = 1
@@ -65,6 +69,21 @@ class OversubRunOptions:
     knowledge_url: str | None = None
     admit_mode: str = "batch"
     start_delay_s: float = 2.0       # the collector runs this long before step 0 (metrics exist by then)
+
+
+def check_options(opts: OversubRunOptions) -> None:
+    """A clear ValueError naming the option, before anything is started (steps=0 ran a whole
+    run and failed in its summary, pms=0 divided by zero)."""
+    for name in ("pms", "steps", "max_vms"):  # seconds_per_step: LiveParams checks it
+        v = getattr(opts, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+    if isinstance(opts.seed, bool) or not isinstance(opts.seed, (int, np.integer)) or opts.seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {opts.seed!r}")
+    for name in ("host_cores", "start_delay_s"):
+        v = getattr(opts, name)
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (name == "host_cores" and v == 0):
+            raise ValueError(f"{name} must be a finite number {'> 0' if name == 'host_cores' else '>= 0'}, got {v!r}")
 
 
 @dataclass
@@ -208,7 +227,15 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
     from .cgroups import PmCgroups
     from .collector import PmCollector
 
-    base_setting = get_setting(opts.setting)
+    check_options(opts)
+    if opts.setting is None and policy is None and opts.service_url is None and opts.agent == "c2marl":
+        # a learned policy decides for the subscribers it was trained on: left out, the setting is
+        # its own (`samm testbed-oversub --agent c2marl` failed on tiny's 3 subscribers against 9)
+        policy = resolve_policy(opts.agent, opts.policy_dir, None)
+    if opts.setting is None and isinstance(getattr(policy, "setting", None), Setting):
+        base_setting = policy.setting
+    else:
+        base_setting = get_setting(opts.setting or "tiny")
     setting = base_setting.scaled(n_pms=int(opts.pms))
     out = Path(opts.out_dir or f"oversub-run-{int(time.time())}").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -223,6 +250,12 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
         raise ValueError(f"the workload has {workload.n_subscribers} subscribers, setting {setting.name!r} has "
                          f"{setting.n_subscribers}")
     scale = opts.host_cores / (setting.n_pms * setting.pm_cores)
+    from .cgroups import MIN_QUOTA_US, PERIOD_US
+
+    if setting.pm_cores * scale * PERIOD_US < MIN_QUOTA_US:  # before anything is started
+        raise ValueError(f"{setting.n_pms} PMs in {opts.host_cores:g} host cores give each PM "
+                         f"{setting.pm_cores * scale:.4g} host cores, below the kernel's smallest CPU quota "
+                         f"({MIN_QUOTA_US / PERIOD_US:g}): use fewer PMs (--pms) or more host cores (--host-cores)")
     params = LiveParams(seconds_per_step=opts.seconds_per_step, host_cores_per_pm_core=scale,
                         admit_mode=opts.admit_mode)
     knowledge_url = opts.knowledge_url or f"sqlite:///{out / 'knowledge.db'}"
@@ -235,7 +268,9 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
             graphite = LocalGraphite(out / "graphite")
             graphite.start()
             cleanup.append(graphite.close)
-        store = KnowledgeStore(knowledge_url)
+        # a short busy timeout: a locked SQLite store costs a step at most this, not 30 s a write
+        # (a refused write is kept and written later: AdmissionExecutor.flush_unrecorded)
+        store = KnowledgeStore(knowledge_url, busy_timeout_s=STORE_BUSY_TIMEOUT_S)
         cleanup.append(store.close)
         service_url = opts.service_url
         if service_url is None:
@@ -258,7 +293,15 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
                                      render_url=graphite.render_url, params=params, worker_log=out / "vms.log")
         t0 = float(math.ceil(time.time() + opts.start_delay_s))
         started = time.time()
-        records = executor.run(opts.steps, t0)
+        interrupted: BaseException | None = None
+        try:
+            records = executor.run(opts.steps, t0)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Ctrl-C, or SIGTERM (the CLI makes it SystemExit): the steps run so far are written
+            # below, then the interruption goes on (before, all of them were lost)
+            interrupted, records = exc, executor.records
+            log.warning("oversub testbed: interrupted after %d step(s); writing what was measured", len(records))
+            executor.flush_unrecorded(force=True)
         wall = time.time() - started
         throttled = cg.throttled()
         cgroup_name = cg.name
@@ -279,8 +322,12 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
                 "seconds_per_step": params.seconds_per_step, "host_cores_per_pm_core": scale,
                 "host_cores": opts.host_cores, "admit_mode": params.admit_mode, "wall_s": round(wall, 2),
                 "throttled_periods_per_pm": throttled, "workload": workload.name, "vms": workload.n_vms,
-                "graphite_delivery": delivery}
+                "graphite_delivery": delivery, "interrupted": interrupted is not None}
     files = write_outputs(out, setting, records, summary)
+    if executor.unrecorded:
+        files["unrecorded"] = write_unrecorded(out / "unrecorded_decisions.jsonl", executor.unrecorded)
+    if interrupted is not None:
+        raise interrupted
     return OversubRunResult(summary, records, out, run, executor.loop, knowledge_url, cgroup_name, files)
 
 
@@ -328,6 +375,7 @@ def summarise(setting: Setting, workload: Workload, records: list[StepRecord], e
         "rejected": int(sum(r.rejected for r in records)),
         "fallbacks": int(sum(r.fallbacks for r in records)),
         "worker_failures": executor.worker_failures,
+        "worker_exits": executor.worker_exits,
         "s_cores": 1.0 - assigned / requested if requested > 0 else 0.0,
         "hot_steps_per_pm": hot_live.sum(axis=0).tolist(),
         "hot_steps_per_pm_sim": hot_sim.sum(axis=0).tolist(),
@@ -345,16 +393,31 @@ def summarise(setting: Setting, workload: Workload, records: list[StepRecord], e
             "mean_abs_cores_busy": float(np.abs(used - sim)[busy].mean()) if busy.any() else None,
             "pm_steps_busy": int(busy.sum()),
         },
-        "graphite_status": {s: sum(r.graphite_status == s for r in records) for s in ("ok", "partial", "stale")},
+        "graphite_status": {s: sum(r.graphite_status == s for r in records)
+                            for s in ("ok", "partial", "stale", "pending")},  # pending: an interrupted run
         "sim_placements_match": sim_replay(setting, workload, records),
         "decisions_created": executor.decisions_created,
         "decisions_existing": executor.decisions_existing,
+        "decisions_conflicting": executor.decisions_conflicting,
+        "decisions_unrecorded": len(executor.unrecorded),
+        "store_errors": executor.store_errors,
         "hot_events": executor.hot_events,
         "hot_events_created": executor.hot_events_created,
         "admit_ms_median": float(np.median(admit_ms)) if admit_ms else None,
         "admit_ms_max": float(np.max(admit_ms)) if admit_ms else None,
         "late_admissions": int(sum(r.late_s > 0 for r in records)),
     }
+
+
+def write_unrecorded(path: Path, unrecorded: list[dict]) -> Path:
+    """The decisions the store never took, one JSON object a line (nothing is lost)."""
+    from samm.knowledge.store import to_json
+
+    with path.open("w") as f:
+        for item in unrecorded:
+            f.write(json.dumps(to_json({"kind": item["kind"], "error": item["error"], **item["decision"]},
+                                       "unrecorded decision")) + "\n")
+    return path
 
 
 def write_outputs(out: Path, setting: Setting, records: list[StepRecord], summary: dict) -> dict[str, Path]:
