@@ -15,12 +15,13 @@ def standalone_app(title: str, name: str, policy_or_registry: Any,
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
+    from samm.plan.schemas import validation_detail
+
     app = FastAPI(title=title)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
-        parts = [f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-        return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
+        return JSONResponse(status_code=422, content={"detail": validation_detail(exc.errors())})
 
     @app.get("/healthz")
     async def healthz() -> dict:

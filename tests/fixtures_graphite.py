@@ -90,3 +90,12 @@ def publish_window(sender, prefix: str, window_end: int, instances=(), queue: di
         n += sum(1 for k in QUEUE_METRICS if queue.get(k) is not None)
     sender.flush()
     return n
+
+
+def send_plaintext(graphite, lines) -> None:
+    """Points as another exporter writes them, past SAMM's sender (which skips non-finite values):
+    one "path value timestamp" line each, to carbon's plaintext port."""
+    import socket
+
+    with socket.create_connection((graphite.carbon_host, graphite.carbon_port)) as raw:
+        raw.sendall("".join(f"{line}\n" for line in lines).encode())

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from fixtures_graphite import last_boundary, publish_window, wait_for_points
+from fixtures_graphite import last_boundary, publish_window, send_plaintext, wait_for_points
 from samm.analyze.metrics import compute_metrics
 from samm.analyze.snapshot import VM_BOOTING, VM_RUNNING, FleetSpec
 from samm.cli.main import cli
@@ -73,7 +73,9 @@ def test_sender_flushes_one_connection_per_batch():
     for i in range(100):
         sender.send(f"a.m{i % 7}", i, 1_700_000_000 + i + 0.9)
     sender.send("a.nan", float("nan"), 1_700_000_000)
-    assert sender.pending == 100 and sender.skipped == 1
+    sender.send("a.inf", float("inf"), 1_700_000_000)  # carbon would store it, and readers take it as measured
+    sender.send("a.ninf", float("-inf"), 1_700_000_000)
+    assert sender.pending == 100 and sender.skipped == 3
     assert sender.flush() == 100
     deadline = time.monotonic() + 5
     while b"".join(received).count(b"\n") < 100 and time.monotonic() < deadline:
@@ -316,13 +318,14 @@ def test_partial_on_invalid_values_and_incomplete_instances(graphite, graphite_p
     n = publish_window(sender, graphite_prefix, E, [
         ("small", "ok1", 30.0, 1.0, E - 55),
         ("small", "hot", 250.0, 1.0, E - 55),  # cpu above 100 %
-        ("small", "inf", math.inf, 1.0, E - 55),  # carbon stores inf
+        ("small", "inf", math.inf, 1.0, E - 55),  # SAMM's sender skips inf, carbon would store it:
         ("small", "fat", 30.0, 100.0, E - 55),  # 100 GB on a 4 GB type
         ("small", "nan", math.nan, 1.0, E - 55),  # NaN never leaves the sender
         ("small", "neg", 30.0, -1.0, E - 55),
     ], QUEUE, QUEUE_BEFORE)
     sender.send(f"{graphite_prefix}.groups.small.instances.cpuonly.cpu_percent", 10, E - 30)
     sender.flush()
+    send_plaintext(graphite, [f"{graphite_prefix}.groups.small.instances.inf.cpu_percent inf {t}" for t in range(E - 55, E, 10)])
     wait_for_points(graphite.render_url, [f"{graphite_prefix}.groups.*.instances.*.*", f"{graphite_prefix}.queue.*"],
                     E - 181, E - 1, n)
     r = source(graphite, graphite_prefix, E, ram_gb={"small": 4.0}).read()
@@ -348,8 +351,8 @@ def test_an_unknown_queue_series_does_not_make_the_window_partial(graphite, grap
     sender = GraphiteSender(graphite.carbon_host, graphite.carbon_port)
     n = publish_window(sender, graphite_prefix, E, [("small", "i1", 40.0, 1.0, E - 50)], QUEUE, QUEUE_BEFORE)
     sender.send(f"{graphite_prefix}.queue.net_change", -3, E - 10)
-    sender.send(f"{graphite_prefix}.queue.backlog_ratio", math.inf, E - 10)
     sender.flush()
+    send_plaintext(graphite, [f"{graphite_prefix}.queue.backlog_ratio inf {E - 10}"])  # SAMM's sender skips inf
     wait_for_points(graphite.render_url, f"{graphite_prefix}.queue.*", E - 61, E - 1, 7)
     wait_for_points(graphite.render_url, f"{graphite_prefix}.groups.*.instances.*.*", E - 61, E - 1, n - 5)
     r = source(graphite, graphite_prefix, E).read()

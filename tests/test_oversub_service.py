@@ -129,6 +129,15 @@ def test_non_finite_numbers_are_422(client, token, field):
     assert r.status_code == 422 and "usage_history" in r.json()["detail"]
 
 
+def test_a_request_with_thousands_of_bad_values_gets_a_short_422(client, policy):
+    # every error of 10,000 history rows made a 2-MB message; the first ones name the problem
+    r = client.post("/v1/agents/rec/admit", json=body(usage_history=[[11.0, 0.1, 0.1]] * 10_000))
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert detail.startswith("body.usage_history.0.0:") and detail.endswith("... and 9980 more error(s)")
+    assert len(detail) < 5_000 and policy.views == []
+
+
 def test_batch_names_the_request_out_of_range(client):
     state = {k: v for k, v in body().items() if k in ("hour", "allocated", "requested_live")}
     r = client.post("/v1/agents/rec/admit/batch",

@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from samm.plan.schemas import validation_detail
 from samm.plan.sessions import sessions_for
 
 from .episode import Episode
@@ -186,9 +187,7 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
         try:
             req = ScheduleRequest.model_validate_json(await request.body())
         except ValidationError as e:
-            # a body that is not JSON has an empty location: name the body, as FastAPI does
-            parts = [f"{'.'.join(str(x) for x in err.get('loc', ())) or 'body'}: {err.get('msg')}" for err in e.errors()]
-            return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
+            return JSONResponse(status_code=422, content={"detail": validation_detail(e.errors())})
         t0 = time.perf_counter()
         try:
             history = sessions.get_or_make(req.session, SummaryHistory)

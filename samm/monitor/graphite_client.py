@@ -35,7 +35,8 @@ class GraphiteSender:
     """Buffers points and sends each flush as one payload over one TCP connection.
 
     `send()` buffers (and flushes when `batch_size` points are waiting); `flush()` sends.
-    NaN values are skipped (carbon drops them anyway) and counted in `skipped`; points that
+    Non-finite values are skipped (carbon drops NaN; it stores inf, which a reader would take
+    for a measurement) and counted in `skipped`; points that
     could not be delivered are counted in `dropped`. Thread-safe.
     """
 
@@ -58,7 +59,7 @@ class GraphiteSender:
             log.warning("graphite: %s has a non-numeric value %r; skipped", metric, value)
             self.skipped += 1
             return
-        if math.isnan(value):
+        if not math.isfinite(value):  # carbon stores inf, and a reader then takes it for a measurement
             self.skipped += 1
             return
         try:

@@ -27,6 +27,20 @@ from pydantic import BaseModel, ConfigDict, Field, conlist, create_model
 
 from agents.spaces import BoundedSet, NamedBox
 
+# A request with 10,000 bad rows gave a 2-MB 422 that took 0.24 s to build: the first errors name
+# the problem well enough, the count says how far it goes.
+MAX_ERRORS_NAMED = 20
+
+
+def validation_detail(errors: list[dict], limit: int = MAX_ERRORS_NAMED) -> str:
+    """pydantic's errors as one line naming each field ("body.cores: Input should be ..."), at most
+    `limit` of them plus how many more; never the input itself (a NaN could not be written back as
+    JSON). A body that is not JSON has an empty location: it is named "body"."""
+    parts = [f"{'.'.join(str(x) for x in e.get('loc', ())) or 'body'}: {e.get('msg')}" for e in errors[:limit]]
+    if len(errors) > limit:
+        parts.append(f"... and {len(errors) - limit} more error(s)")
+    return "; ".join(parts) or "invalid request"
+
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")

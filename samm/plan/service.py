@@ -25,7 +25,7 @@ from samm import __version__
 
 from . import dataplane
 from .registry import PolicyRegistry, PolicyRejected, _is_autoscaler
-from .schemas import decide_models
+from .schemas import decide_models, validation_detail
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionStore
 
 log = logging.getLogger(__name__)
@@ -154,11 +154,7 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         # name the field: "body.observation.cpu_mean: Input should be a valid number"
-        parts = []
-        for e in exc.errors():
-            loc = ".".join(str(x) for x in e.get("loc", ()))
-            parts.append(f"{loc}: {e.get('msg')}")
-        return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid request"})
+        return JSONResponse(status_code=422, content={"detail": validation_detail(exc.errors())})
 
     def agent_or_404(name: str):
         agent = registry.get(name)
