@@ -983,6 +983,13 @@ def test_static_controller_by_cores_by_one_number_or_by_a_share_of_the_caps():
         make_controller("static", topo, cores=[1, 2])
     with pytest.raises(ValueError, match="fraction"):
         make_controller("static", topo)
+    # the testbed's --agent-param values arrive as text: a bad one is named, not "could not convert"
+    for params, needle in (({"fraction": "abc"}, "static: fraction must be a number, got 'abc'"),
+                           ({"fraction": 0}, "fraction must be in"), ({"fraction": "nan"}, "finite"),
+                           ({"cores": "1,x,2"}, "static: cores must be a number, got 'x'"),
+                           ({"cores": [1, -1, 2]}, "finite numbers > 0")):
+        with pytest.raises(ValueError, match=needle):
+            make_controller("static", topo, **params)
 
 
 def test_continue_keeps_the_policys_input_statistics_and_runs_plain_sac(tmp_path):

@@ -98,19 +98,37 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
         from .episode import StaticController
 
         if "fraction" in params:
-            return StaticController(topo.caps * float(params["fraction"]), name=f"static-{float(params['fraction']):g}")
+            f = _number(params["fraction"], "static: fraction")
+            if not 0 < f <= 1:
+                raise ValueError(f"static: fraction must be in (0, 1] (a share of each service's cap), got {f:g}")
+            return StaticController(topo.caps * f, name=f"static-{f:g}")
         if "cores" not in params:
             raise ValueError("static needs cores=[one per service] (or one number for all) or fraction=<share of the caps>")
         cores = params["cores"]
         if isinstance(cores, str):
-            cores = [float(x) for x in cores.split(",")]
-        cores = np.atleast_1d(np.asarray(cores, dtype=np.float64))
+            cores = [_number(x, "static: cores") for x in cores.split(",")]
+        try:
+            cores = np.atleast_1d(np.asarray(cores, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise ValueError(f"static: cores must be numbers, got {params['cores']!r}") from None
+        if not (np.isfinite(cores).all() and (cores > 0).all()):
+            raise ValueError(f"static: cores must be finite numbers > 0, got {params['cores']!r}")
         if cores.size == 1:
             cores = np.full(topo.n_services, float(cores[0]))
         if cores.size != topo.n_services:
             raise ValueError(f"static: {cores.size} cores given for {topo.n_services} services")
         return StaticController(cores)
     raise ValueError(f"microservice-cores has no controller {name!r} (known: {', '.join(CONTROLLERS)})")
+
+
+def _number(value, what: str) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+    if not np.isfinite(x):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    return x
 
 
 def make_policy(agent: str, policy_dir=None, **params):
