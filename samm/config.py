@@ -31,7 +31,9 @@ MAX_PERIOD_S = 7 * 86_400.0
 class GroupConfig(Strict):
     """One managed resource group (a VM type)."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_-]+$")
+    # at most 50: an action's key "<loop>/<window end>:<group>" must fit the store's 128
+    # characters with a 63-character loop name (PostgreSQL refuses a longer one; SQLite does not)
+    name: str = Field(min_length=1, max_length=50, pattern=r"^[A-Za-z0-9_-]+$")
     cores: int = Field(ge=1)
     ram_gb: float = Field(gt=0)
     price_per_hour: float = Field(ge=0)
@@ -110,7 +112,8 @@ class HaConfig(Strict):
                                       "shortest loop interval, at least 1.5 s (a standby leads within two "
                                       "intervals)")
     holder: str | None = Field(default=None, min_length=1, max_length=200,
-                               description="This daemon's name in the lease; default host:pid")
+                               description="This daemon's name in the lease, to which @host:pid is appended "
+                                           "(two daemons given one name must not both lead); default host:pid")
 
 
 class ServiceConfig(Strict):

@@ -39,6 +39,8 @@ def test_env_overrides_and_secret_is_hidden(tmp_path):
     (("min: 1, max: 10, asg_name: samm-m5a-large", "min: 11, max: 10, asg_name: samm-m5a-large"), "min 11 > max 10"),
     ((", asg_name: samm-m5a-xlarge", ""), "asg_name for groups ['M']"),
     (("mode: in-process ", "mode: http "), "service_url"),
+    # its action keys would not fit PostgreSQL's column (SQLite takes any length)
+    (("{name: S, ", "{name: " + "S" * 51 + ", "), "at most 50 characters"),
 ])
 def test_invalid_values_are_explained(tmp_path, edit, message):
     p = tmp_path / "c.yaml"

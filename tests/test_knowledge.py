@@ -178,7 +178,8 @@ def test_begin_action_is_idempotent(store):
     req = ScaleRequest(group="small", target=3, idempotency_key="d1:small")
     row, created = store.begin_action(decision_id, req.idempotency_key, "sim", req.group, req, now=10.0)
     assert created and row.status == "in_flight" and row.open
-    assert row.request == {"group": "small", "target": 3, "idempotency_key": "d1:small", "victim": None}
+    assert row.request == {"group": "small", "target": 3, "idempotency_key": "d1:small", "victim": None,
+                           "basis": None}
 
     again, created = store.begin_action(decision_id, req.idempotency_key, "sim", req.group, {"target": 99}, now=11.0)
     assert not created

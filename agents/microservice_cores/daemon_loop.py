@@ -339,8 +339,9 @@ class MicroserviceDaemonLoop:
                 have, done = f"unreadable: {type(exc).__name__}", False
             why = ("daemon restarted; the container holds the requested limit" if done else
                    f"daemon restarted before the outcome was known (limit now {have}); not retried")
+            # fenced: an action in flight may be the new leader's if this daemon lost the lease
             self.store.finish_action(a.idempotency_key, "succeeded" if done else "failed", {"recovered": True},
-                                     None if done else why)
+                                     None if done else why, fenced=True)
             notes.append(f"{a.idempotency_key}: {'succeeded' if done else 'failed'} ({why})")
         return notes + [f"containers: {p}" for p in problems]
 

@@ -12,6 +12,11 @@ every ttl/3. Two modes:
   interval (the default, never under MIN_DEFAULT_TTL_S), the standby leads within one interval
   of the last renewal and decides the next window: within two intervals of the leader's death.
 
+Holder names are per process: `host:pid`, or `NAME@host:pid` with `ha.holder: NAME` (one name
+in a config file copied to two hosts must not make them one holder), and a daemon that does
+not lead yet never renews a lease found under its own name: it takes it only as another
+holder's (expired, or a dead local process's), with a new token (`fresh`).
+
 Fencing: while leading, the store carries the `Fence` (lease, holder, token). Recording a
 decision and claiming an action check it in the same transaction, so a deposed leader that
 still believes it leads (a long pause, a partition) writes nothing and acts on nothing; the
@@ -53,15 +58,34 @@ def default_lease_ttl(shortest_interval_s: float) -> float:
     return max(MIN_DEFAULT_TTL_S, 0.75 * shortest_interval_s)
 
 
+#: holder names whose lease a Leadership of this process holds now (tests run several daemons in one)
+_HELD_HERE: set[str] = set()
+
+
 def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def holder_name(configured: str | None = None) -> str:
+    """This process's name in the lease: `host:pid`, or `NAME@host:pid` with `ha.holder` NAME.
+    A configured name alone would be shared by every daemon given the same config file: each
+    would renew the others' lease as its own and all would act under one fencing token."""
+    ident = default_holder()
+    if not configured:
+        return ident
+    return f"{configured[:max(1, 200 - len(ident) - 1)]}@{ident}"  # the column holds 200 characters
+
+
 def _dead_local_holder(holder: str) -> bool:
-    """True when `holder` names a process of this host that no longer runs."""
+    """True when `holder` (`host:pid` or `NAME@host:pid`) names a process of this host that no
+    longer runs. Our own pid there is a predecessor's (this process does not hold the lease):
+    a container restarted with the same hostname and pid 1."""
     host, _, pid = holder.rpartition(":")
+    host = host.rpartition("@")[2]
     if host != socket.gethostname() or not pid.isdigit():
         return False
+    if int(pid) == os.getpid():
+        return holder not in _HELD_HERE
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -88,8 +112,9 @@ class Leadership:
         return self.current is not None
 
     def try_acquire(self) -> bool:
-        """Take the lease if it is free (or ours, or a dead local process's in single mode)."""
-        rec = self.store.acquire_lease(self.name, self.holder, self.ttl_s)
+        """Take the lease if it is free (or a dead local process's in single mode). A lease
+        under our holder name that we do not hold is another process's (`fresh`)."""
+        rec = self.store.acquire_lease(self.name, self.holder, self.ttl_s, fresh=self.current is None)
         if rec is None and not self.ha:
             other = self.store.lease(self.name)
             if other is not None and _dead_local_holder(other.holder):
@@ -100,7 +125,10 @@ class Leadership:
         return rec is not None
 
     def renew(self) -> bool:
-        """Extend the lease; False (and no longer leading) once another holder has it."""
+        """Extend the lease; False (and no longer leading) once another holder has it, or once
+        this daemon stepped down (another thread may renew at that moment: not leading again)."""
+        if self.current is None:
+            return False
         rec = self.store.acquire_lease(self.name, self.holder, self.ttl_s)
         if rec is not None and self.current is not None and rec.token != self.current.token:
             rec = None  # our lease lapsed and we took a new one: another leader may have acted between
@@ -124,5 +152,9 @@ class Leadership:
         return "nobody" if rec is None else f"{rec.holder} (token {rec.token})"
 
     def _set(self, rec: LeaseRecord | None) -> None:
+        if rec is None:
+            _HELD_HERE.discard(self.holder)
+        else:
+            _HELD_HERE.add(self.holder)
         self.current = rec
         self.store.fence = None if rec is None else Fence(rec.name, rec.holder, rec.token)

@@ -116,8 +116,10 @@ class ControlLoop:
             status = "succeeded" if done else "failed"
             why = ("outcome not recorded (a restart or a failed write); the group is at the requested target"
                    if done else "outcome not recorded (a restart or a failed write) nor known; not retried")
+            # fenced: a deposed leader that does not know it yet must not resolve the actions
+            # the new leader has in flight (LeaseLost instead)
             self.store.finish_action(a.idempotency_key, status, {"recovered": True}, None if done else why,
-                                     cooldown_until=now + self.cooldown_s)
+                                     cooldown_until=now + self.cooldown_s, fenced=True)
             notes.append(f"{a.idempotency_key}: {status} ({why})")
             log.warning("recover: action %s -> %s (%s)", a.idempotency_key, status, why)
         return notes

@@ -2,7 +2,8 @@
 
 One iteration per interval (`coalesce`, `max_instances=1`, misfire grace: a stalled loop runs
 once to catch up, never in parallel with itself). SIGTERM/SIGINT let the current iteration
-finish, then the process exits 0. Under systemd (Type=notify): READY=1 once configuration,
+finish, then the process exits 0; SIGHUP (no config reload) is logged and ignored. Under
+systemd (Type=notify): READY=1 once configuration,
 knowledge store and scheduler are up; WATCHDOG=1 only while iterations keep completing;
 STOPPING=1 on shutdown.
 
@@ -24,14 +25,21 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from samm.config import SammConfig
-from samm.knowledge.store import LeaseLost
+from samm.knowledge.store import KnowledgeError, LeaseLost
 
 from . import sdnotify
 from .build import Daemon, build_daemon
-from .leadership import ANOTHER_LEADER, LOST_LEADERSHIP, Leadership, default_lease_ttl
+from .leadership import ANOTHER_LEADER, LOST_LEADERSHIP, Leadership, default_lease_ttl, holder_name
 from .loop import IterationReport
 
 log = logging.getLogger(__name__)
+
+#: exit status when the knowledge store fails at start (after opening): a restart may find it back
+STORE_FAILED = 1
+#: the longest pause between two attempts to open an unreachable store under systemd
+STORE_RETRY_MAX_S = 15.0
+#: a change of the wall clock against the monotonic one by more than this reschedules the loops
+CLOCK_JUMP_S = 2.0
 
 
 class DaemonRunner:
@@ -50,7 +58,7 @@ class DaemonRunner:
             loop.lock = threading.Lock()
         ha = self.cfg.ha
         ttl = ha.lease_ttl_s or default_lease_ttl(min(lp.config.timing.interval_s for lp in self.loops))
-        self.leadership = Leadership(daemon.store, ttl, ha=ha.enabled, holder=ha.holder or "")
+        self.leadership = Leadership(daemon.store, ttl, ha=ha.enabled, holder=holder_name(ha.holder))
         self.lost_leadership = False
         # set once no iteration can run any more: a stop request lets the iteration under way
         # finish (and write), so the lease is kept until then, not until the request
@@ -65,6 +73,11 @@ class DaemonRunner:
             try:
                 rep = loop.run_once()
             except LeaseLost as exc:  # fenced: nothing of this iteration was acted on
+                if self._lease_lapsed_only():
+                    log.warning("loop %s: iteration cut short at a refused write, nothing after it done: the "
+                                "lease had lapsed (a store lock, a pause or a clock jump outlasting it: %s); "
+                                "renewed with the same token, nobody led meanwhile: leading on", loop.name, exc)
+                    return
                 self._step_down(f"loop {loop.name}: {exc}")
                 return
         rep.loop = loop.name
@@ -98,6 +111,16 @@ class DaemonRunner:
         self.leadership.forget()
         self.lease_done.set()
         self.stop_event.set()
+
+    def _lease_lapsed_only(self) -> bool:
+        """After a fenced write was refused: True when the lease had only lapsed (a store lock or
+        a pause outlasting it) and is renewed now under the same token, so no other daemon led
+        in between (as `_keep_lease` does after a late renewal); False when it is gone."""
+        try:
+            return self.leadership.leading and self.leadership.renew()
+        except Exception as exc:  # noqa: BLE001 - the store is failing: step down as before
+            log.warning("renewing the leader lease after a refused write failed: %s", exc)
+            return False
 
     def _keep_lease(self) -> None:
         lead = self.leadership
@@ -134,6 +157,22 @@ class DaemonRunner:
                 log.warning("standby: reading the leader lease failed: %s", exc)
         return False
 
+    def _clock_jumped(self, sched, jump: float) -> None:
+        """The scheduler waits for wall-clock run times: after the clock stepped back by an hour
+        (NTP at boot, a VM resumed) it would run nothing for that hour. Schedule every loop
+        again from the new time."""
+        log.warning("the wall clock jumped %+.1f s: iterations rescheduled from now", jump)
+        for loop in self.loops:
+            try:
+                sched.modify_job(f"mape-k-{loop.name}", next_run_time=self._first_run(loop.config))
+            except Exception as exc:  # noqa: BLE001 - a job gone at shutdown
+                log.warning("rescheduling loop %s failed: %s", loop.name, exc)
+
+    @staticmethod
+    def _on_sighup(*_) -> None:
+        log.warning("SIGHUP ignored: samm run does not reload its configuration; restart it to apply "
+                    "a new one (SIGTERM stops it after the iteration under way)")
+
     def _on_event(self, event) -> None:
         if event.code == EVENT_JOB_ERROR:
             self.errors += 1
@@ -158,16 +197,35 @@ class DaemonRunner:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop_event.set())
-        if not self._lead():
+            # SIGHUP's default action kills the process on the spot: mid-iteration, lease held,
+            # and under systemd (a "clean" signal for Restart=on-failure) never restarted
+            signal.signal(signal.SIGHUP, self._on_sighup)
+        # a store failing from here to the first iteration exits STORE_FAILED (1), which systemd
+        # restarts; raised, it would reach the CLI as exit 2, which the unit never restarts
+        try:
+            led = self._lead()
+        except KnowledgeError as exc:
+            log.error("cannot take the leader lease, not running: %s", exc)
+            self.daemon.close()
+            return STORE_FAILED
+        if not led:
             self.daemon.close()
             return 0 if self.leadership.ha else ANOTHER_LEADER
         log.info("leading as %s (lease token %d, ttl %.3g s)", self.leadership.holder,
                  self.leadership.current.token, self.leadership.ttl_s)
         keeper = threading.Thread(target=self._keep_lease, name="samm-lease", daemon=True)
         keeper.start()
-        for loop in self.loops:
-            for note in loop.recover():
-                log.warning("loop %s recovered: %s", loop.name, note)
+        try:
+            for loop in self.loops:
+                for note in loop.recover():
+                    log.warning("loop %s recovered: %s", loop.name, note)
+        except KnowledgeError as exc:  # actions left in flight stay so: the next start resolves them
+            log.error("resolving actions left in flight failed, not running: %s", exc)
+            self.lease_done.set()
+            keeper.join(self.leadership.ttl_s)
+            self.leadership.release()
+            self.daemon.close()
+            return STORE_FAILED
         sched = BackgroundScheduler(timezone=timezone.utc, executors={
             "default": {"type": "threadpool", "max_workers": max(2, len(self.loops))}},
             job_defaults={"coalesce": True, "max_instances": 1})
@@ -186,9 +244,12 @@ class DaemonRunner:
             lp = loop.config
             log.info("samm loop %s running: problem %s, executor %s, agent %s, every %.3g s", loop.name,
                      lp.problem, lp.executor.kind, lp.agent.name, lp.timing.interval_s)  # every loop config has these
+        offset = time.time() - time.monotonic()
         try:
             while not self.stop_event.wait(0.5):
-                pass
+                jump, offset = time.time() - time.monotonic() - offset, time.time() - time.monotonic()
+                if abs(jump) > CLOCK_JUMP_S:
+                    self._clock_jumped(sched, jump)
         finally:
             sdnotify.stopping()
             sched.shutdown(wait=True)  # lets a running iteration finish
@@ -203,7 +264,34 @@ class DaemonRunner:
         return 0 if self.errors == 0 else 1
 
 
+def _store_unreachable(exc: KnowledgeError, url: str) -> bool:
+    """A PostgreSQL server that did not answer (down, restarting, not up yet at boot): unlike a
+    bad URL, a missing file or a corrupt database, it may come back by itself."""
+    from sqlalchemy.exc import OperationalError
+
+    return url.startswith("postgres") and isinstance(exc.__cause__, OperationalError)
+
+
+def build_daemon_waiting_for_store(cfg: SammConfig, sleep=time.sleep) -> Daemon:
+    """`build_daemon`; under systemd, a knowledge store that does not answer yet is retried
+    (with STATUS= saying so) until it does: failing, `samm run` would exit 2, which the unit's
+    RestartPreventExitStatus=2 (meant for a bad config) never restarts, so a daemon started
+    while its PostgreSQL is down would stay down. systemd's start timeout bounds the wait (and
+    restarts the unit). Outside systemd the error is raised at once."""
+    delay = 1.0
+    while True:
+        try:
+            return build_daemon(cfg)
+        except KnowledgeError as exc:
+            if not (sdnotify.notify_socket() and _store_unreachable(exc, cfg.knowledge.url)):
+                raise
+            log.warning("knowledge store unreachable, retrying in %.0f s: %s", delay, exc)
+            sdnotify.status(f"waiting for the knowledge store: {exc}")
+            sleep(delay)
+            delay = min(2 * delay, STORE_RETRY_MAX_S)
+
+
 def run_daemon(cfg: SammConfig, max_iterations: int | None = None, on_iteration=None) -> tuple[int, DaemonRunner]:
-    daemon = build_daemon(cfg)
+    daemon = build_daemon_waiting_for_store(cfg)
     runner = DaemonRunner(daemon, max_iterations=max_iterations, on_iteration=on_iteration)
     return runner.run(), runner

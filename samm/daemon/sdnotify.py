@@ -18,6 +18,12 @@ from collections.abc import Mapping
 log = logging.getLogger(__name__)
 
 
+def notify_socket(environ: Mapping[str, str] | None = None) -> str | None:
+    """`$NOTIFY_SOCKET`: set when systemd started this process as a Type=notify service."""
+    env = os.environ if environ is None else environ
+    return env.get("NOTIFY_SOCKET") or None
+
+
 def notify(message: str, environ: Mapping[str, str] | None = None) -> bool:
     """Sends `message` (newline-separated KEY=VALUE lines); True when a datagram was sent."""
     env = os.environ if environ is None else environ

@@ -18,7 +18,9 @@ JSON values (snapshot `raw`, features, actions, probabilities, requests, results
 JSON-safe by `to_json`: NaN and ±inf become None (with a warning naming where; standard JSON
 has no such numbers, PostgreSQL rejects them, SQLite would store an unreadable token), numpy
 scalars and arrays become Python numbers and lists, tuples become lists, dataclasses become
-dicts; any other object is stored as its `str()` with a warning.
+dicts; any other object is stored as its `str()` with a warning. Free text (reasons, errors,
+action names) is stored alike on both databases: NUL characters (PostgreSQL refuses them) as
+`\\x00`, undecodable characters as backslash escapes, an action name over its column cut.
 
 Errors: invalid arguments (an unknown status, say) raise ValueError; an unreachable or broken
 database raises KnowledgeError naming the operation and the URL (password hidden).
@@ -36,14 +38,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from sqlalchemy import func, select, update
+from alembic.util.exc import CommandError
+from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import schema
-from .engine import KnowledgeError, is_memory_sqlite, make_engine, normalize_url
+from .engine import KnowledgeError, is_memory_sqlite, make_engine, normalize_url, sqlite_path
 from .models import (ACTION_STATUSES, DECISION_SOURCES, DEFAULT_LOOP, DEFAULT_PROBLEM, FINAL_ACTION_STATUSES, OPEN_ACTION_STATUSES,
                      SNAPSHOT_STATUSES, Action, Base, Decision, GroupState, Lease, Observation, PolicyVersion,
                      Snapshot)
@@ -65,7 +68,9 @@ def to_json(value: Any, where: str = "value") -> Any:
 
 
 def _to_json(value: Any, where: str, replaced: list[str]) -> Any:
-    if value is None or isinstance(value, (bool, str, int)):
+    if isinstance(value, str):
+        return _utf8(value, where)
+    if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
         if math.isfinite(value):
@@ -84,6 +89,33 @@ def _to_json(value: Any, where: str, replaced: list[str]) -> Any:
         return _to_json(dataclasses.asdict(value), where, replaced)
     log.warning("%s: %s is not JSON; storing its str()", where, type(value).__name__)
     return str(value)
+
+
+def _utf8(value: str, where: str) -> str:
+    """`value` if UTF-8 can encode it; lone surrogates (undecodable bytes of a subprocess's
+    output or a path, say) otherwise become backslash escapes, as neither database takes them."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        log.warning("%s: text with undecodable characters stored with backslash escapes", where)
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _text(value: str | None, where: str, max_len: int | None = None) -> str | None:
+    """Free text for a TEXT/VARCHAR column, stored alike on SQLite and PostgreSQL: PostgreSQL
+    refuses NUL characters (SQLite keeps them) and enforces VARCHAR lengths (SQLite does not).
+    NUL becomes the escape `\\x00`, a value over `max_len` is cut (with a warning each)."""
+    if value is None:
+        return None
+    value = _utf8(str(value), where)
+    if "\x00" in value:
+        log.warning("%s: NUL character(s) stored as \\x00", where)
+        value = value.replace("\x00", "\\x00")
+    if max_len is not None and len(value) > max_len:
+        log.warning("%s: %d characters, cut to the column's %d", where, len(value), max_len)
+        value = value[:max_len - 1] + "…"
+    return value
 
 
 def _finite_or_none(value: float | None, where: str) -> float | None:
@@ -263,9 +295,34 @@ class KnowledgeStore:
         except SQLAlchemyError as exc:
             self.engine.dispose()
             raise KnowledgeError(f"knowledge store {self.url}: cannot open: {getattr(exc, 'orig', None) or exc}") from exc
+        except CommandError as exc:  # e.g. a revision this SAMM does not know: a newer SAMM wrote it
+            self.engine.dispose()
+            raise KnowledgeError(f"knowledge store {self.url}: cannot migrate its schema ({exc}); a database "
+                                 f"written by a newer SAMM needs that version (this one knows revisions up to "
+                                 f"{schema.head_revision()})") from exc
         except BaseException:
             self.engine.dispose()
             raise
+        # SQLite: the file this store opened. Deleted or replaced while open, its open
+        # connections would go on writing to an unlinked file, lost at exit, without an error
+        path = sqlite_path(self._url)
+        self._sqlite_file = None if path is None else path.absolute()
+        self._file_id = self._current_file_id()
+
+    def _current_file_id(self) -> tuple[int, int] | None:
+        if self._sqlite_file is None:
+            return None
+        try:
+            st = self._sqlite_file.stat()
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _check_file(self) -> None:
+        if self._file_id is not None and self._current_file_id() != self._file_id:
+            raise KnowledgeError(f"knowledge store {self.url}: the SQLite file {self._sqlite_file} was deleted or "
+                                 "replaced while the store had it open: not writing to a file nobody will read "
+                                 "again; restore the file (or point knowledge.url at its copy), then restart")
 
     # --- plumbing -------------------------------------------------------------------------------
     def _insert(self, row) -> int:
@@ -289,6 +346,7 @@ class KnowledgeStore:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
+        self._check_file()
         with Session(self._write_bind) as session, session.begin():
             yield session
 
@@ -300,17 +358,26 @@ class KnowledgeStore:
     def _now(self, now: float | None) -> float:
         return float(self.clock() if now is None else now)
 
-    def _check_fence(self, session: Session, now: float) -> None:
+    def _check_fence(self, session: Session, now: float | None) -> None:
         """Refuse the write unless this daemon's lease still holds (FOR SHARE on PostgreSQL: a
-        takeover waits for this transaction, and this one for a takeover under way)."""
+        takeover waits for this transaction, and this one for a takeover under way). The time
+        is read here, inside the transaction, unless given: not before a wait for the lock."""
         f = self.fence
         if f is None:
             return
         row = session.scalar(select(Lease).where(Lease.name == f.name).with_for_update(read=True))
+        now = self._now(now)
         if row is None or row.holder != f.holder or row.token != f.token or row.expires_at < now:
             now_held = "nobody" if row is None else f"{row.holder} (token {row.token}, expires {row.expires_at:.3f})"
             raise LeaseLost(f"knowledge store {self.url}: lease {f.name!r} no longer ours ({f.holder}, token "
                             f"{f.token}); held by {now_held} at {now:.3f}: not writing")
+        if session.get_bind().dialect.name == "postgresql":
+            # our FOR SHARE lock holds a takeover back until this transaction ends: should this
+            # process stall inside it (a pause, a frozen VM: its connection stays open), the
+            # server ends the session when the lease ends, so neither does a standby wait on a
+            # stalled leader nor does the stalled leader commit after its lease
+            ms = min(max(10, int((row.expires_at - now) * 1000)), 86_400_000)  # the setting's range
+            session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {ms}"))
 
     def _upsert_group_state(self, session: Session, group: str, until: float, key: str | None, now: float,
                             loop: str = DEFAULT_LOOP) -> None:
@@ -332,7 +399,7 @@ class KnowledgeStore:
         if isinstance(reasons, str):
             reasons = [reasons]
         row = Snapshot(window_start=float(window_start), window_end=float(window_end), status=status,
-                       reasons=[str(r) for r in reasons], raw=to_json(raw, "snapshot.raw"),
+                       reasons=to_json([str(r) for r in reasons], "snapshot.reasons"), raw=to_json(raw, "snapshot.raw"),
                        created_at=self._now(now))
         return self._insert(row)
 
@@ -359,12 +426,14 @@ class KnowledgeStore:
                        policy_version=policy_version, observation_id=observation_id,
                        observation=to_json(observation, "decision.observation"),
                        action=to_json(action, "decision.action"),
-                       action_name=action_name, probabilities=to_json(probabilities, "decision.probabilities"),
-                       value=_finite_or_none(value, "decision.value"), source=source, reason=reason,
+                       action_name=_text(action_name, "decision.action_name", 256),
+                       probabilities=to_json(probabilities, "decision.probabilities"),
+                       value=_finite_or_none(value, "decision.value"), source=source,
+                       reason=_text(reason, "decision.reason"),
                        created_at=self._now(now))
         try:
             with self._write() as s:
-                self._check_fence(s, row.created_at)
+                self._check_fence(s, now)
                 s.add(row)
                 s.flush()
                 return row.id, True
@@ -403,7 +472,7 @@ class KnowledgeStore:
                      finished_at=t if status in FINAL_ACTION_STATUSES else None)
         try:
             with self._write() as s:
-                self._check_fence(s, t)
+                self._check_fence(s, now)
                 s.add(row)
                 s.flush()
                 return _record(ActionRecord, row), True
@@ -412,7 +481,7 @@ class KnowledgeStore:
         with self._write() as s:
             claimed = False
             if status == "in_flight":
-                self._check_fence(s, t)
+                self._check_fence(s, now)
                 res = s.execute(update(Action).where(Action.idempotency_key == idempotency_key,
                                                      Action.status == "planned").values(status="in_flight"))
                 claimed = res.rowcount == 1
@@ -424,18 +493,23 @@ class KnowledgeStore:
 
     @_guarded
     def finish_action(self, idempotency_key: str, status: str, result: Any = None, error: str | None = None, *,
-                      cooldown_until: float | None = None, now: float | None = None) -> ActionRecord:
+                      cooldown_until: float | None = None, now: float | None = None,
+                      fenced: bool = False) -> ActionRecord:
         """Record the outcome of an open action (final `status`: succeeded, failed, skipped,
         dry_run, blocked). With `cooldown_until`, the group's cool-down is set in the same
         transaction, so a crash cannot keep one without the other. An action already finished
-        keeps its first outcome (logged). Unknown key: KnowledgeError."""
+        keeps its first outcome (logged). Unknown key: KnowledgeError. The outcome of a call
+        this daemon made is written even after it lost the lease; `fenced` (resolving actions
+        left in flight, which may be the new leader's) writes only while the lease holds."""
         _check(status, FINAL_ACTION_STATUSES, "final action status")
         t = self._now(now)
         with self._write() as s:
+            if fenced:
+                self._check_fence(s, now)
             res = s.execute(update(Action)
                             .where(Action.idempotency_key == idempotency_key, Action.status.in_(OPEN_ACTION_STATUSES))
-                            .values(status=status, result=to_json(result, "action.result"), error=error,
-                                    finished_at=t))
+                            .values(status=status, result=to_json(result, "action.result"),
+                                    error=_text(error, "action.error"), finished_at=t))
             row = s.scalar(select(Action).where(Action.idempotency_key == idempotency_key))
             if row is None:
                 raise KnowledgeError(f"no action with idempotency key {idempotency_key!r}")
@@ -488,17 +562,22 @@ class KnowledgeStore:
     # --- leadership -------------------------------------------------------------------------
     @_guarded
     def acquire_lease(self, name: str, holder: str, ttl_s: float, *, now: float | None = None,
-                      take_over: bool = False) -> LeaseRecord | None:
+                      take_over: bool = False, fresh: bool = False) -> LeaseRecord | None:
         """Take or renew lease `name` for `holder` until now + ttl_s. Renewing keeps the token; a
-        new holder (the lease expired, or `take_over`) increments it. None: someone else holds it."""
-        t = self._now(now)
+        new holder (the lease expired, or `take_over`) increments it. None: someone else holds it.
+        `fresh`: the caller does not hold the lease yet, so a row under the same holder name is
+        another process's (two daemons given one name, or a predecessor of this one): it is taken
+        only as another holder's would be, with the token incremented, never renewed."""
         try:
             with self._write() as s:
                 row = s.scalar(select(Lease).where(Lease.name == name).with_for_update())
+                # the time once the lock is ours: a renewal that waited for it (another writer,
+                # a locked SQLite file) must not write an expiry already past, over a newer one
+                t = self._now(now)
                 if row is None:
                     row = Lease(name=name, holder=holder, token=1, acquired_at=t, renewed_at=t, expires_at=t + ttl_s)
                     s.add(row)
-                elif row.holder == holder:
+                elif row.holder == holder and not (fresh or take_over):
                     row.renewed_at, row.expires_at = t, t + ttl_s
                 elif row.expires_at < t or take_over:
                     row.holder, row.token = holder, row.token + 1
