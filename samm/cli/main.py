@@ -226,15 +226,33 @@ def demo(sim_only, workload, compression, seed, out) -> None:
     rule each manage the emulated cloud (moto ASGs, real worker processes, real Graphite, the
     SAMM daemon) through the paper's workload; then a comparison like the paper's and a report
     with figures. `--sim` runs the same comparison in CloudSim Plus only."""
+    import math
+    import signal
+    import threading
+
     from tqdm import tqdm
 
     from samm.testbed.report import table, write_report
+    from sim_bridge.workloads import load_workload
 
     runs = _demo_agents()
+    if not (math.isfinite(compression) and compression > 0):
+        _fail(f"--compression must be a finite number > 0, got {compression}")
+    workload = workload or ("seed-1551" if sim_only else "seed-1551-short")
+    try:
+        wl = load_workload(workload)
+    except (KeyError, ValueError, OSError) as exc:
+        _fail(f"--workload: {exc}")
+    if wl.n_jobs < 1:
+        _fail(f"--workload {workload!r} has no jobs")
     out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / "demo.log", "a"):
+            pass
+    except OSError as exc:
+        _fail(f"--out {out}: cannot write there: {exc}")
     if sim_only:
-        workload = workload or "seed-1551"
         click.echo(f"SAMM demo (CloudSim Plus only): {workload}, one-minute steps, S/M/L = 2/4/8 cores at "
                    "$0.2/0.4/0.8 per hour, penalty $0.036 per waiting job-hour.")
         rows = _sim_results(workload, seed, tqdm(runs, desc="simulating", unit="policy"))
@@ -243,11 +261,19 @@ def demo(sim_only, workload, compression, seed, out) -> None:
         click.echo(f"wrote {out_dir / 'summary.json'}")
         return
 
-    from samm.testbed.run import TestbedOptions
-
     import logging
 
-    workload = workload or "seed-1551-short"
+    from samm.testbed.run import TestbedOptions, TestbedOptionsError, check_options
+
+    planned = []
+    for label, kind, params in runs:  # every run's options and agent, before the first one starts
+        opts = TestbedOptions(agent=kind, params=params, workload=workload, workload_obj=wl,
+                              compression=compression, seed=seed, out_dir=str(out_dir / f"testbed-{kind}"))
+        try:
+            opts.agent_obj = check_options(opts)
+        except TestbedOptionsError as exc:
+            _fail(f"demo: {label}: {exc}")
+        planned.append((label, kind, opts))
     # the daemon's and the testbed's logs go to a file; the terminal shows progress
     logging.basicConfig(filename=str(out_dir / "demo.log"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -256,14 +282,28 @@ def demo(sim_only, workload, compression, seed, out) -> None:
                "jobs) of the paper's seed-1551, cut so both runs fit in ten minutes; `samm demo --workload "
                "seed-1551` runs the full one (its workload runs about 2.8 times as long).")
     tb_rows, figures, results = [], [], {}
-    for label, kind, params in runs:
-        opts = TestbedOptions(agent=kind, params=params, workload=workload, compression=compression, seed=seed,
-                              out_dir=str(out_dir / f"testbed-{kind}"))
-        res, figure = _testbed_run(label, opts, out_dir / f"vms_vs_waiting_{kind}.png")
-        tb_rows.append((label, res.summary))
-        results[label] = {"summary": res.summary, "wall_s": round(res.wall_s, 1),
-                          "daemon_iterations": res.daemon_iterations}
-        figures.append(figure)
+
+    def on_sigterm(signum, _frame):  # stop like Ctrl-C: the fleet is stopped and partial results kept
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main else None
+    try:
+        for label, kind, opts in planned:
+            try:
+                res, figure = _testbed_run(label, opts, out_dir / f"vms_vs_waiting_{kind}.png")
+            except TimeoutError as exc:
+                _fail(f"demo: {label}: {exc}; partial results in {opts.out_dir}")
+            tb_rows.append((label, res.summary))
+            results[label] = {"summary": res.summary, "wall_s": round(res.wall_s, 1),
+                              "daemon_iterations": res.daemon_iterations}
+            figures.append(figure)
+    except KeyboardInterrupt:
+        click.echo(f"error: demo: interrupted; partial results in {out_dir}", err=True)
+        sys.exit(130)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     click.echo("\nTestbed (the daemon managing moto ASGs and real worker processes):")
     click.echo(table(tb_rows))
     sim_rows = _sim_results(workload, seed, runs)
@@ -328,9 +368,11 @@ def testbed_cmd(agent_kind, params_json, policy_dir, workload, compression, cool
     prints billing and SLA figures in the simulator's units. `samm demo` runs two of these and
     compares them."""
     import logging
+    import signal
+    import threading
 
     from samm.testbed.report import table
-    from samm.testbed.run import TestbedOptions
+    from samm.testbed.run import TestbedOptions, TestbedOptionsError, check_options
     from sim_bridge.workloads import load_workload
 
     try:
@@ -339,17 +381,45 @@ def testbed_cmd(agent_kind, params_json, policy_dir, workload, compression, cool
         _fail(f"--workload: {exc}")
     if not 0 < compression < float("inf"):  # NaN passes `<= 0`
         _fail(f"--compression must be a positive number, got {compression}")
+    if wl.n_jobs < 1:
+        _fail(f"--workload {workload!r} has no jobs")
+    opts = TestbedOptions(agent=agent_kind, params=_params(params_json), policy_dir=policy_dir, workload=workload,
+                          workload_obj=wl, compression=compression, cooldown_s=cooldown_s, seed=seed, timeout_s=timeout_s)
+    try:  # every option, the agent and its policy, before anything starts
+        opts.agent_obj = check_options(opts)
+    except TestbedOptionsError as exc:
+        flag = {"compression": "--compression", "timeout_s": "--timeout", "cooldown_s": "--cooldown",
+                "seed": "--seed", "agent": "--agent/--params/--policy"}.get(exc.option or "")
+        _fail(f"{flag}: {exc}" if flag else f"testbed: {exc}")
     out_dir = Path(out).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "summary.json").unlink(missing_ok=True)  # a failed run must not leave an old summary
+        with open(out_dir / "testbed.log", "a"):
+            pass
+    except OSError as exc:
+        _fail(f"--out {out}: cannot write there: {exc}")
+    opts.out_dir = str(out_dir)
     logging.basicConfig(filename=str(out_dir / "testbed.log"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    opts = TestbedOptions(agent=agent_kind, params=_params(params_json), policy_dir=policy_dir, workload=workload,
-                          workload_obj=wl, compression=compression, cooldown_s=cooldown_s, seed=seed, timeout_s=timeout_s,
-                          out_dir=str(out_dir))
+
+    def on_sigterm(signum, _frame):  # stop like Ctrl-C: the fleet is stopped and partial results kept
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main else None
+    partial = out_dir / "summary.partial.json"
     try:
         res, figure = _testbed_run(agent_kind, opts, out_dir / "vms_vs_waiting.png")
     except TimeoutError as exc:
-        _fail(f"testbed: {exc} (logs in {out_dir})")
+        _fail(f"testbed: {exc}; partial results in {partial if partial.exists() else out_dir} (logs in {out_dir})")
+    except KeyboardInterrupt:
+        click.echo(f"error: testbed: interrupted; partial results in {partial if partial.exists() else out_dir}",
+                   err=True)
+        sys.exit(130)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     summary = {"agent": agent_kind, "workload": workload, "compression": compression, "wall_s": round(res.wall_s, 1),
                "daemon_iterations": res.daemon_iterations, "summary": res.summary, "figure": str(figure)}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -90,6 +90,8 @@ def summarize(instances: Sequence[InstanceRecord], jobs: Sequence[JobRecord], ru
     makespan = max(finished) if finished else None
     if end_s is not None:
         end = float(end_s)
+        if not (math.isfinite(end) and end > 0):  # the time-weighted means divide by it
+            raise ValueError(f"end_s must be a finite number > 0, got {end_s}")
     elif makespan is not None:
         end = max(1, math.ceil(makespan / step_s - 1e-9)) * step_s
     else:

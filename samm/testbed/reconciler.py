@@ -31,6 +31,7 @@ class Vm:
     ready_wall: float  # the worker starts here
     proc: subprocess.Popen | None = None
     stopped_wall: float | None = None
+    spawns: int = 0  # worker processes started for it (0: it never ran, e.g. removed while booting)
 
 
 class Reconciler:
@@ -84,24 +85,48 @@ class Reconciler:
             for iid, vm in self.vms.items():
                 if vm.stopped_wall is not None:
                     continue
-                if iid not in present:
-                    self._terminate(vm, now)
-                elif vm.proc is None and now >= vm.ready_wall:
-                    vm.proc = self.spawn(vm.group, iid, vm.cores)
-                elif vm.proc is not None and vm.proc.poll() is not None:
-                    # the worker crashed on a live instance: restart it, as its init system would
-                    self.restarts += 1
-                    if self.on_terminated is not None:
-                        self.on_terminated(iid)
-                    vm.proc = self.spawn(vm.group, iid, vm.cores)
+                # one instance's failure (a worker that cannot start, a locked queue) must not
+                # end the reconciler: it is recorded, and the next poll tries again
+                try:
+                    if iid not in present:
+                        self._terminate(vm, now)
+                    elif vm.proc is None and now >= vm.ready_wall:
+                        vm.proc = self.spawn(vm.group, iid, vm.cores)
+                        vm.spawns += 1
+                    elif vm.proc is not None and vm.proc.poll() is not None:
+                        # the worker crashed on a live instance: restart it, as its init system would
+                        self.restarts += 1
+                        log.warning("reconciler: worker of %s/%s exited with %s; restarting it", vm.group, iid,
+                                    vm.proc.returncode)
+                        vm.proc = None  # a failed spawn below is retried on the next poll
+                        self._release(iid)
+                        vm.proc = self.spawn(vm.group, iid, vm.cores)
+                        vm.spawns += 1
+                except Exception as exc:  # noqa: BLE001
+                    self.errors += 1
+                    log.warning("reconciler: %s/%s: %s: %s; retrying next poll", vm.group, iid,
+                                type(exc).__name__, exc)
+
+    def _release(self, instance_id: str) -> None:
+        """Hand the instance's leased jobs back; on failure their leases expire instead."""
+        if self.on_terminated is None:
+            return
+        try:
+            self.on_terminated(instance_id)
+        except Exception as exc:  # noqa: BLE001 - e.g. the queue locked past its timeout
+            self.errors += 1
+            log.warning("reconciler: could not release the jobs of %s (%s: %s); they return when their leases "
+                        "expire", instance_id, type(exc).__name__, exc)
 
     def _terminate(self, vm: Vm, now: float) -> None:
         vm.stopped_wall = now
         if vm.proc is not None and vm.proc.poll() is None:
             vm.proc.send_signal(signal.SIGKILL)  # abrupt, like a terminated VM
-            vm.proc.wait(5)
-        if self.on_terminated is not None:
-            self.on_terminated(vm.instance_id)
+            try:
+                vm.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                log.warning("reconciler: worker of %s did not exit 5 s after SIGKILL", vm.instance_id)
+        self._release(vm.instance_id)
         log.info("reconciler: %s/%s terminated", vm.group, vm.instance_id)
 
     def counts(self) -> dict[str, dict[str, int]]:
@@ -125,7 +150,11 @@ class Reconciler:
 
     def run(self) -> None:
         while not self._stop.is_set():
-            self.poll()
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - a reconciler that dies silently freezes the fleet
+                self.errors += 1
+                log.exception("reconciler: poll failed; retrying")
             self._stop.wait(self.poll_s)
 
     def start(self) -> "Reconciler":

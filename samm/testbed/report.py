@@ -30,7 +30,13 @@ def fidelity_table(pairs: list[tuple[str, dict, dict]]) -> str:
     lines = ["| policy | metric | simulator | testbed | gap |", "|---|---|---|---|---|"]
     for name, sim, tb in pairs:
         for k in FIDELITY_KEYS:
-            lines.append(f"| {name} | {k} | {sim[k]:.2f} | {tb[k]:.2f} | {gap_pct(tb[k], sim[k]):+.1f} % |")
+            a, b = sim.get(k), tb.get(k)
+            if a is None or b is None:  # e.g. no job finished: no makespan to compare
+                lines.append(f"| {name} | {k} | {'-' if a is None else f'{a:.2f}'} | "
+                             f"{'-' if b is None else f'{b:.2f}'} | - |")
+                continue
+            gap = f"{gap_pct(b, a):+.1f} %" if a else "-"  # no relative gap to a zero
+            lines.append(f"| {name} | {k} | {a:.2f} | {b:.2f} | {gap} |")
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ import csv
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from samm.config import SammConfig
+from samm.localproc import popen_tied
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class TestbedOptions:
     out_dir: str | None = None
     daemon_process: bool = False  # run `samm run` as its own process (so it can be killed -9)
     workload_obj: object | None = None  # a Workload instead of a name (tests)
+    agent_obj: object | None = None  # the agent `check_options` built (the CLI checks before it starts)
     aws_fault_proxy: bool = False  # the daemon reaches moto through `AwsFaultProxy` (tb.aws_proxy)
     knowledge_url: str | None = None  # default: an SQLite file in out_dir
     daemons: int = 1  # daemon processes started (more than one: a leader and standbys, needs ha)
@@ -75,6 +78,68 @@ class TestbedResult:
     daemon_iterations: int
     knowledge_url: str
     faults: list[str] = field(default_factory=list)
+
+
+class TestbedOptionsError(ValueError):
+    """An option the testbed cannot run with; the message names it. Raised before anything starts."""
+
+    __test__ = False
+
+    def __init__(self, message: str, option: str | None = None):
+        super().__init__(message)
+        self.option = option  # the TestbedOptions field at fault, when there is one
+
+
+def check_options(opts: TestbedOptions):
+    """Refuse bad options before any server or process starts: numbers that must be finite and
+    positive, the initial fleet against the groups' bounds, the daemon's configuration (schema)
+    and its agent (parameters, policy directory). Returns the agent, built once here."""
+    import math
+
+    from pydantic import ValidationError
+
+    def positive(name: str, v) -> None:
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise TestbedOptionsError(f"{name} must be a finite number > 0, got {v!r}", name)
+
+    def non_negative(name: str, v) -> None:
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise TestbedOptionsError(f"{name} must be a finite number >= 0, got {v!r}", name)
+
+    positive("compression", opts.compression)
+    positive("step_s", opts.step_s)
+    positive("report_every_s", opts.report_every_s)
+    positive("timeout_s", opts.timeout_s)
+    non_negative("cooldown_s", opts.cooldown_s)
+    non_negative("warmup_s", opts.warmup_s)
+    if not isinstance(opts.seed, int) or opts.seed < 0:
+        raise TestbedOptionsError(f"seed must be an integer >= 0, got {opts.seed!r}", "seed")
+    if len(opts.initial) != len(PAPER_GROUPS):
+        raise TestbedOptionsError(f"initial must give {len(PAPER_GROUPS)} instance counts, got {opts.initial!r}")
+    for (name, _, _, _, lo, hi, _), n in zip(PAPER_GROUPS, opts.initial):
+        if not isinstance(n, int) or not lo <= n <= hi:
+            raise TestbedOptionsError(f"initial instances of {name} must be an integer in [{lo}, {hi}], got {n!r}")
+    if opts.daemons < 1:
+        raise TestbedOptionsError(f"daemons must be >= 1, got {opts.daemons}")
+    if opts.daemons > 1 and not (opts.ha and opts.daemon_process):
+        raise TestbedOptionsError("several daemons need daemon_process=True and ha=True")
+
+    class _Placeholder:  # the real Graphite's addresses are known once it runs
+        render_url, carbon_host, carbon_port = "http://127.0.0.1:1", "127.0.0.1", 1
+
+    try:
+        cfg = daemon_config(opts, _Placeholder(), "http://127.0.0.1:1", opts.knowledge_url or "sqlite:///:memory:")
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise TestbedOptionsError(f"the daemon's configuration is invalid: {problems}") from None
+    if opts.agent_obj is not None:
+        return opts.agent_obj
+    from samm.daemon.build import make_daemon_agent
+
+    try:
+        return make_daemon_agent(cfg.control_loops()[0])
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        raise TestbedOptionsError(f"agent {opts.agent!r}: {exc}", "agent") from None
 
 
 def daemon_config(opts: TestbedOptions, graphite, moto_url: str, knowledge_url: str) -> SammConfig:
@@ -108,6 +173,7 @@ class Testbed:
         self.faults: list[str] = []
         self._stack: list[Callable[[], None]] = []
         self.daemon_procs: list[subprocess.Popen] = []
+        self.timeline: list[dict] = []
 
     # --- set-up -------------------------------------------------------------------------------
     def start(self) -> "Testbed":
@@ -123,11 +189,12 @@ class Testbed:
         from .reconciler import Reconciler
 
         o = self.opts
+        agent = check_options(o)  # before anything starts
         for k, v in {"AWS_ACCESS_KEY_ID": "testbed", "AWS_SECRET_ACCESS_KEY": "testbed",
                      "AWS_DEFAULT_REGION": "us-east-1"}.items():
             os.environ.setdefault(k, v)
         for stale in ("queue.db", "queue.db-wal", "queue.db-shm", "knowledge.db", "knowledge.db-wal",
-                      "knowledge.db-shm"):
+                      "knowledge.db-shm", "summary.partial.json"):
             (self.out / stale).unlink(missing_ok=True)
         shutil.rmtree(self.out / "graphite", ignore_errors=True)
         self.graphite = LocalGraphite(self.out / "graphite", retentions="1s:6h,1m:7d")
@@ -156,8 +223,6 @@ class Testbed:
         self._stack.append(self.queue.close)
         self.sender = GraphiteSender(self.graphite.carbon_host, self.graphite.carbon_port)
         self.knowledge_url = o.knowledge_url or f"sqlite:///{self.out / 'knowledge.db'}"
-        if o.daemons > 1 and not (o.ha and o.daemon_process):
-            raise ValueError("testbed: several daemons need daemon_process=True and ha=True")
         self.config = daemon_config(o, self.graphite, daemon_aws_url, self.knowledge_url)
         self.interval_wall = self.config.timing.interval_s
 
@@ -168,17 +233,21 @@ class Testbed:
         def spawn(group: str, instance_id: str, cores: int) -> subprocess.Popen:
             err = open(logs / f"{instance_id}.log", "ab")
             try:
-                return subprocess.Popen(
+                # tied to this process: a `samm testbed` killed (SIGTERM, SIGKILL) must not leave
+                # workers polling the queue forever in their own sessions
+                return popen_tied(
                     [sys.executable, "-m", "samm.testbed.worker", "--queue", str(self.out / "queue.db"),
                      "--group", group, "--instance", instance_id, "--cores", str(cores),
                      "--compression", str(o.compression), "--t0", repr(self.t0), "--graphite", carbon,
                      "--prefix", PREFIX, "--report-every", str(o.report_every_s), "--log-level", "WARNING"],
-                    stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+                    signal.SIGTERM, stdout=subprocess.DEVNULL, stderr=err)
             finally:
                 err.close()
 
         if not o.daemon_process:
-            self.daemon = build_daemon(self.config)
+            from samm.plan.client import InProcessPlanner
+
+            self.daemon = build_daemon(self.config, planner=InProcessPlanner(agent))
             self.runner = DaemonRunner(self.daemon)
         # t0 on an interval boundary, so workload minutes and daemon windows line up, and far
         # enough ahead for the initial fleet's workers to be up when the run starts
@@ -215,9 +284,10 @@ class Testbed:
         """Start one more `samm run` (the latest is `daemon_proc`; all are in `daemon_procs`)."""
         log_file = open(self.out / "daemon.log", "ab")
         try:
-            self.daemon_proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "run", "--config",
-                                                 str(self.out / "samm.yaml"), "--log-level", "WARNING"],
-                                                stdout=subprocess.DEVNULL, stderr=log_file, env=dict(os.environ))
+            self.daemon_proc = popen_tied([sys.executable, "-m", "samm.cli.main", "run", "--config",
+                                           str(self.out / "samm.yaml"), "--log-level", "WARNING"],
+                                          signal.SIGTERM, stdout=subprocess.DEVNULL, stderr=log_file,
+                                          env=dict(os.environ))
         finally:
             log_file.close()
         self.daemon_procs.append(self.daemon_proc)
@@ -264,7 +334,7 @@ class Testbed:
         return row
 
     def run_until_done(self) -> list[dict]:
-        timeline = []
+        timeline = self.timeline  # kept on the testbed: a timeout or an interrupt still has it
         deadline = time.time() + self.opts.timeout_s
         next_sample = time.time()
         n = self.workload.n_jobs
@@ -278,8 +348,8 @@ class Testbed:
             if self.driver.done and self.queue.all_done(n):
                 break
             if time.time() > deadline:
-                raise TimeoutError(f"testbed: {n - timeline[-1]['completed']} of {n} jobs unfinished after "
-                                   f"{self.opts.timeout_s:.0f} s")
+                raise TimeoutError(f"{n - timeline[-1]['completed']} of {n} jobs unfinished after "
+                                   f"{self.opts.timeout_s:g} s")
             time.sleep(0.05)
         timeline.append(self.sample())
         return timeline
@@ -292,15 +362,41 @@ class Testbed:
             except Exception:  # noqa: BLE001 - keep stopping the rest
                 log.exception("testbed: stopping %s failed", fn)
 
-    def summary(self) -> dict:
+    def partial_summary(self, reason: str) -> Path | None:
+        """After a timeout or an interrupt: stop the fleet and write what the run did so far to
+        `summary.partial.json` (billed up to the current step). Best effort; returns the path."""
+        import json
+        import math
+
+        if not hasattr(self, "reconciler"):  # stopped before anything ran
+            return None
+        try:
+            self._stop_daemon()
+        except Exception:  # noqa: BLE001 - e.g. interrupted before the daemon started
+            log.warning("testbed: stopping the daemon before the partial summary failed", exc_info=True)
+        try:
+            self.reconciler.stop()
+            step = self.opts.step_s
+            end = max(1, math.ceil(max(self.clock(), 0.0) / step)) * step
+            summary = self.summary(end_s=end)
+            path = self.out / "summary.partial.json"
+            path.write_text(json.dumps({"interrupted": reason, "summary": summary}, indent=2, allow_nan=False))
+            return path
+        except Exception:  # noqa: BLE001 - the run's own error is the one to report
+            log.exception("testbed: could not write the partial summary")
+            return None
+
+    def summary(self, end_s: float | None = None) -> dict:
         from .billing import InstanceRecord, summarize
 
+        # an instance whose worker never started was billed but never ran: it is not "at once"
+        # ready (None), it is never ready, so no step counts it as an idle running instance
         records = [InstanceRecord(vm.group, vm.instance_id, vm.seen_wall, vm.stopped_wall,
-                                  vm.ready_wall if vm.proc is not None else None)
+                                  vm.ready_wall if vm.spawns else float("inf"))
                    for vm in self.reconciler.vms.values()]
         specs = {g[0]: _Spec(g[1], g[3], g[5]) for g in PAPER_GROUPS}
         return summarize(records, self.queue.stats(), self.queue.runs(), specs, self.opts.compression, self.t0,
-                         step_s=self.opts.step_s, workload=self.workload.name)
+                         step_s=self.opts.step_s, workload=self.workload.name, end_s=end_s)
 
 
 @dataclass(frozen=True)
@@ -335,9 +431,13 @@ def run_testbed(opts: TestbedOptions, progress: Callable[[dict], None] | None = 
         tb.reconciler.stop()
         summary = tb.summary()
         iterations = tb.iterations()
+    except BaseException as exc:  # a timeout, Ctrl-C: keep what the run did
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        tb.partial_summary(reason)
+        raise
     finally:
         tb.close()
-    write_timeline(tb.out / "timeline.csv", timeline)
+        write_timeline(tb.out / "timeline.csv", tb.timeline)
     return TestbedResult(summary, timeline, tb.out, time.time() - started, iterations, tb.knowledge_url, tb.faults)
 
 

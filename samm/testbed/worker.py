@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import math
 import signal
 import sqlite3
 import sys
@@ -77,13 +78,19 @@ def run_worker(queue: str | JobQueue, group: str, instance: str, cores: int, com
     process. `on_report(cpu_percent, ram_used_gb, ts)` sees every report. Returns counters."""
     if cores < 1:
         raise ValueError(f"cores must be >= 1, got {cores}")
-    if not compression > 0:
-        raise ValueError(f"compression must be positive, got {compression}")
+    # `not v > 0` alone lets inf through: an infinite compression makes every job end at once,
+    # an infinite lease never expires (a dead worker's jobs would never run again)
+    if not (math.isfinite(compression) and compression > 0):
+        raise ValueError(f"compression must be a finite number > 0, got {compression}")
+    if not math.isfinite(t0):
+        raise ValueError(f"t0 must be a finite epoch time, got {t0}")
     if not (0 <= duty <= 1):
         raise ValueError(f"duty must be in [0, 1], got {duty}")
     for name, v in (("report_every", report_every), ("lease_s", lease_s), ("poll_s", poll_s), ("slice_s", slice_s)):
-        if not v > 0:
-            raise ValueError(f"{name} must be positive, got {v}")
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {v}")
+    if max_wall_s is not None and not max_wall_s >= 0:
+        raise ValueError(f"max_wall_s must be >= 0 or None, got {max_wall_s}")
     stop = stop or threading.Event()
     q = queue if isinstance(queue, JobQueue) else JobQueue(queue)
     sender = GraphiteSender(*parse_host_port(graphite)) if isinstance(graphite, str) else graphite
