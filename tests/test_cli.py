@@ -22,6 +22,9 @@ def test_every_verb_has_help():
     runner = CliRunner()
     verbs = list(all_commands(cli))
     assert ("sim", "run") in verbs and ("sim", "bench") in verbs and ("demo",) in verbs
+    # the spelling of each problem's testbed, beside the hyphenated verbs
+    assert {("testbed", "microservices"), ("testbed", "oversub"), ("testbed", "deferrable"),
+            ("testbed-microservices",)} <= set(verbs)
     for verb in [()] + verbs:
         res = runner.invoke(cli, [*verb, "--help"])
         assert res.exit_code == 0, (verb, res.output)

@@ -344,7 +344,7 @@ def _testbed_run(label: str, opts, figure_path: Path):
     return res, figure
 
 
-@cli.command("testbed")
+@cli.group("testbed", invoke_without_command=True)
 @click.option("--agent", "agent_kind", type=click.Choice(["lstm-ppo", "threshold", "target-tracking", "queue", "noop"]),
               default="lstm-ppo", show_default=True)
 @click.option("--params", "params_json", default=None, help="JSON object of the agent's parameters (baselines).")
@@ -361,12 +361,18 @@ def _testbed_run(label: str, opts, figure_path: Path):
 @click.option("--out", type=click.Path(file_okay=False), default="testbed-run", show_default=True,
               help="Directory for the run (queue, knowledge store, logs, timeline.csv, summary.json, PNG).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
-def testbed_cmd(agent_kind, params_json, policy_dir, workload, compression, cooldown_s, seed, timeout_s, out,
+@click.pass_context
+def testbed_cmd(ctx, agent_kind, params_json, policy_dir, workload, compression, cooldown_s, seed, timeout_s, out,
                 as_json) -> None:
     """Run ONE policy on the emulated cloud testbed: moto's Auto Scaling Groups, a worker process
     per instance, a durable job queue, a real Graphite and the SAMM daemon (production code);
     prints billing and SLA figures in the simulator's units. `samm demo` runs two of these and
-    compares them."""
+    compares them.
+
+    The other problems' testbeds are its subcommands (`samm testbed microservices --agent ...`,
+    also `samm testbed-microservices`; likewise `oversub` and `deferrable`)."""
+    if ctx.invoked_subcommand is not None:  # another problem's testbed: its own options
+        return
     import logging
     import signal
     import threading
@@ -1234,14 +1240,17 @@ def config_check(path) -> None:
 from samm.cli.oversub import testbed_oversub  # noqa: E402  (samm testbed-oversub)
 
 cli.add_command(testbed_oversub)
+testbed_cmd.add_command(testbed_oversub, "oversub")
 
 from samm.cli.deferrable import testbed_deferrable  # noqa: E402  (samm testbed-deferrable)
 
 cli.add_command(testbed_deferrable)
+testbed_cmd.add_command(testbed_deferrable, "deferrable")
 
 from samm.cli.microservices import reclaimer_ceiling, testbed_microservices  # noqa: E402  (samm testbed-microservices)
 
 cli.add_command(testbed_microservices)
+testbed_cmd.add_command(testbed_microservices, "microservices")  # the issue's `samm testbed microservices`
 cli.add_command(reclaimer_ceiling)
 
 if __name__ == "__main__":  # pragma: no cover
