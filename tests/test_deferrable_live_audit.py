@@ -188,20 +188,7 @@ def test_a_slot_recorded_meanwhile_by_another_loop_is_the_one_acted_on(tmp_path,
 
 
 # ------------------------------------------------------------------------------ the daemon's loop
-SLOT_S = 10.0
-
-
-def daemon_config(tmp_path, **loop):
-    from samm.config import SammConfig
-    from samm.localproc import free_port
-
-    entry = {"name": "batch", "problem": "deferrable-jobs", "queue": {"path": str(tmp_path / "q.sqlite")},
-             "capacity": {"kind": "fixed", "cores": 6}, "agent": {"name": "fifo"},
-             "timing": {"interval_s": SLOT_S}}
-    entry.update(loop)
-    return SammConfig.model_validate({"loops": [entry], "knowledge": {"url": f"sqlite:///{tmp_path}/k.db"},
-                                      "graphite": {"publish": False, "render_url": f"http://127.0.0.1:{free_port()}",
-                                                   "timeout_s": 0.5}})
+from test_deferrable_daemon import SLOT_S, config as daemon_config  # noqa: E402  (the daemon tests' config)
 
 
 def test_a_dry_run_decision_is_not_acted_on_after_a_live_restart_in_the_same_slot(tmp_path):
