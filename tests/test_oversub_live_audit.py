@@ -24,20 +24,15 @@ from agents.oversubscription.workload import Workload
 from samm.knowledge.store import KnowledgeStore
 from samm.monitor.graphite_client import GraphiteSender, RenderClient
 from samm.testbed.oversub.admission import AdmissionExecutor, LiveParams, StepRecord
-from samm.testbed.oversub.cgroups import PmCgroups, unavailable_reason
+from samm.testbed.oversub.cgroups import PmCgroups
 from samm.testbed.oversub.collector import pm_metric
+from test_oversub_live import cgroups_or_skip  # noqa: E402  (the live tests' skip rule)
 
 pytestmark = [pytest.mark.graphite, pytest.mark.testbed]
 
 PMS = 2
 SETTING = SETTINGS["tiny"].scaled(n_pms=PMS)
 SCALE = 0.6 / (PMS * SETTING.pm_cores)
-
-
-def cgroups_or_skip():
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(f"PM cgroups cannot be made here: {reason}")
 
 
 # --------------------------------------------------------------------------- the admit routes

@@ -94,17 +94,17 @@ def check_options(opts: TestbedOptions):
     """Refuse bad options before any server or process starts: numbers that must be finite and
     positive, the initial fleet against the groups' bounds, the daemon's configuration (schema)
     and its agent (parameters, policy directory). Returns the agent, built once here."""
-    import math
-
     from pydantic import ValidationError
 
+    from .options import number_problem
+
     def positive(name: str, v) -> None:
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise TestbedOptionsError(f"{name} must be a finite number > 0, got {v!r}", name)
+        if problem := number_problem(name, v, strict=True):
+            raise TestbedOptionsError(problem, name)
 
     def non_negative(name: str, v) -> None:
-        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise TestbedOptionsError(f"{name} must be a finite number >= 0, got {v!r}", name)
+        if problem := number_problem(name, v):
+            raise TestbedOptionsError(problem, name)
 
     positive("compression", opts.compression)
     positive("step_s", opts.step_s)

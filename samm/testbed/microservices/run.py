@@ -40,6 +40,7 @@ from agents.microservice_cores.control import AppLimits
 from agents.microservice_cores.hosting import make_controller
 from agents.microservice_cores.topology import load_topology
 
+from ..options import number_problem
 from .loop import ControlLoop, StepRecord
 
 log = logging.getLogger(__name__)
@@ -133,9 +134,9 @@ def parse_faults(faults, default_at: int, seconds: int | None = None) -> dict[in
 
 
 def _finite(x, name: str, lo: float, strict: bool = False) -> None:
-    ok = isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and (x > lo if strict else x >= lo)
-    if not ok:
-        raise ValueError(f"{name} must be a finite number {'>' if strict else '>='} {lo:g}, not {x!r}")
+    problem = number_problem(name, x, lo, strict)
+    if problem:
+        raise ValueError(problem)
 
 
 def check_options(o: MicroservicesRunOptions) -> None:

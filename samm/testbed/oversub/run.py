@@ -45,6 +45,7 @@ from agents.oversubscription.settings import Setting, get_setting
 from agents.oversubscription.sim import OversubSim
 from agents.oversubscription.workload import Workload
 
+from ..options import number_problem
 from .admission import AdmissionExecutor, LiveParams, StepRecord
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,8 @@ def check_options(opts: OversubRunOptions) -> None:
     if isinstance(opts.seed, bool) or not isinstance(opts.seed, (int, np.integer)) or opts.seed < 0:
         raise ValueError(f"seed must be a whole number >= 0, got {opts.seed!r}")
     for name in ("host_cores", "start_delay_s"):
-        v = getattr(opts, name)
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (name == "host_cores" and v == 0):
-            raise ValueError(f"{name} must be a finite number {'> 0' if name == 'host_cores' else '>= 0'}, got {v!r}")
+        if problem := number_problem(name, getattr(opts, name), strict=name == "host_cores"):
+            raise ValueError(problem)
 
 
 @dataclass
