@@ -30,9 +30,26 @@ def action_names(mode: ActionMode, type_names: tuple[str, ...]) -> list[str]:
     return [f"{t}: remove/keep/add" for t in type_names]
 
 
+def integer_actions(actions) -> np.ndarray:
+    """`actions` as int64. A fractional or non-finite value is an error: casting would truncate
+    1.5 to 1 (another action than asked) and NaN to a huge negative number."""
+    a = np.asarray(actions)
+    if a.dtype.kind == "O":  # e.g. a list mixing Python and NumPy numbers
+        try:
+            a = a.astype(np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"actions must be whole numbers, got {str(a.tolist())[:80]}") from None
+    if a.dtype.kind == "f":
+        if not np.all(np.isfinite(a) & (a == np.round(a))):
+            raise ValueError(f"actions must be whole numbers, got {a.tolist()}")
+    elif a.dtype.kind not in "iub":
+        raise ValueError(f"actions must be whole numbers, got {a.dtype} values {str(a.tolist())[:80]}")
+    return a.astype(np.int64)
+
+
 def to_deltas(mode: ActionMode, actions, n_types: int) -> np.ndarray:
     """Actions of a batch (shape (E,) for `paper`, (E, n) for `per-type`) -> int8 (E, n)."""
-    a = np.asarray(actions, dtype=np.int64)
+    a = integer_actions(actions)
     if mode == "paper":
         a = a.reshape(-1)
         if np.any((a < 0) | (a > 2 * n_types)):

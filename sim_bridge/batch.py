@@ -14,7 +14,7 @@ import numpy as np
 from samm.analyze import FleetSpec, RawSnapshot
 
 from .config import SimConfig
-from .errors import SimulatorError
+from .errors import BridgeError, SimulatorError
 from .gateway import Gateway, shared_gateway
 from .workloads import Workload
 
@@ -186,6 +186,7 @@ class SimBatch(BatchShape):
 
     def set_workload(self, env: int, workload: Workload) -> None:
         """Env `env` replays `workload` from its next reset on."""
+        self._check_open()
         env = self._env_index(env)
         check_core_cap(workload, self.config)
         self.gateway.call("setEnvWorkload", self._id, env, bytearray(workload.pack()))
@@ -197,8 +198,13 @@ class SimBatch(BatchShape):
     def step(self, deltas: np.ndarray) -> SimStep:
         return decode_records(self.step_records(deltas), self.n_types, self.n_slots)
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BridgeError("this simulation batch is closed (its environment's close() was called)")
+
     def reset_records(self, envs, seeds) -> bytes:
         """`reset` as the simulator's packed records (one per env, in the order asked)."""
+        self._check_open()
         envs, seeds = self._reset_request(envs, seeds)
         req = np.zeros(len(envs), dtype=[("env", "<i4"), ("seed", "<i8")])
         req["env"], req["seed"] = envs, seeds
@@ -209,6 +215,7 @@ class SimBatch(BatchShape):
 
     def step_records(self, deltas: np.ndarray) -> bytes:
         """`step` as the simulator's packed records (one per env)."""
+        self._check_open()
         deltas = self._step_request(deltas)
         payload = np.clip(deltas, -127, 127).astype(np.int8).tobytes()
         if self.fast:
@@ -217,6 +224,7 @@ class SimBatch(BatchShape):
 
     def job_stats(self, env: int) -> np.ndarray:
         """(n_jobs, 5): arrival_s, start_s, finish_s, wait_s, restarts (-1 = not yet)."""
+        self._check_open()
         reply = self.gateway.call("jobStats", self._id, int(env))
         return np.frombuffer(base64.b64decode(reply), dtype="<f8").reshape(-1, 5)
 

@@ -199,6 +199,8 @@ class CloudSimEnv(gym.Env):
         return self.batch.job_stats(0)
 
     def close(self) -> None:
+        # a step after close would otherwise build a fresh, never-reset batch behind the caller's back
+        self._needs_reset = True
         if self._batch is not None:
             self._batch.close()
             self._batch = None

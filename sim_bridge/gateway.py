@@ -61,21 +61,30 @@ class Gateway:
         if quiet:
             cmd.append("--quiet")
         self._stderr_tail: deque[str] = deque(maxlen=50)
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, bufsize=1,
-        )
+        try:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                # undecodable bytes must not kill the reader threads: an undrained stderr pipe blocks the JVM
+                encoding="utf-8", errors="replace", bufsize=1,
+            )
+        except OSError as exc:  # e.g. a `java` that is not executable
+            raise GatewayError(f"cannot start the Java gateway with {cmd[0]} ({exc})") from None
         self._closed = False
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._drain_stderr, daemon=True)
+        self._stderr_reader.start()
         self.port = self._await_port(start_timeout_s)
-        self._py4j = JavaGateway(
-            gateway_parameters=GatewayParameters(address=LOOPBACK, port=self.port, auto_convert=False,
-                                                 auto_field=False, eager_load=True),
-        )
-        self.entry = self._py4j.entry_point
-        self.version = self.call("ping")
         self._channel: StepChannel | None = None
         self._channel_lock = threading.Lock()
+        try:
+            self._py4j = JavaGateway(
+                gateway_parameters=GatewayParameters(address=LOOPBACK, port=self.port, auto_convert=False,
+                                                     auto_field=False, eager_load=True),
+            )
+            self.entry = self._py4j.entry_point
+            self.version = self.call("ping")
+        except BaseException:
+            self._kill()  # a JVM we cannot talk to must not live on until this interpreter exits
+            raise
         atexit.register(self.close)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -96,11 +105,12 @@ class Gateway:
         reader.start()
         reader.join(timeout_s)
         if not result:
+            timed_out = reader.is_alive()  # else stdout ended: the JVM exited (or closed it) early
             self._kill()
-            raise GatewayError(
-                f"the Java gateway did not report its port within {timeout_s:.0f} s "
-                f"(exit code {self.proc.poll()}); its stderr ends with:\n" + "\n".join(self._stderr_tail)
-            )
+            self._stderr_reader.join(timeout=2)  # its last words, for the message
+            what = (f"did not report its port within {timeout_s:.0f} s" if timed_out
+                    else f"exited with code {self.proc.returncode} before reporting its port")
+            raise GatewayError(f"the Java gateway ({self.jar}) {what}" + self._stderr_hint())
         return int(result[0])
 
     @property
@@ -148,21 +158,40 @@ class Gateway:
     def call(self, method: str, *args):
         """Call an entry-point method; Java exceptions become `SimulatorError`."""
         if not self.alive():
-            raise GatewayError("the Java gateway is not running" + self._stderr_hint())
+            raise GatewayError(self.not_running_message())
         try:
             return getattr(self.entry, method)(*args)
         except Py4JJavaError as exc:
             raise SimulatorError(_java_message(exc)) from None
         except Py4JError as exc:
-            raise GatewayError(f"Py4J call {method} failed: {exc}" + self._stderr_hint()) from exc
+            raise GatewayError(f"Py4J call {method} failed: {exc}" + self._failure_hint()) from exc
 
     def step_channel(self) -> "StepChannel":
         """The raw-socket hot path for batched steps (opened on first use; one per gateway)."""
         with self._channel_lock:
-            if self._channel is None:
+            if not self.alive():
+                raise GatewayError(self.not_running_message())
+            if self._channel is None or self._channel.broken:
+                # a broken connection is replaced: the JVM serves any number of them
                 port, token = str(self.call("openStepChannel")).split(":")
-                self._channel = StepChannel(int(port), token)
+                try:
+                    self._channel = StepChannel(int(port), token, explain_failure=self._failure_hint)
+                except OSError as exc:
+                    raise GatewayError(f"cannot connect to the gateway's step channel ({exc})"
+                                       + self._failure_hint()) from exc
             return self._channel
+
+    def not_running_message(self) -> str:
+        return "the Java gateway is not running" + self._failure_hint()
+
+    def _failure_hint(self) -> str:
+        """Why calls fail, as far as we know: the JVM's exit code and its last stderr lines."""
+        try:
+            code = self.proc.wait(timeout=0.5)  # a JVM killed mid-call closes its sockets before it is reaped
+        except subprocess.TimeoutExpired:
+            code = None
+        died = code is not None and not self._closed
+        return (f" (the JVM, pid {self.pid}, exited with code {code})" if died else "") + self._stderr_hint()
 
     def _stderr_hint(self) -> str:
         return ("; JVM stderr: " + " | ".join(list(self._stderr_tail)[-5:])) if self._stderr_tail else ""
@@ -176,18 +205,24 @@ class StepChannel:
 
     OP_STEP = 1
     OP_RESET = 2
+    MAX_FRAME = 1 << 24  # StepChannel.java drops the connection on a longer request
 
-    def __init__(self, port: int, token: str):
-        self.sock = socket.create_connection((LOOPBACK, port), timeout=60)
+    def __init__(self, port: int, token: str, timeout_s: float = 60.0, explain_failure=lambda: ""):
+        """`explain_failure()`: what the owner knows when the connection fails (e.g. the JVM's
+        exit code), appended to the error."""
+        self.timeout_s = timeout_s
+        self.sock = socket.create_connection((LOOPBACK, port), timeout=timeout_s)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.sendall(token.encode("ascii"))
         self._buf = bytearray(1 << 16)
         self._lock = threading.Lock()
+        self._explain_failure = explain_failure
+        self.broken = False  # after a call that failed half-way: never used again
 
     def _recv(self, view: memoryview) -> int:
         n = self.sock.recv_into(view)
         if n == 0:
-            raise GatewayError("the step channel closed (did the JVM exit?)")
+            raise GatewayError("the step channel closed (did the JVM exit?)" + self._explain_failure())
         return n
 
     def _read_into(self, view: memoryview) -> None:
@@ -203,25 +238,47 @@ class StepChannel:
         return self._call(self.OP_RESET, batch_id, request)
 
     def _call(self, op: int, batch_id: int, payload: bytes) -> bytes:
+        if len(payload) > self.MAX_FRAME:
+            raise SimulatorError(f"a step-channel request of {len(payload)} bytes is over its limit of "
+                                 f"{self.MAX_FRAME} bytes (too many envs in one call)")
         with self._lock:
-            self.sock.sendall(struct.pack(">iii", op, batch_id, len(payload)) + payload)
-            # The JVM writes a reply in one write: one recv usually brings all of it, header included.
-            buf = memoryview(self._buf)
-            got = 0
-            while got < 8:
-                got += self._recv(buf[got:])
-            status, length = struct.unpack_from(">ii", self._buf)
-            if 8 + length > len(self._buf):
-                grown = bytearray(8 + length)
-                grown[:got] = self._buf[:got]
-                self._buf = grown
-                buf = memoryview(self._buf)
-            if got < 8 + length:
-                self._read_into(buf[got:8 + length])
-            reply = bytes(buf[8:8 + length])
+            if self.broken:
+                raise GatewayError("the step channel was closed after an earlier call failed; "
+                                   "get a new one from Gateway.step_channel()")
+            try:
+                status, reply = self._exchange(op, batch_id, payload)
+            except BaseException as exc:
+                # The reply of this call may still arrive: read by the next call, it would be taken
+                # for that call's answer. So the connection is dropped, whatever went wrong.
+                self.broken = True
+                self.close()
+                if isinstance(exc, socket.timeout):
+                    raise GatewayError(f"no reply on the step channel within {self.timeout_s:g} s; "
+                                       "the connection was closed" + self._explain_failure()) from exc
+                if isinstance(exc, OSError):
+                    raise GatewayError(f"the step channel to the Java gateway failed ({type(exc).__name__}: {exc})"
+                                       + self._explain_failure()) from exc
+                raise
         if status != 0:
             raise SimulatorError(reply.decode("utf-8", errors="replace"))
         return reply
+
+    def _exchange(self, op: int, batch_id: int, payload: bytes) -> tuple[int, bytes]:
+        self.sock.sendall(struct.pack(">iii", op, batch_id, len(payload)) + payload)
+        # The JVM writes a reply in one write: one recv usually brings all of it, header included.
+        buf = memoryview(self._buf)
+        got = 0
+        while got < 8:
+            got += self._recv(buf[got:])
+        status, length = struct.unpack_from(">ii", self._buf)
+        if 8 + length > len(self._buf):
+            grown = bytearray(8 + length)
+            grown[:got] = self._buf[:got]
+            self._buf = grown
+            buf = memoryview(self._buf)
+        if got < 8 + length:
+            self._read_into(buf[got:8 + length])
+        return status, bytes(buf[8:8 + length])
 
     def close(self) -> None:
         try:

@@ -30,7 +30,7 @@ from samm.analyze import FleetSpec
 
 from .batch import BatchShape, SimBatch, SimStep, decode_records, record_width
 from .config import SimConfig
-from .errors import BridgeError, RolloutWorkerLost
+from .errors import BridgeError, GatewayError, RolloutWorkerLost
 from .workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,9 @@ class RaySimBatch(BatchShape):
         for k, ref in calls.items():
             try:
                 out[k] = ray.get(ref)
-            except (RayActorError, WorkerCrashedError) as exc:
+            except (RayActorError, WorkerCrashedError, GatewayError) as exc:
+                # GatewayError: the actor lives but its JVM died (Ray re-raises it as
+                # RayTaskError(GatewayError)); that worker would fail every later call
                 lost.append((k, exc))
         if lost:
             for k, _ in lost:

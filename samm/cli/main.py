@@ -117,7 +117,8 @@ def sim() -> None:
 @workload_options
 @config_options
 @click.option("--policy", default="noop", show_default=True, help="noop, random, or static:S,M,L (hold that fleet).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Simulation seed (boot delays).")
+@click.option("--seed", type=click.IntRange(0, 2**62 - 1), default=0, show_default=True,
+              help="Simulation seed (boot delays).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def sim_run(workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial, action_mode,
             max_steps, policy, seed, as_json) -> None:
@@ -126,6 +127,11 @@ def sim_run(workload, window, time_compression, mips_per_core, max_jobs, config_
     from sim_bridge.errors import BridgeError
     from sim_bridge.runner import run_episodes
 
+    # checked here: 0 would otherwise be taken for "not given" and silently ignored
+    for flag, value in (("--time-compression", time_compression), ("--mips-per-core", mips_per_core),
+                        ("--max-jobs", max_jobs), ("--max-steps", max_steps)):
+        if value is not None and not value > 0:
+            _fail(f"{flag} must be positive, got {value}")
     cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
     wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
     try:
@@ -150,15 +156,20 @@ def sim_run(workload, window, time_compression, mips_per_core, max_jobs, config_
               help="Timed runs of each loop (median reported).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="Java threads per batch (0 = one per CPU).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**62 - 1), default=0, show_default=True,
+              help="Seeds the actions and the boot delays.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def sim_bench(envs, steps, repeats, threads, seed, as_json) -> None:
     """Env-steps/s through the bridge vs the same simulation in a Java-only loop (seed-1551)."""
     from sim_bridge.bench import run_bench
     from sim_bridge.config import SimConfig
+    from sim_bridge.errors import BridgeError
     from sim_bridge.workloads import seed_1551
 
-    result = run_bench(SimConfig(threads=threads), seed_1551(), envs, steps, seed=seed, repeats=repeats)
+    try:
+        result = run_bench(SimConfig(threads=threads), seed_1551(), envs, steps, seed=seed, repeats=repeats)
+    except BridgeError as exc:
+        _fail(str(exc))
     if as_json:
         click.echo(json.dumps(result))
     else:

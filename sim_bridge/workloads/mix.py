@@ -487,7 +487,10 @@ class WorkloadWindows:
 def load_mix(path: str | Path | None = None) -> WorkloadMix:
     """A mix from YAML (None = the shipped default); unknown keys and test traces are rejected."""
     path = Path(path) if path is not None else DEFAULT_MIX
-    data = yaml.safe_load(path.read_text())
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:  # a YAMLError is no ValueError: callers expect one
+        raise ValueError(f"{path}: not a valid YAML file ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a workload mix must be a mapping")
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import zlib
 from pathlib import Path
 from typing import Literal
 
@@ -49,21 +50,76 @@ class SwfTransform(BaseModel):
         return self
 
 
+SWF_FIELDS = 18
+FIELD_NAMES = ("job number", "submit time", "wait time", "run time", "allocated processors", "average CPU time",
+               "used memory", "requested processors", "requested time", "requested memory", "status", "user id",
+               "group id", "executable", "queue", "partition", "preceding job", "think time")
+INT32_MAX = 2**31 - 1
+
+
+def _is_record(line: str) -> bool:
+    """Not blank, not an SWF header line (';'), not only a '#' comment (np.loadtxt skips those)."""
+    return bool(line.split("#", 1)[0].strip()) and not line.lstrip().startswith(";")
+
+
 def read_swf_table(path: str | Path) -> np.ndarray:
     """The trace's records as an (n, 18) float array; header (';') and blank lines skipped.
-    Accepts plain and gzip-compressed files."""
+    Accepts plain and gzip-compressed files. A malformed record is a ValueError naming the
+    file, the line and the field."""
     path = Path(path)
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    rows = [ln for ln in raw.decode("utf-8", errors="replace").splitlines()
-            if ln.strip() and not ln.lstrip().startswith(";")]
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:  # EOFError: a truncated download
+            raise ValueError(f"{path}: not a readable gzip file ({exc})") from None
+    lines = raw.decode("utf-8", errors="replace").splitlines()
+    rows = [ln for ln in lines if _is_record(ln)]
     if not rows:
         raise ValueError(f"{path}: no job records found (is it an SWF file?)")
-    table = np.loadtxt(io.StringIO("\n".join(rows)), dtype=np.float64, ndmin=2)
-    if table.shape[1] < 18:
+    try:
+        table = np.loadtxt(io.StringIO("\n".join(rows)), dtype=np.float64, ndmin=2)
+    except ValueError:
+        table = _parse_records_line_by_line(path, lines)  # slow, but names the bad line
+    if table.shape[1] < SWF_FIELDS:
         raise ValueError(f"{path}: SWF records need 18 fields, found {table.shape[1]}")
-    return table[:, :18]
+    table = table[:, :SWF_FIELDS]
+    _check_values(path, table, lines)
+    return table
+
+
+def _parse_records_line_by_line(path: Path, lines: list[str]) -> np.ndarray:
+    table = []
+    for number, line in enumerate(lines, start=1):
+        if not _is_record(line):
+            continue
+        fields = line.split("#", 1)[0].split()  # '#' starts a comment, as for np.loadtxt
+        if len(fields) < SWF_FIELDS:
+            raise ValueError(f"{path} line {number}: an SWF record needs 18 fields, found {len(fields)}")
+        values = []
+        for k, token in enumerate(fields[:SWF_FIELDS]):
+            try:
+                values.append(float(token))
+            except ValueError:
+                raise ValueError(f"{path} line {number}: field {k + 1} ({FIELD_NAMES[k]}) is not a number: "
+                                 f"{token[:20]!r}") from None
+        table.append(values)
+    return np.array(table, dtype=np.float64).reshape(-1, SWF_FIELDS)
+
+
+def _check_values(path: Path, table: np.ndarray, lines: list[str]) -> None:
+    """NaN or infinite fields (no SWF writer emits them) and processor counts beyond int32 would
+    drop jobs silently or wrap around to a negative core count: name them instead."""
+    bad = ~np.isfinite(table)
+    procs = [F_ALLOC, F_REQ_PROCS]
+    bad[:, procs] |= table[:, procs] > INT32_MAX
+    if not bad.any():
+        return
+    row, col = (int(x) for x in np.argwhere(bad)[0])
+    number = [i for i, ln in enumerate(lines, start=1) if _is_record(ln)][row]
+    value = table[row, col]
+    problem = "out of range" if np.isfinite(value) else "not a finite number"
+    raise ValueError(f"{path} line {number}: field {col + 1} ({FIELD_NAMES[col]}) is {value:g}, {problem}")
 
 
 def load_swf(path: str | Path, transform: SwfTransform | None = None, default_core_cap: int | None = None) -> Workload:

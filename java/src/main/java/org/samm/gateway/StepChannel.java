@@ -130,6 +130,10 @@ final class StepChannel implements AutoCloseable {
                     }
                 } catch (RuntimeException e) {
                     reply.error(String.valueOf(e.getMessage()));
+                } catch (OutOfMemoryError | StackOverflowError e) {
+                    // answered like any failed call: else this thread dies, the connection drops and
+                    // the client can only guess that the JVM exited
+                    reply.error(e + " (in the JVM serving the step channel)");
                 }
                 reply.send(s);
             }
