@@ -7,29 +7,67 @@ import os
 import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Sequence
 
 
 def map_runs(fn: Callable, jobs: Sequence, workers: int = 2, progress: bool = True, desc: str = "runs") -> list:
-    """[fn(job) for job in jobs], in order; `workers` > 1 runs them in that many processes."""
+    """[fn(job) for job in jobs], in order; `workers` > 1 runs them in that many processes.
+    A run that raises ends the map at once (the runs not started are dropped) with its own
+    exception, noted with the job; a worker process that dies is a RuntimeError naming the jobs
+    left unfinished."""
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(jobs), unit="run", file=sys.stderr, desc=desc)
     results = []
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for r in pool.map(fn, jobs):
-                results.append(r)
+    try:
+        if workers > 1:
+            _map_in_processes(fn, jobs, workers, results, bar, desc)
+        else:
+            for j in jobs:
+                results.append(_run_named(fn, j, desc))
                 bar and bar.update(1)
-    else:
-        for j in jobs:
-            results.append(fn(j))
-            bar and bar.update(1)
-    bar and bar.close()
+    finally:
+        bar and bar.close()
     return results
+
+
+def _short(job) -> str:
+    text = repr(job)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _run_named(fn: Callable, job, desc: str):
+    try:
+        return fn(job)
+    except Exception as exc:
+        exc.add_note(f"{desc}: in the run of job {_short(job)}")
+        raise
+
+
+def _map_in_processes(fn: Callable, jobs: Sequence, workers: int, results: list, bar, desc: str) -> None:
+    pool = ProcessPoolExecutor(max_workers=workers)
+    futures = [pool.submit(fn, j) for j in jobs]
+    try:
+        for job, future in zip(jobs, futures):
+            try:
+                results.append(future.result())
+            except BrokenProcessPool as exc:
+                left = [_short(j) for j, f in zip(jobs, futures)
+                        if not f.done() or f.cancelled() or f.exception() is not None]
+                raise RuntimeError(f"{desc}: a worker process died (killed, or out of memory) with {len(left)} of "
+                                   f"{len(jobs)} runs unfinished, among them {', '.join(left[:3])}") from exc
+            except Exception as exc:
+                exc.add_note(f"{desc}: in the run of job {_short(job)}")
+                raise
+            bar and bar.update(1)
+    finally:
+        # after a failure, the runs not started yet are dropped instead of waited for (hours, in
+        # an experiment); the running ones end before this returns, so no process is left behind
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 PROGRESS_FILE = "progress.json"

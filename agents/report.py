@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,7 +93,12 @@ def write_summary(out: Path, summary: Mapping) -> None:
     problems = validate_summary(summary)
     if problems:
         raise ValueError("summary does not follow the schema: " + "; ".join(problems))
-    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=2, default=json_default))
+    # written beside and renamed over: an interrupted write leaves the earlier summary whole, and a
+    # reader (a report, a dashboard) never sees half a file
+    path = Path(out) / "summary.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, default=json_default))
+    os.replace(tmp, path)
 
 
 def json_default(o):

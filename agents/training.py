@@ -204,7 +204,10 @@ def train_lstm_ppo(sim: SimConfig, workload: Workload, ppo: PPOConfig, out_dir: 
                         obs_rms=None if obs_rms is None else RunningMeanStd.from_dict(obs_rms.to_dict()))
         return bool(on_eval and on_eval(row))
 
-    result = train(ppo, make_envs, out, resume=resume, progress=progress, on_update=on_update, init=init)
+    # the evaluations and the best snapshot go with each checkpoint: a resumed run still picks
+    # from all of them, and one resumed when already complete saves the same policy again
+    result = train(ppo, make_envs, out, resume=resume, progress=progress, on_update=on_update, init=init,
+                   carry={"evaluations": evals, "best": best})
     net, obs_rms = result.net, result.obs_rms
     if best:  # keep the best evaluated snapshot, not merely the last one
         net.load_state_dict(best["state"])

@@ -40,8 +40,11 @@ def tune(kind: str, sim: SimConfig, workload: Workload, seeds, grid: dict[str, l
     for params in it:
         agent = make_agent(kind, sim, params)
         eps = run_episodes(sim, workload, agent, seeds)
+        # an episode cut before its last job has no makespan: None, not inf (`--json` must be JSON)
+        spans = [e["makespan_s"] for e in eps]
         rows.append({"params": params, "total_cost": float(np.mean([e["total_cost"] for e in eps])),
-                     "makespan_s": float(np.mean([e["makespan_s"] or np.inf for e in eps]))})
+                     "makespan_s": None if None in spans else float(np.mean(spans)),
+                     "episodes_unfinished": spans.count(None)})
     rows.sort(key=lambda r: r["total_cost"])
     best = make_agent(kind, sim, rows[0]["params"])
     return {"kind": kind, "best_params": rows[0]["params"], "best_total_cost": rows[0]["total_cost"],

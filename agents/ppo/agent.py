@@ -20,6 +20,20 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 WEIGHTS_FILE = "policy.pt"
 
 
+def _read_obs_rms(path: Path, n_features: int) -> RunningMeanStd:
+    """The saved observation normaliser, checked to fit the policy's features (a wrong one would
+    fail, or act on garbage, at the first decision instead of here)."""
+    try:
+        rms = RunningMeanStd.from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a saved observation normaliser ({exc})") from None
+    if rms.mean.shape != (n_features,) or rms.var.shape != (n_features,):
+        raise ValueError(f"{path}: normalises {rms.mean.size} features, the policy reads {n_features}")
+    if not (np.isfinite(rms.mean).all() and np.isfinite(rms.var).all() and (rms.var >= 0).all()):
+        raise ValueError(f"{path}: mean or var holds NaN, inf or a negative variance")
+    return rms
+
+
 @register
 class LstmPpoAgent(Agent):
     kind = "lstm-ppo"
@@ -110,12 +124,20 @@ class LstmPpoAgent(Agent):
             raise FileNotFoundError(f"{directory}: missing {WEIGHTS_FILE}")
         try:
             state = torch.load(weights, map_location="cpu", weights_only=True)
+        except Exception as exc:  # truncated, garbage or a pickle of arbitrary objects: unreadable here
+            raise ValueError(f"{weights}: not a readable PyTorch state dict ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        try:
             agent.net.load_state_dict(state)
             agent._np = None
-        except (RuntimeError, ValueError, KeyError) as exc:
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{weights}: does not match the declared observation/action spec ({exc})") from None
+        # NaN weights give NaN probabilities, whose argmax is action 0: "remove a VM" of every type
+        bad = [k for k, v in agent.net.state_dict().items() if not torch.isfinite(v).all()]
+        if bad:
+            raise ValueError(f"{weights}: {bad[0]} holds NaN or inf values")
         rms = directory / "obs_rms.json"
         if rms.is_file():
-            agent.obs_rms = RunningMeanStd.from_dict(json.loads(rms.read_text()))
+            agent.obs_rms = _read_obs_rms(rms, len(agent.feature_names))
         agent.net.eval()
         return agent

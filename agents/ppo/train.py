@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,10 @@ from .rollout_policy import RolloutPolicy
 # envs; this many losses in a row end the run.
 MAX_ROLLOUT_ATTEMPTS = 3
 
+CHECKPOINT_FILE = "checkpoint.pt"
+# the logs a run appends to, with the column that orders their rows
+LOG_FILES = {"progress.csv": "update", "episodes.csv": "global_step"}
+
 
 def pick_device(name: str) -> torch.device:
     if name == "auto":
@@ -53,6 +58,94 @@ def action_nvec(space: spaces.Space) -> tuple[int, ...]:
     if isinstance(space, spaces.MultiDiscrete):
         return tuple(int(n) for n in space.nvec)
     raise TypeError(f"unsupported action space {space}")
+
+
+def refuse_existing_run(out: Path) -> None:
+    """A fresh run into the folder of an earlier one would append its rows to the earlier logs
+    and replace its checkpoint: the caller must choose to resume it or another folder."""
+    found = [n for n in (CHECKPOINT_FILE, *LOG_FILES) if (out / n).exists()]
+    if found:
+        raise ValueError(f"{out} already holds a training run ({found[0]}); pass --resume to continue it "
+                         "or choose another --out")
+
+
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def read_checkpoint(path: Path, device: torch.device) -> dict:
+    """The checkpoint's contents, or a ValueError naming the file when it is truncated or not one."""
+    try:
+        ck = torch.load(path, map_location=device, weights_only=False)
+    except Exception as exc:  # truncated zip, garbage, a file of another program: all unreadable here
+        raise ValueError(f"{path}: not a readable training checkpoint "
+                         f"({type(exc).__name__}: {_one_line(exc)})") from None
+    missing = [k for k in ("model", "optimizer", "update", "global_step", "torch_rng", "sample_rng")
+               if not isinstance(ck, dict) or k not in ck]
+    if missing:
+        raise ValueError(f"{path}: not a training checkpoint (no {missing[0]!r})")
+    return ck
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Written beside and renamed over the last one, so an interrupted save leaves that one whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def trim_logs(out: Path, update: int, global_step: int) -> None:
+    """Drop the log rows written after the checkpoint a run resumes from (all of them without one):
+    the resumed run logs those updates and episodes again."""
+    for name, column in LOG_FILES.items():
+        path = out / name
+        if not path.exists():
+            continue
+        last = update if column == "update" else global_step
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            fields, rows = reader.fieldnames, list(reader)
+        kept = [r for r in rows if _logged_by(r, column, last)]
+        if len(kept) == len(rows):
+            continue
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(kept)
+        os.replace(tmp, path)
+
+
+def _logged_by(row: dict, column: str, last: float) -> bool:
+    """Whether a log row is whole and was written by the run up to `last`: a row torn by a kill
+    mid-write (missing fields, or a number cut short) is dropped."""
+    if None in row or None in row.values():
+        return False
+    try:
+        return float(row[column]) <= last
+    except ValueError:
+        return False
+
+
+def restore_carry(carry: dict, saved: dict) -> None:
+    """Refill the caller's objects in place from a checkpoint (lists and dicts keep their identity)."""
+    for key, value in saved.items():
+        target = carry.get(key)
+        if isinstance(target, list):
+            target[:] = value
+        elif isinstance(target, dict):
+            target.clear()
+            target.update(value)
+
+
+def check_finite(update: int, stats: dict[str, list[float]], net: nn.Module) -> None:
+    """Stop before a NaN or inf reaches a checkpoint or the saved policy."""
+    bad = [k for k, v in stats.items() if not np.all(np.isfinite(v))]
+    bad += [name for name, p in net.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(f"update {update}: {bad[0]} is not finite (NaN or inf); training stopped without saving it "
+                         "(lower the learning_rate, or check the observations and the initial policy)")
 
 
 class TrainLogger:
@@ -149,13 +242,17 @@ def ppo_update(net: LstmActorCritic, opt: optim.Optimizer, buf: RolloutBuffer, c
 def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str | Path | None = None,
           resume: bool = False, progress: bool = True,
           on_update: Callable[[int, LstmActorCritic, RunningMeanStd | None], bool | None] | None = None,
-          init: tuple[dict, RunningMeanStd | None] | None = None) -> TrainResult:
+          init: tuple[dict, RunningMeanStd | None] | None = None, carry: dict | None = None) -> TrainResult:
     """Train an LSTM actor-critic. `make_envs(num_envs, seed)` builds the vector env.
     `on_update(update, net, obs_rms)` may return True to stop early. `init`: (network state
-    dict, observation normaliser) of a policy to start from (fine-tuning) instead of scratch."""
+    dict, observation normaliser) of a policy to start from (fine-tuning) instead of scratch.
+    `carry`: the caller's lists and dicts (e.g. its evaluations) saved with every checkpoint and
+    refilled in place on `resume`. Without `resume`, `out_dir` must not hold an earlier run."""
     cfg.validate()
     out = Path(out_dir) if out_dir else None
     if out:
+        if not resume:
+            refuse_existing_run(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
@@ -167,6 +264,9 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     sample_gen = torch.Generator().manual_seed(cfg.seed + 1)  # minibatch order
     sample_rng = np.random.default_rng(cfg.seed + 2)  # actions during rollouts
 
+    ckpt_path = out / CHECKPOINT_FILE if out else None
+    # read before the envs start: a bad file is a clear error, not a JVM started for nothing
+    ck = read_checkpoint(ckpt_path, device) if resume and ckpt_path and ckpt_path.exists() else None
     envs = make_envs(cfg.num_envs, cfg.seed)
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     nvec = action_nvec(envs.single_action_space)
@@ -187,11 +287,15 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     ret_rms = RunningMeanStd(()) if cfg.norm_reward else None
     start_update, global_step = 0, 0
 
-    ckpt_path = out / "checkpoint.pt" if out else None
-    if resume and ckpt_path and ckpt_path.exists():
-        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
-        net.load_state_dict(ck["model"])
-        opt.load_state_dict(flat.optimizer_state_from_per_parameter(ck["optimizer"]) if flat else ck["optimizer"])
+    if ck is not None:
+        try:
+            net.load_state_dict(ck["model"])
+            opt.load_state_dict(flat.optimizer_state_from_per_parameter(ck["optimizer"]) if flat else ck["optimizer"])
+        except (RuntimeError, ValueError, KeyError, IndexError) as exc:
+            if hasattr(envs, "close"):
+                envs.close()
+            raise ValueError(f"{ckpt_path}: written by a run with another network, observation or action space, "
+                             f"or on CPU and resumed on a GPU ({_one_line(exc)})") from None
         start_update, global_step = ck["update"], ck["global_step"]
         obs_rms = RunningMeanStd.from_dict(ck["obs_rms"]) if ck.get("obs_rms") else obs_rms
         ret_rms = RunningMeanStd.from_dict(ck["ret_rms"]) if ck.get("ret_rms") else ret_rms
@@ -199,6 +303,10 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
         sample_gen.set_state(ck["sample_rng"])
         if ck.get("action_rng"):
             sample_rng.bit_generator.state = ck["action_rng"]
+        if carry is not None:
+            restore_carry(carry, ck.get("carry") or {})
+    if resume and out:
+        trim_logs(out, start_update, global_step)
 
     logger = TrainLogger(out)
     buf = RolloutBuffer(cfg.num_steps, cfg.num_envs, obs_dim, len(nvec), cfg.lstm_hidden, device)
@@ -304,6 +412,13 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
 
         # -- learn from it: epochs over minibatches of BPTT chunks ---------------------------
         stats = ppo_update(net, opt, buf, cfg, sample_gen, flat)
+        try:
+            check_finite(update + 1, stats, net)
+        except ValueError:
+            logger.close()
+            if hasattr(envs, "close"):  # the JVMs of this run: not left to the end of the process
+                envs.close()
+            raise
 
         # -- log, checkpoint, callbacks ------------------------------------------------------
         y_pred, y_true = buf.values.ravel(), buf.returns.ravel()
@@ -328,13 +443,16 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
         if bar:
             bar.update(cfg.batch_size)
             bar.set_postfix(ret=f"{row['episode_return']:.2f}", len=f"{row['episode_length']:.0f}")
+        # the callback first, so that the checkpoint holds what it recorded for this update
+        stop = on_update is not None and on_update(update + 1, net, obs_rms)
         if ckpt_path and ((update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.num_updates):
-            torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "update": update + 1,
-                        "global_step": global_step, "obs_rms": obs_rms.to_dict() if obs_rms else None,
-                        "ret_rms": ret_rms.to_dict() if ret_rms else None, "torch_rng": torch.get_rng_state(),
-                        "sample_rng": sample_gen.get_state(),
-                        "action_rng": sample_rng.bit_generator.state, "config": cfg.to_dict()}, ckpt_path)
-        if on_update is not None and on_update(update + 1, net, obs_rms):
+            save_checkpoint(ckpt_path, {
+                "model": net.state_dict(), "optimizer": opt.state_dict(), "update": update + 1,
+                "global_step": global_step, "obs_rms": obs_rms.to_dict() if obs_rms else None,
+                "ret_rms": ret_rms.to_dict() if ret_rms else None, "torch_rng": torch.get_rng_state(),
+                "sample_rng": sample_gen.get_state(),
+                "action_rng": sample_rng.bit_generator.state, "config": cfg.to_dict(), "carry": carry})
+        if stop:
             break
 
     if bar:

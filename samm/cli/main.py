@@ -512,7 +512,9 @@ def _given_options(ctx: click.Context, skip: set[str]) -> list[str]:
 @click.option("--envs", type=int, default=16, show_default=True, help="Simulations stepped per batched call.")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Run directory (logs, checkpoint, policy/).")
-@click.option("--resume", is_flag=True, help="Continue from <out>/checkpoint.pt.")
+@click.option("--resume", is_flag=True, help="Continue from <out>/checkpoint.pt (without it, an --out that holds "
+              "a run is refused). Reproducible for a checkpoint, but the episodes restart at the resume, so not "
+              "bit-identical to an uninterrupted run.")
 @click.option("--eval-every", type=int, default=20, show_default=True, help="Evaluate every N updates (0 = never).")
 @click.option("--eval-seeds", default="101-103", show_default=True,
               help="Seeds of the periodic evaluations that pick the saved snapshot (keep them apart from the final evaluation seeds).")
@@ -573,7 +575,14 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
     if ctx.args:
         _fail(f"unknown options for problem autoscaling: {' '.join(ctx.args)}")
     from agents.ppo.config import PPOConfig
+    from agents.ppo.train import refuse_existing_run
     from agents.training import train_lstm_ppo
+
+    if not resume:
+        try:  # before the plan's validation episodes, which take a while
+            refuse_existing_run(Path(out))
+        except ValueError as exc:
+            _fail(str(exc))
 
     cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
     overrides = _params(ppo_json, "--ppo") or {}
@@ -584,6 +593,10 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
                            "device": device, **plan.ppo_defaults, **overrides}).validate()
     except (TypeError, ValueError) as exc:
         _fail(f"invalid PPO settings: {exc}")
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _fail(f"--out {out}: {exc}")
     try:
         _, summary = train_lstm_ppo(cfg, plan.workload, ppo, out, resume=resume, progress=not quiet,
                                     eval_seeds=_seeds(eval_seeds, "--eval-seeds"), features=plan.features,
@@ -700,8 +713,14 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
     wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
     try:
         agent = make_agent(agent_kind, cfg, _params(params_json), policy_dir)
-    except (ValueError, FileNotFoundError) as exc:
-        _fail(str(exc))
+    except (ValueError, FileNotFoundError, TypeError) as exc:  # TypeError: a --params value of the wrong type
+        _fail(f"--agent {agent_kind}: {exc}")
+    from samm.analyze import FleetSpec
+    from samm.analyze.features import known_features
+
+    unknown = sorted(set(agent.feature_names) - set(known_features(FleetSpec.from_vm_types(cfg.vm_types))))
+    if unknown:  # a policy of another feature set or fleet
+        _fail(f"--agent {agent_kind}: the policy reads feature(s) {unknown} that this simulation does not produce")
     res = evaluate(agent, cfg, wl, _seeds(seeds), deterministic=not stochastic)
     if as_json:
         click.echo(json.dumps(res))
@@ -761,7 +780,21 @@ def tune_cmd(problem, agent_kind, workload, window, time_compression, mips_per_c
 
     cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
     wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
-    res = tune(agent_kind, cfg, wl, _seeds(seeds), progress=not as_json)
+    seed_list = _seeds(seeds)
+    if out:
+        held = Path(out) / "metadata.json"
+        if held.is_file():  # saving over another kind's policy would leave its weights under our metadata
+            try:
+                kind = json.loads(held.read_text()).get("kind")
+            except (ValueError, AttributeError, OSError):
+                kind = None
+            if kind != agent_kind:
+                _fail(f"--out {out} holds a {kind!r} policy, not a {agent_kind} one; choose another folder")
+        try:  # before the grid search: minutes of tuning are not lost to a bad --out
+            Path(out).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail(f"--out {out}: {exc}")
+    res = tune(agent_kind, cfg, wl, seed_list, progress=not as_json)
     agent = res.pop("agent")
     if out:
         agent.save(out)
@@ -790,10 +823,19 @@ def experiment_paper(out, policy_dir, timesteps, seeds, tune_seeds, ppo_json, no
     """Train (or load) LSTM-PPO, tune the baselines, evaluate all on seed-1551 and real traces;
     write report.md, summary.json and PNG figures."""
     from agents.experiment import run_paper_experiment
+    from agents.ppo.config import PPOConfig
 
-    summary = run_paper_experiment(out, policy_dir, timesteps, _seeds(seeds), _seeds(tune_seeds, "--tune-seeds"),
-                                   ppo_overrides=_params(ppo_json, "--ppo"), swf=not no_swf, progress=not quiet,
-                                   fast_tuning=fast_tuning)
+    overrides = _params(ppo_json, "--ppo")
+    try:  # before the experiment starts, not at its training step
+        PPOConfig(**{"total_timesteps": timesteps, **(overrides or {})}).validate()
+    except (TypeError, ValueError) as exc:
+        _fail(f"invalid PPO settings: {exc}")
+    try:
+        summary = run_paper_experiment(out, policy_dir, timesteps, _seeds(seeds), _seeds(tune_seeds, "--tune-seeds"),
+                                       ppo_overrides=overrides, swf=not no_swf, progress=not quiet,
+                                       fast_tuning=fast_tuning)
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
     click.echo(json.dumps(summary["targets"]))
     click.echo(f"wrote {Path(out) / 'report.md'}")
 
@@ -970,8 +1012,11 @@ def experiment_run(problem, out, quick, quiet) -> None:
         from agents.experiment import run_paper_experiment
         from agents.shipped import shipped_policy_dir
 
-        summary = run_paper_experiment(out, shipped_policy_dir(), 600_000, [1, 2, 3, 4, 5], [101, 102, 103],
-                                       swf=not quick, progress=not quiet, fast_tuning=quick)
+        try:
+            summary = run_paper_experiment(out, shipped_policy_dir(), 600_000, [1, 2, 3, 4, 5], [101, 102, 103],
+                                           swf=not quick, progress=not quiet, fast_tuning=quick)
+        except (ValueError, OSError) as exc:
+            _fail(str(exc))
         click.echo(json.dumps(summary["targets"]))
         return
     _run_problem_experiment(problem, out, quick=quick, progress=not quiet)
@@ -983,7 +1028,7 @@ def _run_problem_experiment(problem: str, out: str, **kw) -> None:
     spec = get_problem(problem)
     try:
         summary = entry(spec, "experiment")(out, **kw)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # OSError: an --out that cannot be created or written
         _fail(str(exc))
     click.echo(json.dumps(summary.get("targets", []), default=str))
     click.echo(f"wrote {Path(out) / 'report.md'}")
