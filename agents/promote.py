@@ -57,7 +57,11 @@ def install(candidate_dir, target_dir) -> None:
     `<target>.previous` and the swap is a rename, so readers never see a half-written policy."""
     target = Path(target_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".incoming-", dir=target.parent))
-    shutil.copytree(candidate_dir, tmp, dirs_exist_ok=True)
+    try:
+        shutil.copytree(candidate_dir, tmp, dirs_exist_ok=True)
+    except BaseException:  # a half-copied policy must not be left next to the installed one
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     previous = target.with_name(target.name + ".previous")
     if previous.exists():
         shutil.rmtree(previous)

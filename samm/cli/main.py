@@ -1084,7 +1084,8 @@ def policy() -> None:
 @config_options
 @click.option("--seeds", default="1-10", show_default=True, help="Paired episode seeds.")
 @click.option("--margin", type=float, default=0.02, show_default=True, help="Required mean paired cost saving.")
-@click.option("--max-p", type=float, default=0.1, show_default=True, help="Largest one-sided sign-test p-value.")
+@click.option("--max-p", type=float, default=0.1, show_default=True,
+              help="Largest one-sided sign-test p-value (with --suite, checked only when given).")
 @click.option("--suite", type=click.Choice(["generalisation"]), default=None,
               help="Gate on the generalisation suite instead of one workload: pairs by (window, seed) over the test "
                    "windows and seed-1551 (seeds 1-3 unless --seeds is given); promote iff the geometric-mean paired "
@@ -1100,17 +1101,25 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
     """Evaluate candidate and incumbent on the same workloads and seeds; promote only if the
     candidate is cheaper by the margin on paired episodes (one workload, or the generalisation
     suite's windows with --suite). Prints the evidence; exit status 0 when promoted, 3 when not."""
+    import os
+
     from agents.promote import compare, compare_on_suite, install
 
+    if install_to:  # checked before the evaluation, which takes minutes, not after it
+        parent = Path(install_to).absolute().parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            _fail(f"--install {install_to}: {parent} is not a writable directory")
     try:
         if suite:
             from agents.generalisation import suite_workloads
 
             cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
-            seed_list = _seeds(seeds) if click.get_current_context().get_parameter_source("seeds").name != "DEFAULT" \
-                else None
+            given = click.get_current_context().get_parameter_source
+            seed_list = _seeds(seeds) if given("seeds").name != "DEFAULT" else None
+            # the suite's sign test is weak evidence with few windows: required only when --max-p is given
             res = compare_on_suite(candidate, incumbent, cfg, suite_workloads(cfg), seed_list, margin=margin,
-                                   tolerance=window_tolerance)
+                                   tolerance=window_tolerance,
+                                   max_p=max_p if given("max_p").name != "DEFAULT" else None)
         else:
             cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
             wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
@@ -1118,7 +1127,11 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     if res["promote"] and install_to:
-        install(candidate, install_to)
+        try:
+            install(candidate, install_to)
+        except OSError as exc:
+            click.echo(json.dumps(res, indent=2))
+            _fail(f"--install {install_to}: promoted but not installed ({exc.strerror or exc}: {exc.filename})")
         res["installed_to"] = install_to
     click.echo(json.dumps(res, indent=2))
     sys.exit(0 if res["promote"] else 3)
@@ -1157,13 +1170,28 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
         if not agent or not key or not eq:
             _fail(f"--agent-param {item!r}: expected NAME:KEY=VALUE")
         params.setdefault(agent, {})[key] = value
-    registry = PolicyRegistry(store)
+    if not session_ttl > 0:  # click's FloatRange lets NaN through: every session would expire at once
+        _fail(f"--session-ttl must be a positive number of seconds, got {session_ttl}")
+    hosted = [spec.partition("=")[0] for spec in agents]
+    twice = sorted({n for n in hosted if hosted.count(n) > 1})
+    if twice:
+        _fail(f"--agent {twice[0]} is given more than once; each name is hosted once")
+    unhosted = sorted(set(params) - set(hosted))
+    if unhosted:
+        _fail(f"--agent-param {unhosted[0]}:...: no --agent {unhosted[0]} is hosted (hosted: {', '.join(hosted)})")
+    try:
+        registry = PolicyRegistry(store)
+    except OSError as exc:
+        _fail(f"--store {store}: cannot create the policy store ({exc.strerror or exc})")
     for spec in agents:
         name, _, policy_dir = spec.partition("=")
         try:
             registry.host(name, make_policy(name, policy_dir or None, **params.get(name, {})), source=policy_dir)
         except (ValueError, FileNotFoundError, TypeError) as exc:
             _fail(f"--agent {spec}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - e.g. corrupt weights (torch's UnpicklingError): one line
+            first_line = (str(exc).splitlines() or [""])[0][:300]
+            _fail(f"--agent {spec}: cannot load the policy: {type(exc).__name__}: {first_line}")
     token = os.environ.get(token_env) or None
     import torch
 

@@ -4,7 +4,10 @@ Service over HTTP. Either way a failure never stops the loop: the configured saf
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -83,11 +86,12 @@ class HttpPlanner:
                  deterministic: bool = True, http: requests.Session | None = None):
         self.url = service_url.rstrip("/")
         self.agent_name = agent_name
-        self.session_id = session_id
+        self.session_id = service_session_id(session_id)
         self.timeout_s = timeout_s
         self.deterministic = deterministic
         self.http = http or requests.Session()
         self.spec: dict | None = None
+        self.spec_error: str | None = None  # why the agent list gave no usable spec
 
     @property
     def feature_names(self) -> tuple[str, ...] | None:
@@ -100,10 +104,19 @@ class HttpPlanner:
         try:
             r = self.http.get(f"{self.url}/v1/agents", timeout=self.timeout_s)
             r.raise_for_status()
-            for a in r.json()["agents"]:
-                if a["name"] == self.agent_name:
-                    self.spec = a
-        except (requests.RequestException, ValueError, KeyError) as exc:
+            listed = r.json()
+            agents = listed.get("agents") if isinstance(listed, dict) else None
+            if not isinstance(agents, list):
+                raise ValueError("the reply has no list 'agents'")
+            for a in agents:
+                if isinstance(a, dict) and a.get("name") == self.agent_name:
+                    self.spec = _autoscaling_spec(a)
+            self.spec_error = None if self.spec else f"service {self.url} does not host agent {self.agent_name!r}"
+        except requests.RequestException as exc:
+            self.spec_error = f"service {self.url} unreachable: {type(exc).__name__}"
+            log.warning("plan: cannot read agent list from %s: %s", self.url, exc)
+        except ValueError as exc:  # not JSON, or not the service's schema
+            self.spec_error = f"service {self.url}: agent list not understood: {str(exc)[:200]}"
             log.warning("plan: cannot read agent list from %s: %s", self.url, exc)
 
     def reset(self) -> None:
@@ -117,7 +130,8 @@ class HttpPlanner:
         started = time.perf_counter()
         self._load_spec()
         if self.spec is None:
-            return fallback(f"service {self.url} unreachable or does not host agent {self.agent_name!r}", started)
+            return fallback(self.spec_error or f"service {self.url} unreachable or does not host agent "
+                                                   f"{self.agent_name!r}", started)
         names = self.spec["feature_names"]
         x = np.asarray(features, dtype=np.float64).reshape(-1)
         if len(x) != len(names):
@@ -129,11 +143,72 @@ class HttpPlanner:
         except requests.RequestException as exc:
             return fallback(f"service {self.url} unreachable: {type(exc).__name__}", started)
         if r.status_code != 200:
+            if r.status_code in (404, 422):  # the service may host another policy under this name now
+                self.spec = None             # (a restart): read its features again on the next call
             return fallback(f"service answered HTTP {r.status_code}: {r.text[:200]}", started)
         try:
             d = r.json()
-            deltas = deltas_of(self.spec["action_mode"], d["action"], self.spec["type_names"])
-        except (ValueError, KeyError) as exc:
+            if not isinstance(d, dict):
+                raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+            action = _checked_action(d.get("action"), self.spec["action_mode"], len(self.spec["type_names"]))
+            deltas = deltas_of(self.spec["action_mode"], action, self.spec["type_names"])
+        except ValueError as exc:
+            self.spec = None  # perhaps another action space now: read the agent list again next time
             return fallback(f"service reply not understood: {exc}", started)
-        return PlanOutcome(deltas, d["action"], d["action_name"], d.get("probabilities"), d.get("value"),
-                           d.get("policy_version"), latency_ms=(time.perf_counter() - started) * 1e3)
+        # what the decision record keeps: anything but the expected types is dropped, not stored
+        value = d.get("value")
+        value = float(value) if _is_number(value) and math.isfinite(value) else None
+        probs = d.get("probabilities")
+        version = d.get("policy_version")
+        return PlanOutcome(deltas, action, str(d.get("action_name") or action),
+                           probs if isinstance(probs, list) else None, value,
+                           version if isinstance(version, str) else None,
+                           latency_ms=(time.perf_counter() - started) * 1e3)
+
+
+#: what the service accepts as a session id (samm/plan/service.py's SESSION_PATTERN)
+SESSION_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
+MAX_SESSION_ID = 128
+
+
+def service_session_id(name: str) -> str:
+    """`name` as a session id the service accepts: the daemon builds its own from the host name,
+    which may be long or hold other characters, and the service would refuse every call (422).
+    The same name always maps to the same id, so a restarted daemon keeps its session."""
+    sid = SESSION_CHARS.sub("-", name)
+    if sid == name and 0 < len(sid) <= MAX_SESSION_ID:
+        return name
+    # a digest of the whole name keeps two names that differ only where they were cut apart
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{sid[:MAX_SESSION_ID - 13]}-{digest}"
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _autoscaling_spec(agent: dict) -> dict:
+    """The fields of a listed agent the daemon needs, checked: an agent of another problem (no
+    named features) or a malformed entry is a ValueError naming it, never a TypeError later."""
+    name = agent.get("name")
+    features, types, mode = agent.get("feature_names"), agent.get("type_names"), agent.get("action_mode")
+    if not (isinstance(features, list) and features and all(isinstance(f, str) for f in features)):
+        raise ValueError(f"agent {name!r} has no named features: not an autoscaling agent")
+    if not (isinstance(types, list) and types and all(isinstance(t, str) for t in types)):
+        raise ValueError(f"agent {name!r}: type_names must be a list of names, got {types!r}")
+    if mode not in ("paper", "per-type"):
+        raise ValueError(f"agent {name!r}: unknown action_mode {mode!r}")
+    return agent
+
+
+def _checked_action(action, mode: str, n_types: int):
+    """The reply's action, exactly of the agent's action space (an int for `paper`, one int per
+    VM type for `per-type`): a float, a bool, a string or another length is never acted on."""
+    if mode == "paper":
+        if not isinstance(action, int) or isinstance(action, bool) or not 0 <= action <= 2 * n_types:
+            raise ValueError(f"action must be an integer in [0, {2 * n_types}], got {action!r}")
+        return action
+    if not (isinstance(action, list) and len(action) == n_types
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2 for v in action)):
+        raise ValueError(f"action must be {n_types} integers in [0, 2], got {action!r}")
+    return action

@@ -100,6 +100,8 @@ class PolicyRegistry:
                 raise PolicyRejected(f"invalid file name {fname!r}")
         if "metadata.json" not in files:
             raise PolicyRejected("metadata.json is required")
+        # the default store lives under /tmp, whose cleaners may remove it from a long-running service
+        self.store_dir.mkdir(parents=True, exist_ok=True)
         target = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.store_dir))
         try:
             for fname, data in files.items():
@@ -126,7 +128,7 @@ class PolicyRegistry:
                 test_decision(candidate)
             except Exception as exc:  # noqa: BLE001
                 raise PolicyRejected(f"the policy failed a test decision: {exc}") from None
-        except PolicyRejected:
+        except BaseException:  # rejected, or the store failed (a full disk): leave no half-written policy
             shutil.rmtree(target, ignore_errors=True)
             raise
         with self._lock:

@@ -127,9 +127,9 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
                 await self.inner(scope, receive, send_wrapper)
             finally:
                 route = scope.get("route")
-                requests.labels(getattr(route, "path", "unmatched"), str(status["code"])).inc()
-
-    app.add_middleware(CountRequests)
+                # a refused upload never reaches the router: name its endpoint from the path
+                endpoint = getattr(route, "path", None) or _policy_endpoint(scope["path"]) or "unmatched"
+                requests.labels(endpoint, str(status["code"])).inc()
 
     class AuthenticateFirst:
         """Policy uploads and rollbacks check the bearer token before the body is read or
@@ -150,6 +150,7 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
             return await self.inner(scope, receive, send)
 
     app.add_middleware(AuthenticateFirst)
+    app.add_middleware(CountRequests)  # added last = outermost: counts the uploads refused above too
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -165,9 +166,11 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
     def require_token(authorization: str | None) -> None:
         if token is None:
             raise HTTPException(403, "policy uploads are disabled: the service has no token configured")
-        if not authorization or not authorization.startswith("Bearer "):
+        # the scheme is case-insensitive (RFC 9110 11.1): "bearer TOKEN" from curl scripts is one
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
             raise HTTPException(401, "missing bearer token")
-        if not hmac.compare_digest(authorization[len("Bearer "):].encode(), token.encode()):
+        if not hmac.compare_digest(given.strip().encode(), token.encode()):
             raise HTTPException(403, "invalid token")
 
     errors = {404: {"model": Problem}, 422: {"model": Problem}}
@@ -251,7 +254,7 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
             entry(spec, "routes")(app, hosted, registry)
 
     @app.put("/v1/agents/{agent}/policy", response_model=PolicyVersion,
-             responses={**errors, 401: {"model": Problem}, 403: {"model": Problem}})
+             responses={**errors, **{code: {"model": Problem} for code in (401, 403, 503)}})
     def upload_policy(body: PolicyUpload, agent: str = Path(pattern=AGENT_PATTERN),
                       authorization: str | None = Header(default=None)) -> PolicyVersion:
         require_token(authorization)  # (already checked before the body by AuthenticateFirst)
@@ -264,6 +267,10 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
             new = registry.upload(agent, files)
         except PolicyRejected as exc:
             raise HTTPException(422, f"policy rejected, {registry.describe(agent)['policy_version']} kept: {exc}") from None
+        except OSError as exc:  # the service's own store, not the caller's policy
+            log.error("policy store %s: %s", registry.store_dir, exc)
+            raise HTTPException(503, f"policy store unavailable ({exc.strerror or exc}), "
+                                     f"{registry.describe(agent)['policy_version']} kept") from None
         info = registry.describe(agent)
         return PolicyVersion(name=agent, policy_version=new.version, previous_version=info["previous_version"])
 
@@ -285,6 +292,14 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
 def _is_policy_path(path: str) -> bool:
     parts = path.strip("/").split("/")
     return len(parts) >= 4 and parts[:2] == ["v1", "agents"] and parts[3] == "policy"
+
+
+def _policy_endpoint(path: str) -> str | None:
+    """The route template of an upload or rollback path (for the request counter), else None."""
+    parts = path.strip("/").split("/")
+    if _is_policy_path(path) and parts[4:] in ([], ["rollback"]):
+        return "/v1/agents/{agent}/policy" + ("/rollback" if parts[4:] else "")
+    return None
 
 
 def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, sessions: SessionStore, latency,

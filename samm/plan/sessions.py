@@ -25,7 +25,7 @@ class LruTtlCache(Generic[V]):
 
     def __init__(self, max_items: int = DEFAULT_MAX_SESSIONS, ttl_s: float = DEFAULT_SESSION_TTL_S,
                  clock: Callable[[], float] = time.monotonic):
-        if max_items < 1 or ttl_s <= 0:
+        if not (max_items >= 1 and ttl_s > 0):  # written so a NaN TTL (every state dropped at once) fails too
             raise ValueError(f"sessions: max_items must be ≥ 1 and ttl_s > 0, got {max_items} and {ttl_s}")
         self.max_items, self.ttl_s, self.clock = int(max_items), float(ttl_s), clock
         self._items: OrderedDict[Hashable, tuple[float, V]] = OrderedDict()
