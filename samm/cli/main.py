@@ -1219,34 +1219,62 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds (default: run until killed).")
 def collect(graphite_addr, prefix, group, instance, interval, cores, pid, once, duration) -> None:
     """Report this instance's CPU busy share, RAM in use and heartbeat to Graphite every
-    --interval seconds (a dead Graphite is logged, never fatal)."""
+    --interval seconds (a dead Graphite is logged, never fatal). SIGTERM finishes the report
+    under way and exits 0."""
     import logging
+    import signal
     import socket
+    import threading
 
     import psutil
 
-    from samm.monitor.collector import HostSampler, InstanceReporter, parse_host_port, run_collector
+    from samm.monitor.collector import (HostSampler, InstanceReporter, check_group, check_prefix, parse_host_port,
+                                        run_collector)
     from samm.monitor.graphite_client import GraphiteSender
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         host, port = parse_host_port(graphite_addr)
+    except ValueError as exc:
+        _fail(f"--graphite: {exc}")
+    try:
+        check_prefix(prefix)
+    except ValueError as exc:
+        _fail(f"--prefix: {exc}")
+    try:
+        check_group(group)
+    except ValueError as exc:
+        _fail(f"--group: {exc}")
+    try:
         sampler = HostSampler(cores=cores, pid=pid)
     except ValueError as exc:
         _fail(str(exc))
     except psutil.NoSuchProcess:
         _fail(f"--pid {pid}: no such process")
-    if not 0 < interval < float("inf"):  # NaN and inf pass `> 0` alone
-        _fail(f"--interval must be a positive number, got {interval}")
+    except (OSError, psutil.Error) as exc:  # /proc not mounted, or the process not ours to read
+        _fail(f"cannot read the CPU and RAM of {f'--pid {pid}' if pid is not None else 'this host'}: {exc}")
+    # NaN and inf pass `> 0` alone; beyond a day, sleeping overflows the platform's timeout
+    if not 0 < interval <= 86400:
+        _fail(f"--interval must be a positive number of seconds up to 86400, got {interval}")
     if duration is not None and not 0 < duration < float("inf"):
         _fail(f"--duration must be a positive number, got {duration}")
+    if duration is not None and not once and duration < interval:
+        _fail(f"--duration {duration:g} is shorter than --interval {interval:g}: no report would be sent")
     instance = instance or socket.gethostname()
     sender = GraphiteSender(host, port)
     reporter = InstanceReporter(sender, prefix, group, instance)
+    # without a handler, SIGTERM kills the collector mid-report, and as a container's PID 1
+    # (where the default action is ignored) it is not stopped at all until SIGKILL
+    stop = threading.Event()
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signal() works only there
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set()) if in_main_thread else None
     try:
-        n = run_collector(reporter, sampler, interval, once=once, duration_s=duration)
+        n = run_collector(reporter, sampler, interval, once=once, duration_s=duration, stop=stop)
     except KeyboardInterrupt:
         n = sender.sent // 3
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     click.echo(f"sent {n} report(s) for {group}/{instance} to {host}:{port} ({sender.dropped} point(s) dropped)", err=True)
 
 

@@ -8,6 +8,9 @@ workers call the reporters in-process with their own measured values.
 from __future__ import annotations
 
 import logging
+import math
+import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -22,6 +25,27 @@ INSTANCE_METRICS = ("cpu_percent", "ram_used_gb", "up")
 QUEUE_METRICS = ("submitted_total", "waiting", "running", "completed_total", "waiting_submitted_this_minute",
                  "waiting_cores", "running_cores", "head_job_cores")
 GB = 1e9
+# the rule `graphite.prefix` follows in the daemon's config: dotted components of [A-Za-z0-9_-]
+# (carbon turns '/' and '..' into other levels and ';' into a tagged series: the reader would
+# never find the points; graphyte refuses whitespace, and every point would be skipped)
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+def check_prefix(prefix: str) -> str:
+    """`prefix` unchanged, or ValueError naming it when it is not a valid metric prefix."""
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        raise ValueError(f"prefix {prefix!r} is not dotted components of letters, digits, '_' and '-' "
+                         "(as graphite.prefix in the daemon's config)")
+    return prefix
+
+
+def check_group(group: str) -> str:
+    """`group` unchanged, or ValueError when no daemon config could name it (groups[].name is
+    `[A-Za-z0-9_-]+`): sanitised, its reports would land under a group nobody reads, and the
+    instance would count as silent (`--group "$UNSET"` gives `_`)."""
+    if not isinstance(group, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,50}", group):
+        raise ValueError(f"group {group!r} is not 1-50 letters, digits, '_' and '-' (as groups[].name in the daemon's config)")
+    return group
 
 
 def instance_path(prefix: str, group: str, instance: str, metric: str) -> str:
@@ -39,6 +63,7 @@ class InstanceReporter:
 
     def __init__(self, sender: GraphiteSender, prefix: str, group: str, instance: str):
         self.sender = sender
+        check_prefix(prefix)
         self._paths = {m: instance_path(prefix, group, instance, m) for m in INSTANCE_METRICS}
 
     def report(self, cpu_percent: float, ram_used_gb: float, ts: float | None = None, flush: bool = True) -> None:
@@ -57,6 +82,7 @@ class QueueReporter:
 
     def __init__(self, sender: GraphiteSender, prefix: str):
         self.sender = sender
+        check_prefix(prefix)
         self._paths = {m: queue_path(prefix, m) for m in QUEUE_METRICS}
 
     def report(self, submitted_total: float, waiting: float, running: float, completed_total: float,
@@ -92,15 +118,24 @@ class HostSampler:
     """
 
     def __init__(self, cores: float | None = None, pid: int | None = None):
-        if cores is not None and not cores > 0:
-            raise ValueError(f"cores must be positive, got {cores}")
+        if cores is not None and not 0 < cores < math.inf:  # inf would report 0 % whatever the load
+            raise ValueError(f"cores must be positive and finite, got {cores}")
         self.cores = float(cores) if cores else float(psutil.cpu_count() or 1)
         self.pid = pid
         self._proc = psutil.Process(pid) if pid is not None else None  # raises NoSuchProcess early
+        self._gone = False
         self._last_cpu_s = self._cpu_seconds()
         self._last_t = time.monotonic()
 
     def _tree(self) -> list[psutil.Process]:
+        if self._gone:
+            return []
+        # psutil reads a PID's counters without checking that it is still the same process: once
+        # the measured one has exited, its PID can be handed to an unrelated process
+        if not self._proc.is_running():
+            log.warning("process %d exited: reporting 0 CPU and RAM for it from now on", self.pid)
+            self._gone = True
+            return []
         procs = [self._proc]
         try:
             procs += self._proc.children(recursive=True)
@@ -143,39 +178,87 @@ class HostSampler:
         return Sample(cpu_percent=min(100.0, 100.0 * busy_cores / self.cores), ram_used_gb=self._ram_gb())
 
 
+def _next_tick(start: float, tick: int, interval_s: float, now: float) -> int:
+    """The tick after `tick`, skipping those that would come less than half an interval after
+    `now`: a collector that was stalled (stopped, swapped out, a slow carbon) must not send the
+    missed ticks back to back, as each sample would measure CPU over microseconds (10 ms clock
+    ticks make that 0 % or 100 %) and overwrite the good point in carbon's slot."""
+    due = math.floor((now + interval_s / 2 - start) / interval_s) + 1
+    if due > tick + 1:
+        log.warning("collector fell %d tick(s) behind (stalled?); skipping them", due - tick - 1)
+    return max(tick + 1, due)
+
+
+def _sample_or_none(sampler: HostSampler, failing: bool) -> tuple[Sample | None, bool]:
+    """A sample, or None while /proc cannot be read (logged once per streak): a collector skips
+    those reports and goes on, it never stops for good. Returns (sample, failing now)."""
+    try:
+        s = sampler.sample()
+    except (OSError, psutil.Error) as exc:
+        if not failing:
+            log.warning("collector: cannot read CPU and RAM (%s); skipping reports until it can", exc)
+        return None, True
+    if failing:
+        log.info("collector: CPU and RAM readable again")
+    return s, False
+
+
 def run_collector(reporter: InstanceReporter, sampler: HostSampler, interval_s: float = 10.0,
                   once: bool = False, duration_s: float | None = None,
-                  sleep: Callable[[float], None] = time.sleep, on_report: Callable[[Sample], None] | None = None) -> int:
-    """Sample and report every `interval_s` (drift-free: ticks are scheduled from the start)
-    until `duration_s` elapses, or once after a short first measurement. Returns reports sent."""
+                  sleep: Callable[[float], None] = time.sleep, on_report: Callable[[Sample], None] | None = None,
+                  stop: threading.Event | None = None) -> int:
+    """Sample and report every `interval_s` (drift-free: ticks are scheduled from the start;
+    ticks missed by a stall are skipped, never sent in a burst) until `duration_s` elapses, or
+    once after a short first measurement, or until `stop` is set (its wait replaces `sleep`;
+    a report under way is finished). Returns reports sent."""
     if not interval_s > 0:
         raise ValueError(f"interval must be positive, got {interval_s}")
+    pause = sleep if stop is None else stop.wait
     start = time.monotonic()
-    n = 0
+    n, tick = 0, 1
+    sampling_failed = False
     while True:
-        wait = min(1.0, interval_s) if once else start + (n + 1) * interval_s - time.monotonic()
-        if duration_s is not None and not once and (n + 1) * interval_s > duration_s + 1e-9:
+        wait = min(1.0, interval_s) if once else start + tick * interval_s - time.monotonic()
+        if duration_s is not None and not once and tick * interval_s > duration_s + 1e-9:
             return n
         if wait > 0:
-            sleep(wait)
-        s = sampler.sample()
-        reporter.report(s.cpu_percent, s.ram_used_gb, time.time())
-        n += 1
-        if on_report:
-            on_report(s)
+            pause(wait)
+        if stop is not None and stop.is_set():
+            return n
+        s, sampling_failed = _sample_or_none(sampler, sampling_failed)
+        if s is not None:
+            reporter.report(s.cpu_percent, s.ram_used_gb, time.time())
+            n += 1
+            if on_report:
+                on_report(s)
         if once:
             return n
+        tick = _next_tick(start, tick, interval_s, time.monotonic())
 
 
-def parse_host_port(text: str, default_port: int = 2003) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        return text, default_port
+def _port(port: str, text: str) -> int:
     try:
         p = int(port)
     except ValueError:
         raise ValueError(f"expected HOST:PORT, got {text!r}") from None
-    if not 1 <= p <= 65535 or not host:
+    if not 1 <= p <= 65535:
         raise ValueError(f"expected HOST:PORT with a port in 1..65535, got {text!r}")
-    return host, p
+    return p
 
+
+def parse_host_port(text: str, default_port: int = 2003) -> tuple[str, int]:
+    """`HOST`, `HOST:PORT`, `[IPV6]` or `[IPV6]:PORT`. A bare IPv6 address is refused: in
+    `::1:2003` nobody can tell the port from the address."""
+    if text.startswith("["):
+        addr, sep, rest = text[1:].partition("]")
+        if not sep or not addr or (rest and not rest.startswith(":")):
+            raise ValueError(f"expected [IPV6]:PORT, got {text!r}")
+        return addr, (_port(rest[1:], text) if rest else default_port)
+    if text.count(":") > 1:
+        raise ValueError(f"an IPv6 address needs brackets, as [ADDR]:PORT, got {text!r}")
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        return text, default_port
+    if not host:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host, _port(port, text)

@@ -55,7 +55,7 @@ class GraphiteSender:
         next slot, which could be the next interval)."""
         try:
             value = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # an int beyond float's range overflows
             log.warning("graphite: %s has a non-numeric value %r; skipped", metric, value)
             self.skipped += 1
             return
@@ -64,7 +64,7 @@ class GraphiteSender:
             return
         try:
             msg = self._builder.build_message(metric, value, int(math.floor(ts)))
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, OverflowError) as exc:  # an infinite timestamp overflows int()
             log.warning("graphite: cannot send %r: %s", metric, exc)
             self.skipped += 1
             return

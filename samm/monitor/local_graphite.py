@@ -240,6 +240,8 @@ connection_created.connect(_fast_sqlite)
         if self.running:
             return self
         self.stop()
+        self._check_ports_free()
+        self._remove_stale_pid_files()
         deadline = time.monotonic() + self.startup_timeout_s
         self._carbon = self._popen([SYSTEM_PYTHON, CARBON_CACHE, "--config", str(self.root / "conf" / "carbon.conf"),
                                     "--nodaemon", "--logdir", str(self.root / "log"), "start"], "carbon.out")
@@ -266,6 +268,39 @@ connection_created.connect(_fast_sqlite)
         self._migrated = True
         log.info("local Graphite up: carbon %s:%d, web %s", self.carbon_host, self.carbon_port, self.render_url)
         return self
+
+    def _check_ports_free(self) -> None:
+        """Raise naming the ports another process listens on. The ports were free when this
+        instance was made, but a restart after `stop()` can find one taken; carbon then dies
+        while the ready check, talking to whoever holds the port, would report it up."""
+        taken = []
+        for name, port in (("carbon line receiver", self.carbon_port), ("carbon pickle receiver", self.pickle_port),
+                           ("carbon cache query", self.query_port), ("graphite-web", self.web_port)):
+            with socket.socket() as s:
+                # as the daemons bind: our own last run's TIME_WAIT connections are no conflict
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    taken.append(f"{port} ({name})")
+        if taken:
+            raise GraphiteUnavailable("cannot start a local Graphite: another process holds 127.0.0.1 port(s) "
+                                      + ", ".join(taken))
+
+    def _remove_stale_pid_files(self) -> None:
+        """carbon-cache refuses to start while its pid file names a live process, and after a
+        crash or a reboot that pid can belong to anything. Our carbon runs in the foreground and
+        was stopped above, so a pid file here is stale unless it names a carbon of this root."""
+        conf = str(self.root / "conf" / "carbon.conf")
+        for f in (self.root / "run").glob("*.pid"):
+            try:
+                cmdline = Path(f"/proc/{int(f.read_text().strip())}/cmdline").read_bytes().decode(errors="replace")
+            except (OSError, ValueError):
+                cmdline = ""
+            if "carbon-cache" in cmdline and conf in cmdline:
+                continue  # a carbon of this root still runs: carbon's own refusal names it
+            log.info("removing stale carbon pid file %s", f)
+            f.unlink(missing_ok=True)
 
     def _wait_ready(self, deadline: float) -> None:
         def alive_or_raise():
