@@ -6,6 +6,9 @@ compositions it has admitted so far in the decision, so several wishes for one n
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import numpy as np
 
 from samm.execute.chain import GuardContext, Skip, Step, Wish
@@ -13,23 +16,48 @@ from samm.execute.chain import GuardContext, Skip, Step, Wish
 from .cluster import Cluster, Constraints
 
 
+def _whole(value) -> int | None:
+    """An app index or a container count as an int (2 or 2.0); None for anything else (1.7, NaN,
+    "web", True): a malformed wish is skipped, never truncated into another change."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def _additions(change, n_apps: int) -> list[int] | None:
+    """{app index: containers to add} -> containers to add per app (Python ints: a huge count
+    cannot overflow), or None when `change` is not such a mapping."""
+    if not isinstance(change, Mapping):
+        return None
+    add = [0] * n_apps
+    for app, n in change.items():
+        app, n = _whole(app), _whole(n)
+        if app is None or n is None or not 0 <= app < n_apps or n < 0:
+            return None
+        add[app] += n
+    return add
+
+
 def fits_node(cluster: Cluster, constraints: Constraints, placement: np.ndarray) -> Step:
     current = np.array(placement, dtype=np.int64, copy=True)  # admitted so far in this decision
     index = {n: i for i, n in enumerate(cluster.node_names)}
 
     def step(w: Wish, ctx: GuardContext) -> Wish | Skip:
-        node = index.get(w.target)
+        node = index.get(w.target) if isinstance(w.target, str) else None
         if node is None:
             return Skip(w.target, w.change, "unknown_node", f"node {w.target!r} is not in the cluster")
-        add = np.zeros(current.shape[1], dtype=np.int64)
-        for app, n in dict(w.change).items():
-            if not 0 <= int(app) < len(add) or int(n) < 0:
-                return Skip(w.target, w.change, "invalid", f"app {app} x {n} is not a valid change")
-            add[int(app)] += int(n)
-        after = current[node] + add
-        if after.sum() > cluster.slots:
-            return Skip(w.target, w.change, "node_full",
-                        f"{int(after.sum())} containers > {cluster.slots} slots on {w.target}")
+        add = _additions(w.change, current.shape[1])
+        if add is None:
+            return Skip(w.target, w.change, "invalid",
+                        f"change {w.change!r} is not {{app index: containers to add}} with whole counts")
+        total = int(current[node].sum()) + sum(add)
+        if total > cluster.slots:
+            return Skip(w.target, w.change, "node_full", f"{total} containers > {cluster.slots} slots on {w.target}")
+        after = current[node] + np.asarray(add, dtype=np.int64)  # each count <= slots here: fits int64
         if not constraints.composition_ok(after[None, :])[0]:
             return Skip(w.target, w.change, "constraint", f"composition {after.tolist()} breaks an operation rule")
         current[node] = after

@@ -9,10 +9,20 @@ def make_policy(agent: str, policy_dir=None, nodes: int | str | None = None):
 
     if agent != "lra-reinforce":
         raise ValueError(f"lra-placement hosts the agent 'lra-reinforce', not {agent!r}")
+    n_nodes = None if nodes is None else _node_count(nodes)  # checked before the policy loads
     policy = PlacementPolicy.load(policy_dir) if policy_dir else shipped_policy()
-    if nodes is not None:
-        policy = policy.for_nodes(int(nodes))
+    if n_nodes is not None:
+        policy = policy.for_nodes(n_nodes)
     return policy
+
+
+def _node_count(nodes: int | str) -> int:
+    """`nodes` from `--agent-param lra-reinforce:nodes=N`: a whole number >= 1, or a ValueError
+    naming the parameter (not numpy's 'n (counts) have to be positive')."""
+    text = str(nodes).strip()
+    if isinstance(nodes, bool) or not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise ValueError(f"nodes must be a whole number of nodes >= 1, got {nodes!r}")
+    return int(text)
 
 
 def predictor_for(policy, slots: int):

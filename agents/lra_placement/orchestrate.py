@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,15 +154,60 @@ def compose_document(items: Iterable[Workload], plan: str) -> dict:
     return {"version": "3.8", "services": services}
 
 
+class _Dumper(yaml.SafeDumper):
+    """PyYAML follows YAML 1.1, where `123e4` and `0o17` are strings, so it writes them unquoted; the
+    Go parsers behind kubectl and `docker stack deploy` (and any YAML 1.2 reader) read them as
+    numbers, which breaks a node name, label or plan id of that shape. Resolving them as numbers
+    here makes the dumper quote them."""
+
+
+_Dumper.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$"),
+    list("-+.0123456789"))
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?0o[0-7]+$"), list("-+0"))
+
+
 def _dump(doc: dict, header: str) -> str:
-    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    return header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
-def write_compose(path: Path, items: Sequence[Workload], plan: str, planner: str) -> Path:
+def write_files_atomically(files: Mapping[Path, str]) -> list[Path]:
+    """Write every file of one plan as a set: all are staged as temporary files beside their
+    targets first, then moved into place in the given order (the last one, summary.json, marks a
+    complete set). A write that fails replaces nothing (OSError); a kill never leaves a
+    half-written file."""
+    for path in files:
+        if Path(path).is_dir():
+            raise IsADirectoryError(21, "is a directory, not a file", str(path))
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in files.items():
+            path = Path(path)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # not *.yaml: kubectl -f never reads it
+            staged.append((tmp, path))  # before writing: a partly written temp file is cleaned up too
+            with open(tmp, "w", encoding="utf-8", newline="") as fh:
+                fh.write(text)
+    except BaseException:
+        for tmp, _ in staged:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:  # e.g. its folder is a file: nothing was staged there
+                pass
+        raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
+    return [path for _, path in staged]
+
+
+def compose_text(items: Sequence[Workload], plan: str, planner: str) -> str:
     header = (f"{GENERATED_MARK} (planner {planner}, plan {plan}).\n"
               "# One service per (app, node); placement applies on a Swarm:\n"
               "#   docker stack deploy -c docker-compose.yml samm\n")
-    Path(path).write_text(_dump(compose_document(items, plan), header))
+    return _dump(compose_document(items, plan), header)
+
+
+def write_compose(path: Path, items: Sequence[Workload], plan: str, planner: str) -> Path:
+    write_files_atomically({Path(path): compose_text(items, plan, planner)})
     return Path(path)
 
 
@@ -207,21 +253,36 @@ def kubernetes_documents(items: Sequence[Workload], plan: str) -> dict[str, dict
     return docs
 
 
+def kubernetes_texts(items: Sequence[Workload], plan: str) -> dict[str, str]:
+    """file name -> file text of `kubernetes_documents` (the kustomization last)."""
+    header = f"{GENERATED_MARK} (plan {plan}).\n"
+    docs = kubernetes_documents(items, plan)
+    names = sorted(docs, key=lambda name: name == "kustomization.yaml")
+    return {name: _dump(docs[name], header) for name in names}
+
+
+def remove_stale_manifests(folder: Path, keep: Iterable[str]) -> None:
+    """Remove our manifests (by their first line) of an earlier plan so that `kubectl apply -f`
+    never applies a stale Deployment; anything else in `folder` (other people's files, folders,
+    binary files) is left alone."""
+    keep = set(keep)
+    for old in Path(folder).glob("*.yaml"):
+        if old.name in keep or not old.is_file():
+            continue
+        with open(old, encoding="utf-8", errors="replace") as fh:
+            ours = fh.readline().startswith(GENERATED_MARK)
+        if ours:
+            old.unlink()
+
+
 def write_kubernetes(folder: Path, items: Sequence[Workload], plan: str) -> list[Path]:
-    """Write the manifests; manifests of an earlier plan in `folder` (ours, by their first line)
-    are removed first so `kubectl apply -f` never applies a stale Deployment."""
+    """Write the manifests (each atomically, the kustomization last), then remove the manifests
+    of an earlier plan: the folder never lacks a manifest its kustomization lists."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("*.yaml"):
-        with open(old) as fh:
-            if fh.readline().startswith(GENERATED_MARK):
-                old.unlink()
-    header = f"{GENERATED_MARK} (plan {plan}).\n"
-    written = []
-    for name, doc in kubernetes_documents(items, plan).items():
-        path = folder / name
-        path.write_text(_dump(doc, header))
-        written.append(path)
+    texts = kubernetes_texts(items, plan)
+    written = write_files_atomically({folder / name: text for name, text in texts.items()})
+    remove_stale_manifests(folder, texts)
     return written
 
 

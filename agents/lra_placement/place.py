@@ -29,6 +29,7 @@ message naming the problem, and the returned `PlaceResult` carries everything th
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import re
@@ -42,11 +43,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agents.lra_placement.cluster import (
+    MAX_TABULATED_COMPOSITIONS,
     Batch,
     Cluster,
     Constraints,
     Predictor,
     check_plan,
+    composition_count,
+    max_tabulated_slots,
     per_app_score,
     score,
 )
@@ -62,6 +66,9 @@ DEFAULT_PLANNER = "greedy-ls"
 # ends, `-_.` inside. App names follow the same character rule (they appear in CSV files and labels);
 # their length is free because resource names are derived from them with `orchestrate.dns1123_label`.
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+# Every planner holds (nodes x apps) arrays and the node names: 10^6 nodes took 3.5 s and 356 MB
+# (greedy, 2 apps); an extra zero or three in `node_count` must be an error, not an exhausted memory.
+MAX_NODES = 1_000_000
 
 
 # --- cluster file -------------------------------------------------------------------------------
@@ -105,8 +112,8 @@ class ClusterSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    nodes: Optional[list[str]] = None
-    node_count: Optional[int] = Field(default=None, ge=1)
+    nodes: Optional[list[str]] = Field(default=None, max_length=MAX_NODES)
+    node_count: Optional[int] = Field(default=None, ge=1, le=MAX_NODES)
     # 8 slots: the most containers per machine in the Metis data the predictor is fit on.
     slots: int = Field(default=8, ge=1)
     apps: list[AppSpec] = Field(min_length=1)
@@ -166,15 +173,48 @@ def _pydantic_message(path: Path, err: ValidationError) -> str:
     return f"{path}: invalid cluster file: " + "; ".join(lines)
 
 
+def _yaml_error(path: Path, exc: yaml.YAMLError) -> str:
+    """One line, `FILE:LINE: not valid YAML: problem` (PyYAML's own text spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return f"{path}: not valid YAML: " + " ".join(str(exc).split())
+    return f"{path}:{mark.line + 1}: not valid YAML: {problem}"
+
+
+def _not_text(path: Path, exc: UnicodeDecodeError) -> str:
+    return f"{path}: not a UTF-8 text file ({exc.reason} at byte {exc.start})"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; in the cluster file that silently drops a setting
+    (a second `apps:` list replaces the first, shifting every app's predictor mapping)."""
+
+    def construct_mapping(self, node, deep=False):
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} appears twice (first at line {first_line[key]})", key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+            except TypeError:  # an unhashable key: the base class reports it
+                pass
+        return super().construct_mapping(node, deep)
+
+
 def load_cluster_file(path: str | Path) -> ClusterFile:
     """Parse and validate the cluster YAML; ValueError names the file and the offending key."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except FileNotFoundError:
         raise ValueError(f"{path}: cluster file not found") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(_not_text(path, exc)) from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        raise ValueError(_yaml_error(path, exc)) from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: the cluster file must be a YAML mapping (nodes/node_count, slots, apps, ...)")
     try:
@@ -207,35 +247,51 @@ def _count(value: Any, where: str) -> int:
 
 
 def _batch_rows_csv(path: Path) -> list[tuple[int, Any, Any]]:
-    with open(path, newline="", encoding="utf-8-sig") as fh:  # utf-8-sig: spreadsheets write a BOM
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header] != ["app", "count"]:
-            raise ValueError(f"{path}:1: header must be `app,count`, got {header}")
-        rows = []
-        for row in reader:
-            if not row or all(not cell.strip() for cell in row):
-                continue
-            if len(row) != 2:
-                raise ValueError(f"{path}:{reader.line_num}: expected 2 fields `app,count`, got {len(row)}: {row}")
-            rows.append((reader.line_num, row[0].strip(), row[1]))
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:  # utf-8-sig: spreadsheets write a BOM
+            return _read_batch_rows(csv.reader(fh), path)
+    except UnicodeDecodeError as exc:
+        raise ValueError(_not_text(path, exc)) from None
+    except csv.Error as exc:
+        raise ValueError(f"{path}: not a readable CSV file: {exc}") from None
+
+
+def _read_batch_rows(reader, path: Path) -> list[tuple[int, Any, Any]]:
+    header = next(reader, None)
+    if header is None or [h.strip() for h in header] != ["app", "count"]:
+        raise ValueError(f"{path}:1: header must be `app,count`, got {header}")
+    rows = []
+    for row in reader:
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) != 2:
+            raise ValueError(f"{path}:{reader.line_num}: expected 2 fields `app,count`, got {len(row)}: {row}")
+        rows.append((reader.line_num, row[0].strip(), row[1]))
     return rows
 
 
 def _batch_rows_yaml(path: Path) -> list[tuple[int, Any, Any]]:
     # Compose first (not safe_load) to keep each key's line number for the error messages.
-    loader = yaml.SafeLoader(path.read_text())
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(_not_text(path, exc)) from None
+    loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is None or not isinstance(node, yaml.MappingNode):
             raise ValueError(f"{path}: the batch file must be a YAML mapping app -> count")
         rows = []
         for key_node, value_node in node.value:
-            rows.append((key_node.start_mark.line + 1, loader.construct_object(key_node, deep=True),
-                         loader.construct_object(value_node, deep=True)))
+            # a key is an app name as written: `2048:` or `yes:` name apps, not a number or a bool
+            if isinstance(key_node, yaml.ScalarNode):
+                app = key_node.value
+            else:
+                app = loader.construct_object(key_node, deep=True)
+            rows.append((key_node.start_mark.line + 1, app, loader.construct_object(value_node, deep=True)))
         return rows
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        raise ValueError(_yaml_error(path, exc)) from None
     finally:
         loader.dispose()
 
@@ -267,13 +323,13 @@ def load_batch_file(path: str | Path, app_names: tuple[str, ...], capacity: int)
             raise ValueError(f"{where}: app {app!r} already listed at line {seen[app]}")
         seen[app] = line
         n = _count(value, where)
-        counts[index[app]] = n
         total += n
-        if total > capacity:
+        if total > capacity:  # checked before storing: a count past int64 must be this error, not a crash
             raise ValueError(
                 f"{where}: the batch exceeds the cluster's capacity of {capacity} containers"
                 f" (running total {total} at app {app!r})"
             )
+        counts[index[app]] = n
     if total == 0:
         raise ValueError(f"{path}: the batch has no containers")
     return Batch(counts)
@@ -333,6 +389,32 @@ def resolve_predictor(predictor: Predictor | str | None, app_names: tuple[str, .
     return PositionalPredictor(inner, app_names), described, mapping
 
 
+# Planners that look up every node composition in a table over their apps (the policy's 7).
+_TABULATING_PLANNERS = ("lra-reinforce", "lra-reinforce-per-batch")
+
+
+def _check_tabulation(spec: "ClusterFile", predictor: Predictor | str | None, planner: str | Callable) -> None:
+    """Refuse, before fitting or planning anything, a slot count whose compositions the forest
+    predictor or a learned planner would have to tabulate past `MAX_TABULATED_COMPOSITIONS`
+    (`slots: 64` would otherwise run out of memory)."""
+    from agents.lra_placement.data import APP_NAMES
+
+    tabulated = []
+    if predictor is None:
+        tabulated.append(len(APP_NAMES))  # the forest's apps, whatever the file's
+    if isinstance(planner, str) and planner in _TABULATING_PLANNERS:
+        tabulated.append(len(spec.apps))
+    slots = spec.cluster.slots
+    for n_apps in tabulated:
+        n = composition_count(n_apps, slots)
+        if n > MAX_TABULATED_COMPOSITIONS:
+            raise ValueError(
+                f"{spec.path}: slots: {slots} slots per node make {n:,} compositions of {n_apps} apps to tabulate,"
+                f" more than {MAX_TABULATED_COMPOSITIONS:,}; use at most {max_tabulated_slots(n_apps)} slots"
+                " (or the synthetic predictor with a baseline planner)"
+            )
+
+
 def resolve_planner(planner: str | Callable) -> tuple[Callable, str]:
     if callable(planner):
         return planner, getattr(planner, "__name__", "custom")
@@ -380,12 +462,17 @@ class PlaceResult:
         }
 
 
+def plan_csv_text(placement: np.ndarray, node_names, app_names) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["node", "app", "count"])
+    for node, app, count in orchestrate.plan_entries(placement, node_names, app_names):
+        w.writerow([node, app, count])
+    return buf.getvalue()
+
+
 def write_plan_csv(path: Path, placement: np.ndarray, node_names, app_names) -> None:
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["node", "app", "count"])
-        for node, app, count in orchestrate.plan_entries(placement, node_names, app_names):
-            w.writerow([node, app, count])
+    orchestrate.write_files_atomically({Path(path): plan_csv_text(placement, node_names, app_names)})
 
 
 def run_place(
@@ -405,9 +492,12 @@ def run_place(
     `SyntheticInterference(n_apps=len(apps), slots=slots)`; or any Predictor.
     constraints: a constraints CSV that replaces the cluster file's `constraints:` entry.
     Raises ValueError on bad input, including a batch that no placement can hold under the rules."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer (numpy's seeds), got {seed!r}")
     spec = load_cluster_file(cluster_file)
     cluster, app_names = spec.cluster, spec.app_names
     batch = load_batch_file(batch_file, app_names, cluster.capacity)
+    _check_tabulation(spec, predictor, planner)
     constraints_path = Path(constraints) if constraints is not None else spec.constraints_path
     if constraints_path is not None and not constraints_path.is_file():
         raise ValueError(f"{constraints_path}: constraints file not found")
@@ -452,12 +542,22 @@ def run_place(
 
 
 def _write_outputs(result: PlaceResult, spec: ClusterFile) -> None:
+    """Write the plan's files as one set (see `orchestrate.write_files_atomically`): a failure
+    leaves the previous plan's files as they were, and is a ValueError naming the folder."""
     out = result.out_dir
-    out.mkdir(parents=True, exist_ok=True)
     workloads = orchestrate.workloads(result.placement, result.node_names, spec.apps)
     plan_csv, summary_json, compose = out / "plan.csv", out / "summary.json", out / "docker-compose.yml"
-    write_plan_csv(plan_csv, result.placement, result.node_names, result.app_names)
-    summary_json.write_text(json.dumps(result.summary(), indent=2) + "\n")
-    orchestrate.write_compose(compose, workloads, result.plan_id, result.planner)
-    k8s_files = orchestrate.write_kubernetes(out / "kubernetes", workloads, result.plan_id)
-    result.files = [plan_csv, summary_json, compose, *k8s_files]
+    k8s = out / "kubernetes"
+    manifests = orchestrate.kubernetes_texts(workloads, result.plan_id)
+    files = {k8s / name: text for name, text in manifests.items()}
+    files[compose] = orchestrate.compose_text(workloads, result.plan_id, result.planner)
+    files[plan_csv] = plan_csv_text(result.placement, result.node_names, result.app_names)
+    files[summary_json] = json.dumps(result.summary(), indent=2) + "\n"  # last: marks a complete set
+    try:
+        k8s.mkdir(parents=True, exist_ok=True)
+        orchestrate.write_files_atomically(files)
+        orchestrate.remove_stale_manifests(k8s, manifests)
+    except OSError as exc:
+        where = exc.filename or out
+        raise ValueError(f"{where}: cannot write the plan files: {exc.strerror or exc}") from None
+    result.files = [plan_csv, summary_json, compose, *(path for path in files if path.parent == k8s)]

@@ -30,6 +30,7 @@ from gymnasium import spaces
 
 from agents.lra_placement.cluster import Batch, Cluster, Constraints, Predictor, check_plan, score
 from agents.lra_placement.errors import Infeasible
+from samm.plan.dataplane import InvalidInput
 from agents.lra_placement.network import (
     NodeScorer,
     ScorerConfig,
@@ -175,7 +176,14 @@ class PlacementPolicy:
         """The platform's Policy protocol: (Decision(action=node), state)."""
         from agents.policy import Decision
 
-        node, info = self._decide(observation, mask, deterministic, None)
+        app_vec = np.asarray(observation["app"], dtype=np.float64).reshape(-1)
+        # argmax of a zero or many-hot vector would silently place app 0's or some app's container
+        if np.count_nonzero(app_vec) != 1:
+            raise InvalidInput("observation.app", "must be one-hot: exactly one app is the next container's")
+        try:
+            node, info = self._decide(observation, mask, deterministic, None)
+        except Infeasible as exc:  # a full cluster is the caller's input, not the policy failing
+            raise InvalidInput("observation.counts", str(exc)) from None
         return Decision(node, f"node {node}", info), state
 
     def _decide(self, observation, mask, deterministic, rng):

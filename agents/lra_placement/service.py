@@ -21,7 +21,8 @@ import numpy as np
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from .cluster import Batch, Cluster, Constraints, Rule, check_plan, per_app_score, score
+from .cluster import (MAX_TABULATED_COMPOSITIONS, Batch, Cluster, Constraints, Rule, check_plan, composition_count,
+                      max_tabulated_slots, per_app_score, score)
 from .errors import Infeasible
 from .hosting import predictor_for
 
@@ -29,7 +30,9 @@ PLANNER_NAMES = ("policy", "optimum", "greedy-ls", "greedy", "k8s-default", "lea
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `true` or "2" is not a container count (JSON has real integers; the CLI's batch file
+    # refuses them too)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class RuleModel(Strict):
@@ -93,10 +96,25 @@ def build_problem(req: PlanRequest, app_names: tuple[str, ...]) -> tuple[Cluster
     return cluster, Batch(counts), Constraints(len(app_names), tuple(rules))
 
 
+def check_slots(slots: int, n_apps: int) -> None:
+    """HTTPException(422) for a slot count whose compositions the predictor and the policy would
+    tabulate past `MAX_TABULATED_COMPOSITIONS` (64 slots: 1.3e9 rows, the service out of memory)."""
+    n = composition_count(n_apps, slots)
+    if n > MAX_TABULATED_COMPOSITIONS:
+        raise HTTPException(422, f"slots: {slots} slots per node make {n:,} compositions of {n_apps} apps, more than "
+                                 f"{MAX_TABULATED_COMPOSITIONS:,}; at most {max_tabulated_slots(n_apps)} slots")
+
+
 def add_routes(app: FastAPI, name: str, registry) -> None:
     def plan(req: PlanRequest) -> PlanResponse:
         policy = registry.get(name)
-        predictor = predictor_for(policy, req.slots)
+        check_slots(req.slots, len(policy.app_names))  # before the predictor tabulates them
+        try:
+            predictor = predictor_for(policy, req.slots)
+        except FileNotFoundError:  # the forest for another slot count needs the Metis data
+            raise HTTPException(422, f"slots: this service has no interference model for {req.slots} slots per node "
+                                     f"(the hosted policy's is for {getattr(policy, 'slots', None)}; other counts "
+                                     "need the Metis data, which is not installed here)") from None
         cluster, batch, constraints = build_problem(req, tuple(predictor.app_names))
         rng = np.random.default_rng(req.seed)
         started = time.perf_counter()
