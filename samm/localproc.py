@@ -127,3 +127,42 @@ def start_samm_serve(serve_args: list[str], timeout_s: float = 120.0) -> tuple[s
                 raise RuntimeError(f"samm serve {' '.join(serve_args)} exited with {proc.returncode}") from None
             time.sleep(0.2)
     return proc, url, port
+
+
+class AppInThread:
+    """An ASGI app on uvicorn in a daemon thread, on a free loopback port: the in-process services
+    of the testbeds and the tests that talk HTTP to a real server. Also a context manager."""
+
+    def __init__(self, app, name: str = "asgi-app", what: str = "the service"):
+        import uvicorn
+
+        self.what = what
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    access_log=False))
+        self.thread = threading.Thread(target=self.server.run, name=name, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0):
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"{self.what} did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

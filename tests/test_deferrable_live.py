@@ -5,7 +5,6 @@ end-to-end run with real worker processes and a real SQLite queue
 from __future__ import annotations
 
 import sqlite3
-import threading
 import time
 
 import pytest
@@ -16,7 +15,7 @@ from agents.deferrable_jobs.live import (Answer, DeferrableLoop, HttpAgent, InPr
 from agents.deferrable_jobs.policy import RulePolicy
 from agents.deferrable_jobs.service import ScheduleRequest, WaitingJob
 from samm.knowledge.store import KnowledgeStore
-from samm.localproc import free_port
+from samm.localproc import AppInThread, free_port
 from samm.testbed import jobqueue
 from samm.testbed.jobqueue import JobQueue
 
@@ -151,26 +150,13 @@ def test_unreachable_service_releases_nothing_records_the_error_and_continues(tm
 
 
 def test_http_agent_answers_like_the_in_process_one():
-    uvicorn = pytest.importorskip("uvicorn")
     from agents.deferrable_jobs.service import create_app
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app("fifo", RulePolicy("fifo", "tiny")), host="127.0.0.1",
-                                           port=port, log_level="warning"))
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    try:
-        deadline = time.monotonic() + 15
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert server.started
+    with AppInThread(create_app("fifo", RulePolicy("fifo", "tiny"))) as server:
         ep = cut_episode(make_episode("tiny", 1, "test"), 12)
-        via_http, starts_http = simulate(ep, HttpAgent(f"http://127.0.0.1:{port}", "fifo"), guard=True)
+        via_http, starts_http = simulate(ep, HttpAgent(server.url, "fifo"), guard=True)
         local, starts_local = simulate(ep, InProcessAgent(RulePolicy("fifo", "tiny")), guard=True)
         assert (starts_http == starts_local).all() and via_http.utilisation == local.utilisation
-    finally:
-        server.should_exit = True
-        th.join(timeout=10)
 
 
 # ------------------------------------------------------------------------------ end to end

@@ -2,15 +2,11 @@
 serving the Policy Evaluation Service. Both must give the same decisions for the same
 observations, and any failure must fall back to doing nothing, with the reason."""
 
-import threading
-import time
-
 import numpy as np
 import pytest
-import uvicorn
 
 from agents.factory import make_agent
-from samm.localproc import free_port
+from samm.localproc import AppInThread, free_port
 from samm.plan.client import HttpPlanner, InProcessPlanner
 from samm.plan.registry import PolicyRegistry
 from samm.plan.service import create_app
@@ -21,17 +17,8 @@ from sim_bridge.config import SimConfig
 def service(tmp_path_factory):
     reg = PolicyRegistry(tmp_path_factory.mktemp("store"))
     reg.host("lstm-ppo", make_agent("lstm-ppo", SimConfig()))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(reg), host="127.0.0.1", port=port, log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.time() + 20
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    t.join(10)
+    with AppInThread(create_app(reg)) as server:
+        yield server.url
 
 
 N_FEATURES = len(make_agent("lstm-ppo", SimConfig()).feature_names)  # the shipped policy's

@@ -6,8 +6,6 @@ iteration, or an action taken from a reply that did not match the agent's action
 import base64
 import json
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,7 @@ from fastapi.testclient import TestClient
 from agents.factory import make_agent
 from agents.ppo.agent import LstmPpoAgent
 from samm.cli.main import cli
-from samm.localproc import free_port
+from samm.localproc import AppInThread, free_port
 from samm.plan.client import HttpPlanner
 from samm.plan.registry import PolicyRegistry
 from samm.plan.service import create_app
@@ -187,16 +185,8 @@ def fake_service():
         if answers["features"] and sorted(body["observation"]) != sorted(answers["features"]):
             return JSONResponse({"detail": "observation: expected exactly " + str(answers["features"])}, 422)
         return JSONResponse(answers["decide"])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield f"http://127.0.0.1:{server.config.port}", answers
-    server.should_exit = True
-    t.join(10)
+    with AppInThread(app) as server:
+        yield server.url, answers
 
 
 @pytest.mark.parametrize("agents, reason", [
@@ -284,14 +274,8 @@ def test_a_long_or_odd_daemon_session_name_still_gets_decisions(tmp_path):
 
     reg = PolicyRegistry(tmp_path / "store")
     reg.host("lstm-ppo", make_agent("lstm-ppo", SimConfig()))
-    server = uvicorn.Server(uvicorn.Config(create_app(reg), host="127.0.0.1", port=free_port(), log_level="warning"))
-    t = threading.Thread(target=server.run, daemon=True)
-    t.start()
-    try:
-        deadline = time.time() + 30
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        url = f"http://127.0.0.1:{server.config.port}"
+    with AppInThread(create_app(reg)) as server:
+        url = server.url
         n = len(reg.get("lstm-ppo").feature_names)
         for name in (f"samm-{'h' * 64}-4194303-{'loop-' * 12}", "samm-höst name-12-default"):
             planner = HttpPlanner(url, "lstm-ppo", session_id=name, timeout_s=10)
@@ -299,9 +283,6 @@ def test_a_long_or_odd_daemon_session_name_still_gets_decisions(tmp_path):
             assert out.source == "agent", out.reason
             assert re.match(SESSION_PATTERN, planner.session_id)
             assert HttpPlanner(url, "lstm-ppo", session_id=name).session_id == planner.session_id  # kept on restart
-    finally:
-        server.should_exit = True
-        t.join(10)
 
 
 # -- samm policy promote ---------------------------------------------------------------------------

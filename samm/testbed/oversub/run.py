@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import re
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -44,6 +43,7 @@ from agents.oversubscription.cluster import hot
 from agents.oversubscription.settings import Setting, get_setting
 from agents.oversubscription.sim import OversubSim
 from agents.oversubscription.workload import Workload
+from samm.localproc import AppInThread
 
 from ..options import number_problem
 from .admission import AdmissionExecutor, LiveParams, StepRecord
@@ -182,37 +182,17 @@ def resolve_policy(agent: str, policy_dir: str | None, setting: Setting):
     return policy
 
 
-class InProcessService:
+class InProcessService(AppInThread):
     """The admit routes (`agents.oversubscription.service.create_app`) on uvicorn in a thread,
     on a free loopback port."""
 
     def __init__(self, agent: str, policy):
-        import uvicorn
-
         from agents.oversubscription.service import create_app
-        from samm.localproc import free_port
 
-        self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(create_app(agent, policy), host="127.0.0.1", port=self.port,
-                                                    log_level="warning", access_log=False))
-        self.thread = threading.Thread(target=self.server.run, name="oversub-service", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(create_app(agent, policy), name="oversub-service", what="the admission service")
 
     def start(self, timeout_s: float = 20.0) -> "InProcessService":
-        self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError(f"the admission service did not start on {self.url}")
-            time.sleep(0.02)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        return super().start(timeout_s)
 
 
 # --------------------------------------------------------------------------- the run
