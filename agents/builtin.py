@@ -1,9 +1,68 @@
 """Built-in reference agents: `noop`, `random` and `static:S,M,L` (hold a fixed fleet)."""
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
 import numpy as np
 
-from .base import Agent, Decisions, register
+from .base import METADATA_FILE, Agent, Decisions, register
+
+ACTION_MODES = ("paper", "per-type")
+
+
+def check_action_mode(kind: str, mode) -> None:
+    """Any other mode would act in `paper` mode while declaring a per-type action space."""
+    if mode not in ACTION_MODES:
+        raise ValueError(f"{kind}: action_mode must be one of {ACTION_MODES}, got {mode!r}")
+
+
+def check_param_keys(kind: str, params: dict, known) -> None:
+    """A misspelt parameter would otherwise be kept and ignored: the agent runs on its default."""
+    if not isinstance(params, dict):
+        raise ValueError(f"{kind}: parameters must be a mapping of names to values, got {params!r}")
+    unknown = sorted(set(params) - set(known), key=str)
+    if unknown:
+        raise ValueError(f"{kind}: unknown parameter {unknown[0]!r} (known: {', '.join(sorted(known)) or 'none'})")
+
+
+def number_param(kind: str, key: str, value, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, whole: bool = False) -> float:
+    """`value` as a finite number within [low, high] ((low, high] with `low_open`), a whole number
+    with `whole`; else a ValueError naming the parameter."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = math.nan
+    kind_of = "a whole number" if whole else "a number"
+    if isinstance(value, bool) or not math.isfinite(x) or (whole and x != int(x)):
+        raise ValueError(f"{kind}: {key} must be {kind_of}, got {value!r}")
+    too_low = low is not None and (x <= low if low_open else x < low)
+    if too_low or (high is not None and x > high):
+        lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+        hi = "" if high is None else f"<= {high:g}"
+        raise ValueError(f"{kind}: {key} must be {kind_of} {' and '.join(b for b in (lo, hi) if b)}, got {value!r}")
+    return x
+
+
+def number_list_param(kind: str, key: str, value, n: int, low: float = 0.0, low_open: bool = False) -> list[float]:
+    """One number per VM type, each checked as by `number_param`."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or len(value) != n:
+        raise ValueError(f"{kind}: {key} needs one number per VM type ({n}), got {value!r}")
+    return [number_param(kind, f"{key}[{i}]", v, low=low, low_open=low_open) for i, v in enumerate(value)]
+
+
+class LoadErrorsNameTheFile:
+    """Mixed into agents so a saved policy whose metadata.json holds a bad value (an unknown
+    action_mode, a parameter out of range, a field of the wrong type) fails in one line naming
+    the file, not in a bare constructor error or a traceback."""
+
+    @classmethod
+    def _from_metadata(cls, meta, directory):
+        try:
+            return super()._from_metadata(meta, directory)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"{Path(directory) / METADATA_FILE}: {exc}") from None
 
 
 def vm_count_features(type_names) -> tuple[str, ...]:
@@ -35,10 +94,12 @@ def deltas_to_actions(mode: str, deltas: np.ndarray) -> np.ndarray:
 
 
 @register
-class NoopAgent(Agent):
+class NoopAgent(LoadErrorsNameTheFile, Agent):
     kind = "noop"
 
-    def __init__(self, feature_names=(), action_mode="paper", type_names=("S", "M", "L"), **kw):
+    def __init__(self, feature_names=(), action_mode="paper", type_names=("S", "M", "L"), params=None, **kw):
+        check_action_mode(self.kind, action_mode)
+        check_param_keys(self.kind, params or {}, ())
         super().__init__((), action_mode, type_names, **kw)
 
     def act(self, features, state, deterministic=True):
@@ -46,12 +107,16 @@ class NoopAgent(Agent):
 
 
 @register
-class RandomAgent(Agent):
+class RandomAgent(LoadErrorsNameTheFile, Agent):
     kind = "random"
     stateful = True
 
     def __init__(self, feature_names=(), action_mode="paper", type_names=("S", "M", "L"), params=None, **kw):
-        super().__init__((), action_mode, type_names, params={"seed": 0, **(params or {})}, **kw)
+        check_action_mode(self.kind, action_mode)
+        p = {"seed": 0, **(params or {})}
+        check_param_keys(self.kind, p, ("seed",))
+        number_param(self.kind, "seed", p["seed"], whole=True)
+        super().__init__((), action_mode, type_names, params=p, **kw)
 
     _row_seeds = None
 
@@ -79,15 +144,21 @@ class RandomAgent(Agent):
 
 
 @register
-class StaticAgent(Agent):
+class StaticAgent(LoadErrorsNameTheFile, Agent):
     """Moves the fleet towards fixed per-type counts and holds it there."""
 
     kind = "static"
 
     def __init__(self, feature_names=(), action_mode="per-type", type_names=("S", "M", "L"), params=None, **kw):
+        check_action_mode(self.kind, action_mode)
         params = dict(params or {})
-        targets = [int(x) for x in params.get("targets", [])]
-        if len(targets) != len(type_names) or min(targets, default=0) < 0:
+        check_param_keys(self.kind, params, ("targets",))
+        raw = params.get("targets", [])
+        if isinstance(raw, (str, bytes, dict)) or not hasattr(raw, "__len__"):
+            raise ValueError(f"static agent needs {len(type_names)} non-negative counts, got {raw!r}")
+        # int(1.5) would hold 1 VM where 1.5 was asked: a count must be a whole number
+        targets = [int(number_param(self.kind, "targets", x, low=0, whole=True)) for x in raw]
+        if len(targets) != len(type_names):
             raise ValueError(f"static agent needs {len(type_names)} non-negative counts, got {targets}")
         super().__init__(vm_count_features(type_names), action_mode, type_names, params={"targets": targets}, **kw)
 

@@ -16,6 +16,7 @@ def make_agent(kind: str, sim: SimConfig, params: dict | None = None, policy_dir
     `queue`, `lstm-ppo`) or `static:S,M,L`. Learned agents load from `policy_dir`; baselines
     may also load their tuned parameters from a `policy_dir` written by `samm tune`."""
     type_names = tuple(t.name for t in sim.vm_types)
+    _refuse_unused_params(kind, params, policy_dir)
     if kind.startswith("static:"):
         from .builtin import make_builtin_policy
 
@@ -38,6 +39,20 @@ def make_agent(kind: str, sim: SimConfig, params: dict | None = None, policy_dir
         params.setdefault("cores", [t.cores for t in sim.vm_types])
     mode = action_mode or ("paper" if kind in ("noop", "random") and sim.action_mode == "paper" else "per-type")
     return cls(action_mode=mode, type_names=type_names, params=params or None)
+
+
+def _refuse_unused_params(kind: str, params: dict | None, policy_dir) -> None:
+    """Parameters these agents would not read are an error, not silently dropped: a saved policy
+    and a learned agent take theirs from metadata.json, `static:S,M,L` from its name."""
+    if not params:
+        return
+    if policy_dir is not None:
+        raise ValueError(f"{kind}: parameters {sorted(params)} cannot be given with a saved policy ({policy_dir}): "
+                         f"it runs with those in its metadata.json")
+    if kind == "lstm-ppo" or kind.startswith("static:"):
+        from .builtin import check_param_keys
+
+        check_param_keys(kind, params, ())
 
 
 def make_hosted_agent(kind: str, policy_dir: str | Path | None = None, **params) -> Agent:

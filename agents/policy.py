@@ -64,14 +64,35 @@ def save_torch_policy(directory, module, metadata: dict, weights_file: str = "we
     return d
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one line: torch's state-dict errors span several (a header, then one
+    tab-indented line per mismatched tensor)."""
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()).replace(":;", ":")
+    text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def load_torch_weights(directory, module, weights_file: str = "weights.pt", metadata_file: str = "metadata.json") -> None:
-    """Load saved weights into `module`; a ValueError naming the files when they do not fit."""
+    """Load saved weights into `module`; a one-line ValueError naming the file when they are
+    missing, unreadable, do not fit the network described in `metadata_file`, or hold NaN/inf
+    (a NaN network loads and then decides garbage: argmax of NaN is action 0)."""
     from pathlib import Path
 
     import torch
 
-    d = Path(directory)
+    path = Path(directory) / weights_file
+    if not path.is_file():
+        raise ValueError(f"{path}: missing (the weights of the network in {metadata_file})")
     try:
-        module.load_state_dict(torch.load(d / weights_file, map_location="cpu", weights_only=True))
-    except (RuntimeError, FileNotFoundError) as e:
-        raise ValueError(f"{d / weights_file}: weights do not fit the network in {metadata_file} ({e})") from None
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - truncated, garbage or a pickle of arbitrary objects
+        raise ValueError(f"{path}: cannot load the policy: not a readable PyTorch state dict ({one_line(e)})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not a PyTorch state dict (holds a {type(state).__name__})")
+    try:
+        module.load_state_dict(state)
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: weights do not fit the network in {metadata_file} ({one_line(e)})") from None
+    bad = [k for k, v in module.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"{path}: {bad[0]} holds NaN or inf values")

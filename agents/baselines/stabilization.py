@@ -6,11 +6,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import Agent, Decisions
-from ..builtin import deltas_to_actions
+from ..builtin import LoadErrorsNameTheFile, check_action_mode, deltas_to_actions, number_param
 
 
-class StabilizedScaler(Agent):
+def check_window(kind: str, params: dict) -> None:
+    """The window counts intervals: 1 is no stabilisation; 0, a fraction or NaN is no window."""
+    number_param(kind, "stabilization_steps", params["stabilization_steps"], low=1, whole=True)
+
+
+class StabilizedScaler(LoadErrorsNameTheFile, Agent):
     stateful = True
+
+    def __init__(self, feature_names, action_mode, type_names, **kw):
+        check_action_mode(self.kind, action_mode)
+        super().__init__(feature_names, action_mode, type_names, **kw)
 
     def initial_state(self, batch=1):
         w = max(1, int(self.params["stabilization_steps"]))

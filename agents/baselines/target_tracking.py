@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import register
-from ..builtin import vm_count_features
-from .stabilization import StabilizedScaler
+from ..builtin import check_param_keys, number_param, vm_count_features
+from .stabilization import StabilizedScaler, check_window
 
 DEFAULTS = {"target": 0.6, "tolerance": 0.1, "stabilization_steps": 5, "floor": 1}
 GRID = {"target": [0.4, 0.5, 0.6, 0.7, 0.8, 0.9], "tolerance": [0.0, 0.1], "stabilization_steps": [1, 3, 5, 10]}
@@ -22,9 +22,12 @@ class TargetTrackingAgent(StabilizedScaler):
     kind = "target-tracking"
 
     def __init__(self, feature_names=(), action_mode="per-type", type_names=("S", "M", "L"), params=None, **kw):
+        check_param_keys(self.kind, params or {}, DEFAULTS)
         p = {**DEFAULTS, **(params or {})}
-        if not 0 < p["target"] <= 1:
-            raise ValueError(f"target must be within (0, 1], got {p['target']}")
+        number_param(self.kind, "target", p["target"], low=0, low_open=True, high=1)
+        number_param(self.kind, "tolerance", p["tolerance"], low=0)
+        check_window(self.kind, p)
+        number_param(self.kind, "floor", p["floor"], low=0, whole=True)
         super().__init__(("cpu_mean",) + vm_count_features(type_names), action_mode, type_names, params=p, **kw)
 
     def act(self, features, state, deterministic=True):

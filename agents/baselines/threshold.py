@@ -9,20 +9,25 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import Agent, Decisions, register
-from ..builtin import deltas_to_actions
+from ..builtin import LoadErrorsNameTheFile, check_action_mode, check_param_keys, deltas_to_actions, number_param
 
 DEFAULTS = {"upper": 0.75, "lower": 0.75, "cooldown_steps": 5}
 GRID = {"upper": [0.5, 0.6, 0.7, 0.75, 0.8, 0.9], "lower": [0.1, 0.25, 0.4, 0.5, 0.75], "cooldown_steps": [0, 2, 5]}
 
 
 @register
-class ThresholdAgent(Agent):
+class ThresholdAgent(LoadErrorsNameTheFile, Agent):
     kind = "threshold"
     stateful = True
 
     def __init__(self, feature_names=("cpu_mean",), action_mode="per-type", type_names=("S", "M", "L"),
                  params=None, **kw):
+        check_action_mode(self.kind, action_mode)
+        check_param_keys(self.kind, params or {}, DEFAULTS)
         p = {**DEFAULTS, **(params or {})}
+        for key in ("upper", "lower"):
+            number_param(self.kind, key, p[key], low=0, high=1)
+        number_param(self.kind, "cooldown_steps", p["cooldown_steps"], low=0, whole=True)
         if not 0 <= p["lower"] <= p["upper"] <= 1:
             raise ValueError(f"threshold agent needs 0 <= lower <= upper <= 1, got {p}")
         super().__init__(("cpu_mean",), action_mode, type_names, params=p, **kw)

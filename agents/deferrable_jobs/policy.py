@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from agents.policy import Decision, load_torch_weights, save_torch_policy
+from agents.policy import Decision, load_torch_weights, one_line, save_torch_policy
 from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
@@ -110,10 +110,13 @@ class OsdecPolicy:
                                  for k, v in meta["config"].items() if k in known})
             saved_obs = space_from_json(meta["observation_space"])
             saved_act = space_from_json(meta["action_space"])
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:   # AttributeError: a list where a mapping goes
             raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
         check_spaces(saved_obs, saved_act, *deferrable_spaces(setting), what=str(d))
-        model = OsdecModel.build(cfg, setting)
+        try:
+            model = OsdecModel.build(cfg, setting)
+        except (RuntimeError, TypeError, ValueError) as e:   # e.g. d_model -1: torch's bare "negative dimension"
+            raise ValueError(f"{d / METADATA_FILE}: its network cannot be built ({one_line(e)})") from None
         load_torch_weights(d, model, WEIGHTS_FILE, METADATA_FILE)
         return cls(model, cfg, setting, meta.get("training"), meta.get("version"))
 

@@ -54,6 +54,7 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
 
         return ScaleDownWindow(make_controller(name, topo, policy_dir=policy_dir, **params), window)
     topo = topo if isinstance(topo, Topology) else load_topology(topo)
+    _refuse_dropped_params(name, params)
     if name == "reclaimer":
         from .policy import ReclaimerPolicy, shipped_policy
 
@@ -121,6 +122,24 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
     raise ValueError(f"microservice-cores has no controller {name!r} (known: {', '.join(CONTROLLERS)})")
 
 
+#: the parameters of the controllers that would otherwise drop what they do not read
+DROPPING_CONTROLLERS = {"reclaimer": (), "static-max": (), "static": ("cores", "fraction")}
+
+
+def _refuse_dropped_params(name: str, params: dict) -> None:
+    """A misspelt or misplaced parameter of these controllers ran them on their default in silence
+    (`static` with both `cores` and `fraction` used the fraction)."""
+    if name not in DROPPING_CONTROLLERS:
+        return
+    known = DROPPING_CONTROLLERS[name]
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        wrappers = "scale_down_window, headroom_floor, throttle_guard, throttle_step"
+        raise ValueError(f"{name}: unknown parameter {unknown[0]!r} (known: {', '.join(known + (wrappers,))})")
+    if name == "static" and {"cores", "fraction"} <= set(params):
+        raise ValueError("static: give cores or fraction, not both")
+
+
 def _number(value, what: str) -> float:
     try:
         x = float(value)
@@ -137,6 +156,15 @@ def make_policy(agent: str, policy_dir=None, **params):
     if agent != KIND:
         raise ValueError(f"microservice-cores hosts {KIND!r} as a policy; the rules are controllers "
                          f"(POST /v1/agents/{KIND}/allocate)")
+    unknown = sorted(set(params) - {"app"})
+    if unknown:   # the rules' parameters (scale_down_window, ...) are the /allocate route's, not a policy's
+        raise ValueError(f"{KIND}: unknown parameter {unknown[0]!r} (known: app)")
+    app = params.get("app", "hotel")
+    if not isinstance(app, str):
+        raise ValueError(f"{KIND}: app must be an application's name, got {app!r}")
     if policy_dir:
-        return ReclaimerPolicy.load(Path(policy_dir))
-    return shipped_policy(params.get("app", "hotel"))
+        policy = ReclaimerPolicy.load(Path(policy_dir))
+        if "app" in params and policy.topo.name != app:   # it would control another app's services
+            raise ValueError(f"{KIND}: {policy_dir} controls {policy.topo.name!r}, not app {app!r}")
+        return policy
+    return shipped_policy(app)

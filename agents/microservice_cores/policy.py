@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from gymnasium import spaces
 
-from agents.policy import Decision, load_torch_weights, save_torch_policy
+from agents.policy import Decision, load_torch_weights, one_line, save_torch_policy
 from agents.registry import read_policy_metadata
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
@@ -207,11 +207,14 @@ class ReclaimerPolicy:
             saved_obs = space_from_json(meta["observation_space"])
             saved_act = space_from_json(meta["action_space"])
             ceiling = check_ceiling(meta.get("headroom_ceiling"))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
+        except (KeyError, TypeError, ValueError) as e:   # pydantic's errors span lines: one_line
+            raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({one_line(e)})") from None
         check_spaces(saved_obs, saved_act, *policy_spaces(topo, cfg), what=str(d))
-        agent = Sac(*observation_layout(cfg.k, topo.n_services, cfg.id_width, cfg.observe_queue),
-                    topo.n_services, cfg)
+        try:
+            agent = Sac(*observation_layout(cfg.k, topo.n_services, cfg.id_width, cfg.observe_queue),
+                        topo.n_services, cfg)
+        except (RuntimeError, TypeError, ValueError) as e:   # e.g. hidden -1: torch's bare "negative dimension"
+            raise ValueError(f"{d / METADATA_FILE}: its network cannot be built ({one_line(e)})") from None
         load_torch_weights(d, agent, WEIGHTS_FILE, METADATA_FILE)
         return cls(agent, topo, cfg, meta.get("training"), meta.get("version"), ceiling)
 

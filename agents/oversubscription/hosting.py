@@ -15,21 +15,47 @@ def make_policy(agent: str, policy_dir=None, **params):
     from .policy import HOSTED_RULES, KIND, OversubPolicy, RulePolicy, shipped_policy
 
     if agent == KIND:
+        if params:   # they would be dropped: a learned policy's settings are in its metadata.json
+            raise ValueError(f"{KIND}: unknown parameter {sorted(params)[0]!r} (known: none)")
         return OversubPolicy.load(policy_dir) if policy_dir else shipped_policy()
     if agent in HOSTED_RULES:
         if policy_dir:
             raise ValueError(f"{agent} is a rule: it takes parameters (--agent-param), not a policy directory")
+        _check_rule_keys(agent, params)
         _check_rule_params(agent, params)
         return RulePolicy(agent, **params)
     raise ValueError(f"oversubscription hosts {KIND!r} or a rule {sorted(HOSTED_RULES)}, not {agent!r}")
+
+
+#: what every hosted rule takes besides its own numbers (HOSTED_RULES): where its prior comes from
+HOSTING_PARAMS = ("setting", "prior", "trace_seed")
+#: parameters a rule reads besides those it was tuned on: the lowest rate it may give
+EXTRA_RULE_PARAMS = ("lo",)
+
+
+def _check_rule_keys(agent: str, params: dict) -> None:
+    """A misspelt key is named with the ones this rule takes, not a constructor's TypeError."""
+    from .policy import HOSTED_RULES
+
+    known = sorted({*HOSTED_RULES[agent][1], *EXTRA_RULE_PARAMS, *HOSTING_PARAMS})
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ValueError(f"{agent}: unknown parameter {unknown[0]!r} (known: {', '.join(known)})")
 
 
 def _check_rule_params(agent: str, params: dict) -> None:
     """A rule's numbers must be finite and its window a whole number of past steps >= 1: at
     start-up, naming the parameter. Before, `headroom=nan` made every admit a 500, and
     `headroom=inf`, `n=nan` or `window=0` answered rate 1.0 to every request in silence."""
+    if "trace_seed" in params:
+        try:
+            seed = float(params["trace_seed"])
+        except (TypeError, ValueError):
+            seed = math.nan
+        if not math.isfinite(seed) or seed != int(seed) or seed < 0:
+            raise ValueError(f"{agent}: trace_seed must be a whole number >= 0, got {params['trace_seed']!r}")
     for key, value in params.items():
-        if key in ("setting", "prior", "trace_seed"):
+        if key in HOSTING_PARAMS:
             continue
         try:
             x = float(value)
@@ -39,3 +65,5 @@ def _check_rule_params(agent: str, params: dict) -> None:
             raise ValueError(f"{agent}: {key} must be a finite number, got {value!r}")
         if key == "window" and (x < 1 or x != int(x)):
             raise ValueError(f"{agent}: window must be a whole number of past steps >= 1, got {value!r}")
+        if key == "n" and x < 0:   # fewer than 0 sigmas forecasts below the mean: overcommits in silence
+            raise ValueError(f"{agent}: n must be >= 0 (standard deviations above the mean), got {value!r}")

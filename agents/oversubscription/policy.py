@@ -137,7 +137,10 @@ class OversubPolicy:
         try:
             setting = Setting(**meta["setting"])
             hidden = int(meta["hidden"])
+            if hidden < 1:   # a network of no (or negative) width fails deep in torch, or divides by zero
+                raise ValueError(f"hidden {hidden} < 1")
             features = str(meta.get("features", "paper"))
+            observation_size(setting, features)   # an unknown feature set, named with the file
             saved_obs = space_from_json(meta["observation_space"])
             saved_act = space_from_json(meta["action_space"])
             shield = None if meta.get("shield") is None else Shield.from_json(meta["shield"], setting.n_subscribers)
@@ -206,7 +209,7 @@ class RulePolicy:
         history = None
         if prior == "trace":
             from .data import generate_trace
-            history = replay_usage_history(self.setting, generate_trace(self.setting, int(trace_seed)).train_workload())
+            history = replay_usage_history(self.setting, generate_trace(self.setting, int(float(trace_seed))).train_workload())
         self._template = make_rule(rule_name, RuleContext(self.setting, prior=history), **self.params)
         self.prior = prior
         self.version = f"{name}({', '.join(f'{k}={v:g}' for k, v in sorted(self.params.items()))})"

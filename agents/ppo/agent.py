@@ -10,6 +10,8 @@ import torch
 from samm.analyze import OBSERVATION_NAMES
 
 from ..base import Agent, Decisions, register
+from ..builtin import LoadErrorsNameTheFile, check_action_mode, check_param_keys, number_param
+from ..policy import one_line
 from .network import LstmActorCritic
 from .normalize import RunningMeanStd
 
@@ -18,6 +20,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 WEIGHTS_FILE = "policy.pt"
+#: what a saved policy's "params" may hold: its LSTM's width and the seed of its sampled actions
+PARAMS = ("lstm_hidden", "sample_seed")
 
 
 def _read_obs_rms(path: Path, n_features: int) -> RunningMeanStd:
@@ -35,13 +39,17 @@ def _read_obs_rms(path: Path, n_features: int) -> RunningMeanStd:
 
 
 @register
-class LstmPpoAgent(Agent):
+class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
     kind = "lstm-ppo"
     stateful = True
 
     def __init__(self, feature_names=OBSERVATION_NAMES, action_mode="paper", type_names=("S", "M", "L"),
                  params=None, net: LstmActorCritic | None = None, obs_rms: RunningMeanStd | None = None, **kw):
+        check_action_mode(self.kind, action_mode)
+        check_param_keys(self.kind, params or {}, PARAMS)
         p = {"lstm_hidden": 128, **(params or {})}
+        number_param(self.kind, "lstm_hidden", p["lstm_hidden"], low=1, whole=True)
+        number_param(self.kind, "sample_seed", p.get("sample_seed", 0), low=0, whole=True)
         super().__init__(tuple(feature_names), action_mode, type_names, params=p, **kw)
         nvec = (1 + 2 * self.n_types,) if action_mode == "paper" else (3,) * self.n_types
         self.net = net or LstmActorCritic(len(self.feature_names), nvec, int(p["lstm_hidden"]))
@@ -125,13 +133,12 @@ class LstmPpoAgent(Agent):
         try:
             state = torch.load(weights, map_location="cpu", weights_only=True)
         except Exception as exc:  # truncated, garbage or a pickle of arbitrary objects: unreadable here
-            raise ValueError(f"{weights}: not a readable PyTorch state dict ({type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+            raise ValueError(f"{weights}: not a readable PyTorch state dict ({one_line(exc)})") from None
         try:
             agent.net.load_state_dict(state)
             agent._np = None
         except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{weights}: does not match the declared observation/action spec ({exc})") from None
+            raise ValueError(f"{weights}: does not match the declared observation/action spec ({one_line(exc)})") from None
         # NaN weights give NaN probabilities, whose argmax is action 0: "remove a VM" of every type
         bad = [k for k, v in agent.net.state_dict().items() if not torch.isfinite(v).all()]
         if bad:
