@@ -1,7 +1,9 @@
-"""Training logs every trainer shares: TensorBoard when the package is installed (optional)."""
+"""What every trainer shares about its output folder: TensorBoard when the package is installed
+(optional), and the refusal to start a fresh run over an earlier one."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
 
 def tensorboard_writer(out):
@@ -13,3 +15,14 @@ def tensorboard_writer(out):
     except Exception:  # tensorboard is optional
         return None
     return SummaryWriter(str(Path(out) / "tb"))
+
+
+def refuse_existing_run(out: Path, run_files: Iterable[str], also: Iterable[Path] = (),
+                        hint: str = "choose another --out or remove it") -> None:
+    """A fresh run into the folder of an earlier one would overwrite its policy and mix its logs
+    (appended CSV rows, TensorBoard events, an old best policy beside the new one): refused,
+    naming the first file found. `also`: other paths that mark a run (a log kept elsewhere)."""
+    out = Path(out)
+    found = [out / n for n in run_files if (out / n).exists()] + [p for p in also if p.exists()]
+    if found:
+        raise ValueError(f"{found[0]} exists: {out} already holds a training run; {hint}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agents.train_log import tensorboard_writer
+from agents.train_log import refuse_existing_run, tensorboard_writer
 
 from .data import episodes as make_episodes
 from .env import DeferrableJobsEnv
@@ -278,6 +279,21 @@ def _write_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
+#: what a run writes into its --out: one there means an earlier run, whose policy and log a new one
+#: would replace and whose TensorBoard events it would mix with its own
+RUN_FILES = ("metadata.json", "weights.pt", "progress.csv", "tb")
+
+
+def check_options(args) -> None:
+    """Each number refused with its flag: a --steps of 0 ran the default 300,000 slots and a
+    negative one a whole iteration; --threads 0 failed in torch."""
+    for flag, value, ok, want in (("--steps", args.steps, args.steps is None or args.steps >= 1, ">= 1"),
+                                  ("--seed", args.seed, args.seed >= 0, ">= 0"),
+                                  ("--threads", args.threads, args.threads >= 1, ">= 1")):
+        if not ok:
+            raise ValueError(f"{flag} must be {want}, not {value}")
+
+
 def main(argv=None) -> int:
     from .osdec import VARIANTS
 
@@ -292,8 +308,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="directory for the saved policy, progress.csv and TensorBoard")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
+    try:
+        check_options(args)
+        if args.out:
+            refuse_existing_run(Path(args.out), RUN_FILES)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     cfg = OsdecConfig(variant=args.variant, seed=args.seed, mapping=args.mapping)
-    if args.steps:
+    if args.steps is not None:
         cfg = replace(cfg, total_steps=args.steps)
     model, logs = train(args.setting, cfg, out=args.out, progress=not args.quiet, threads=args.threads)
     if args.out:

@@ -26,6 +26,7 @@ from agents.lra_placement.cluster import Batch, Cluster, Constraints, Predictor,
 from agents.lra_placement.network import ScorerConfig, composition_table, single_thread_blas
 from agents.lra_placement.policy import PlacementPolicy
 from agents.lra_placement.reinforce import PlacementProblem, accumulate_policy_gradient, new_scorer, rollout
+from agents.train_log import refuse_existing_run
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,7 @@ def train_generalist(config: TrainConfig, predictor: Predictor, n_nodes_choices:
                 torch.nn.utils.clip_grad_norm_(scorer.parameters(), config.max_grad_norm)
                 optimiser.step()
                 updates += 1
+                check_finite(scorer, updates)
                 alive = eps.rewards[eps.alive]
                 row = {"update": updates, "episodes": episodes, "seconds": round(time.perf_counter() - start, 3),
                        "n_nodes": n_nodes, "batch_size": batch.size, "constrained": int(constrained),
@@ -237,6 +239,12 @@ def train_generalist(config: TrainConfig, predictor: Predictor, n_nodes_choices:
                     best_ratio, best_state = ratio, None  # the final network is the best: keep it
                 if best_state is not None:
                     scorer.load_state_dict(best_state)
+    except KeyboardInterrupt:
+        # an interrupted run saves no policy, but keeps the log of the updates it made
+        if out is not None:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            write_log(log, Path(log_path) if log_path is not None else Path(out) / "train-log.csv")
+        raise
     finally:
         torch.set_num_threads(threads)
         if bar is not None:
@@ -257,6 +265,44 @@ def train_generalist(config: TrainConfig, predictor: Predictor, n_nodes_choices:
         write_log(log, Path(log_path) if log_path is not None else out / "train-log.csv")
         write_log(validation_rows, out / "validation.csv")
     return TrainResult(policy, log, seconds, episodes, validation_rows)
+
+
+def check_finite(scorer: torch.nn.Module, update: int) -> None:
+    """Stop before a NaN or inf network reaches the saved policy (it would place containers by
+    garbage scores): a learning rate far too large diverges this way."""
+    bad = [name for name, p in scorer.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(f"update {update}: the network's {bad[0]} is not finite (NaN or inf); training stopped "
+                         "without saving it (lower --lr)")
+
+
+#: what a run writes into its --out: one there means an earlier run, which a new one would replace
+RUN_FILES = ("metadata.json", "policy.pt", "train-log.csv", "validation.csv")
+
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers (--nodes, --hidden), or a ValueError naming the flag."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} must be positive integers separated by commas, not {text!r}")
+    return values
+
+
+def check_options(args) -> None:
+    """The numbers a run needs to mean anything, each refused with its flag (a zero --episodes-per-batch
+    would spin until --time-limit, a zero or negative --episodes save an untrained policy)."""
+    for flag, value, ok, want in (("--episodes", args.episodes, args.episodes >= 1, ">= 1"),
+                                  ("--episodes-per-batch", args.episodes_per_batch, args.episodes_per_batch >= 1, ">= 1"),
+                                  ("--seed", args.seed, args.seed >= 0, ">= 0"),
+                                  ("--validate-every", args.validate_every, args.validate_every >= 0, ">= 0"),
+                                  ("--time-limit", args.time_limit, 0 < args.time_limit < float("inf"),
+                                   "a positive number of seconds"),
+                                  ("--lr", args.lr, 0 < args.lr < float("inf"), "a positive number")):
+        if not ok:
+            raise ValueError(f"{flag} must be {want}, not {value}")
 
 
 def write_log(rows: list[dict], path: Path) -> None:
@@ -304,15 +350,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log", default=None, help="per-update CSV log (default OUT/train-log.csv)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    predictor, name = make_predictor(args.predictor)
+    try:
+        check_options(args)
+        hidden, nodes = _int_list(args.hidden, "--hidden"), _int_list(args.nodes, "--nodes")
+        refuse_existing_run(Path(args.out), RUN_FILES, also=[Path(args.log)] if args.log else [])
+        try:
+            predictor, name = make_predictor(args.predictor)
+        except ValueError as exc:
+            raise ValueError(f"--predictor {args.predictor!r}: {exc}") from None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     config = TrainConfig(time_limit_s=args.time_limit, predictor_features=not args.paper_features,
-                         hidden=tuple(int(h) for h in args.hidden.split(",")), lr=args.lr,
+                         hidden=hidden, lr=args.lr,
                          episodes_per_batch=args.episodes_per_batch, validate_every=args.validate_every,
                          lookahead=args.lookahead)
     command = "python -m agents.lra_placement.train " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = train_generalist(config, predictor, tuple(int(n) for n in args.nodes.split(",")), args.seed,
-                              args.episodes, args.out, progress=not args.quiet, command=command, predictor_name=name,
-                              log_path=args.log)
+    try:
+        result = train_generalist(config, predictor, nodes, args.seed, args.episodes, args.out,
+                                  progress=not args.quiet, command=command, predictor_name=name, log_path=args.log)
+    except ValueError as exc:   # the network diverged: nothing was saved
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     tail = result.log[-200:]
     print(f"trained {result.episodes} episodes in {result.seconds:.0f} s; mean reward of the last "
           f"{len(tail)} updates {np.mean([r['mean_reward'] for r in tail]):.4f}; saved to {args.out}")

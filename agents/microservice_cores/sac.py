@@ -191,6 +191,9 @@ class SacConfig:
                 raise ValueError(f"{field} must be one of {', '.join(choices)}, not {value!r}")
         if not 0.0 <= self.load_changes <= 1.0:
             raise ValueError(f"load_changes is a chance in [0, 1], not {self.load_changes!r}")
+        # a NaN target trained on and only failed at the end ("lam value too large", no option named)
+        if self.target_entropy is not None and not np.isfinite(self.target_entropy):
+            raise ValueError(f"target_entropy must be a finite number, not {self.target_entropy!r}")
         if self.lr_final is not None and not 0.0 < self.lr_final <= self.lr:
             raise ValueError(f"lr_final must be in (0, lr = {self.lr}], not {self.lr_final!r}")
         if not 0.0 <= self.lr_decay_start < 1.0:

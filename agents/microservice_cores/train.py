@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from agents.parallel import write_progress
+from agents.train_log import refuse_existing_run
 from samm.cli.seeds import parse_seeds
 
 from .action_map import ACTION_SPACES, action_of, check_ceiling, cores_of, scaled_actions
@@ -247,11 +248,13 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                     # the moving average's copy is already a snapshot; the live agent goes on training
                     best_agent = net if net is not agent else _snapshot(agent, agent.actor, width, n_scaled, M, cfg)
                     if out_dir:
-                        ReclaimerPolicy(best_agent, topo, cfg, training=_best_training(
+                        save_whole(ReclaimerPolicy(best_agent, topo, cfg, training=_best_training(
                             seed, seen, init_from, keep_norm, best, eval_seeds),
-                            ceiling=cfg.headroom_ceiling).save(out_dir / "best-policy")
+                            ceiling=cfg.headroom_ceiling), out_dir / "best-policy")
         rows_csv.append(row)
         if out_dir:
+            # row by row, so that an interrupted run keeps its log (rewritten whole, with the plot, at the end)
+            _append_log_row(out_dir / "training.csv", row)
             write_progress(out_dir, seen, end, episode=episode + 1, phase=phase)
         if writer:
             for key in ("reward", "mean_cores", "violation_rate", "alpha", "entropy", "critic_loss", "q", "classifier_loss", "lr"):
@@ -285,6 +288,22 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                                       ceiling=cfg.headroom_ceiling)
     policy.evaluations = best.history
     return policy
+
+
+def save_whole(policy, folder: Path) -> None:
+    """Replace a saved policy folder so that an interrupt leaves the old one whole or the new one:
+    `best-policy` is rewritten at every better checkpoint, and written in place a Ctrl-C in the
+    middle left new weights under the old metadata, or a truncated weights.pt (the best lost)."""
+    import shutil
+
+    tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.save(tmp)
+    if folder.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def fill_actions(cpu_used, limits, base, caps, noise, cfg: SacConfig, fill_h=None) -> np.ndarray:
@@ -385,6 +404,14 @@ def _fit_sample(buf: ReplayBuffer, n: int = 20_000) -> np.ndarray:
     if buf.size <= n:
         return buf.obs[:buf.size].astype(np.float32)
     return buf.obs[np.sort(buf.rng.choice(buf.size, n, replace=False))].astype(np.float32)
+
+
+def _append_log_row(path: Path, row: dict) -> None:
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        if f.tell() == 0:
+            w.writeheader()
+        w.writerow(row)
 
 
 def _write_log(out_dir: Path, rows: list[dict]) -> None:
@@ -526,7 +553,33 @@ def main(argv=None) -> int:
     if args.stop_after is not None and args.stop_after < 1:
         print(f"error: --stop-after must be >= 1, not {args.stop_after}", file=sys.stderr)
         return 2
+    try:
+        check_options(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return _train_seeds(args) if args.seeds is not None else _train_one(args)
+
+
+#: what a run (or a --seeds run) writes into its --out: one there means an earlier run, whose policy
+#: and logs a new one would replace, and whose best-policy it would leave beside its own policy
+RUN_FILES = ("policy", "best-policy", "training.csv", "progress.json", "seeds.json", "tb")
+
+
+def check_options(args) -> None:
+    """Each count refused with its flag: --steps or --episodes of 0 ran the whole default schedule
+    (240,000 transitions) and negative ones failed on an empty log; a negative --envs or --seed
+    failed in NumPy without naming the option. (0 for --envs and the like keeps the recipe's value.)"""
+    for flag, value, ok, want in (("--steps", args.steps, args.steps is None or args.steps >= 1, ">= 1"),
+                                  ("--episodes", args.episodes, args.episodes is None or args.episodes >= 1, ">= 1"),
+                                  ("--seed", args.seed, args.seed >= 0, ">= 0"),
+                                  ("--threads", args.threads, args.threads >= 1, ">= 1"),
+                                  ("--envs", args.envs, args.envs is None or args.envs >= 0, ">= 1"),
+                                  ("--updates-per-step", args.updates_per_step,
+                                   args.updates_per_step is None or args.updates_per_step >= 0, ">= 1"),
+                                  ("--id-width", args.id_width, args.id_width is None or args.id_width >= 0, ">= 1")):
+        if not ok:
+            raise ValueError(f"{flag} must be {want}, not {value}")
 
 
 def _train_one(args) -> int:
@@ -601,6 +654,8 @@ def _train_one(args) -> int:
                     return 2
                 # its own reward, and no AutoScale fill or classifier explorer: plain SAC
                 cfg = replace(cfg, qos_margin=init.cfg.qos_margin, autoscale_steps=0, classifier_steps=0)
+        if args.out:    # last, so that a bad option is named first
+            refuse_existing_run(Path(args.out), RUN_FILES, also=sorted(Path(args.out).glob("seed-*")))
         policy = train(args.app, cfg, seed=args.seed, out=args.out, progress=not args.quiet,
                        init=init.agent if init else None, threads=args.threads, init_from=args.init_policy,
                        keep_norm=args.cont, eval_every=args.eval_every, eval_seeds=eval_seeds,
@@ -651,6 +706,11 @@ def _train_seeds(args) -> int:
               file=sys.stderr)
         return 2
     out = Path(args.out)
+    try:
+        refuse_existing_run(out, RUN_FILES, also=sorted(out.glob("seed-*")))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     jobs = []
     for seed in seeds:
         job = copy.copy(args)

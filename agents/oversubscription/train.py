@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agents.train_log import tensorboard_writer
+from agents.train_log import refuse_existing_run, tensorboard_writer
 
 from .c2marl import (DUAL_ESTIMATES, C2Marl, C2MarlConfig, EpisodeLog, anchor_level, check_budget_margin,
                      run_training_episode)
@@ -142,7 +142,10 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
             if train_usage == "logged":
                 sim_cache[id(w)] = sim
         log = run_training_episode(agent, sim, setting, ep, obs_fn, request_mask, shield)
+        check_finite(agent, log)
         logs.append(log)
+        if out is not None:     # row by row, so that an interrupted run keeps its log (rewritten at the end)
+            _append_row(asdict(log), Path(out) / "train-log.csv")
         if writer is not None:
             for k in ("reward", "s_cores", "hot_cluster_steps", "max_pm_hot_steps", "lam", "loss", "epsilon"):
                 writer.add_scalar(f"train/{k}", getattr(log, k), ep)
@@ -204,6 +207,37 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     return policy, logs
 
 
+def check_finite(agent: C2Marl, log: EpisodeLog) -> None:
+    """Stop before a NaN or inf reaches a checkpoint or the saved policy (whose argmax of NaN Q
+    values would pick one rate for every VM): a learning rate far too large diverges this way."""
+    bad = [k for k in ("loss", "lam") if not np.isfinite(getattr(log, k))]
+    bad += [name for name, p in agent.net.named_parameters() if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(f"episode {log.episode + 1}: {bad[0]} is not finite (NaN or inf); training stopped without "
+                         "saving it (lower --lr or --dual-lr)")
+
+
+#: what a run writes into its --out: one there means an earlier run, whose policy and logs a new
+#: one would replace, and whose checkpoints and last-policy it would leave beside its own
+RUN_FILES = ("metadata.json", "weights.pt", "train-log.csv", "validation.csv", "last-policy", "checkpoints", "tb")
+
+
+def check_options(args) -> None:
+    """The numbers a run needs to mean anything, each refused with its flag (an --episodes of 0 or
+    fewer trained nothing and failed on the empty log; an --alpha outside (0, 1) trained to an
+    impossible or negative budget)."""
+    finite = lambda v: v is None or 0.0 < v < float("inf")  # noqa: E731
+    for flag, value, ok, want in (("--episodes", args.episodes, args.episodes is None or args.episodes >= 1, ">= 1"),
+                                  ("--alpha", args.alpha, 0.0 < args.alpha < 1.0, "a safety level in (0, 1)"),
+                                  ("--seed", args.seed, args.seed >= 0, ">= 0"),
+                                  ("--trace-seed", args.trace_seed, args.trace_seed >= 0, ">= 0"),
+                                  ("--lr", args.lr, finite(args.lr), "a positive number"),
+                                  ("--dual-lr", args.dual_lr, args.dual_lr is None or 0.0 <= args.dual_lr < float("inf"),
+                                   "a number >= 0")):
+        if not ok:
+            raise ValueError(f"{flag} must be {want}, not {value}")
+
+
 def checkpoint_dir(out: str | Path, episode: int) -> Path:
     """Where a `--validate-every` run saves the weights of `episode`."""
     return Path(out) / "checkpoints" / f"episode-{episode}"
@@ -236,6 +270,15 @@ def choose_checkpoint(history: list[dict], alpha: float) -> int:
         h = history[i]
         return (1, 0.0, h["s_cores"]) if satisfied(h["pm_hot_r"], alpha) else (0, -h["pm_hot_r"], h["s_cores"])
     return max(range(len(history)), key=lambda i: (key(i), -i))
+
+
+def _append_row(row: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(row))
+        if fh.tell() == 0:
+            w.writeheader()
+        w.writerow(row)
 
 
 def _write_rows(rows: list[dict], path: Path) -> None:
@@ -495,6 +538,11 @@ def main(argv=None) -> int:
                         "mean-q: argmax of their mean Q; max: the safest rate")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    try:
+        check_options(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.validate_every < 0 or args.validate_episodes < 1 or (args.validate_from is not None
                                                                   and args.validate_from < 1):
         print("error: --validate-every must be >= 0, --validate-episodes and --validate-from >= 1", file=sys.stderr)
@@ -549,11 +597,17 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: --ensemble: {e}", file=sys.stderr)
         return 2
-    policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,
-                         train_usage=args.train_usage, out=args.out, progress=not args.quiet,
-                         validate_every=args.validate_every, validate_episodes=args.validate_episodes,
-                         validate_from=args.validate_from, ensemble=args.ensemble,
-                         ensemble_every=args.ensemble_every, ensemble_vote=args.ensemble_vote)
+    try:
+        if args.out is not None:    # last, so that a bad option is named first
+            refuse_existing_run(Path(args.out), RUN_FILES)
+        policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,
+                             train_usage=args.train_usage, out=args.out, progress=not args.quiet,
+                             validate_every=args.validate_every, validate_episodes=args.validate_episodes,
+                             validate_from=args.validate_from, ensemble=args.ensemble,
+                             ensemble_every=args.ensemble_every, ensemble_vote=args.ensemble_vote)
+    except ValueError as e:     # the networks diverged, or a setting the trainer refuses: nothing was saved
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if policy.training.get("checkpoint") == "validation":
         h = {r["episode"]: r for r in policy.training["validation"]["history"]}[policy.training["checkpoint_episode"]]
         print(f"kept the checkpoint of episode {h['episode']}: validation PM-Hot-R {h['pm_hot_r']:.3f}, "

@@ -27,6 +27,7 @@ import torch
 from gymnasium import spaces
 from torch import nn, optim
 
+from agents.train_log import refuse_existing_run as refuse_run_over
 from sim_bridge.errors import RolloutWorkerLost
 
 from .buffer import RolloutBuffer
@@ -61,12 +62,8 @@ def action_nvec(space: spaces.Space) -> tuple[int, ...]:
 
 
 def refuse_existing_run(out: Path) -> None:
-    """A fresh run into the folder of an earlier one would append its rows to the earlier logs
-    and replace its checkpoint: the caller must choose to resume it or another folder."""
-    found = [n for n in (CHECKPOINT_FILE, *LOG_FILES) if (out / n).exists()]
-    if found:
-        raise ValueError(f"{out} already holds a training run ({found[0]}); pass --resume to continue it "
-                         "or choose another --out")
+    """A fresh run into the folder of an earlier one: the caller must resume it or choose another."""
+    refuse_run_over(out, (CHECKPOINT_FILE, *LOG_FILES), hint="pass --resume to continue it or choose another --out")
 
 
 def _one_line(exc: BaseException, limit: int = 200) -> str:

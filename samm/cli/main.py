@@ -560,15 +560,18 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
     if problem == "lra-placement":
         from agents.lra_placement.train import main as train_placement
 
+        # a given --episodes goes through even when 0 or negative: the trainer refuses it by name, where
+        # dropping it ran the default 200,000 episodes; options of its own (--lr, --nodes ...) follow
         argv = ["--out", out, "--seed", str(seed), "--predictor", predictor]
-        argv += ["--episodes", str(episodes)] if episodes else []
+        argv += ["--episodes", str(episodes)] if episodes is not None else []
         argv += ["--quiet"] if quiet else []
-        sys.exit(train_placement(argv))
+        sys.exit(train_placement(argv + _given_options(ctx, skip={"problem", "agent_kind", "out", "seed", "episodes",
+                                                                  "quiet", "predictor"}) + list(ctx.args)))
     if problem != "autoscaling":
         # any other problem: its trainer's own argparse main, with the shared options first
         from agents.registry import entry
 
-        argv = ["--out", out, "--seed", str(seed)] + (["--episodes", str(episodes)] if episodes else [])
+        argv = ["--out", out, "--seed", str(seed)] + (["--episodes", str(episodes)] if episodes is not None else [])
         argv += ["--quiet"] if quiet else []
         sys.exit(entry(spec, "train")(argv + _given_options(ctx, skip={"problem", "agent_kind", "out", "seed",
                                                                           "episodes", "quiet"}) + list(ctx.args)))
