@@ -12,10 +12,14 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 
+class WorkerDied(RuntimeError):
+    """A worker process of `map_runs` died (killed, or out of memory): its runs are unfinished."""
+
+
 def map_runs(fn: Callable, jobs: Sequence, workers: int = 2, progress: bool = True, desc: str = "runs") -> list:
     """[fn(job) for job in jobs], in order; `workers` > 1 runs them in that many processes.
     A run that raises ends the map at once (the runs not started are dropped) with its own
-    exception, noted with the job; a worker process that dies is a RuntimeError naming the jobs
+    exception, noted with the job; a worker process that dies is a WorkerDied naming the jobs
     left unfinished."""
     bar = None
     if progress:
@@ -25,7 +29,9 @@ def map_runs(fn: Callable, jobs: Sequence, workers: int = 2, progress: bool = Tr
     results = []
     try:
         if workers > 1:
-            _map_in_processes(fn, jobs, workers, results, bar, desc)
+            # at most one process per job (but still processes when asked): a fork-started pool
+            # starts every worker at once, so --workers 1000 for two jobs forked 1000 processes
+            _map_in_processes(fn, jobs, min(int(workers), max(len(jobs), 2)), results, bar, desc)
         else:
             for j in jobs:
                 results.append(_run_named(fn, j, desc))
@@ -58,7 +64,7 @@ def _map_in_processes(fn: Callable, jobs: Sequence, workers: int, results: list,
             except BrokenProcessPool as exc:
                 left = [_short(j) for j, f in zip(jobs, futures)
                         if not f.done() or f.cancelled() or f.exception() is not None]
-                raise RuntimeError(f"{desc}: a worker process died (killed, or out of memory) with {len(left)} of "
+                raise WorkerDied(f"{desc}: a worker process died (killed, or out of memory) with {len(left)} of "
                                    f"{len(jobs)} runs unfinished, among them {', '.join(left[:3])}") from exc
             except Exception as exc:
                 exc.add_note(f"{desc}: in the run of job {_short(job)}")

@@ -89,16 +89,56 @@ def validate_summary(summary: Mapping) -> list[str]:
     return problems
 
 
+def prepare_out(out) -> Path:
+    """The experiment's output folder, made and proved writable before any work: an --out that
+    cannot take a file would otherwise fail only at the end, losing the whole run's results. An
+    earlier run's summary.json is moved aside to summary.previous.json: a run that stops part-way
+    (interrupted, failed) then leaves no summary that looks like its own beside its partial files."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    probe = out / f".write-test-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(f"output folder {out} is not writable: {exc.strerror or exc}") from None
+    earlier = out / "summary.json"
+    if earlier.is_file():
+        os.replace(earlier, out / "summary.previous.json")
+    return out
+
+
 def write_summary(out: Path, summary: Mapping) -> None:
     problems = validate_summary(summary)
     if problems:
         raise ValueError("summary does not follow the schema: " + "; ".join(problems))
-    # written beside and renamed over: an interrupted write leaves the earlier summary whole, and a
-    # reader (a report, a dashboard) never sees half a file
-    path = Path(out) / "summary.json"
+    write_json(Path(out) / "summary.json", summary)
+
+
+def write_json(path: Path, obj, default=None) -> None:
+    """`obj` as strict JSON: NaN and infinities become null (json.dumps would write NaN, which no
+    strict JSON reader accepts), numpy values plain ones. Written beside and renamed over: an
+    interrupted write leaves the earlier file whole, and a reader never sees half a file."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=json_default))
+    tmp.write_text(json.dumps(finite_json(obj), indent=2, default=default or json_default, allow_nan=False))
     os.replace(tmp, path)
+
+
+def finite_json(o):
+    """A copy of `o` with every non-finite float (NaN, inf) as None and numpy scalars and arrays as
+    Python values."""
+    if isinstance(o, Mapping):
+        return {k: finite_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [finite_json(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return finite_json(o.tolist())
+    if isinstance(o, np.generic):
+        o = o.item()
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return o
 
 
 def json_default(o):

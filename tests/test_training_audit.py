@@ -16,7 +16,7 @@ import torch
 from click.testing import CliRunner
 
 from agents.base import load_agent
-from agents.parallel import map_runs
+from agents.parallel import WorkerDied, map_runs
 from agents.ppo.agent import LstmPpoAgent
 from agents.ppo.config import PPOConfig
 from agents.ppo.train import train
@@ -286,7 +286,7 @@ def test_a_failing_or_killed_run_names_its_job_and_ends_the_map(tmp_path):
         with pytest.raises(ValueError, match="diverged") as info:
             map_runs(_diverges_on_b, jobs, workers=workers, progress=False, desc="cells")
         assert "cells: in the run of job ('b', 2)" in info.value.__notes__
-    with pytest.raises(RuntimeError, match=r"cells: a worker process died .* unfinished, among them .*\('b', 2\)"):
+    with pytest.raises(WorkerDied, match=r"cells: a worker process died .* unfinished, among them .*\('b', 2\)"):
         map_runs(_killed_on_b, jobs, workers=2, progress=False, desc="cells")
     n = 16
     with pytest.raises(ValueError, match="diverged"):

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from agents.parallel import map_runs
-from agents.report import Target, experiment_summary, fmt, markdown_table, stats, write_summary
+from agents.report import Target, experiment_summary, fmt, markdown_table, prepare_out, stats, write_summary
 
 from .osdec import VARIANTS, OsdecConfig
 from .settings import TABLE4
@@ -133,8 +133,10 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, steps: int
     """`merge`: earlier experiment folders whose learned runs (runs.json) join this report, e.g.
     the paper-mapping ablations beside a run of our mapping; same test episodes, same heuristics."""
     started = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    for name, value in (("steps", steps), ("test_episodes", test_episodes)):
+        if value is not None and int(value) < 1:     # 0 would silently mean the default, < 0 fail after training
+            raise ValueError(f"{name} must be at least 1, not {value}")
+    earlier_runs = [_merged_runs(Path(folder)) for folder in merge]   # checked before the training, not after
     budget = QUICK if quick else FULL
     changes = {"seeds": tuple(int(s) for s in seeds) if seeds else None, "steps": steps,
                "settings": tuple(settings) if settings else None, "variants": tuple(variants) if variants else None,
@@ -143,17 +145,16 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, steps: int
     bad = [v for v in budget.variants if v not in VARIANTS]
     if bad:
         raise ValueError(f"unknown variant {bad[0]!r}; choose from {sorted(VARIANTS)}")
+    for setting in budget.settings:     # an unknown one refused before the folder is touched
+        model_setting(setting)
+    out = prepare_out(out)     # made and proved writable before the work
     table1_setting = "tiny" if quick else "default"
     heur = {s: run_heuristics(s, budget) for s in budget.settings}
     keep = out / "policies"
     jobs = [(table1_setting, v, s, budget, keep) for v in budget.variants for s in budget.seeds]
     jobs += [(st, "osdec", s, budget, keep) for st in budget.settings if st != table1_setting for s in budget.seeds]
     runs = map_runs(_train_one, jobs, workers, progress, desc="osdec")
-    for folder in merge:
-        earlier = json.loads((Path(folder) / "runs.json").read_text())
-        old_steps = json.loads((Path(folder) / "summary.json").read_text())["setting"].get("steps_per_run")
-        for r in earlier:
-            r.setdefault("steps", old_steps)
+    for earlier in earlier_runs:
         mine = {(r["setting"], r["variant"]) for r in runs}
         runs += [r for r in earlier if (r["setting"], r["variant"]) not in mine]
     (out / "runs.json").write_text(json.dumps(runs, indent=1))
@@ -163,6 +164,23 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, steps: int
     write_summary(out, summary)
     (out / "report.md").write_text(_report(summary))
     return summary
+
+
+def _merged_runs(folder: Path) -> list[dict]:
+    """The learned runs of an earlier experiment folder (`--merge`), each with its steps per run;
+    a folder that is not a finished `samm experiment osdec` is a ValueError naming it."""
+    try:
+        earlier = json.loads((folder / "runs.json").read_text())
+        old_steps = json.loads((folder / "summary.json").read_text())["setting"].get("steps_per_run")
+        keys = {"setting", "variant", "seed", "train_seconds", "curve", *METRICS}
+        if not isinstance(earlier, list) or not all(isinstance(r, dict) and keys <= set(r) for r in earlier):
+            raise ValueError(f"runs.json is not a list of runs with {sorted(keys)}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"--merge {folder}: not a finished `samm experiment osdec` folder "
+                         f"({type(exc).__name__}: {exc})") from None
+    for r in earlier:
+        r.setdefault("steps", old_steps)
+    return earlier
 
 
 def _rows(runs, setting, variant) -> list[dict]:

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from agents.report import Target, experiment_summary, fmt, markdown_table, stats, write_summary
+from agents.report import Target, experiment_summary, fmt, markdown_table, prepare_out, stats, write_summary
 
 from .baselines import PLANNERS
 from .cluster import Batch, Cluster, Constraints, Predictor, Rule, check_plan, per_app_score, score
@@ -538,7 +538,7 @@ def write_report(out: Path, summary: dict, per_case: dict, per_app: dict, app_na
              f"({s['machine']['system']}).", "",
              "## Setting", "",
              f"* Interference model: {s['predictor_description']}.",
-             f"* Score of a plan: the mean normalised throughput of the batch's containers under that model "
+             "* Score of a plan: the mean normalised throughput of the batch's containers under that model "
              "(the paper's final reward, §4); ratio = score / the exact optimum's score on the same batch; gap = 1 - ratio.",
              f"* Seeds {s['seeds']}: seed k draws every case's batch from `np.random.default_rng(k)`, so every method "
              "sees the same batches (a batch no valid plan can hold under the rules is redrawn from the same "
@@ -660,8 +660,6 @@ def run(out, quick: bool = False, seeds: Sequence[int] = (1, 2, 3, 4, 5), predic
         progress: bool = True) -> dict:
     """Run the experiment, write report.md, summary.json and figures into `out`; return the summary."""
     started = time.perf_counter()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("need at least one seed")
@@ -669,6 +667,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] = (1, 2, 3, 4, 5), predic
     budgets = QUICK_BUDGETS if quick else FULL_BUDGETS
     run_seeds = seeds[:2] if quick else seeds
     pred = make_predictor(predictor)
+    out = prepare_out(out)     # made and proved writable before the work
     app_names = tuple(pred.app_names)
     policy, policy_why = load_trained_policy()
     if policy is None:

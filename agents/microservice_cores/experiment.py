@@ -19,7 +19,6 @@ they compare, and a run without them reports none.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from functools import partial
@@ -29,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from agents.parallel import map_runs
+from agents.report import prepare_out, write_json
 
 from .episode import EPISODE_S, EpisodeResult, StaticController, run_episodes
 from .topology import Topology, load_topology
@@ -145,14 +145,19 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}: choose among {', '.join(METHODS)}")
     methods = tuple(m for m in METHODS if m in methods)     # the report's order, each once
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if train_steps is not None and int(train_steps) < 1:     # 0 would silently mean the shipped policy
+        raise ValueError(f"train_steps must be at least 1, not {train_steps}")
     budget = QUICK if quick else FULL
     changes = {"seeds": tuple(int(s) for s in seeds) if seeds else None, "apps": tuple(apps) if apps else None,
                "train_steps": train_steps}
     budget = replace(budget, **{k: v for k, v in changes.items() if v})
+    stray = sorted(set(policy_dirs or {}) - set(budget.apps))
+    if stray:       # a misspelt app would silently leave its run on the shipped policy
+        raise ValueError(f"a policy is given for {stray}, not among the applications run {list(budget.apps)}")
+    out = Path(out)
     jobs = [_Cell(app, users, budget, methods, (policy_dirs or {}).get(app), str(out), progress)
             for app in budget.apps for users in levels(load_topology(app), budget.level_fractions)]
+    out = prepare_out(out)     # after the checks (an unknown app): made and proved writable before the work
     if workers > 1 and _trains(budget, methods):
         workers = 1        # a policy or model trained in the run is trained once per app, in this process
     results: dict[str, dict] = {a: {} for a in budget.apps}
@@ -165,7 +170,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
         for k, v in log.items():    # every cell of an app logs the same policy; each its own static search
             logs[job.app][k] = {**logs[job.app].get(k, {}), **v} if k == "static_best" else v
     summary = _summarise(results, logs, budget, time.perf_counter() - started)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    write_json(out / "summary.json", summary, default=float)    # strict JSON (no NaN), renamed over whole
     _figures(series, out)
     (out / "report.md").write_text(_report(summary))
     return summary

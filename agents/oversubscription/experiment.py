@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from agents.parallel import map_runs
-from agents.report import Target, experiment_summary, markdown_table, write_summary
+from agents.report import Target, experiment_summary, markdown_table, prepare_out, write_summary
 
 from .c2marl import DUAL_ESTIMATES, C2MarlConfig, anchor_level, check_budget_margin
 from .settings import ALPHAS, RATES, get_setting, rate_grid
@@ -464,8 +464,14 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
                 anchor or C2MarlConfig.anchor) is not None:
             raise ValueError("anchor_margin and anchor_tuned_at tune the headroom action's anchor: they need "
                              "action='headroom', a tuned anchor, and runs to train (not --policies)")
+    for name, value in (("episodes", episodes), ("test_episodes", test_episodes)):
+        if value is not None and int(value) < 1:     # 0 would silently mean the default, < 0 fail in a worker
+            raise ValueError(f"{name} must be at least 1, not {value}")
+    known_cases = [c.key for c in FULL_CASES + QUICK_CASES]
+    unknown_cases = sorted(set(cases or ()) - set(known_cases))
+    if unknown_cases:       # not dropped: a table would silently miss the case asked for
+        raise ValueError(f"unknown case {unknown_cases}; choose from {known_cases}")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     if episodes:
         budget = replace(budget, episodes_cold=int(episodes), episodes_warm=int(episodes))
     if test_episodes:
@@ -491,6 +497,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         saved = saved / "policies" if (saved / "policies").is_dir() else saved
         if saved.resolve() == (out / "policies").resolve():
             raise ValueError("--policies must name another run's directory than --out")
+    out = prepare_out(out)     # after every check: made and proved writable before the work
     overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate),
                                    ("budget_margin", budget_margin), ("rates", rates), ("action", action),
                                    ("anchor", anchor), ("anchor_margin", anchor_margin),

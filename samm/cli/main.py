@@ -862,9 +862,12 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
 @click.option("--quick", is_flag=True, help="The tiny setting, short training (a smoke run in about a minute).")
 @click.option("--cases", default=None, help="Comma-separated cases: azure-cold, internal-cold, internal-warm (default: all).")
 @click.option("--seeds", default="1-3", show_default=True, help="Training seeds per alpha (the paper: 3).")
-@click.option("--episodes", type=int, default=None, help="Training episodes per run (default: 1800 cold, 1200 warm).")
-@click.option("--test-episodes", type=int, default=None, help="Test episodes per method (default: 300, the paper's).")
-@click.option("--workers", type=int, default=2, show_default=True, help="Training runs in parallel processes.")
+@click.option("--episodes", type=click.IntRange(min=1), default=None,
+              help="Training episodes per run (default: 1800 cold, 1200 warm).")
+@click.option("--test-episodes", type=click.IntRange(min=1), default=None,
+              help="Test episodes per method (default: 300, the paper's).")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Training runs in parallel processes.")
 @click.option("--policies", type=click.Path(exists=True, file_okay=False), default=None,
               help="Evaluate the C2MARL policies an earlier run saved (its --out or its policies/ folder) "
                    "instead of training them, e.g. on more --test-episodes.")
@@ -925,10 +928,13 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
     satisfaction per safety level) with ours beside them; baselines tuned on training days; every
     method tested on held-apart days and under the paper's protocol (the training weekdays'
     requests, usage redrawn); writes report.md, summary.json, training-curve PNGs and the policies."""
+    levels = _floats(alphas, "--alphas") if alphas is not None else None
+    if levels == []:    # "," or "": not every level silently
+        _fail(f"--alphas names no safety level, got {alphas!r}")
     _run_problem_experiment("oversubscription", out, quick=quick, seeds=_seeds(seeds),
-                            cases=[c.strip() for c in cases.split(",")] if cases else None,
+                            cases=[c.strip() for c in cases.split(",")] if cases is not None else None,
                             episodes=episodes, test_episodes=test_episodes, workers=workers, policies=policies,
-                            alphas=_floats(alphas, "--alphas") if alphas else None, threads=threads,
+                            alphas=levels, threads=threads,
                             held_apart_only=held_apart_only, validate_every=validate_every, ensemble=ensemble,
                             ensemble_every=ensemble_every, ensemble_vote=ensemble_vote,
                             dual_estimate=dual_estimate, budget_margin=budget_margin, rates=rates,
@@ -939,20 +945,23 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
 @experiment.command("osdec")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
 @click.option("--quick", is_flag=True, help="The tiny setting, two variants, short training (seconds).")
-@click.option("--seeds", default="1-5", show_default=True, help="Training seeds per learned row.")
-@click.option("--steps", type=int, default=None, help="Slots of experience per training run (default 40,960).")
+@click.option("--seeds", default=None, help="Training seeds per learned row (default: 1-5; with --quick: 1,2).")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="Slots of experience per training run (default 40,960).")
 @click.option("--settings", default=None,
               help="Comma-separated settings (default: default, realtime, core1-3, dur1-3).")
 @click.option("--variants", default=None,
               help="Comma-separated Table 1 variants (default: all: reinforce, ppo, pointer, ppo-att, "
                    "ppo-att-auxh, ppo-att-auxl, osdec).")
-@click.option("--test-episodes", type=int, default=None, help="Test episodes per method (default: 100, the paper's).")
+@click.option("--test-episodes", type=click.IntRange(min=1), default=None,
+              help="Test episodes per method (default: 100, the paper's).")
 @click.option("--mapping", type=click.Choice(["prefix", "skip"]), default="prefix", show_default=True,
               help="Action mapping of the learned rows: prefix (the paper's) or skip (ours: pack past misfits, "
                    "negative scores wait); skip rows are named VARIANT+skip.")
 @click.option("--merge", multiple=True, type=click.Path(exists=True, file_okay=False),
               help="An earlier `samm experiment osdec` folder whose learned runs join this report (repeatable).")
-@click.option("--workers", type=int, default=2, show_default=True, help="Training runs in parallel processes.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Training runs in parallel processes.")
 @click.option("--quiet", is_flag=True)
 def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes, mapping, merge, workers,
                      quiet) -> None:
@@ -960,9 +969,16 @@ def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes
     (deferrable vs real-time) and Table 4 (six sensitivity settings), ours beside theirs;
     heuristics tuned on training episodes; writes report.md, summary.json, training curves and
     the trained OSDEC policies."""
-    split = (lambda s: [x.strip() for x in s.split(",") if x.strip()] if s else None)
-    _run_problem_experiment("deferrable-jobs", out, quick=quick, seeds=_seeds(seeds) if not quick or seeds != "1-5"
-                            else None, steps=steps, settings=split(settings), variants=split(variants),
+    def split(text: str | None, flag: str) -> list[str] | None:
+        names = [x.strip() for x in text.split(",") if x.strip()] if text is not None else None
+        if names == []:     # "," or "": not the default list silently
+            _fail(f"{flag} names nothing, got {text!r}")
+        return names
+
+    # None: the budget's own seeds; a typed --seeds 1-5 is run as typed, --quick or not
+    _run_problem_experiment("deferrable-jobs", out, quick=quick, seeds=_seeds(seeds) if seeds is not None
+                            else None, steps=steps, settings=split(settings, "--settings"),
+                            variants=split(variants, "--variants"),
                             test_episodes=test_episodes, mapping=mapping, merge=list(merge), workers=workers,
                             progress=not quiet)
 
@@ -970,11 +986,11 @@ def experiment_osdec(out, quick, seeds, steps, settings, variants, test_episodes
 @experiment.command("reclaimer")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
 @click.option("--quick", is_flag=True, help="The 3-service chain, 2 seeds, short episodes, a short training (a smoke run).")
-@click.option("--seeds", default="1-5", show_default=True, help="Episode seeds per load level.")
+@click.option("--seeds", default=None, help="Episode seeds per load level (default: 1-5; with --quick: 1,2).")
 @click.option("--apps", default=None, help="Comma-separated applications (default: hotel,social).")
 @click.option("--policy", "policy_specs", multiple=True,
               help="APP=DIR: evaluate this saved Reclaimer policy for APP (default: the shipped one). Repeatable.")
-@click.option("--train-steps", type=int, default=None,
+@click.option("--train-steps", type=click.IntRange(min=1), default=None,
               help="Train Reclaimer in this run for this many transitions instead of loading a policy.")
 @click.option("--methods", default=None,
               help="Comma-separated subset of reclaimer, reclaimer-no-ceiling (the policy without its headroom "
@@ -995,12 +1011,15 @@ def experiment_reclaimer(out, quick, seeds, apps, policy_specs, train_steps, met
         if not sep or not d:
             _fail(f"--policy {spec!r}: expected APP=DIR")
         policy_dirs[app] = d
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else None
+    if chosen == []:    # "," or "": not every method silently
+        _fail(f"--methods names no method, got {methods!r}")
     _run_problem_experiment("microservice-cores", out, quick=quick,
-                            seeds=_seeds(seeds) if not quick or seeds != "1-5" else None,
-                            apps=[a.strip() for a in apps.split(",")] if apps else None, policy_dirs=policy_dirs,
+                            seeds=_seeds(seeds) if seeds is not None else None,    # None: the budget's
+                            apps=[a.strip() for a in apps.split(",")] if apps is not None else None,
+                            policy_dirs=policy_dirs,
                             train_steps=train_steps, progress=not quiet,
-                            methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
-                            workers=workers)
+                            methods=chosen, workers=workers)
 
 
 @experiment.command("run")
@@ -1028,10 +1047,12 @@ def experiment_run(problem, out, quick, quiet) -> None:
 def _run_problem_experiment(problem: str, out: str, **kw) -> None:
     from agents.registry import entry, get_problem
 
+    from agents.parallel import WorkerDied
+
     spec = get_problem(problem)
     try:
         summary = entry(spec, "experiment")(out, **kw)
-    except (ValueError, OSError) as exc:  # OSError: an --out that cannot be created or written
+    except (ValueError, OSError, WorkerDied) as exc:  # OSError: an --out that cannot be created or written
         _fail(str(exc))
     click.echo(json.dumps(summary.get("targets", []), default=str))
     click.echo(f"wrote {Path(out) / 'report.md'}")
