@@ -259,7 +259,14 @@ def _line_index(text: str) -> dict[tuple, int]:
     """Maps key paths to 1-based line numbers by walking the YAML node tree."""
     lines: dict[tuple, int] = {}
 
+    seen: set[int] = set()
+
     def walk(node, path):
+        # an alias is the node it names: walked once, or a 1-KB file of nested aliases (the
+        # "billion laughs") is walked billions of times
+        if id(node) in seen:
+            return
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
                 key = path + (k.value,)
@@ -298,18 +305,38 @@ def _apply_env(data: dict, environ: dict[str, str]) -> list[str]:
     return applied
 
 
+# a daemon config is a few KB: the bound keeps a wrong path (/dev/zero, a log, a disk image)
+# from being read into memory without end
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_config_text(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes: not a SAMM config")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+
+
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> SammConfig:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); is it a binary file?") from None
+        return _load_config(path, _read_config_text(path), environ)
+    except RecursionError:  # PyYAML composes nested lists recursively: "[[[[..." thousands deep
+        raise ConfigError(f"{path}: nested too deeply to be a SAMM config") from None
+
+
+def _load_config(path: Path, text: str, environ: dict[str, str] | None) -> SammConfig:
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     _apply_env(data, dict(os.environ if environ is None else environ))

@@ -157,6 +157,19 @@ PRESETS: dict[str, dict] = {
 }
 
 
+# A simulation config is a few hundred bytes; the bound keeps a wrong path (/dev/zero, a trace,
+# a disk image) from being read into memory without end.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_config_text(path: Path) -> str:
+    with path.open("rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes: not a simulation config")
+    return raw.decode("utf-8")
+
+
 def load_sim_config(path: str | Path | None = None, preset: str = "paper", **overrides) -> SimConfig:
     """Preset, then a YAML/JSON file, then keyword overrides; unknown keys fail validation."""
     if preset not in PRESETS:
@@ -164,9 +177,11 @@ def load_sim_config(path: str | Path | None = None, preset: str = "paper", **ove
     data: dict = dict(PRESETS[preset])
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+            loaded = yaml.safe_load(_read_config_text(Path(path))) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as exc:  # neither is an OSError: name the file here
             raise ValueError(f"{path}: not a valid YAML/JSON file ({' '.join(str(exc).split())})") from None
+        except RecursionError:  # PyYAML composes nested lists recursively: "[[[[..." thousands deep
+            raise ValueError(f"{path}: nested too deeply to be a simulation config") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: the simulation config must be a mapping")
         data.update(loaded)

@@ -28,29 +28,62 @@ def _fail(msg: str) -> None:
     sys.exit(2)
 
 
+def _one_line(exc: Exception, whole: str, fields: dict[str, str] | None = None) -> str:
+    """`exc` as one line: pydantic's errors through the service's own flattening (each field
+    named, the input left out), a field that came from an option named as that option, and an
+    error of the whole model (no field) named `whole`."""
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return " ".join(str(exc).split())
+    from samm.plan.schemas import validation_detail
+
+    fields = fields or {}
+    errors = []
+    for e in exc.errors():
+        loc = tuple(e.get("loc") or ())
+        head = fields.get(str(loc[0]), loc[0]) if loc else whole
+        errors.append({**e, "loc": (head, *loc[1:])})
+    return validation_detail(errors)
+
+
 def _sim_config(config_path: str | None, preset: str, initial: str | None, action_mode: str | None,
                 max_steps: int | None):
     from pydantic import ValidationError
 
     from sim_bridge.config import load_sim_config
 
+    # a value given as an option is named as that option, not as the field of the config file
+    given = {"max_steps": "--max-steps"} if max_steps is not None else {}
     try:
         cfg = load_sim_config(config_path, preset=preset, action_mode=action_mode, max_steps=max_steps)
     except (ValidationError, ValueError, OSError) as exc:
-        _fail(f"invalid simulation config: {exc}")
+        # the file's own problems name it already; a field's value may come from it
+        where = f" {config_path}" if config_path and isinstance(exc, ValidationError) else ""
+        _fail(f"invalid simulation config{where}: {_one_line(exc, 'config', given)}")
     if initial:
         try:
             cfg = cfg.with_initial([int(x) for x in initial.split(",")])
         except (ValidationError, ValueError) as exc:
-            _fail(f"--initial {initial!r}: {exc}")
+            _fail(f"--initial {initial!r}: {_one_line(exc, 'initial')}")
     return cfg
 
 
+SWF_OPTIONS = {"window_start_s": "--window", "window_end_s": "--window", "time_compression": "--time-compression",
+               "mips_per_core": "--mips-per-core", "max_jobs": "--max-jobs"}
+
+
 def _workload(spec: str, cfg, window: str | None, compression: float | None, mips: float | None, max_jobs: int | None):
+    import math
+
     from pydantic import ValidationError
 
     from sim_bridge.workloads import SwfTransform, load_workload
 
+    # checked for every verb here: a 0 was once taken for "not given" and silently ignored
+    for flag, value in (("--time-compression", compression), ("--mips-per-core", mips), ("--max-jobs", max_jobs)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            _fail(f"{flag} must be a finite number > 0, got {value}")
     opts = {}
     if window:
         try:
@@ -60,17 +93,20 @@ def _workload(spec: str, cfg, window: str | None, compression: float | None, mip
                 opts["window_end_s"] = float(end)
         except ValueError:
             _fail(f"--window must be START:END in seconds, got {window!r}")
-    if compression:
-        opts["time_compression"] = compression
-    if mips:
-        opts["mips_per_core"] = mips
-    if max_jobs:
-        opts["max_jobs"] = max_jobs
+        if not all(math.isfinite(v) for v in opts.values()):
+            _fail(f"--window must be START:END in finite seconds, got {window!r}")
+    for key, value in (("time_compression", compression), ("mips_per_core", mips), ("max_jobs", max_jobs)):
+        if value is not None:
+            opts[key] = value
     try:
         transform = SwfTransform(**opts) if opts else None
+    except ValidationError as exc:
+        _fail(f"workload {spec!r}: {_one_line(exc, '--window', SWF_OPTIONS)}")
+    try:
         return load_workload(spec, transform, core_cap=cfg.job_core_cap)
     except (ValidationError, ValueError, OSError) as exc:
-        _fail(f"workload {spec!r}: {exc}")
+        msg = _one_line(exc, "workload")
+        _fail(msg if msg.startswith(f"workload {spec!r}") else f"workload {spec!r}: {msg}")
 
 
 def workload_options(f):
@@ -229,7 +265,8 @@ def _sim_results(workload: str, seed: int, runs) -> list[tuple[str, dict]]:
 @click.option("--workload", default=None,
               help="Workload (default: seed-1551-short on the testbed, the full seed-1551 with --sim).")
 @click.option("--compression", type=float, default=30.0, show_default=True, help="Workload seconds per wall second.")
-@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**62 - 1), default=1, show_default=True,
+              help="Seeds the boot delays (the simulator's seed space).")
 @click.option("--out", type=click.Path(file_okay=False), default="demo-report", show_default=True,
               help="Report directory (report.md, summary.json, PNG figures).")
 def demo(sim_only, workload, compression, seed, out) -> None:
@@ -244,6 +281,7 @@ def demo(sim_only, workload, compression, seed, out) -> None:
     from tqdm import tqdm
 
     from samm.testbed.report import table, write_report
+    from sim_bridge.config import SimConfig
     from sim_bridge.workloads import load_workload
 
     runs = _demo_agents()
@@ -256,6 +294,12 @@ def demo(sim_only, workload, compression, seed, out) -> None:
         _fail(f"--workload: {exc}")
     if wl.n_jobs < 1:
         _fail(f"--workload {workload!r} has no jobs")
+    # the comparison in CloudSim Plus (_sim_results) runs last, after the testbed's minutes: a job
+    # larger than its largest VM type stopped it there with a traceback and no summary written
+    cap = SimConfig(action_mode="per-type").job_core_cap
+    if int(wl.cores.max()) > cap:
+        _fail(f"--workload {workload!r} has a {int(wl.cores.max())}-core job; the demo's largest VM type has "
+              f"{cap} cores")
     out_dir = Path(out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -448,11 +492,15 @@ def testbed_cmd(ctx, agent_kind, params_json, policy_dir, workload, compression,
 
 
 def _seeds(text: str, flag: str = "--seeds") -> list[int]:
+    from samm.cli.seeds import SeedsOutOfBounds
+
     try:
         return parse_seeds(text)
+    except SeedsOutOfBounds as exc:
+        _fail(f"{flag}: {exc}")
     except ValueError:
         _fail(f"{flag} must be a list like 1,2,3 or a range like 1-5, got {text!r}")
-        return []
+    return []
 
 
 def _floats(text: str, flag: str) -> list[float]:
@@ -470,6 +518,8 @@ def _params(text: str | None, flag: str = "--params") -> dict | None:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         _fail(f"{flag} must be a JSON object: {exc}")
+    except RecursionError:  # "[[[[..." thousands deep: the decoder recurses per level
+        _fail(f"{flag} must be a JSON object: nested too deeply")
     if not isinstance(value, dict):
         _fail(f"{flag} must be a JSON object")
     return value
@@ -1316,22 +1366,17 @@ def run_cmd(config_path, iterations, dry_run, log_level, as_json) -> None:
     import json
     import logging
 
-    from samm.config import ConfigError, load_config
     from samm.daemon.build import ConfigurationProblem
     from samm.daemon.runner import run_daemon
     from samm.knowledge.store import KnowledgeError
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_config(config_path)
-        if dry_run:
-            cfg = cfg.model_copy(update={"executor": cfg.executor.model_copy(update={"dry_run": True})})
-            if cfg.loops:
-                cfg = cfg.model_copy(update={"loops": [lp.model_copy(update={
-                    "executor": lp.executor.model_copy(update={"dry_run": True})}) for lp in cfg.loops]})
-    except ConfigError as exc:
-        click.echo(f"invalid config:\n{exc}", err=True)
-        sys.exit(2)
+    cfg = _daemon_config(config_path)
+    if dry_run:
+        cfg = cfg.model_copy(update={"executor": cfg.executor.model_copy(update={"dry_run": True})})
+        if cfg.loops:
+            cfg = cfg.model_copy(update={"loops": [lp.model_copy(update={
+                "executor": lp.executor.model_copy(update={"dry_run": True})}) for lp in cfg.loops]})
 
     def show(rep):
         if as_json:
@@ -1363,14 +1408,19 @@ def config_group() -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 def config_check(path) -> None:
     """Validate a daemon config file and print the effective settings (secrets masked)."""
+    click.echo(_daemon_config(path).model_dump_json(indent=2))
+
+
+def _daemon_config(path: str):
+    """The daemon's config (`samm run`, `samm config check`); every problem is exit 2 (load_config
+    bounds what it reads and names files nested too deeply)."""
     from samm.config import ConfigError, load_config
 
     try:
-        cfg = load_config(path)
+        return load_config(path)
     except ConfigError as exc:
         click.echo(f"invalid config:\n{exc}", err=True)
         sys.exit(2)
-    click.echo(cfg.model_dump_json(indent=2))
 
 
 from samm.cli.oversub import testbed_oversub  # noqa: E402  (samm testbed-oversub)

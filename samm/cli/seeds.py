@@ -1,14 +1,32 @@
 """The seed lists every verb and benchmark takes: `1,2,3` or a range `1-5` (both ends included)."""
 from __future__ import annotations
 
+# The simulator's seed space (sim_bridge/envs.py SEED_SPACE, `samm sim run --seed`): a larger seed
+# overflowed the int64 the seeds are passed in, a traceback after the run had started.
+MAX_SEED = 2**62 - 1
+# Far more episodes than any run takes; "1-10000000000" tried to build a list of 10^10 ints.
+MAX_SEEDS = 100_000
+
+
+class SeedsOutOfBounds(ValueError):
+    """A well-formed seed list the runs cannot take (too many seeds, or one outside the seed space)."""
+
 
 def parse_seeds(text: str) -> list[int]:
     """`"1-5"` -> [1, 2, 3, 4, 5]; `"1,3"` -> [1, 3]. Raises ValueError on anything else."""
     if "-" in text and "," not in text:
         a, b = text.split("-")
-        seeds = list(range(int(a), int(b) + 1))
+        low, high = int(a), int(b)
+        if high - low + 1 > MAX_SEEDS:
+            raise SeedsOutOfBounds(f"{text!r} is {high - low + 1} seeds; at most {MAX_SEEDS}")
+        seeds = list(range(low, high + 1))
     else:
         seeds = [int(x) for x in text.split(",")]  # an empty item ("1,,2", "") is a typo, not a skip
     if not seeds:  # "5-1": a run over no episodes would report statistics of nothing
         raise ValueError(f"no seeds in {text!r}")
+    if len(seeds) > MAX_SEEDS:
+        raise SeedsOutOfBounds(f"{text!r} is {len(seeds)} seeds; at most {MAX_SEEDS}")
+    outside = [s for s in seeds if not 0 <= s <= MAX_SEED]
+    if outside:
+        raise SeedsOutOfBounds(f"seed {outside[0]} is outside 0..{MAX_SEED}")
     return seeds

@@ -17,7 +17,7 @@ from samm.analyze import FleetSpec
 from samm.config import LoopConfig, SammConfig
 from samm.execute.base import Executor
 from samm.knowledge.store import KnowledgeStore
-from samm.plan.client import HttpPlanner, InProcessPlanner
+from samm.plan.client import HttpPlanner, InProcessPlanner, PlanOutcome, fallback
 
 from .loop import ControlLoop
 
@@ -43,10 +43,43 @@ def make_daemon_agent(lp: LoopConfig) -> Agent:
     return agent
 
 
+class GroupCheckedHttpPlanner(HttpPlanner):
+    """An HttpPlanner that decides only while the remote agent's VM types are the configured
+    groups, in that order (make_daemon_agent's check for an agent in this process). The service
+    names its types only once it answers, and a restarted one may host another policy, so the
+    check is made on every agent list read: a mismatch is a do-nothing decision naming both."""
+
+    def __init__(self, *args, groups: tuple[str, ...], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.groups = tuple(groups)
+
+    def mismatch(self) -> str | None:
+        self._load_spec()
+        if self.spec is None:
+            return None  # unreachable or not hosted: HttpPlanner.decide falls back with its reason
+        types = tuple(self.spec["type_names"])
+        if types == self.groups:
+            return None
+        return (f"agent {self.agent_name!r} at {self.url} decides for VM types {list(types)} but the configured "
+                f"groups are {list(self.groups)}: name the groups like the policy's types, in that order")
+
+    @property
+    def feature_names(self) -> tuple[str, ...] | None:
+        # another fleet's per-type features ("vm_running_frac:S") cannot be computed for these
+        # groups: the loop then reads the default features and decide() records the mismatch
+        return None if self.mismatch() else super().feature_names
+
+    def decide(self, features) -> PlanOutcome:
+        started = time.perf_counter()
+        why = self.mismatch()
+        return fallback(why, started) if why else super().decide(features)
+
+
 def make_planner(lp: LoopConfig, timeout_s: float, agent: Agent | None = None):
     if lp.agent.mode == "http":
         session = f"samm-{socket.gethostname()}-{os.getpid()}-{lp.name}"
-        return HttpPlanner(lp.agent.service_url, lp.agent.name, session, timeout_s=timeout_s)
+        return GroupCheckedHttpPlanner(lp.agent.service_url, lp.agent.name, session, timeout_s=timeout_s,
+                                       groups=tuple(g.name for g in lp.groups))
     return InProcessPlanner(agent or make_daemon_agent(lp))
 
 

@@ -20,6 +20,8 @@ def load_workload(spec: str | Path, transform: SwfTransform | None = None, core_
     path = Path(spec)
     if not path.exists():
         raise FileNotFoundError(f"workload {spec!r}: neither a built-in name ({', '.join(BUILTIN)}) nor an existing file")
+    if not path.is_file():  # a trace is read whole: /dev/zero or a FIFO would be read without end
+        raise ValueError(f"workload {spec!r}: not a regular file")
     return load_swf(path, transform, default_core_cap=core_cap)
 
 
