@@ -1,12 +1,12 @@
 """Built-in reference agents: `noop`, `random` and `static:S,M,L` (hold a fixed fleet)."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 
 from .base import METADATA_FILE, Agent, Decisions, register
+from .params import check_param_keys, number_param
 
 ACTION_MODES = ("paper", "per-type")
 
@@ -15,41 +15,6 @@ def check_action_mode(kind: str, mode) -> None:
     """Any other mode would act in `paper` mode while declaring a per-type action space."""
     if mode not in ACTION_MODES:
         raise ValueError(f"{kind}: action_mode must be one of {ACTION_MODES}, got {mode!r}")
-
-
-def check_param_keys(kind: str, params: dict, known) -> None:
-    """A misspelt parameter would otherwise be kept and ignored: the agent runs on its default."""
-    if not isinstance(params, dict):
-        raise ValueError(f"{kind}: parameters must be a mapping of names to values, got {params!r}")
-    unknown = sorted(set(params) - set(known), key=str)
-    if unknown:
-        raise ValueError(f"{kind}: unknown parameter {unknown[0]!r} (known: {', '.join(sorted(known)) or 'none'})")
-
-
-def number_param(kind: str, key: str, value, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, whole: bool = False) -> float:
-    """`value` as a finite number within [low, high] ((low, high] with `low_open`), a whole number
-    with `whole`; else a ValueError naming the parameter."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        x = math.nan
-    kind_of = "a whole number" if whole else "a number"
-    if isinstance(value, bool) or not math.isfinite(x) or (whole and x != int(x)):
-        raise ValueError(f"{kind}: {key} must be {kind_of}, got {value!r}")
-    too_low = low is not None and (x <= low if low_open else x < low)
-    if too_low or (high is not None and x > high):
-        lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
-        hi = "" if high is None else f"<= {high:g}"
-        raise ValueError(f"{kind}: {key} must be {kind_of} {' and '.join(b for b in (lo, hi) if b)}, got {value!r}")
-    return x
-
-
-def number_list_param(kind: str, key: str, value, n: int, low: float = 0.0, low_open: bool = False) -> list[float]:
-    """One number per VM type, each checked as by `number_param`."""
-    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__") or len(value) != n:
-        raise ValueError(f"{kind}: {key} needs one number per VM type ({n}), got {value!r}")
-    return [number_param(kind, f"{key}[{i}]", v, low=low, low_open=low_open) for i, v in enumerate(value)]
 
 
 class LoadErrorsNameTheFile:

@@ -7,7 +7,6 @@ several seeds and on windows of real SWF traces the policy never saw, and writes
 from __future__ import annotations
 
 import csv
-import json
 import time
 from pathlib import Path
 
@@ -141,10 +140,10 @@ def run_paper_experiment(out_dir: str | Path, policy_dir: str | Path | None = No
     if policy_dir is None:
         train_dir = out / "train"
         from .ppo.train import CHECKPOINT_FILE, LOG_FILES
+        from .train_log import refuse_existing_run
 
-        if any((train_dir / name).exists() for name in (CHECKPOINT_FILE, *LOG_FILES)):
-            raise ValueError(f"{train_dir} holds an earlier training run: choose another --out, or pass "
-                             f"--policy {train_dir / 'policy'} to evaluate its policy")
+        refuse_existing_run(train_dir, (CHECKPOINT_FILE, *LOG_FILES),
+                            hint=f"choose another --out, or pass --policy {train_dir / 'policy'} to evaluate its policy")
         ppo = PPOConfig(total_timesteps=timesteps, seed=train_seed, eval_every=20, **(ppo_overrides or {}))
         _, train_summary = train_lstm_ppo(sim, workload, ppo, train_dir, progress=progress, eval_seeds=tune_seeds)
         summary["training"] = train_summary

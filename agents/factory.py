@@ -50,7 +50,7 @@ def _refuse_unused_params(kind: str, params: dict | None, policy_dir) -> None:
         raise ValueError(f"{kind}: parameters {sorted(params)} cannot be given with a saved policy ({policy_dir}): "
                          f"it runs with those in its metadata.json")
     if kind == "lstm-ppo" or kind.startswith("static:"):
-        from .builtin import check_param_keys
+        from .params import check_param_keys
 
         check_param_keys(kind, params, ())
 

@@ -43,5 +43,16 @@ def gateway_jar():
     return find_jar()
 
 
+@pytest.fixture()
+def no_uvicorn(monkeypatch):
+    """`samm serve` must stop before serving: record it if it would have served instead."""
+    import uvicorn
+
+    served = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+    monkeypatch.setattr("gc.freeze", lambda: None)
+    return served
+
+
 from fixtures_graphite import graphite, graphite_prefix  # noqa: E402,F401  (real Graphite fixtures)
 from fixtures_postgres import knowledge_url, pg_url, postgres_server_url  # noqa: E402,F401  (real PostgreSQL)

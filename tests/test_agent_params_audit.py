@@ -6,10 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-import uvicorn
 from click.testing import CliRunner
 
 from agents.base import load_agent
@@ -265,14 +263,6 @@ def test_a_controller_refuses_the_parameters_it_would_drop(name, params, message
 
 
 # -- the CLI --------------------------------------------------------------------------------------------
-@pytest.fixture()
-def no_uvicorn(monkeypatch):
-    served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
-    monkeypatch.setattr("gc.freeze", lambda: None)
-    return served
-
-
 @pytest.mark.parametrize("args, names", [
     (["--agent", "threshold", "--agent-param", "threshold:uper=0.8"], "unknown parameter 'uper'"),
     (["--agent", "threshold", "--agent-param", "threshold:upper=abc"], "upper must be a number"),

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -131,15 +130,6 @@ def test_a_session_ttl_that_expires_everything_is_refused(ttl):
 
 
 # -- samm serve ----------------------------------------------------------------------------------
-@pytest.fixture()
-def no_uvicorn(monkeypatch):
-    """`samm serve` must stop before serving: record it if it would have served instead."""
-    served = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
-    monkeypatch.setattr("gc.freeze", lambda: None)
-    return served
-
-
 def corrupt_c2marl(tmp_path: Path) -> Path:
     d = tmp_path / "c2marl-corrupt"
     shutil.copytree(REPO / "agents/oversubscription/policies/c2marl-azure-0.95", d)

@@ -316,7 +316,7 @@ def test_the_paper_experiment_refuses_an_out_that_holds_its_training_run(tmp_pat
     r = CliRunner().invoke(cli, ["experiment", "paper", "--out", str(tmp_path), "--timesteps", "32", "--seeds", "1",
                                  "--tune-seeds", "101", "--no-swf", "--fast-tuning", "--quiet", "--ppo",
                                  json.dumps({"num_envs": 1, "num_steps": 32, "bptt_chunk": 8, "num_minibatches": 2})])
-    assert r.exit_code == 2 and "holds an earlier training run" in r.output and "--policy" in r.output, r.output
+    assert r.exit_code == 2 and "already holds a training run" in r.output and "--policy" in r.output, r.output
     assert (tmp_path / "train" / "progress.csv").read_text() == "global_step,update\n32,1\n"
 
 

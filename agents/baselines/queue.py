@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import register
-from ..builtin import check_param_keys, number_list_param, number_param, vm_count_features
+from ..builtin import vm_count_features
+from ..params import check_param_keys, number_list_param, number_param
 from .stabilization import StabilizedScaler, check_window
 
 DEFAULTS = {"jobs_per_core": 1.0, "shares": None, "stabilization_steps": 3, "cores": None}

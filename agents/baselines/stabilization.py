@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import Agent, Decisions
-from ..builtin import LoadErrorsNameTheFile, check_action_mode, deltas_to_actions, number_param
+from ..builtin import LoadErrorsNameTheFile, check_action_mode, deltas_to_actions
+from ..params import number_param
 
 
 def check_window(kind: str, params: dict) -> None:

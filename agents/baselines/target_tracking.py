@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import register
-from ..builtin import check_param_keys, number_param, vm_count_features
+from ..builtin import vm_count_features
+from ..params import check_param_keys, number_param
 from .stabilization import StabilizedScaler, check_window
 
 DEFAULTS = {"target": 0.6, "tolerance": 0.1, "stabilization_steps": 5, "floor": 1}

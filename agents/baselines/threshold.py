@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..base import Agent, Decisions, register
-from ..builtin import LoadErrorsNameTheFile, check_action_mode, check_param_keys, deltas_to_actions, number_param
+from ..builtin import LoadErrorsNameTheFile, check_action_mode, deltas_to_actions
+from ..params import check_param_keys, number_param
 
 DEFAULTS = {"upper": 0.75, "lower": 0.75, "cooldown_steps": 5}
 GRID = {"upper": [0.5, 0.6, 0.7, 0.75, 0.8, 0.9], "lower": [0.1, 0.25, 0.4, 0.5, 0.75], "cooldown_steps": [0, 2, 5]}

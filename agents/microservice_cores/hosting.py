@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agents.params import number_param
+
 from .topology import Topology, load_topology
 
 CONTROLLERS = ("reclaimer", "reclaimer-online", "autoscale", "vpa", "sinan", "sinan-explore", "static-max", "static")
@@ -99,7 +101,7 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
         from .episode import StaticController
 
         if "fraction" in params:
-            f = _number(params["fraction"], "static: fraction")
+            f = number_param("static", "fraction", params["fraction"])
             if not 0 < f <= 1:
                 raise ValueError(f"static: fraction must be in (0, 1] (a share of each service's cap), got {f:g}")
             return StaticController(topo.caps * f, name=f"static-{f:g}")
@@ -107,7 +109,7 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
             raise ValueError("static needs cores=[one per service] (or one number for all) or fraction=<share of the caps>")
         cores = params["cores"]
         if isinstance(cores, str):
-            cores = [_number(x, "static: cores") for x in cores.split(",")]
+            cores = [number_param("static", "cores", x) for x in cores.split(",")]
         try:
             cores = np.atleast_1d(np.asarray(cores, dtype=np.float64))
         except (TypeError, ValueError):
@@ -138,16 +140,6 @@ def _refuse_dropped_params(name: str, params: dict) -> None:
         raise ValueError(f"{name}: unknown parameter {unknown[0]!r} (known: {', '.join(known + (wrappers,))})")
     if name == "static" and {"cores", "fraction"} <= set(params):
         raise ValueError("static: give cores or fraction, not both")
-
-
-def _number(value, what: str) -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number, got {value!r}") from None
-    if not np.isfinite(x):
-        raise ValueError(f"{what} must be a finite number, got {value!r}")
-    return x
 
 
 def make_policy(agent: str, policy_dir=None, **params):

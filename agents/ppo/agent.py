@@ -10,7 +10,8 @@ import torch
 from samm.analyze import OBSERVATION_NAMES
 
 from ..base import Agent, Decisions, register
-from ..builtin import LoadErrorsNameTheFile, check_action_mode, check_param_keys, number_param
+from ..builtin import LoadErrorsNameTheFile, check_action_mode
+from ..params import check_param_keys, number_param
 from ..policy import one_line
 from .network import LstmActorCritic
 from .normalize import RunningMeanStd
