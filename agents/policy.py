@@ -49,8 +49,11 @@ class Policy(Protocol):
 
 def save_torch_policy(directory, module, metadata: dict, weights_file: str = "weights.pt",
                       metadata_file: str = "metadata.json"):
-    """Write a torch policy as SAMM saves them: its weights and its `metadata.json`."""
+    """Write a torch policy as SAMM saves them: its weights, then its `metadata.json` (the file a
+    loader reads first). Each is written beside and renamed over, so an interrupted save leaves
+    no torn file, and a first save cut short leaves weights without metadata: refused on load."""
     import json
+    import os
     from pathlib import Path
 
     import torch
@@ -59,8 +62,12 @@ def save_torch_policy(directory, module, metadata: dict, weights_file: str = "we
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    torch.save({k: v.detach().clone() for k, v in module.state_dict().items()}, d / weights_file)
-    (d / metadata_file).write_text(json.dumps(metadata, indent=2, default=json_default))
+    tmp = d / f".{weights_file}.tmp"
+    torch.save({k: v.detach().clone() for k, v in module.state_dict().items()}, tmp)
+    os.replace(tmp, d / weights_file)
+    tmp = d / f".{metadata_file}.tmp"
+    tmp.write_text(json.dumps(metadata, indent=2, default=json_default))
+    os.replace(tmp, d / metadata_file)
     return d
 
 

@@ -252,3 +252,26 @@ def test_an_interrupted_microservice_run_keeps_its_log(tmp_path, monkeypatch):
         mc.main(["--app", "chain3", "--steps", "600", "--envs", "1", "--quiet", "--out", str(tmp_path / "run")])
     assert csv_rows(tmp_path / "run" / "training.csv") == 1
     assert not (tmp_path / "run" / "policy").exists()
+
+
+def test_an_interrupted_policy_save_leaves_the_saved_policy_whole(tmp_path, monkeypatch):
+    """save_torch_policy wrote over weights.pt in place: a Ctrl-C mid-write left a torn file."""
+    import torch
+
+    from agents.oversubscription.policy import OversubPolicy, shipped_policy
+
+    policy = shipped_policy()
+    policy.save(tmp_path / "p")
+    before = (tmp_path / "p" / "weights.pt").read_bytes()
+    real_save = torch.save
+
+    def torn_save(obj, path, *a, **kw):
+        Path(path).write_bytes(b"PK\x03\x04 half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(KeyboardInterrupt):
+        policy.save(tmp_path / "p")
+    monkeypatch.setattr(torch, "save", real_save)
+    assert (tmp_path / "p" / "weights.pt").read_bytes() == before
+    OversubPolicy.load(tmp_path / "p")  # still loads
