@@ -17,7 +17,7 @@ from samm.analyze import FleetSpec
 from samm.config import LoopConfig, SammConfig
 from samm.execute.base import Executor
 from samm.knowledge.store import KnowledgeStore
-from samm.plan.client import HttpPlanner, InProcessPlanner, PlanOutcome, fallback
+from samm.plan.client import HttpPlanner, InProcessPlanner
 
 from .loop import ControlLoop
 
@@ -46,33 +46,23 @@ def make_daemon_agent(lp: LoopConfig) -> Agent:
 class GroupCheckedHttpPlanner(HttpPlanner):
     """An HttpPlanner that decides only while the remote agent's VM types are the configured
     groups, in that order (make_daemon_agent's check for an agent in this process). The service
-    names its types only once it answers, and a restarted one may host another policy, so the
-    check is made on every agent list read: a mismatch is a do-nothing decision naming both."""
+    names its types only in its agent list, and a restarted one may host another policy: a list
+    whose types differ is kept as no spec, so the loop reads its default features, decide falls
+    back to doing nothing naming both lists, and the next call reads the list again."""
 
     def __init__(self, *args, groups: tuple[str, ...], **kwargs):
         super().__init__(*args, **kwargs)
         self.groups = tuple(groups)
 
-    def mismatch(self) -> str | None:
-        self._load_spec()
-        if self.spec is None:
-            return None  # unreachable or not hosted: HttpPlanner.decide falls back with its reason
-        types = tuple(self.spec["type_names"])
-        if types == self.groups:
-            return None
-        return (f"agent {self.agent_name!r} at {self.url} decides for VM types {list(types)} but the configured "
-                f"groups are {list(self.groups)}: name the groups like the policy's types, in that order")
-
-    @property
-    def feature_names(self) -> tuple[str, ...] | None:
-        # another fleet's per-type features ("vm_running_frac:S") cannot be computed for these
-        # groups: the loop then reads the default features and decide() records the mismatch
-        return None if self.mismatch() else super().feature_names
-
-    def decide(self, features) -> PlanOutcome:
-        started = time.perf_counter()
-        why = self.mismatch()
-        return fallback(why, started) if why else super().decide(features)
+    def _load_spec(self) -> None:
+        super()._load_spec()
+        if self.spec is None or tuple(self.spec["type_names"]) == self.groups:
+            return
+        self.spec_error = (f"agent {self.agent_name!r} at {self.url} decides for VM types "
+                           f"{list(self.spec['type_names'])} but the configured groups are {list(self.groups)}: "
+                           "name the groups like the policy's types, in that order")
+        log.warning("plan: %s", self.spec_error)
+        self.spec = None
 
 
 def make_planner(lp: LoopConfig, timeout_s: float, agent: Agent | None = None):
