@@ -124,29 +124,58 @@ def _cpu_readings(source: str) -> np.ndarray:
     if source not in CAPACITY_SOURCES:
         raise ValueError(f"unknown capacity source {source!r}; choose from {sorted(CAPACITY_SOURCES)} or 'synthetic'")
     name, column = CAPACITY_SOURCES[source]
-    with open(_need(data_dir() / "datacenter-traces-aggregated" / name), newline="") as fh:
+    path = _need(data_dir() / "datacenter-traces-aggregated" / name)
+    with open(path, newline="") as fh:
         reader = csv.reader(fh)
-        col = next(reader).index(column)
-        values = np.array([float(row[col]) for row in reader if row], dtype=np.float64)
-    if not np.isfinite(values).all() or values.max() <= values.min():
+        header = next(reader, None)
+        if header is None or column not in header:
+            raise ValueError(f"{path}: header must name a {column!r} column, got {header}")
+        col = header.index(column)
+        values = np.array([_number(row, col, path, reader.line_num) for row in reader if row], dtype=np.float64)
+    if len(values) < 2 or not np.isfinite(values).all() or values.max() <= values.min():
         raise ValueError(f"{name}: column {column} must be finite and not constant")
     values.setflags(write=False)
     return values
 
 
+def _number(row: list, col: int, path: Path, line: int) -> float:
+    """Field `col` of a CSV row as a float; a short row or a non-number names the file and line."""
+    if col >= len(row):
+        raise ValueError(f"{path}:{line}: the row has no field {col + 1}: {row}")
+    try:
+        return float(row[col])
+    except ValueError:
+        raise ValueError(f"{path}:{line}: field {col + 1} is not a number: {row[col]!r}") from None
+
+
+def _task(row: list, path: Path, line: int) -> tuple[float, float, float]:
+    """(creation time s, duration s, cores) of one batch-task row. A NaN creation time broke the
+    arrival profile, and a NaN or negative CPU request was binned silently as 8 or 1 cores."""
+    create, end, cpus = (_number(row, c, path, line) for c in (0, 1, 6))
+    instances = _number(row, 4, path, line)
+    if not np.isfinite([create, end, cpus, instances]).all() or cpus < 0 or instances < 0:
+        raise ValueError(f"{path}:{line}: times, instances and CPUs must be finite and not negative, got {row}")
+    return create, max(end - create, 1.0), cpus / 100.0 * int(instances)
+
+
 @lru_cache(maxsize=None)
 def _batch_tasks() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(creation time s, duration s, cores) of Alibaba 2017's Terminated batch tasks with a CPU request."""
-    create, duration, cores = [], [], []
-    with gzip.open(_need(data_dir() / BATCH_TASK_FILE), "rt", newline="") as fh:
+    tasks = []
+    path = _need(data_dir() / BATCH_TASK_FILE)
+    with gzip.open(path, "rt", newline="") as fh:
         reader = csv.reader(fh)
-        next(reader)  # header added by the mirror
+        next(reader, None)  # header added by the mirror
         for row in reader:
+            if not row:
+                continue
+            if len(row) < 7:
+                raise ValueError(f"{path}:{reader.line_num}: expected at least 7 fields, got {row}")
             if row[5] == "Terminated" and row[6]:
-                create.append(float(row[0]))
-                duration.append(max(float(row[1]) - float(row[0]), 1.0))
-                cores.append(float(row[6]) / 100.0 * int(row[4]))
-    out = tuple(np.asarray(a) for a in (create, duration, cores))
+                tasks.append(_task(row, path, reader.line_num))
+    if not tasks:
+        raise ValueError(f"{path}: no Terminated task with a CPU request")
+    out = tuple(np.asarray(a, dtype=np.float64) for a in zip(*tasks))
     for a in out:
         a.setflags(write=False)
     return out
@@ -284,7 +313,11 @@ def _day_profile(slot_minutes: int, slots_per_day: int, smoothing_minutes: int) 
     create, _, _ = _batch_tasks()
     slot_s = slot_minutes * 60.0
     n = int(create.max() // slot_s)  # full slots from time 0 (earlier creations are the trace's warm-up)
+    if n < 1:
+        raise ValueError(f"{BATCH_TASK_FILE}: the task creation times span no whole {slot_minutes}-minute slot")
     counts = np.bincount((create[(create >= 0) & (create < n * slot_s)] // slot_s).astype(np.int64), minlength=n)
+    if not counts.any():  # the profile would be 0 / 0, and every arrival rate NaN
+        raise ValueError(f"{BATCH_TASK_FILE}: no task created inside the trace's whole {slot_minutes}-minute slots")
     k = max(1, int(round(smoothing_minutes / slot_minutes)))
     padded = np.pad(counts.astype(np.float64), (k // 2, k - 1 - k // 2), mode="edge")
     smooth = np.convolve(padded, np.ones(k) / k, mode="valid")
@@ -332,6 +365,8 @@ def _check_split(split: str) -> None:
 
 def _stream(seed: int, split: str, stream: int) -> np.random.Generator:
     _check_split(split)
+    if int(seed) < 0:  # NumPy's own refusal ("expected non-negative integer") names no seed
+        raise ValueError(f"episode seed must be >= 0, got {seed}")
     return np.random.default_rng([int(seed), SPLITS.index(split), stream])
 
 
@@ -348,4 +383,6 @@ def make_episode(setting, seed: int, split: str = "train", params: DataParams = 
 
 
 def episodes(setting, split: str, n: int, seed: int = 0) -> list[Episode]:
+    if int(seed) < 0:  # checked here too: the per-episode seed derived from it is not the one given
+        raise ValueError(f"episode seed must be >= 0, got {seed}")
     return [make_episode(setting, seed * 100_003 + i, split) for i in range(n)]

@@ -63,6 +63,8 @@ class DeferrableJobsEnv(gym.Env):
     def step(self, action):
         if self.sim is None:
             raise RuntimeError("call reset() first")
+        if self.sim.done:
+            raise RuntimeError("the episode is over: call reset() first")
         scores = np.asarray(action, dtype=np.float64).reshape(-1)[: len(self._eligible)]
         view_free = self.sim.view().free
         rows = self._eligible[select_by_scores(scores, self.sim.ep.cores[self._eligible], view_free, self.mapping)]

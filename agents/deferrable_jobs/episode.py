@@ -8,6 +8,22 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def _whole_numbers(name: str, values) -> np.ndarray:
+    """`values` as a 1-D int64 array. A NaN passed every range check below (comparisons with NaN
+    are false) and a fractional duration crashed the simulator mid-episode, so both are refused."""
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise ValueError(f"episode: {name} must be a 1-D series, got shape {a.shape}")
+    if np.issubdtype(a.dtype, np.integer):
+        return a if a.dtype == np.int64 else a.astype(np.int64)
+    if a.dtype == bool or not np.issubdtype(a.dtype, np.floating):
+        raise ValueError(f"episode: {name} must hold whole numbers, got dtype {a.dtype}")
+    bad = ~np.isfinite(a) | (a != np.round(a))
+    if bad.any():
+        raise ValueError(f"episode: {name} must hold finite whole numbers, got {a[bad][:3].tolist()}")
+    return a.astype(np.int64)
+
+
 @dataclass(frozen=True)
 class Episode:
     cores: np.ndarray      # [J] int, c_i
@@ -18,6 +34,8 @@ class Episode:
     capacity: np.ndarray   # [T] int cores left after on-demand use, C_t
 
     def __post_init__(self):
+        for name in ("cores", "duration", "earliest", "latest", "submit", "capacity"):
+            object.__setattr__(self, name, _whole_numbers(name, getattr(self, name)))
         n = len(self.cores)
         for name in ("duration", "earliest", "latest", "submit"):
             if len(getattr(self, name)) != n:
@@ -50,7 +68,9 @@ class Episode:
     @classmethod
     def from_rows(cls, rows, capacity) -> "Episode":
         """rows of (cores, duration, earliest, latest, submit), in any order."""
-        a = np.asarray(sorted(rows, key=lambda r: (r[4], r[2])), dtype=np.int64).reshape(-1, 5)
+        # float, not int64: a NaN or fractional field is then named by the checks instead of
+        # failing the cast or being truncated silently
+        a = np.asarray(sorted(rows, key=lambda r: (r[4], r[2])), dtype=np.float64).reshape(-1, 5)
         cap = np.asarray(capacity, dtype=np.float64)
         if not np.isfinite(cap).all():
             raise ValueError("episode: capacity must be a non-empty series of cores >= 0")

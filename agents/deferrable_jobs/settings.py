@@ -19,6 +19,8 @@ Ours (docs/deferrable-jobs.md), the paper gives none of these:
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field, replace
 
 W_DELAY = 2.0          # omega_1 (Table 3)
@@ -62,12 +64,36 @@ class Setting:
     max_running: int = 64
     max_future: int = 32
 
+    def __post_init__(self):
+        # zero sizes divided by zero in the features, and negative ones failed deep inside NumPy
+        for name in ("slots", "slot_minutes", "fleet_cores", "max_eligible", "max_running", "max_future"):
+            _check_whole(self, name, 1)
+        for name in ("lead_max", "window_max"):
+            _check_whole(self, name, 0)
+        for name in ("ondemand_low", "ondemand_high", "capacity_noise", "offered_load"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"setting {self.name!r}: {name} must be a finite number >= 0, got {value!r}")
+        if self.ondemand_high > 1:
+            raise ValueError(f"setting {self.name!r}: ondemand_high is a share of the fleet (<= 1), got "
+                             f"{self.ondemand_high!r}")
+        for name in ("core_probs", "duration_probs"):
+            probs = getattr(self, name)
+            if probs is not None and (any(not math.isfinite(p) or p < 0 for p in probs) or sum(probs) <= 0):
+                raise ValueError(f"setting {self.name!r}: {name} must be finite, >= 0 and not all 0, got {probs}")
+
     def scaled(self, **changes) -> "Setting":
         return replace(self, **changes)
 
     @property
     def realtime(self) -> bool:
         return self.lead_max == 0 and self.window_max == 0
+
+
+def _check_whole(setting: Setting, name: str, low: int) -> None:
+    value = getattr(setting, name)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"setting {setting.name!r}: {name} must be a whole number >= {low}, got {value!r}")
 
 
 def _table4(name: str, core_case: int | None = None, dur_case: int | None = None) -> Setting:

@@ -95,6 +95,8 @@ class DeferrableSim:
         return self.t >= self.T
 
     def view(self) -> View:
+        if self.done:  # there is no slot T to look at (capacity has T entries)
+            raise RuntimeError("episode is over")
         ep, t = self.ep, self.t
         waiting = (self.start < 0) & ~self.dropped & (ep.submit <= t)
         elig = np.flatnonzero(waiting & (ep.earliest <= t) & (ep.latest >= t))
@@ -105,12 +107,25 @@ class DeferrableSim:
         return View(t=t, slots=self.T, capacity=int(ep.capacity[t]), running_cores=int(self.load[t]),
                     eligible=elig, running=running, future=future, episode=ep, start=self.start)
 
+    def _job_rows(self, rows) -> np.ndarray:
+        """The distinct job rows a decision names. Refused, not coerced: a negative row would wrap
+        to another job, a float would be truncated and a boolean mask read as rows 0 and 1."""
+        a = np.asarray(rows).reshape(-1)
+        if a.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"slot {self.t}: job rows must be integers, got {a.dtype} {a[:5].tolist()}")
+        bad = (a < 0) | (a >= self.ep.n_jobs)
+        if bad.any():
+            raise ValueError(f"slot {self.t}: job rows {a[bad].tolist()} are outside 0..{self.ep.n_jobs - 1}")
+        return np.unique(a.astype(np.int64))
+
     def step(self, rows) -> StepResult:
         """Start the given job rows at the current slot and advance one slot."""
         if self.done:
             raise RuntimeError("episode is over")
         ep, t = self.ep, self.t
-        rows = np.unique(np.asarray(rows, dtype=np.int64).reshape(-1))
+        rows = self._job_rows(rows)
         if len(rows):
             ok = ((self.start[rows] < 0) & ~self.dropped[rows] & (ep.earliest[rows] <= t)
                   & (ep.latest[rows] >= t) & (ep.submit[rows] <= t))

@@ -74,7 +74,9 @@ def load_metis(path: str | Path | None = None, n_apps: int = len(APP_NAMES)) -> 
     alloc = alloc_raw.astype(np.int64)
 
     present = alloc > 0
-    failed = (present & ~(np.nan_to_num(rps, nan=0.0) > 0)).any(axis=1)
+    with np.errstate(invalid="ignore"):  # NaN compares False: a failed run, as inf is (no real rate)
+        measured = np.isfinite(rps) & (rps > 0)
+    failed = (present & ~measured).any(axis=1)
     empty = alloc.sum(axis=1) == 0
     keep = ~failed & ~empty
     rps = np.where(present, rps, np.nan)[keep]

@@ -76,6 +76,21 @@ def sample_batch(
     return Batch(counts)
 
 
+def _node_index(action) -> int | None:
+    """The node an action names, or None when it names none: int() raised on NaN, None or a
+    one-element array and truncated 2.7 to node 2, where the contract is an invalid action."""
+    try:
+        value = np.asarray(action).reshape(-1)
+    except (TypeError, ValueError):
+        return None
+    if value.size != 1 or not (np.issubdtype(value.dtype, np.integer) or np.issubdtype(value.dtype, np.floating)):
+        return None
+    v = value[0]
+    if not np.isfinite(v) or v != np.floor(v) or abs(v) > 2**62:
+        return None
+    return int(v)
+
+
 class LraPlacementEnv(gym.Env):
     """Place a batch of long-running containers on a cluster, one container per step."""
 
@@ -130,6 +145,8 @@ class LraPlacementEnv(gym.Env):
         batch = (options or {}).get("batch")
         if batch is None:
             batch = self.fixed_batch if self.fixed_batch is not None else self.batch_sampler(self.np_random)
+        if not isinstance(batch, Batch):  # counts per app (a list or an array): Batch checks them
+            batch = Batch(np.asarray(batch))
         self._check_batch(batch)
         self.batch = batch
         self.placement = empty_placement(self.cluster, self.n_apps)
@@ -141,8 +158,10 @@ class LraPlacementEnv(gym.Env):
         if self._done or self.batch is None:
             raise RuntimeError("the episode is over: call reset() first")
         mask = self._mask()
-        node = int(action)
-        if not (0 <= node < self.cluster.n_nodes) or not mask[node]:
+        if not mask.any():  # nothing can take this container, whatever the agent picks
+            return self._fail(infeasible=True)
+        node = _node_index(action)
+        if node is None or not (0 <= node < self.cluster.n_nodes) or not mask[node]:
             return self._fail(invalid_action=True)
         self.placement[node, self.batch.order[self.t]] += 1
         self.t += 1

@@ -159,6 +159,10 @@ def optimum(
         raise Infeasible(f"{batch.size} containers exceed {cluster.n_nodes} nodes x {cluster.slots} slots")
     comps = _usable_compositions(cluster, batch, constraints, max_compositions)
     values = node_values(comps, predictor)
+    if not np.isfinite(values).all():  # HiGHS would refuse them with a message that names no input
+        bad = comps[~np.isfinite(values)][0].tolist()
+        raise ValueError(f"the predictor gave a non-finite throughput for {int((~np.isfinite(values)).sum())} "
+                         f"node composition(s), e.g. {bad}")
     t_solve = time.perf_counter()
     y, res = _solve_composition_ip(comps, values, cluster.n_nodes, batch.counts, time_limit_s, mip_rel_gap)
     solve_seconds = time.perf_counter() - t_solve

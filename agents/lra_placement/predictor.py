@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +120,7 @@ class ForestPredictor:
         alloc = np.asarray(alloc, dtype=np.int64)
         if alloc.ndim != 2 or alloc.shape[1] != self.n_apps:
             raise ValueError(f"alloc must be (R, {self.n_apps}), got {alloc.shape}")
-        target = np.where(alloc > 0, np.nan_to_num(np.asarray(rps, dtype=np.float64), nan=0.0), 0.0)
+        target = self._targets(alloc, rps)
         p = self.params
 
         def new_forest():
@@ -141,6 +143,23 @@ class ForestPredictor:
             self.table_keys = self._keys(comps)
             self.table = self.predict_forest(comps)
         return self
+
+    @staticmethod
+    def _targets(alloc: np.ndarray, rps) -> np.ndarray:
+        """Training targets: rps where the app is present, 0 elsewhere. An (R, 1) rps broadcast
+        silently over every app, and a NaN or inf measurement of a present app trained as 0 or
+        as inf; each is refused instead."""
+        rps = np.asarray(rps, dtype=np.float64)
+        if rps.shape != alloc.shape:
+            raise ValueError(f"rps must have alloc's shape {alloc.shape}, got {rps.shape}")
+        if (alloc < 0).any():
+            raise ValueError(f"alloc holds {int((alloc < 0).sum())} negative counts")
+        present = alloc > 0
+        bad = present & ~np.isfinite(rps)
+        if bad.any():
+            raise ValueError(f"rps holds {int(bad.sum())} non-finite throughputs of present apps "
+                             f"(first at row {int(np.argwhere(bad)[0][0])}); drop those rows")
+        return np.where(present, rps, 0.0)
 
     def predict_forest(self, compositions: np.ndarray) -> np.ndarray:
         """The forest's own prediction (masked to 0 where an app is absent), bypassing the table."""
@@ -202,12 +221,20 @@ class ForestPredictor:
 
     @classmethod
     def load(cls, path: str | Path) -> "ForestPredictor":
-        with np.load(path, allow_pickle=False) as npz:
-            self = cls(app_names=tuple(str(n) for n in npz["app_names"]), slots=int(npz["slots"]))
-            self.table_keys = npz["table_keys"].astype(np.int64)
-            self.table = npz["table"].astype(np.float64)
-            self.meta = dict(zip((str(k) for k in npz["meta_keys"]), (str(v) for v in npz["meta_values"])))
-        if len(self.table_keys) != len(self.table) or np.any(np.diff(self.table_keys) <= 0):
+        """A saved table; ValueError naming the file for anything that is not one (a truncated
+        file raised BadZipFile or EOFError, which the cache's rebuild did not catch)."""
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                self = cls(app_names=tuple(str(n) for n in npz["app_names"]), slots=int(npz["slots"]))
+                self.table_keys = npz["table_keys"].astype(np.int64)
+                self.table = npz["table"].astype(np.float64)
+                self.meta = dict(zip((str(k) for k in npz["meta_keys"]), (str(v) for v in npz["meta_values"])))
+        except (OSError, EOFError, KeyError, ValueError, TypeError, zipfile.BadZipFile, zlib.error) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise ValueError(f"{path}: not a saved interference table ({type(exc).__name__}: {exc})") from None
+        shape_ok = self.table_keys.ndim == 1 and self.table.shape == (len(self.table_keys), self.n_apps)
+        if not shape_ok or np.any(np.diff(self.table_keys) <= 0) or not np.isfinite(self.table).all():
             raise ValueError(f"{path}: corrupt interference table")
         return self
 

@@ -24,6 +24,8 @@ PAPER_MSE_TARGET = 0.00145  # paper §6.1 / Fig. 6: "MSE < 0.145%" with more tha
 
 
 def _split(n_rows: int, ratio: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if n_rows < 2:  # one row to train on and one to test on, at least
+        raise ValueError(f"the accuracy study needs at least 2 data rows, got {n_rows}")
     perm = rng.permutation(n_rows)
     n_train = min(max(int(round(ratio * n_rows)), 2), n_rows - 1)  # a forest needs >= 2 rows; keep >= 1 to test
     return perm[:n_train], perm[n_train:]
