@@ -186,7 +186,14 @@ def load_agent(directory: str | Path) -> Agent:
 
     d = Path(directory)
     meta = read_metadata(d, ("kind", "feature_names", "action_mode", "type_names"))
-    return agent_class(meta["kind"])._from_metadata(meta, d)
+    kind = meta["kind"]
+    try:
+        if not isinstance(kind, str):
+            raise ValueError(f"unknown agent {kind!r}: not a name")
+        cls = agent_class(kind)
+    except ValueError as exc:
+        raise ValueError(f"{d / 'metadata.json'}: {exc}") from None
+    return cls._from_metadata(meta, d)
 
 
 def _load_all() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -103,7 +104,6 @@ def entry(spec: ProblemSpec, what: str) -> Callable:
 def read_metadata(directory, required: tuple[str, ...] = ()) -> dict:
     """A saved policy's `metadata.json` as a dict, or a clear error naming the file."""
     import json
-    from pathlib import Path
 
     meta_path = Path(directory) / "metadata.json"
     if not meta_path.is_file():
@@ -123,15 +123,15 @@ def read_metadata(directory, required: tuple[str, ...] = ()) -> dict:
 def read_policy_metadata(directory, kind: str, problem: str, fmt: int) -> dict:
     """A saved policy's metadata, checked to be of this kind, problem and format (ValueError
     naming what differs)."""
-    from pathlib import Path
-
     try:
         meta = read_metadata(directory)
     except FileNotFoundError as e:
         raise ValueError(str(e)) from None
     if meta.get("kind") != kind or meta.get("problem") != problem:
         raise ValueError(f"{directory}: kind/problem {meta.get('kind')}/{meta.get('problem')} is not {kind}/{problem}")
-    if int(meta.get("format", 0)) != fmt:
+    recorded = meta.get("format", 0)
+    # bool is an int to Python; a saved "format": true is as wrong as "format": "2"
+    if type(recorded) is not int or recorded != fmt:
         raise ValueError(f"{Path(directory) / 'metadata.json'}: format {meta.get('format')} is not {fmt}")
     return meta
 
@@ -140,7 +140,10 @@ def load_policy(directory) -> Any:
     """Load any saved policy: `metadata.json` names its problem (autoscaling when absent, as in
     policies saved before the platform), whose loader checks the recorded spaces."""
     meta = read_metadata(directory)
-    spec = get_problem(meta.get("problem", "autoscaling"))
+    try:
+        spec = get_problem(meta.get("problem", "autoscaling"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"{Path(directory) / 'metadata.json'}: {exc}") from None
     return entry(spec, "policy_loader")(directory)
 
 

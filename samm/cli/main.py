@@ -1224,10 +1224,14 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
 @click.option("--max-sessions", type=click.IntRange(min=1), default=10_000, show_default=True,
               help="Live sessions kept by each session store (the decide routes share one, each problem's routes have "
                    "their own); past it the least recently used is dropped.")
-@click.option("--store", type=click.Path(file_okay=False), default=None, help="Where uploaded policies are kept.")
+@click.option("--store", type=click.Path(file_okay=False), default=None,
+              help="Where uploaded policies are kept (default: a fresh temporary folder). A validated upload kept here "
+                   "is hosted again after a restart, unless --agent names another policy for that name.")
 @click.option("--agent-param", "agent_params", multiple=True,
               help="NAME:KEY=VALUE, a hosting parameter of one agent, e.g. lra-reinforce:nodes=81; repeatable.")
-def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent_params) -> None:
+@click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True, max=4096), default=64.0, show_default=True,
+              help="Largest request body accepted (policy uploads included); a larger one is a 413.")
+def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent_params, max_body_mb) -> None:
     """Run the Policy Evaluation Service (FastAPI on uvicorn; OpenAPI at /openapi.json)."""
     import os
 
@@ -1246,6 +1250,8 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
         params.setdefault(agent, {})[key] = value
     if not session_ttl > 0:  # click's FloatRange lets NaN through: every session would expire at once
         _fail(f"--session-ttl must be a positive number of seconds, got {session_ttl}")
+    if not 0 < max_body_mb <= 4096:  # as --session-ttl: NaN passes the FloatRange
+        _fail(f"--max-body-mb must be a number of megabytes in (0, 4096], got {max_body_mb}")
     hosted = [spec.partition("=")[0] for spec in agents]
     twice = sorted({n for n in hosted if hosted.count(n) > 1})
     if twice:
@@ -1266,12 +1272,15 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
         except Exception as exc:  # noqa: BLE001 - e.g. corrupt weights (torch's UnpicklingError): one line
             first_line = (str(exc).splitlines() or [""])[0][:300]
             _fail(f"--agent {spec}: cannot load the policy: {type(exc).__name__}: {first_line}")
+    for line in registry.restore_uploads():
+        click.echo(line, err=True)
     token = os.environ.get(token_env) or None
     import torch
 
     torch.set_num_threads(1)  # one decision at a time is tiny: extra threads only contend
     click.echo(f"serving {registry.names()} on http://{host}:{port} (uploads {'enabled' if token else 'disabled'})", err=True)
-    app = create_app(registry, token=token, session_ttl_s=session_ttl, max_sessions=max_sessions)
+    app = create_app(registry, token=token, session_ttl_s=session_ttl, max_sessions=max_sessions,
+                     max_body_bytes=int(max_body_mb * 2**20))
     import gc
 
     # everything loaded so far (torch, the policies) lives as long as the process: keep it out of

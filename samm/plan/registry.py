@@ -3,6 +3,9 @@ validated uploads swapped in atomically (a failed validation never replaces anyt
 from __future__ import annotations
 
 import errno
+import json
+import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -16,6 +19,12 @@ from agents.registry import load_policy
 from agents.spaces import space_to_json
 
 
+log = logging.getLogger(__name__)
+
+# "<agent>.current.json" beside the upload folders ("<agent>-XXXXXXXX") names the upload hosted now
+POINTER_SUFFIX = ".current.json"
+
+
 class PolicyRejected(ValueError):
     """An uploaded policy does not fit the agent's observation/action spec."""
 
@@ -24,7 +33,8 @@ class PolicyRejected(ValueError):
 class Hosted:
     agent: Any  # an agents.policy.Policy (autoscaling Agents are policies too)
     previous: Any | None = None
-    source: str = ""
+    source: str = ""  # the --agent policy folder, or an upload's folder in the store
+    previous_source: str = ""
 
 
 def _is_autoscaler(policy) -> bool:
@@ -61,6 +71,7 @@ def test_decision(policy) -> None:
 class PolicyRegistry:
     def __init__(self, store_dir: str | Path | None = None):
         self._hosted: dict[str, Hosted] = {}
+        self._base_source: dict[str, str] = {}  # what the service was started with, per name
         self._lock = threading.RLock()
         self.store_dir = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="samm-policies-"))
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -68,6 +79,7 @@ class PolicyRegistry:
     def host(self, name: str, agent, source: str = "") -> None:
         with self._lock:
             self._hosted[name] = Hosted(agent, source=source)
+            self._base_source[name] = source
 
     def names(self) -> list[str]:
         with self._lock:
@@ -113,33 +125,97 @@ class PolicyRegistry:
                     if exc.errno != errno.ENAMETOOLONG:
                         raise  # the store's own trouble (a full disk) is the server's, not the caller's
                     raise PolicyRejected(f"invalid file name {fname!r}: {exc.strerror}") from None
-            try:
-                candidate = load_policy(target)
-            except Exception as exc:  # noqa: BLE001 - any failure to load is a rejection
-                raise PolicyRejected(f"cannot load the policy: {exc}") from None
-            want, got = spec_of(current), spec_of(candidate)
-            diff = [k for k in want if want[k] != got.get(k)]
-            # name the most specific difference first (action_mode before the space it implies)
-            diff.sort(key=lambda k: k.endswith("_space"))
-            if diff:
-                raise PolicyRejected("the policy does not match the hosted agent's spec: "
-                                     + ", ".join(f"{k} {got[k]!r} != {want[k]!r}" for k in diff))
-            try:
-                test_decision(candidate)
-            except Exception as exc:  # noqa: BLE001
-                raise PolicyRejected(f"the policy failed a test decision: {exc}") from None
+            candidate = self._validated(current, target)
+            with self._lock:
+                h = self._hosted[name]
+                # recorded before the swap: a store that cannot take it fails the upload as a whole
+                self._record_current(name, str(target))
+                self._hosted[name] = Hosted(candidate, previous=h.agent, source=str(target), previous_source=h.source)
         except BaseException:  # rejected, or the store failed (a full disk): leave no half-written policy
             shutil.rmtree(target, ignore_errors=True)
             raise
-        with self._lock:
-            h = self._hosted[name]
-            self._hosted[name] = Hosted(candidate, previous=h.agent, source=str(target))
+        self._discard_upload(h.previous_source, keep=(h.source, str(target)))
         return candidate
+
+    def _validated(self, current, folder: Path) -> Any:
+        """The policy in `folder`, loaded and checked to fit `current`'s spec and to decide."""
+        try:
+            candidate = load_policy(folder)
+        except Exception as exc:  # noqa: BLE001 - any failure to load is a rejection
+            raise PolicyRejected(f"cannot load the policy: {exc}") from None
+        want, got = spec_of(current), spec_of(candidate)
+        diff = [k for k in want if want[k] != got.get(k)]
+        # name the most specific difference first (action_mode before the space it implies)
+        diff.sort(key=lambda k: k.endswith("_space"))
+        if diff:
+            raise PolicyRejected("the policy does not match the hosted agent's spec: "
+                                 + ", ".join(f"{k} {got[k]!r} != {want[k]!r}" for k in diff))
+        try:
+            test_decision(candidate)
+        except Exception as exc:  # noqa: BLE001
+            raise PolicyRejected(f"the policy failed a test decision: {exc}") from None
+        return candidate
+
+    def _in_store(self, source: str) -> bool:
+        return bool(source) and Path(source).resolve().parent == self.store_dir.resolve()
+
+    def _record_current(self, name: str, source: str) -> None:
+        """Name the upload hosted now, so that a restart hosts it again; no pointer when the
+        policy hosted now is the one the service was started with."""
+        pointer = self.store_dir / f"{name}{POINTER_SUFFIX}"
+        if not self._in_store(source):
+            pointer.unlink(missing_ok=True)
+            return
+        tmp = pointer.with_name(pointer.name + ".tmp")
+        tmp.write_text(json.dumps({"upload": Path(source).name, "base_source": self._base_source.get(name, "")}))
+        os.replace(tmp, pointer)
+
+    def _discard_upload(self, source: str, keep: tuple[str, ...]) -> None:
+        """An upload no longer current nor previous cannot be rolled back to: free its folder."""
+        if self._in_store(source) and source not in keep:
+            shutil.rmtree(source, ignore_errors=True)
+
+    def restore_uploads(self) -> list[str]:
+        """Host again the upload each name had when the service stopped, if it was made over the
+        policy the service is started with now and still validates; one line per name on what
+        was done (a stored upload is never deleted here)."""
+        lines = []
+        for name in self.names():
+            pointer = self.store_dir / f"{name}{POINTER_SUFFIX}"
+            if not pointer.is_file():
+                continue
+            h = self._hosted[name]
+            try:
+                record = json.loads(pointer.read_text())
+                folder, base = self.store_dir / record["upload"], record["base_source"]
+                if not (isinstance(record["upload"], str) and isinstance(base, str) and self._in_store(str(folder))):
+                    raise ValueError("its fields are not an upload folder and a source")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                lines.append(f"{name}: {pointer} is unreadable ({exc}); hosting {h.agent.version} from --agent")
+                continue
+            if base != h.source:
+                lines.append(f"{name}: the upload in {folder} was made over --agent {name}={base}; --agent now names "
+                             f"{name}={h.source}, which is hosted (the upload is kept)")
+                continue
+            try:
+                candidate = self._validated(h.agent, folder)
+            except PolicyRejected as exc:
+                lines.append(f"{name}: the upload in {folder} is not hosted again: {exc}")
+                continue
+            with self._lock:
+                self._hosted[name] = Hosted(candidate, previous=h.agent, source=str(folder), previous_source=h.source)
+            lines.append(f"{name}: hosting the upload {candidate.version} again (from {folder}); "
+                         f"a rollback returns to {h.agent.version}")
+        for line in lines:
+            log.warning("%s", line)
+        return lines
 
     def rollback(self, name: str) -> Any:
         with self._lock:
             h = self._hosted[name]
             if h.previous is None:
                 raise PolicyRejected(f"{name} has no previous version to roll back to")
-            self._hosted[name] = Hosted(h.previous, previous=h.agent)
+            self._record_current(name, h.previous_source)
+            self._hosted[name] = Hosted(h.previous, previous=h.agent, source=h.previous_source,
+                                        previous_source=h.source)
             return h.previous

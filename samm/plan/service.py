@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 SESSION_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
 AGENT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+# a request body past this is refused before it is held in memory (413); the largest shipped
+# policy is ~0.8 MB as Base64, a decide or plan request a few KB
+DEFAULT_MAX_BODY_BYTES = 64 * 2**20
 
 
 class Strict(BaseModel):
@@ -95,7 +98,7 @@ class Problem(BaseModel):
 
 def create_app(registry: PolicyRegistry, token: str | None = None,
                session_ttl_s: float = DEFAULT_SESSION_TTL_S, max_sessions: int = DEFAULT_MAX_SESSIONS,
-               sessions: SessionStore | None = None) -> FastAPI:
+               sessions: SessionStore | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(title="SAMM Policy Evaluation Service", version=__version__,
                   description="Decisions of hosted agents over REST. Each agent's decide request and response "
                               "are generated from its observation and action spaces.")
@@ -149,6 +152,35 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
                     return await resp(scope, receive, send)
             return await self.inner(scope, receive, send)
 
+    class LimitBody:
+        """Refuse a body over max_body_bytes: by its Content-Length before reading, or, when it
+        comes chunked, as soon as the bytes read pass the limit."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] != "http":
+                return await self.inner(scope, receive, send)
+            declared = dict(scope.get("headers") or []).get(b"content-length")
+            if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+                resp = JSONResponse(status_code=413, content={"detail": _too_large(max_body_bytes)})
+                return await resp(scope, receive, send)
+            seen = 0
+
+            async def counted_receive():
+                nonlocal seen
+                message = await receive()
+                if message["type"] == "http.request":
+                    seen += len(message.get("body", b""))
+                    if seen > max_body_bytes:
+                        # an HTTPException passes FastAPI's body reader unchanged (other errors become a 400)
+                        raise HTTPException(413, _too_large(max_body_bytes))
+                return message
+
+            return await self.inner(scope, counted_receive, send)
+
+    app.add_middleware(LimitBody)
     app.add_middleware(AuthenticateFirst)
     app.add_middleware(CountRequests)  # added last = outermost: counts the uploads refused above too
 
@@ -254,7 +286,7 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
             entry(spec, "routes")(app, hosted, registry)
 
     @app.put("/v1/agents/{agent}/policy", response_model=PolicyVersion,
-             responses={**errors, **{code: {"model": Problem} for code in (401, 403, 503)}})
+             responses={**errors, **{code: {"model": Problem} for code in (401, 403, 413, 503)}})
     def upload_policy(body: PolicyUpload, agent: str = Path(pattern=AGENT_PATTERN),
                       authorization: str | None = Header(default=None)) -> PolicyVersion:
         require_token(authorization)  # (already checked before the body by AuthenticateFirst)
@@ -275,7 +307,7 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
         return PolicyVersion(name=agent, policy_version=new.version, previous_version=info["previous_version"])
 
     @app.post("/v1/agents/{agent}/policy/rollback", response_model=PolicyVersion,
-              responses={**errors, 401: {"model": Problem}, 403: {"model": Problem}, 409: {"model": Problem}})
+              responses={**errors, **{code: {"model": Problem} for code in (401, 403, 409, 503)}})
     def rollback(agent: str = Path(pattern=AGENT_PATTERN), authorization: str | None = Header(default=None)) -> PolicyVersion:
         require_token(authorization)
         agent_or_404(agent)
@@ -283,10 +315,18 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
             a = registry.rollback(agent)
         except PolicyRejected as exc:
             raise HTTPException(409, str(exc)) from None
+        except OSError as exc:  # the store could not record which policy a restart should host
+            log.error("policy store %s: %s", registry.store_dir, exc)
+            raise HTTPException(503, f"policy store unavailable ({exc.strerror or exc}), "
+                                     f"{registry.describe(agent)['policy_version']} kept") from None
         info = registry.describe(agent)
         return PolicyVersion(name=agent, policy_version=a.version, previous_version=info["previous_version"])
 
     return app
+
+
+def _too_large(limit: int) -> str:
+    return f"request body over {limit:,} bytes (the service's --max-body-mb)"
 
 
 def _is_policy_path(path: str) -> bool:
