@@ -26,3 +26,11 @@ def refuse_existing_run(out: Path, run_files: Iterable[str], also: Iterable[Path
     found = [out / n for n in run_files if (out / n).exists()] + [p for p in also if p.exists()]
     if found:
         raise ValueError(f"{found[0]} exists: {out} already holds a training run; {hint}")
+
+
+def first_non_finite(module) -> str | None:
+    """The name of a module's first parameter holding NaN or inf, else None: a diverged network
+    must stop a run before it is saved (it would decide by garbage)."""
+    import torch
+
+    return next((name for name, p in module.named_parameters() if not torch.isfinite(p).all()), None)

@@ -145,6 +145,55 @@ def test_deferrable_refuses_bad_options_by_name(tmp_path, flags, says):
     assert not (tmp_path / "x").exists()
 
 
+def _deferrable_update_that(monkeypatch, on_call: int, act):
+    """Replace the PPO update so that its `on_call`-th call ends in `act(model)` (a diverged step
+    or an interrupt at an exact point, which no option of the trainer reaches in seconds)."""
+    from agents.deferrable_jobs import train as osdec_train
+
+    real, calls = osdec_train._ppo_update, []
+
+    def update(model, *args):
+        stats = real(model, *args)
+        calls.append(1)
+        if len(calls) == on_call:
+            act(model)
+        return stats
+
+    monkeypatch.setattr(osdec_train, "_ppo_update", update)
+
+
+def test_deferrable_stops_on_a_diverged_network_without_saving_it(tmp_path, monkeypatch):
+    """No NaN check: a diverged OSDEC network was saved as the policy (exit 0)."""
+    import torch
+
+    from agents.deferrable_jobs.train import main
+
+    def poison(model):
+        with torch.no_grad():
+            next(model.parameters()).fill_(float("nan"))
+
+    _deferrable_update_that(monkeypatch, 2, poison)
+    out = tmp_path / "nan"
+    assert main(["--setting", "tiny", "--steps", "6144", "--quiet", "--out", str(out)]) == 2
+    assert not (out / "weights.pt").exists() and not (out / "metadata.json").exists()
+    rows = (out / "progress.csv").read_text().splitlines()
+    assert rows[0].startswith("iteration") and len(rows) == 2  # the one good iteration is logged
+
+
+def test_deferrable_keeps_its_log_when_interrupted(tmp_path, monkeypatch):
+    """progress.csv was written only at the end: Ctrl-C after hours of training left no log."""
+    from agents.deferrable_jobs.train import main
+
+    def interrupt(model):
+        raise KeyboardInterrupt
+
+    _deferrable_update_that(monkeypatch, 3, interrupt)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        main(["--setting", "tiny", "--steps", "8192", "--quiet", "--out", str(out)])
+    assert len((out / "progress.csv").read_text().splitlines()) == 1 + 2
+
+
 # --- microservice-cores ---------------------------------------------------------------------------
 @pytest.mark.parametrize("marker", ["policy", "best-policy", "seed-3"])
 def test_microservice_refuses_an_out_holding_a_run(tmp_path, marker):

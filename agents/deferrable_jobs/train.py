@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agents.train_log import refuse_existing_run, tensorboard_writer
+from agents.train_log import first_non_finite, refuse_existing_run, tensorboard_writer
 
 from .data import episodes as make_episodes
 from .env import DeferrableJobsEnv
@@ -100,72 +100,81 @@ def train(setting="default", cfg: OsdecConfig | None = None, *, out=None, progre
     writer = tensorboard_writer(out)
     bar = _progress(iters, progress)
     t0 = time.time()
-    for it in range(iters):
-        frac = it / max(1, iters - 1)
-        _set_lr(opt, [cfg.lr_policy, cfg.lr_value], frac)
-        if aux_opt is not None:
-            _set_lr(aux_opt, [cfg.lr_aux], frac)
-        buf = {k: [] for k in ("tok", "mask", "hist", "extra", "act", "logp", "val", "rew", "done", "aux_y", "aux_ok")}
-        for _ in range(S):
-            tok, mask, hist = _stack(obs)
+    try:
+        for it in range(iters):
+            frac = it / max(1, iters - 1)
+            _set_lr(opt, [cfg.lr_policy, cfg.lr_value], frac)
+            if aux_opt is not None:
+                _set_lr(aux_opt, [cfg.lr_aux], frac)
+            buf = {k: [] for k in ("tok", "mask", "hist", "extra", "act", "logp", "val", "rew", "done", "aux_y",
+                                   "aux_ok")}
+            for _ in range(S):
+                tok, mask, hist = _stack(obs)
+                with torch.no_grad():
+                    extra = model.aux_features(hist)
+                    mu, sigma, value = model(tok, mask, extra)
+                    act = mu + sigma * torch.randn(mu.shape, generator=gen)
+                    logp, _ = gaussian_logp(mu, sigma, act, eligible_mask(tok, M))
+                rew, done = np.zeros(E), np.zeros(E, bool)
+                aux_y, aux_ok = np.zeros((E, len(AUX_TARGETS)), np.float32), np.zeros(E, bool)
+                for e, env in enumerate(envs):
+                    o2, r, term, trunc, _ = env.step(act[e].numpy())
+                    rew[e] = r
+                    ep_ret[e] += r
+                    if term or trunc:
+                        done[e] = True
+                        ep_returns.append(ep_ret[e])
+                        ep_ret[e] = 0.0
+                        o2, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
+                    else:
+                        aux_y[e] = o2["history"][-1, list(AUX_TARGETS)]
+                        aux_ok[e] = True
+                    obs[e] = o2
+                for k, v in (("tok", tok), ("mask", mask), ("hist", hist), ("extra", extra), ("act", act),
+                             ("logp", logp), ("val", value)):
+                    buf[k].append(v)
+                buf["rew"].append(torch.as_tensor(rew * scale, dtype=torch.float32))
+                buf["done"].append(torch.as_tensor(done))
+                buf["aux_y"].append(torch.as_tensor(aux_y))
+                buf["aux_ok"].append(torch.as_tensor(aux_ok))
             with torch.no_grad():
-                extra = model.aux_features(hist)
-                mu, sigma, value = model(tok, mask, extra)
-                act = mu + sigma * torch.randn(mu.shape, generator=gen)
-                logp, _ = gaussian_logp(mu, sigma, act, eligible_mask(tok, M))
-            rew, done, aux_y, aux_ok = np.zeros(E), np.zeros(E, bool), np.zeros((E, len(AUX_TARGETS)), np.float32), np.zeros(E, bool)
-            for e, env in enumerate(envs):
-                o2, r, term, trunc, _ = env.step(act[e].numpy())
-                rew[e] = r
-                ep_ret[e] += r
-                if term or trunc:
-                    done[e] = True
-                    ep_returns.append(ep_ret[e])
-                    ep_ret[e] = 0.0
-                    o2, _ = env.reset(seed=int(rng.integers(2**31 - 1)))
-                else:
-                    aux_y[e] = o2["history"][-1, list(AUX_TARGETS)]
-                    aux_ok[e] = True
-                obs[e] = o2
-            for k, v in (("tok", tok), ("mask", mask), ("hist", hist), ("extra", extra), ("act", act),
-                         ("logp", logp), ("val", value)):
-                buf[k].append(v)
-            buf["rew"].append(torch.as_tensor(rew * scale, dtype=torch.float32))
-            buf["done"].append(torch.as_tensor(done))
-            buf["aux_y"].append(torch.as_tensor(aux_y))
-            buf["aux_ok"].append(torch.as_tensor(aux_ok))
-        with torch.no_grad():
-            tok, mask, hist = _stack(obs)
-            _, _, last_value = model(tok, mask, model.aux_features(hist))
-        b = {k: (torch.stack(v) if v and v[0] is not None else None) for k, v in buf.items()}
-        stats = (_reinforce_update if cfg.algo == "reinforce" else _ppo_update)(model, opt, cfg, b, last_value, M, gen)
-        if aux_opt is not None:
-            stats["aux_mse"] = _aux_update(model, aux_opt, cfg, b, gen)
-        row = {"iteration": it + 1, "steps": (it + 1) * S * E, "seconds": round(time.time() - t0, 1),
-               "train_reward": float(np.mean(ep_returns[-E:])) if ep_returns else float("nan"), **stats}
-        if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == iters):
-            res = run_greedy(model, setting, val_eps, cfg.mapping)
-            row["eval_reward"] = float(np.mean([r.total_reward for r in res]))
-            if row["eval_reward"] > best[0]:
-                best = (row["eval_reward"], {k: v.clone() for k, v in model.state_dict().items()})
-        logs.append(row)
-        if writer is not None:
-            for k, v in row.items():
-                if k != "iteration" and v == v:
-                    writer.add_scalar(f"train/{k}", v, row["steps"])
-        if log_fn is not None:
-            log_fn(row)
+                tok, mask, hist = _stack(obs)
+                _, _, last_value = model(tok, mask, model.aux_features(hist))
+            b = {k: (torch.stack(v) if v and v[0] is not None else None) for k, v in buf.items()}
+            update = _reinforce_update if cfg.algo == "reinforce" else _ppo_update
+            stats = update(model, opt, cfg, b, last_value, M, gen)
+            if aux_opt is not None:
+                stats["aux_mse"] = _aux_update(model, aux_opt, cfg, b, gen)
+            bad = first_non_finite(model)
+            if bad:  # a diverged update: stop before a NaN policy can be kept or saved
+                raise ValueError(f"iteration {it + 1}: the network's {bad} is not finite (NaN or inf); "
+                                 "training stopped without saving it")
+            row = {"iteration": it + 1, "steps": (it + 1) * S * E, "seconds": round(time.time() - t0, 1),
+                   "train_reward": float(np.mean(ep_returns[-E:])) if ep_returns else float("nan"), **stats}
+            if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == iters):
+                res = run_greedy(model, setting, val_eps, cfg.mapping)
+                row["eval_reward"] = float(np.mean([r.total_reward for r in res]))
+                if row["eval_reward"] > best[0]:
+                    best = (row["eval_reward"], {k: v.clone() for k, v in model.state_dict().items()})
+            logs.append(row)
+            if writer is not None:
+                for k, v in row.items():
+                    if k != "iteration" and v == v:
+                        writer.add_scalar(f"train/{k}", v, row["steps"])
+            if log_fn is not None:
+                log_fn(row)
+            if bar is not None:
+                bar.set_postfix(reward=f"{row['train_reward']:.0f}", eval=f"{row.get('eval_reward', float('nan')):.0f}")
+                bar.update(1)
+    finally:  # an interrupted or stopped run keeps its log so far
         if bar is not None:
-            bar.set_postfix(reward=f"{row['train_reward']:.0f}", eval=f"{row.get('eval_reward', float('nan')):.0f}")
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    if best[1] is not None:  # keep the best greedy policy on the validation episodes (train split)
-        model.load_state_dict(best[1])
-    if out is not None:
-        _write_csv(logs, Path(out) / "progress.csv")
+            bar.close()
+        if out is not None and logs:
+            _write_csv(logs, Path(out) / "progress.csv")
         if writer is not None:
             writer.close()
+    if best[1] is not None:  # keep the best greedy policy on the validation episodes (train split)
+        model.load_state_dict(best[1])
     return model.eval(), logs
 
 
@@ -318,7 +327,11 @@ def main(argv=None) -> int:
     cfg = OsdecConfig(variant=args.variant, seed=args.seed, mapping=args.mapping)
     if args.steps is not None:
         cfg = replace(cfg, total_steps=args.steps)
-    model, logs = train(args.setting, cfg, out=args.out, progress=not args.quiet, threads=args.threads)
+    try:
+        model, logs = train(args.setting, cfg, out=args.out, progress=not args.quiet, threads=args.threads)
+    except ValueError as e:  # a diverged network: named, nothing saved
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.out:
         from .policy import OsdecPolicy
 

@@ -26,7 +26,7 @@ from agents.lra_placement.cluster import Batch, Cluster, Constraints, Predictor,
 from agents.lra_placement.network import ScorerConfig, composition_table, single_thread_blas
 from agents.lra_placement.policy import PlacementPolicy
 from agents.lra_placement.reinforce import PlacementProblem, accumulate_policy_gradient, new_scorer, rollout
-from agents.train_log import refuse_existing_run
+from agents.train_log import first_non_finite, refuse_existing_run
 
 
 @dataclass(frozen=True)
@@ -270,9 +270,9 @@ def train_generalist(config: TrainConfig, predictor: Predictor, n_nodes_choices:
 def check_finite(scorer: torch.nn.Module, update: int) -> None:
     """Stop before a NaN or inf network reaches the saved policy (it would place containers by
     garbage scores): a learning rate far too large diverges this way."""
-    bad = [name for name, p in scorer.named_parameters() if not torch.isfinite(p).all()]
+    bad = first_non_finite(scorer)
     if bad:
-        raise ValueError(f"update {update}: the network's {bad[0]} is not finite (NaN or inf); training stopped "
+        raise ValueError(f"update {update}: the network's {bad} is not finite (NaN or inf); training stopped "
                          "without saving it (lower --lr)")
 
 
