@@ -13,6 +13,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -54,7 +55,7 @@ class Gateway:
     """One JVM process and the Py4J connection to it."""
 
     def __init__(self, jar: str | Path | None = None, heap: str = "1g", start_timeout_s: float = 60.0,
-                 quiet: bool = True):
+                 quiet: bool = True, call_timeout_s: float = 600.0):
         self.jar = Path(jar) if jar else find_jar()
         cmd = [find_java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-Djava.net.preferIPv4Stack=true", "-jar", str(self.jar),
                "--address", LOOPBACK, "--port", "0", "--parent-pid", str(os.getpid())]
@@ -75,10 +76,14 @@ class Gateway:
         self.port = self._await_port(start_timeout_s)
         self._channel: StepChannel | None = None
         self._channel_lock = threading.Lock()
+        self.call_timeout_s = call_timeout_s
         try:
             self._py4j = JavaGateway(
+                # a JVM that stops answering (SIGSTOP, a debugger) fails the call after call_timeout_s
+                # instead of hanging it for ever
                 gateway_parameters=GatewayParameters(address=LOOPBACK, port=self.port, auto_convert=False,
-                                                     auto_field=False, eager_load=True),
+                                                     auto_field=False, eager_load=True,
+                                                     read_timeout=call_timeout_s),
             )
             self.entry = self._py4j.entry_point
             self.version = self.call("ping")
@@ -159,11 +164,16 @@ class Gateway:
         """Call an entry-point method; Java exceptions become `SimulatorError`."""
         if not self.alive():
             raise GatewayError(self.not_running_message())
+        started = time.monotonic()
         try:
             return getattr(self.entry, method)(*args)
         except Py4JJavaError as exc:
             raise SimulatorError(_java_message(exc)) from None
         except Py4JError as exc:
+            if time.monotonic() - started >= self.call_timeout_s and self.alive():
+                # Py4J drops the timeout from its error: name it, or the message says nothing
+                raise GatewayError(f"the JVM (pid {self.pid}) did not answer {method} within "
+                                   f"{self.call_timeout_s:g} s (stopped or hung?)") from exc
             raise GatewayError(f"Py4J call {method} failed: {exc}" + self._failure_hint()) from exc
 
     def step_channel(self) -> "StepChannel":

@@ -44,6 +44,19 @@ def test_a_jvm_killed_mid_episode_is_a_gateway_error_naming_it_and_a_new_env_sta
         env.close()
 
 
+@pytest.mark.jvm
+def test_a_stopped_jvm_fails_a_control_call_after_its_timeout_naming_it():
+    """Py4J calls had no read timeout: a SIGSTOPped JVM hung `reset` (and everything after it) for ever."""
+    with Gateway(call_timeout_s=2) as gw:
+        os.kill(gw.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(GatewayError, match=rf"pid {gw.pid}\) did not answer ping within 2 s"):
+                gw.call("ping")
+        finally:
+            os.kill(gw.pid, signal.SIGCONT)
+        assert gw.call("ping").startswith("samm-gateway")  # answers again once resumed
+
+
 def _read_frame(sock) -> bytes:
     def exactly(n: int) -> bytes:
         out = b""
