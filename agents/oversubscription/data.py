@@ -979,6 +979,36 @@ def _rows(path) -> Iterable[list[str]]:
             yield row
 
 
+def _number(row: list[str], column: int, path, what: str, finite: bool = True) -> float:
+    """A numeric field of a CSV row, refused in one line naming the file, the field and the row when
+    the row is too short, the field is no number or (with `finite`) it is NaN or infinite: one bad row
+    must not surface as a bare IndexError or a NaN deep in the simulator."""
+    if len(row) <= column:
+        raise ValueError(f"{path}: row has {len(row)} fields, {what} is field {column + 1}: {row!r}")
+    try:
+        value = float(row[column])
+    except ValueError:
+        raise ValueError(f"{path}: {what} {row[column]!r} is not a number: {row!r}") from None
+    if finite and not math.isfinite(value):
+        raise ValueError(f"{path}: {what} {row[column]!r} is not finite: {row!r}")
+    return value
+
+
+def _bucket(row: list[str], column: int, path, kind: str) -> float:
+    try:
+        return bucket_value(row[column], kind)
+    except ValueError:
+        raise ValueError(f"{path}: {VMTABLE_COLUMNS[column]} {row[column]!r} is not a bucket label: {row!r}") from None
+
+
+def _vmtable(path) -> Iterable[list[str]]:
+    """The vmtable's rows, each refused in one line when it has too few fields."""
+    for row in _rows(path):
+        if len(row) < len(VMTABLE_COLUMNS):
+            raise ValueError(f"vmtable row has {len(row)} fields, expected {len(VMTABLE_COLUMNS)}: {row!r}")
+        yield row
+
+
 def load_azure_trace(vmtable_path, cpu_readings_paths: Sequence = (), *, setting: str | Setting, start_s: int,
                      top_subscribers: Sequence[str] | None = None, net_gbps_per_core: float = 0.5) -> Workload:
     """A `Workload` from files in the official Azure V2 schema (schema.csv): `vmtable.csv.gz` and
@@ -1000,7 +1030,7 @@ def load_azure_trace(vmtable_path, cpu_readings_paths: Sequence = (), *, setting
     if top_subscribers is None:
         # first pass: VMs per subscription over the whole table (streamed: the real one has 2.7 M rows)
         counts: dict[str, int] = {}
-        for row in _rows(vmtable_path):
+        for row in _vmtable(vmtable_path):
             counts[row[1]] = counts.get(row[1], 0) + 1
         ranked = sorted(counts, key=lambda sub: (-counts[sub], sub))
         if len(ranked) < n:
@@ -1010,12 +1040,16 @@ def load_azure_trace(vmtable_path, cpu_readings_paths: Sequence = (), *, setting
         chosen = list(top_subscribers)
         if len(chosen) != n:
             raise ValueError(f"top_subscribers has {len(chosen)} ids, the setting needs {n}")
+        if len(set(chosen)) != n:  # a repeat would leave a subscriber index without any VM
+            raise ValueError(f"top_subscribers repeats an id: {chosen}")
     index = {sub: i for i, sub in enumerate(chosen)}
     keep = []
-    for row in _rows(vmtable_path):
-        if len(row) < len(VMTABLE_COLUMNS):
-            raise ValueError(f"vmtable row has {len(row)} fields, expected {len(VMTABLE_COLUMNS)}: {row!r}")
-        if row[1] in index and float(row[3]) < end_s and float(row[4]) > start_s:
+    for row in _vmtable(vmtable_path):
+        if row[1] not in index:
+            continue
+        created = _number(row, 3, vmtable_path, "timestamp vm created")
+        if created < end_s and _number(row, 4, vmtable_path, "timestamp vm deleted") > start_s:
+            _number(row, 7, vmtable_path, "p95 max cpu")
             keep.append(row)
     keep.sort(key=lambda r: (float(r[3]), r[0]))
     vm_ids = [r[0] for r in keep]
@@ -1024,21 +1058,22 @@ def load_azure_trace(vmtable_path, cpu_readings_paths: Sequence = (), *, setting
     deleted = np.array([float(r[4]) for r in keep])
     arrive = np.floor((created - start_s) / SECONDS_PER_STEP).astype(np.int64)
     depart = np.maximum(arrive + 1, np.ceil((deleted - start_s) / SECONDS_PER_STEP).astype(np.int64))
-    cores = np.array([bucket_value(r[9], "cores") for r in keep], dtype=np.float64)
-    mem = np.array([bucket_value(r[10], "mem") for r in keep], dtype=np.float64)
+    cores = np.array([_bucket(r, 9, vmtable_path, "cores") for r in keep], dtype=np.float64)
+    mem = np.array([_bucket(r, 10, vmtable_path, "mem") for r in keep], dtype=np.float64)
     p95 = np.array([float(r[7]) for r in keep]) / 100.0
 
     peak = np.full((len(keep), T), -1.0)            # -1: no reading in that hour
     for path in cpu_readings_paths:
         for row in _rows(path):
-            v = row_of.get(row[1])
+            v = row_of.get(row[1]) if len(row) > 1 else None
             if v is None:
                 continue
-            ts = float(row[0])
+            ts = _number(row, 0, path, "timestamp")
             if not (start_s <= ts < end_s):
                 continue
             t = int((ts - start_s) // SECONDS_PER_STEP)
-            peak[v, t] = max(peak[v, t], float(row[3]) / 100.0)
+            # a NaN reading stays "no reading" (max keeps the earlier value), as before
+            peak[v, t] = max(peak[v, t], _number(row, 3, path, "max cpu", finite=False) / 100.0)
     steps = np.arange(T)
     live = (steps[None, :] >= arrive[:, None]) & (steps[None, :] < depart[:, None])
     usage = np.where(peak >= 0, peak, p95[:, None])

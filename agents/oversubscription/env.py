@@ -66,13 +66,23 @@ class OversubscriptionEnv(gym.Env):
         return observation(self._view, self.setting), {"request_mask": request_mask(self._view).astype(np.int8),
                                                        "hour": self._view.hour}
 
+    def _indices(self, action) -> np.ndarray:
+        """The action as N whole indices into the rates; refused, not truncated (2.7 is not index 2),
+        when it is anything else."""
+        problem = f"action must be {self.setting.n_subscribers} indices into {self.rates.tolist()}, not {action!r}"
+        try:
+            raw = np.asarray(action, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise ValueError(problem) from None
+        if (raw.shape != (self.setting.n_subscribers,) or not np.all(np.isfinite(raw))
+                or np.any(raw != np.floor(raw)) or raw.min() < 0 or raw.max() >= self.rates.size):
+            raise ValueError(problem)
+        return raw.astype(np.int64)
+
     def step(self, action):
         if self._sim is None:
             raise RuntimeError("call reset() first")
-        a = np.asarray(action, dtype=np.int64).reshape(-1)
-        if a.shape != (self.setting.n_subscribers,) or a.min() < 0 or a.max() >= self.rates.size:
-            raise ValueError(f"action must be {self.setting.n_subscribers} indices into {self.rates.tolist()}")
-        view, res = self._sim.step(self.rates[a])
+        view, res = self._sim.step(self.rates[self._indices(action)])
         terminated = view is None
         if terminated:
             obs = observation(self._view, self.setting)

@@ -20,8 +20,10 @@ from .sim import EpisodeRecord
 
 
 def pm_hot_r(records: list[EpisodeRecord], delta: int) -> float:
+    if not records:  # no episodes, nothing hot: as the other metrics say (np.stack refuses an empty list)
+        return 0.0
     over = np.stack([r.hot_counts >= delta for r in records])  # [E, K]
-    return float(over.mean(axis=0).max()) if len(records) else 0.0
+    return float(over.mean(axis=0).max())
 
 
 def c_hot_r(records: list[EpisodeRecord], delta: int) -> float:

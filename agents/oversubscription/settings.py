@@ -14,7 +14,10 @@ Our choices where the paper is silent (docs/oversubscription.md):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 RATES = (0.2, 0.3, 0.4, 0.5, 0.6, 1.0)
 ALPHAS = (0.75, 0.85, 0.95)
@@ -94,6 +97,18 @@ class Setting:
     delta_steps: int = 3         # a PM may be hot fewer than 3 steps per episode (Table 4)
     episode_steps: int = 120     # 5 weekdays of hourly steps: delta = 3 = T/40 (our reading)
     step_hours: float = 1.0
+
+    def __post_init__(self):
+        # refused here, by field, rather than later as an argmin of no PMs, a NaN observation or a
+        # cluster that is never hot (beta NaN)
+        for name in ("n_subscribers", "n_pms", "delta_steps", "episode_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"setting {self.name!r}: {name} must be a whole number >= 1, not {value!r}")
+        for name in ("pm_cores", "pm_mem_gb", "pm_net_gbps", "beta", "step_hours"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float, np.number)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"setting {self.name!r}: {name} must be a finite number > 0, not {value!r}")
 
     @property
     def delta_fraction(self) -> float:

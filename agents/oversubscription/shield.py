@@ -61,8 +61,10 @@ class ShieldSpec:
     p: float = DEFAULTS.percentile
 
     def __post_init__(self):
-        if self.headroom <= 0 or self.window < 1 or self.n < 0:
-            raise ValueError(f"shield needs headroom > 0, window >= 1 and n >= 0, got {self}")
+        # chained comparisons refuse NaN and inf too (a NaN headroom used to load and fail only when serving)
+        if (not 0 < self.headroom < np.inf or not 1 <= self.window < np.inf or self.window != int(self.window)
+                or not 0 <= self.n < np.inf):
+            raise ValueError(f"shield needs a finite headroom > 0, a whole window >= 1 and a finite n >= 0, got {self}")
         if self.rule not in ANCHOR_RULES:
             raise ValueError(f"shield rule must be one of {list(ANCHOR_RULES)}, not {self.rule!r}")
         if not 0.0 <= self.p <= 100.0:
@@ -149,6 +151,10 @@ class Shield:
         data["rule"] = _RULE_OF_KIND[kind]
         prior = data.pop("prior", None)
         if prior is not None:
+            # one row per past step, one value per subscriber: a row of another width would otherwise be
+            # cut into rows by the reshape and the floor built on values of the wrong subscribers
+            if any(not isinstance(row, (list, tuple)) or len(row) != n_subscribers for row in prior):
+                raise ValueError(f"shield: every prior row must hold {n_subscribers} usage rates")
             prior = np.array([[np.nan if v is None else v for v in row] for row in prior], dtype=np.float64)
             prior = prior.reshape(-1, n_subscribers)
         return cls(ShieldSpec(**data), n_subscribers, prior)

@@ -73,6 +73,11 @@ class OversubSim:
         if workload.n_subscribers != setting.n_subscribers:
             raise ValueError(f"workload has {workload.n_subscribers} subscribers, setting "
                              f"{setting.name!r} has {setting.n_subscribers}")
+        if not 0.0 < warm_rate <= 1.0:  # also refuses NaN
+            raise ValueError(f"warm_rate must lie in (0, 1], not {warm_rate!r}")
+        if workload.steps < 1:
+            # else reset() hands out a view and the first step() says "episode is over"
+            raise ValueError(f"workload {workload.name!r} has no steps: an episode needs at least one")
         self.setting = setting
         self.w = workload
         self.warm_start = warm_start

@@ -59,8 +59,13 @@ class Workload:
             raise ValueError("every VM must depart after it arrives")
         if np.any(~np.isfinite(self.usage)) or np.any(self.usage < 0) or np.any(self.usage > 1):
             raise ValueError("usage must be finite fractions in [0, 1]")
-        if np.any(self.cores <= 0):
-            raise ValueError("requested cores must be positive")
+        if np.any(~np.isfinite(self.cores)) or np.any(self.cores <= 0):
+            raise ValueError("requested cores must be finite and positive")
+        # a NaN request turns the observation NaN; a negative one would grow a PM's free memory or network
+        for name in ("mem", "net"):
+            values = getattr(self, name)
+            if np.any(~np.isfinite(values)) or np.any(values < 0):
+                raise ValueError(f"workload field {name!r} must be finite and non-negative")
 
     def order(self) -> np.ndarray:
         """Rows in the order requests reach the allocator: by arrival step, then row index."""
