@@ -191,3 +191,13 @@ def test_shield_prior_of_the_wrong_width_is_refused_not_reshaped(prior):
     assert Shield.from_json(saved, 3).prior.shape == (4, 3)
     with pytest.raises(ValueError, match="every prior row must hold 3 usage rates"):
         Shield.from_json({**saved, "prior": prior}, 3)
+
+
+def test_a_pm_used_exactly_at_the_threshold_is_not_hot():
+    """§6.2: hot when use *exceeds* beta * B. Usage rates are float32: one 64-core VM at 0.6 on a
+    64-core PM summed to 38.40000152 and the PM counted as hot."""
+    from agents.oversubscription.cluster import hot
+
+    at = np.float32(0.6) * np.float32(64.0)
+    assert not hot(np.array([float(at)]), 64.0, 0.6)[0]
+    assert hot(np.array([38.41]), 64.0, 0.6)[0]

@@ -133,6 +133,11 @@ def pm_usage(pms: np.ndarray, used_cores: np.ndarray, n_pms: int) -> np.ndarray:
     return np.bincount(pms, weights=used_cores, minlength=n_pms)[:n_pms]
 
 
+#: relative slack on the hot threshold: usage rates are float32, so a PM used exactly beta * B
+#: (one 64-core VM at 0.6 on a 64-core PM) sums to 38.40000152 and would count as hot
+HOT_TOLERANCE = 1e-6
+
+
 def hot(pm_used: np.ndarray, pm_cores: float, beta: float) -> np.ndarray:
     """A PM is hot when its real CPU use exceeds beta * B (§6.2; beta = 0.6)."""
-    return pm_used > beta * pm_cores
+    return pm_used > beta * pm_cores * (1 + HOT_TOLERANCE)
