@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agents.params import number_param
+
 from .rules import order_select
 from .sim import View
 
@@ -197,10 +199,8 @@ def make_rule(name: str, **params) -> HeuristicRule:
     if unknown:
         raise ValueError(f"{name}: unknown parameters {sorted(unknown)}; it takes {sorted(PARAM_DEFAULTS[name])}")
     merged = {**PARAM_DEFAULTS[name], **params}
-    margin = float(merged["margin"])
-    if not 0.0 <= margin <= MARGIN_MAX:
-        raise ValueError(f"{name}: margin must be in [0, {MARGIN_MAX}], got {margin}")
-    eps = float(merged.get("eps", 1.0))
-    if eps < 0:
-        raise ValueError(f"{name}: eps must be >= 0, got {eps}")
+    # finite numbers naming the rule and the key: a NaN or infinite eps scored every job alike
+    # (Tetris became first-fit in silence), and "abc" gave float()'s error without the key
+    margin = number_param(name, "margin", merged["margin"], low=0.0, high=MARGIN_MAX)
+    eps = number_param(name, "eps", merged.get("eps", 1.0), low=0.0)
     return HeuristicRule(name=name, margin=margin, eps=eps)

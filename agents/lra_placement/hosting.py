@@ -3,12 +3,20 @@ bound to the cluster size the service answers for (`--agent-param lra-reinforce:
 network is shared over nodes, so any size works), and the predictor its `/plan` uses."""
 from __future__ import annotations
 
+from agents.params import check_param_keys
 
-def make_policy(agent: str, policy_dir=None, nodes: int | str | None = None):
+#: what `--agent-param lra-reinforce:KEY=VALUE` may set
+HOSTING_PARAMS = ("nodes",)
+
+
+def make_policy(agent: str, policy_dir=None, **params):
     from .policy import PlacementPolicy, shipped_policy
 
     if agent != "lra-reinforce":
         raise ValueError(f"lra-placement hosts the agent 'lra-reinforce', not {agent!r}")
+    # a misspelt key was Python's "unexpected keyword argument" without the keys it takes
+    check_param_keys(agent, params, HOSTING_PARAMS)
+    nodes = params.get("nodes")
     n_nodes = None if nodes is None else _node_count(nodes)  # checked before the policy loads
     policy = PlacementPolicy.load(policy_dir) if policy_dir else shipped_policy()
     if n_nodes is not None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from agents.params import number_param
+
 from .control import AppLimits, clip_cores
 from .observation import StepMeasurement
 
@@ -25,19 +27,28 @@ def autoscale_step(use, limit) -> np.ndarray:
     factor = np.ones_like(ratio)
     factor[(ratio >= 0.30) & (ratio < 0.50)] = UP_SMALL
     factor[ratio >= 0.50] = UP_LARGE
-    factor[ratio <= 0.10] = DOWN
+    # a negative ratio (a negative use: a broken counter) is in no band of the rule: it holds
+    factor[(ratio >= 0.0) & (ratio <= 0.10)] = DOWN
     # unknown use (NaN) holds
     factor[~np.isfinite(ratio)] = 1.0
     return limit * factor
+
+
+def _seed(seed):
+    """None or a whole number >= 0 (a large int kept exact), else a ValueError naming it."""
+    if seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
+        return seed
+    return int(number_param("autoscale", "seed", seed, low=0, whole=True))
 
 
 class AutoScale:
     name = "autoscale"
 
     def __init__(self, noise: float = 0.0, seed: int | None = None):
-        # noise: the paper's ±5 % uniform perturbation used while it fills the replay buffer
-        self.noise = float(noise)
-        self.rng = np.random.default_rng(seed)
+        # noise: the paper's ±5 % uniform perturbation used while it fills the replay buffer;
+        # checked here, or a NaN or negative noise fails only at the first act
+        self.noise = number_param(self.name, "noise", noise, low=0.0, high=1.0)
+        self.rng = np.random.default_rng(_seed(seed))
         self.limits: AppLimits | None = None
 
     def reset(self, limits: AppLimits) -> None:

@@ -124,6 +124,10 @@ def choose_ceiling(policy, topo, seeds: Sequence[int] = CEILING_SEEDS, grid: Seq
         raise ValueError(f"the grid must hold values >= {least:g} ({'times the mean use' if rule == 'multiple' else 'β'})")
     if not margin >= 0.0:
         raise ValueError(f"the margin must be >= 0, not {margin!r}")
+    if not 0.0 <= max_violation <= 1.0:   # NaN broke no comparison: every value was clean, the lowest chosen
+        raise ValueError(f"max_violation must lie in [0, 1] (a share of the seconds), not {max_violation!r}")
+    if not len(seeds):
+        raise ValueError("choose_ceiling needs at least one validation seed")
     make_ceiling(rule, grid[0], shape)      # a bad shape is refused before any episode runs
     without = evaluate_fn(policy.with_ceiling(None), topo, seeds)
     allowed = max(max_violation, without["violation_rate"]) if no_worse_than_policy else max_violation

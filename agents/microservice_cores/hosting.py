@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.params import number_param
+from agents.params import check_param_keys, number_param
 
 from .topology import Topology, load_topology
 
@@ -57,6 +57,7 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
         return ScaleDownWindow(make_controller(name, topo, policy_dir=policy_dir, **params), window)
     topo = topo if isinstance(topo, Topology) else load_topology(topo)
     _refuse_dropped_params(name, params)
+    _refuse_unknown_rule_params(name, params)
     if name == "reclaimer":
         from .policy import ReclaimerPolicy, shipped_policy
 
@@ -92,7 +93,11 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
             raise ValueError(f"sinan-explore: unknown parameter(s) {unknown} (known: out, seed)")
         if not params.get("out"):
             raise ValueError("sinan-explore needs out=DIR: the folder its samples are written to")
-        return SinanCollector(topo, params.get("out"), seed=int(params.get("seed", 0)))
+        seed = params.get("seed", 0)
+        if isinstance(seed, bool) or not (isinstance(seed, int) and seed >= 0):
+            # int() took 2.7 as 2 in silence, and -1 failed only when the run had begun
+            seed = int(number_param("sinan-explore", "seed", seed, low=0, whole=True))
+        return SinanCollector(topo, params.get("out"), seed=seed)
     if name == "static-max":
         from .episode import StaticController
 
@@ -140,6 +145,32 @@ def _refuse_dropped_params(name: str, params: dict) -> None:
         raise ValueError(f"{name}: unknown parameter {unknown[0]!r} (known: {', '.join(known + (wrappers,))})")
     if name == "static" and {"cores", "fraction"} <= set(params):
         raise ValueError("static: give cores or fraction, not both")
+
+
+WRAPPER_PARAMS = ("scale_down_window", "headroom_floor", "throttle_guard", "throttle_step")
+
+
+def _rule_params(name: str) -> tuple[str, ...] | None:
+    """The parameters each rule's constructor takes (None: not one of these rules)."""
+    if name == "autoscale":
+        return ("noise", "seed")
+    if name == "vpa":
+        from .vpa import VPAParams
+
+        return tuple(VPAParams.__dataclass_fields__)
+    if name == "sinan":
+        from .sinan import SinanParams
+
+        return ("model_dir",) + tuple(SinanParams.__dataclass_fields__)
+    return None
+
+
+def _refuse_unknown_rule_params(name: str, params: dict) -> None:
+    """A misspelt key of AutoScale, the VPA or Sinan was a constructor's TypeError ("unexpected
+    keyword argument") without the keys the rule takes: one line naming both, as check_param_keys."""
+    known = _rule_params(name)
+    if known is not None:
+        check_param_keys(name, params, known + WRAPPER_PARAMS)
 
 
 def make_policy(agent: str, policy_dir=None, **params):

@@ -87,6 +87,8 @@ import joblib
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from agents.params import number_param
+
 from .control import AppLimits, clip_cores
 from .episode import EPISODE_S, WARMUP_S, run_episodes
 from .observation import FIELD, PERCENTILES, StepMeasurement
@@ -126,6 +128,37 @@ class SinanParams:
     noise_sigmas: float = 2.0
     min_cores: float = 0.02              # ours (Sinan: 0.5 core, whole cores)
     block_down_on_violation: bool = True
+
+    def __post_init__(self):
+        """Each field within its meaning, naming it: unchecked, `p_down="0.1"` failed at the first
+        decision, a NaN threshold or margin never scaled down (the caps in silence), and
+        `victims_window=0` kept every past action (`[-0:]` is the whole list)."""
+        def number(key, low=None, high=None, low_open=False, whole=False):
+            x = number_param("sinan", key, getattr(self, key), low=low, high=high, low_open=low_open, whole=whole)
+            object.__setattr__(self, key, int(x) if whole else x)
+
+        def numbers(key, low, high=None, low_open=False):
+            given = getattr(self, key)
+            if isinstance(given, (str, bytes, dict)) or not hasattr(given, "__iter__"):
+                raise ValueError(f"sinan: {key} must be a list of numbers, got {given!r}")
+            object.__setattr__(self, key, tuple(
+                number_param("sinan", f"{key}[{i}]", v, low=low, high=high, low_open=low_open)
+                for i, v in enumerate(given)))
+
+        numbers("down_ops", 0, 1, low_open=True)       # a share of the current limit kept
+        numbers("up_mult", 1)
+        numbers("up_cap", 0)
+        number("margin", 0, 1, low_open=False)
+        number("p_down", 0, 1)
+        number("p_hold", 0, 1)
+        number("max_util", 0, 1, low_open=True)
+        number("victims_window", 1, whole=True)
+        number("steady_rps", 0)
+        number("noise_sigmas", 0)
+        number("min_cores", 0)
+        if not isinstance(self.block_down_on_violation, (bool, np.bool_)):
+            raise ValueError(f"sinan: block_down_on_violation must be true or false, "
+                             f"got {self.block_down_on_violation!r}")
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from agents.params import number_param
+
 from .control import MIN_CORES
 from .episode import EPISODE_S, WARMUP_S, StaticController, run_episodes
 from .topology import Topology
@@ -56,6 +58,24 @@ class StaticSearchParams:
     rel_tol: float = 0.02                             # bisection stops when hi / lo < 1 + rel_tol
     descent_rounds: int = 2
     shrink: float = 0.85
+
+    def __post_init__(self):
+        """Each field within its meaning, naming it: a rel_tol <= 0 never ended the bisection (it
+        spun forever on cached vectors), an m_low of 0 divided by zero, and an empty seed list had
+        no violation rate to compare."""
+        kind = "static-search"
+        number_param(kind, "max_violation", self.max_violation, low=0, high=1)
+        if isinstance(self.seeds, (str, bytes)) or not hasattr(self.seeds, "__len__") or not len(self.seeds):
+            raise ValueError(f"{kind}: seeds must be a non-empty list of seeds, got {self.seeds!r}")
+        number_param(kind, "steps", self.steps, low=1, whole=True)
+        number_param(kind, "warmup", self.warmup, low=0, whole=True)
+        number_param(kind, "measure_s", self.measure_s, low=1, whole=True)
+        for i, f in enumerate(self.floors):
+            number_param(kind, f"floors[{i}]", f, low=0)
+        number_param(kind, "m_low", self.m_low, low=0, low_open=True)
+        number_param(kind, "rel_tol", self.rel_tol, low=0, low_open=True)
+        number_param(kind, "descent_rounds", self.descent_rounds, low=0, whole=True)
+        number_param(kind, "shrink", self.shrink, low=0, low_open=True, high=1)
 
 
 @dataclass
@@ -141,6 +161,8 @@ def search_static(topo: Topology, users: float, params: StaticSearchParams | Non
                 continue
             while hi / lo > 1.0 + p.rel_tol:
                 mid = math.sqrt(lo * hi)
+                if not lo < mid < hi:      # adjacent floats (a tiny rel_tol): no narrower bracket
+                    break
                 r_mid = rate(vec(mid, f), f"bisect f={f}")
                 if r_mid <= p.max_violation:
                     hi, r_hi = mid, r_mid

@@ -37,8 +37,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from agents.params import number_param
+
 from .control import AppLimits, clip_cores
 from .observation import StepMeasurement
+
+#: the longest window: a day of one-second samples, the VPA's own 24 h half-life (the ring buffer
+#: holds window_s rows per service, and every second takes their percentile)
+MAX_WINDOW_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -50,12 +56,21 @@ class VPAParams:
     half_life_s: float | None = None   # exp-decay weights of samples (None: a plain window)
 
     def __post_init__(self):
-        if not 0 < self.percentile <= 100:
-            raise ValueError("percentile must be in (0, 100]")
-        if self.margin < 0 or self.window_s < 1 or self.min_cores < 0:
-            raise ValueError("margin >= 0, window_s >= 1 and min_cores >= 0 are required")
-        if self.half_life_s is not None and self.half_life_s <= 0:
-            raise ValueError("half_life_s must be positive")
+        # each a finite number naming its field: a NaN margin or floor made every limit the cap in
+        # silence, a fractional window failed only at reset, a huge one asked for that much memory
+        checked = {
+            "percentile": number_param("vpa", "percentile", self.percentile, low=0, low_open=True, high=100),
+            "margin": number_param("vpa", "margin", self.margin, low=0),
+            "window_s": int(number_param("vpa", "window_s", self.window_s, low=1, high=MAX_WINDOW_S, whole=True)),
+            "min_cores": number_param("vpa", "min_cores", self.min_cores, low=0),
+        }
+        if self.half_life_s is not None:
+            checked["half_life_s"] = number_param("vpa", "half_life_s", self.half_life_s, low=0, low_open=True)
+        for key, value in checked.items():
+            given = getattr(self, key)
+            # "90" from a config file is kept as 90.0, a window of 60.0 as 60 (it sizes an array)
+            if isinstance(given, str) or (key == "window_s" and type(given) is not int):
+                object.__setattr__(self, key, value)
 
 
 def weighted_percentile(samples: np.ndarray, q: float, weights: np.ndarray | None = None) -> np.ndarray:

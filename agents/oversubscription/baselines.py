@@ -159,9 +159,11 @@ class ObservedHistory:
         return self._values[max(0, c - int(k)):c, sub]
 
     def last(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every subscriber's last k observations at once: ([k, N] values, NaN-padded at the top
-        where a subscriber has fewer; [N] how many are real)."""
-        k = int(k)
+        """Every subscriber's last k observations at once: ([k', N] values, NaN-padded at the top
+        where a subscriber has fewer; [N] how many are real). k' = min(k, the longest history, at
+        least 1): rows no subscriber has would be padding only, and a hosted `window=10**12` asked
+        for terabytes on every request."""
+        k = max(1, min(int(k), int(self._count.max(initial=0))))
         rows = self._count[None, :] - k + np.arange(k)[:, None]          # [k, N]
         vals = self._values[np.maximum(rows, 0), np.arange(self.n)[None, :]]
         return np.where(rows >= 0, vals, np.nan), np.minimum(self._count, k)
@@ -240,8 +242,8 @@ class _HistoryRule:
 
     def __init__(self, n_subscribers: int, headroom: float, lo: float = DEFAULTS.lo,
                  prior: np.ndarray | None = None):
-        if headroom <= 0:
-            raise ValueError("headroom must be positive")
+        if not (headroom > 0 and np.isfinite(headroom)):   # NaN passed `<= 0`: every rate NaN
+            raise ValueError(f"headroom must be a finite positive number, got {headroom!r}")
         if not 0.0 < lo <= 1.0:
             raise ValueError("lo must lie in (0, 1]")
         self.n = int(n_subscribers)
@@ -315,6 +317,18 @@ class BrownDESRule(_HistoryRule):
         return (2 * s1 - s2) + a / (1 - a) * (s1 - s2)
 
 
+def check_window(window) -> int:
+    """A window counts past observations: a whole number >= 1 (0 or less gave rate 1.0 in silence,
+    or an IndexError in the percentile)."""
+    try:
+        x = float(window)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if isinstance(window, bool) or not (np.isfinite(x) and x.is_integer() and x >= 1):
+        raise ValueError(f"window must be a whole number of observations >= 1, got {window!r}")
+    return int(x)
+
+
 def window_mean_std(history: ObservedHistory, window: int) -> tuple[np.ndarray, np.ndarray]:
     """[N] mean and population std of each subscriber's last `window` observations (NaN: none)."""
     x, n = history.last(window)
@@ -344,7 +358,7 @@ class NSigmaRule(_HistoryRule):
                  headroom: float = DEFAULTS.headroom, lo: float = DEFAULTS.lo,
                  prior: np.ndarray | None = None):
         super().__init__(n_subscribers, headroom, lo, prior)
-        self.n_sigma, self.window = float(n), int(window)
+        self.n_sigma, self.window = float(n), check_window(window)
         self.name = f"NSigma(n={n:g},w={window},h={headroom:g})"
 
     def forecast(self, view: View | None = None) -> np.ndarray:
@@ -360,9 +374,9 @@ class PercentileRule(_HistoryRule):
                  headroom: float = DEFAULTS.headroom, lo: float = DEFAULTS.lo,
                  prior: np.ndarray | None = None):
         if not 0.0 <= p <= 100.0:
-            raise ValueError("percentile must lie in [0, 100]")
+            raise ValueError(f"p (a percentile) must lie in [0, 100], got {p!r}")
         super().__init__(n_subscribers, headroom, lo, prior)
-        self.p, self.window = float(p), int(window)
+        self.p, self.window = float(p), check_window(window)
         self.name = f"Percentile(p={p:g},w={window},h={headroom:g})"
 
     def forecast(self, view: View | None = None) -> np.ndarray:
@@ -375,8 +389,10 @@ class MaxRule(_HistoryRule):
     def __init__(self, n_subscribers: int, n: float = DEFAULTS.nsigma_n, p: float = DEFAULTS.percentile,
                  window: int = DEFAULTS.window, headroom: float = DEFAULTS.headroom,
                  lo: float = DEFAULTS.lo, prior: np.ndarray | None = None):
+        if not 0.0 <= p <= 100.0:   # above 100 every full window indexed past its end
+            raise ValueError(f"p (a percentile) must lie in [0, 100], got {p!r}")
         super().__init__(n_subscribers, headroom, lo, prior)
-        self.n_sigma, self.p, self.window = float(n), float(p), int(window)
+        self.n_sigma, self.p, self.window = float(n), float(p), check_window(window)
         self.name = f"Max(n={n:g},p={p:g},w={window},h={headroom:g})"
 
     def forecast(self, view: View | None = None) -> np.ndarray:
