@@ -56,6 +56,8 @@ def ratios_to_best(costs: Mapping[str, float], rules: Sequence[str],
     if not rules:
         raise ValueError(f"no rule among the agents {list(costs)}")
     pool = [r for r in rules if eligible is None or eligible.get(r, False)] or rules
+    # NaN compares false both ways: min() would keep a NaN cost only when it came first
+    pool = [r for r in pool if not math.isnan(costs[r])] or pool
     best = min(pool, key=costs.__getitem__)  # min keeps the first of equal costs
     if not costs[best] > 0:
         raise ValueError(f"best rule {best!r} has a non-positive cost {costs[best]}")
@@ -85,6 +87,9 @@ def summarise_episodes(episodes: Sequence[Mapping]) -> dict:
     if not episodes:
         raise ValueError("no episodes")
     cost = np.array([float(e["total_cost"]) for e in episodes])
+    bad = [int(e["seed"]) for e, c in zip(episodes, cost) if not math.isfinite(c)]
+    if bad:  # a NaN mean would pass into the ratios and the geometric mean as garbage or a crash
+        raise ValueError(f"total_cost is not a finite number in the episodes of seed(s) {bad}")
     spans = [float(e["makespan_s"]) for e in episodes if e.get("makespan_s") is not None]
     done = sum(int(e["jobs_finished"]) for e in episodes)
     total = sum(int(e["jobs_total"]) for e in episodes)
@@ -107,7 +112,12 @@ def summarise_suite(episodes: Mapping[str, Mapping[str, Sequence[Mapping]]], rul
     geometric mean and the worst window."""
     windows: dict[str, dict] = {}
     for wname, by_agent in episodes.items():
-        summ = {a: summarise_episodes(eps) for a, eps in by_agent.items()}
+        summ = {}
+        for a, eps in by_agent.items():
+            try:
+                summ[a] = summarise_episodes(eps)
+            except ValueError as exc:  # which window and agent, not just "no episodes"
+                raise ValueError(f"window {wname!r}, agent {a!r}: {exc}") from None
         best, ratio = ratios_to_best({a: s["cost_mean"] for a, s in summ.items()}, rules,
                                      {a: s["all_jobs_finished"] for a, s in summ.items()})
         for a, s in summ.items():

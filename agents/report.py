@@ -50,7 +50,15 @@ def stats(values: Iterable[float]) -> dict:
     v = np.asarray([x for x in values if x is not None and math.isfinite(float(x))], dtype=np.float64)
     if v.size == 0:
         return {"mean": None, "std": None, "n": 0}
-    return {"mean": float(v.mean()), "std": float(v.std()), "n": int(v.size)}
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = float(v.mean()), float(v.std())
+    if not (math.isfinite(mean) and math.isfinite(std)):
+        # finite values near the float limit overflow the sum (mean inf, std inf or NaN, written
+        # as null); scaling by a power of two is exact, and ordinary values never reach this path
+        exp = math.frexp(float(np.abs(v).max()))[1]
+        scaled = np.ldexp(v, -exp)
+        mean, std = math.ldexp(float(scaled.mean()), exp), math.ldexp(float(scaled.std()), exp)
+    return {"mean": mean, "std": std, "n": int(v.size)}
 
 
 def machine() -> dict:
@@ -79,10 +87,20 @@ def validate_summary(summary: Mapping) -> list[str]:
         return problems
     if summary["schema"] != SCHEMA:
         problems.append(f"schema {summary['schema']!r} != {SCHEMA!r}")
-    for m, metrics in summary["methods"].items():
-        for k, st in metrics.items():
-            if not isinstance(st, Mapping) or set(st) != {"mean", "std", "n"}:
-                problems.append(f"methods.{m}.{k}: want {{mean, std, n}}, got {st!r}")
+    # a wrong container is reported like any other shape problem, not raised from .items()
+    if not isinstance(summary["methods"], Mapping):
+        problems.append(f"methods: want method -> metric -> stats, got {type(summary['methods']).__name__}")
+    else:
+        for m, metrics in summary["methods"].items():
+            if not isinstance(metrics, Mapping):
+                problems.append(f"methods.{m}: want metric -> {{mean, std, n}}, got {type(metrics).__name__}")
+                continue
+            for k, st in metrics.items():
+                if not isinstance(st, Mapping) or set(st) != {"mean", "std", "n"}:
+                    problems.append(f"methods.{m}.{k}: want {{mean, std, n}}, got {st!r}")
+    if not isinstance(summary["targets"], (list, tuple)):
+        problems.append(f"targets: want a list, got {type(summary['targets']).__name__}")
+        return problems
     for i, t in enumerate(summary["targets"]):
         if not isinstance(t, Mapping) or set(t) != {"name", "value", "goal", "met"} or not isinstance(t.get("met"), bool):
             problems.append(f"targets[{i}]: want {{name, value, goal, met}} with a boolean met, got {t!r}")
@@ -156,7 +174,8 @@ def fmt(st: Mapping | None, digits: int = 4) -> str:
     """'0.9123 ± 0.0100' for a stats dict."""
     if not st or st.get("mean") is None:
         return "–"
-    return f"{st['mean']:.{digits}f} ± {st['std']:.{digits}f}"
+    std = st.get("std")  # null in a summary read back when it was not finite
+    return f"{st['mean']:.{digits}f} ± {'–' if std is None else f'{std:.{digits}f}'}"
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

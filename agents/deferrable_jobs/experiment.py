@@ -209,14 +209,18 @@ def _summarise(runs, heur, budget: Budget, t1: str, figures, wall: float, quick:
             best_name = max(heur[setting], key=lambda n: heur[setting][n]["total_reward"])
             best = heur[setting][best_name]["total_reward"]
             mean = stats(ours["total_reward"])["mean"]
-            won.append((setting, mean > best, mean, best, best_name))
+            beats = mean is not None and mean > best  # None: no seed with a finite reward, which wins nothing
+            won.append((setting, beats, mean, best, best_name))
             wins.append({"row": row, "setting": setting, "osdec": mean, "best_heuristic": best_name,
-                         "best_heuristic_reward": best, "osdec_wins": bool(mean > best)})
+                         "best_heuristic_reward": best, "osdec_wins": bool(beats)})
         default = [w for w in won if w[0] == t1]
         if default:
             st, ok, mean, best, name = default[0]
+            # "x best" reads only against a positive reward: a 0 divided by zero, a negative one
+            # turned the ratio upside down (0.5 "met"); `met` still says who is above
+            ratio = round(mean / best, 4) if mean is not None and best > 0 else None
             targets.append(Target(f"{row}: total reward above every heuristic on {st} (best: {name})",
-                                  round(mean / best, 4), "> 1.0 x best heuristic", bool(ok)))
+                                  ratio, "> 1.0 x best heuristic", bool(ok)))
         t4 = [w for w in won if w[0] in TABLE4]
         if t4:
             n_ok = sum(w[1] for w in t4)

@@ -403,13 +403,17 @@ def compute_targets(per_case: dict, all_runs: dict, policy_400: dict | None) -> 
 
 
 def gain_vs_stand_in(per_case: dict, method: str, n_nodes: int = 9) -> dict:
-    """Mean over the paper-scale cases of (method / round-robin - 1) x 100 (score means), overall and per level."""
+    """Mean over the paper-scale cases of (method / round-robin - 1) x 100 (score means), overall and per level;
+    a case where either has no valid plan (no finite mean score) or round-robin scores 0 is left out."""
     out: dict[str, list[float]] = {}
     for name, s in per_case.items():
         case = s["__case__"]
         if case.n_nodes != n_nodes or method not in s or STAND_IN not in s:
             continue
-        g = 100.0 * (_mean(s[method], "score") / _mean(s[STAND_IN], "score") - 1.0)
+        ours, stand_in = _mean(s[method], "score"), _mean(s[STAND_IN], "score")
+        if not (math.isfinite(ours) and math.isfinite(stand_in) and stand_in > 0):
+            continue  # no valid plan on any seed (NaN), or nothing to divide by: not a gain of 0 or NaN
+        g = 100.0 * (ours / stand_in - 1.0)
         out.setdefault("all", []).append(g)
         out.setdefault(f"{case.size_range[0]}-{case.size_range[1]}", []).append(g)
     return {k: float(np.mean(v)) for k, v in out.items()}

@@ -244,6 +244,13 @@ def _aggregate(eps: list[EpisodeResult]) -> dict:
             "episodes": len(eps)}
 
 
+def _mean_known(values) -> float | None:
+    """The mean of the values that are known: a level with no finite p99 (None) is left out, not
+    counted as 0 ms (which pulled the mean down); None when no level has one."""
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None
+
+
 def _pct(a: float, b: float) -> float:
     return 100.0 * (a - b) / b if b else float("nan")
 
@@ -260,7 +267,7 @@ def _summarise(results: dict, logs: dict, budget: Budget, seconds: float) -> dic
                                "violation_rate": float(np.mean([r["violation_rate"] for r in rows])),
                                "violating_seconds": int(sum(r["violating_seconds"] for r in rows)),
                                "seconds": int(sum(r["seconds"] for r in rows)),
-                               "p99_mean_ms": float(np.mean([r["p99_mean_ms"] or 0 for r in rows]))}
+                               "p99_mean_ms": _mean_known([r["p99_mean_ms"] for r in rows])}
         rc, au, si = (overall.get(m) for m in ("reclaimer", "autoscale", "sinan"))
         rel = {}
         for name, base in (("autoscale", au), ("sinan", si)):
@@ -329,7 +336,8 @@ def _report(summary: dict) -> str:
         for lv, row in d["levels"].items():
             for m, r in row.items():
                 lines.append(f"| {lv} | {m} | {r['mean_cores']:.2f} ± {r['mean_cores_std']:.2f} | {r['max_cores']:.2f} | "
-                             f"{(r['p99_mean_ms'] or 0):.1f} | {100 * r['violation_rate']:.2f} % "
+                             f"{'–' if r['p99_mean_ms'] is None else format(r['p99_mean_ms'], '.1f')} | "
+                             f"{100 * r['violation_rate']:.2f} % "
                              f"({r['violating_seconds']} of {r['seconds']:,} s) |")
         rel, paper = d["relative"], d["paper"] or {}
         if rel or paper:

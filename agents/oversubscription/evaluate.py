@@ -16,6 +16,9 @@ def evaluate_saved(policy_dir, episodes: int = 40, trace_seed: int = 0, test_see
     from .data import generate_trace
     from .policy import OversubPolicy
 
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        # 0 test episodes reported PM-Hot-R 0.0 % and every level "satisfied" from nothing
+        raise ValueError(f"episodes must be a whole number >= 1, got {episodes!r}")
     policy = OversubPolicy.load(policy_dir)
     s = policy.setting
     trace = generate_trace(s, trace_seed)
@@ -35,6 +38,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.episodes < 1:
+        ap.error(f"--episodes must be at least 1, got {args.episodes}")
     res = evaluate_saved(args.policy, args.episodes, args.trace_seed, warm=args.warm)
     if args.json:
         print(json.dumps(res))

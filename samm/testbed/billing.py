@@ -66,6 +66,16 @@ def _overlap(a: np.ndarray, b: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return np.clip(np.minimum(b, hi) - np.maximum(a, lo), 0.0, None)
 
 
+def _check_group(name: str, spec: Any) -> None:
+    """A group's spec as billing needs it: cores >= 1 (a 0 divides the CPU share by zero and reads
+    as 100 % busy), a finite price >= 0 (a NaN bills NaN dollars)."""
+    for field, value, low in (("cores", getattr(spec, "cores", None), 1),
+                              ("price_per_hour", getattr(spec, "price_per_hour", None), 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+                or not (math.isfinite(value) and value >= low):
+            raise ValueError(f"group {name!r}: {field} must be a finite number >= {low}, got {value!r}")
+
+
 def summarize(instances: Sequence[InstanceRecord], jobs: Sequence[JobRecord], runs: Sequence[RunRecord],
               groups: Mapping[str, Any], compression: float, t0: float,
               penalty_per_job_second: float = DEFAULT_PENALTY_PER_JOB_SECOND, step_s: float = DEFAULT_STEP_S,
@@ -73,14 +83,20 @@ def summarize(instances: Sequence[InstanceRecord], jobs: Sequence[JobRecord], ru
     """The run's summary under `run_episodes`' keys (plus `mean_allocated_cores_tw`,
     `busy_core_ratio`, `vm_seconds` and `vm_cost_by_group`). `groups`: group name -> spec with
     `cores` and `price_per_hour`. Times in the result are workload seconds."""
-    if not compression > 0:
-        raise ValueError(f"compression must be positive, got {compression}")
-    if not step_s > 0:
-        raise ValueError(f"step_s must be positive, got {step_s}")
+    # an infinite compression or step, or a NaN t0, passed the old `> 0` checks and billed garbage
+    # (every instance at workload 0) or failed later as "cannot convert float NaN to integer"
+    if not (math.isfinite(compression) and compression > 0):
+        raise ValueError(f"compression must be a finite number > 0, got {compression}")
+    if not (math.isfinite(step_s) and step_s > 0):
+        raise ValueError(f"step_s must be a finite number > 0, got {step_s}")
+    if not math.isfinite(t0):
+        raise ValueError(f"t0 must be a finite wall time, got {t0}")
     unknown = sorted({i.group for i in instances} - set(groups))
     if unknown:
         raise ValueError(f"instance records name groups without a price/cores spec: {', '.join(unknown)} "
                          f"(known: {', '.join(sorted(groups)) or 'none'})")
+    for name in sorted({i.group for i in instances}):
+        _check_group(name, groups[name])
 
     def clock(wall: float) -> float:
         return (wall - t0) * compression
@@ -88,6 +104,8 @@ def summarize(instances: Sequence[InstanceRecord], jobs: Sequence[JobRecord], ru
     finished = [j.finished_at for j in jobs if j.state == DONE and j.finished_at is not None]
     all_done = bool(jobs) and len(finished) == len(jobs)
     makespan = max(finished) if finished else None
+    if makespan is not None and not math.isfinite(makespan):
+        raise ValueError(f"a finished job has a non-finite finish time: {makespan}")
     if end_s is not None:
         end = float(end_s)
         if not (math.isfinite(end) and end > 0):  # the time-weighted means divide by it
@@ -127,7 +145,10 @@ def summarize(instances: Sequence[InstanceRecord], jobs: Sequence[JobRecord], ru
     for r in runs:
         run_by_worker.setdefault(r.worker_id, []).append(r)
     busy_core_s = 0.0
-    ends = np.arange(1, steps + 1, dtype=float) * step_s
+    step_ends = np.arange(1, steps + 1, dtype=float) * step_s
+    # an end_s inside a step: that last, partial step is sampled at end_s, where the instances still
+    # alive stop; sampled at the whole step's end it found none (0 cores, no CPU for that step)
+    ends = np.minimum(step_ends, end)
     cpu_sum = np.zeros(steps)
     cpu_n = np.zeros(steps)
     alloc_at_end = np.zeros(steps)
@@ -143,7 +164,7 @@ def summarize(instances: Sequence[InstanceRecord], jobs: Sequence[JobRecord], ru
         alloc_at_end += np.where(present, cores[k], 0.0)
         measured = present & (ready[k] + warmup_s <= ends)
         for s in np.nonzero(measured)[0]:
-            lo, hi = max(ends[s] - step_s, ready[k]), ends[s]
+            lo, hi = max(step_ends[s] - step_s, ready[k]), ends[s]
             share = 0.0
             if hi > lo and mine:
                 share = float(np.sum(_overlap(ra, rb, lo, hi) * rc)) / (cores[k] * (hi - lo))

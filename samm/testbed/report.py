@@ -2,6 +2,7 @@
 paper's Fig. 11 (VMs per type against waiting jobs over time) as PNGs."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 COLUMNS = (("runtime (makespan) min", "makespan_s", lambda v: f"{v / 60:.1f}"),
@@ -14,10 +15,16 @@ COLUMNS = (("runtime (makespan) min", "makespan_s", lambda v: f"{v / 60:.1f}"),
 FIDELITY_KEYS = ("total_cost", "makespan_s", "mean_allocated_cores")
 
 
+def _known(v) -> bool:
+    """A value the tables can print: a number, not None, NaN or an infinity (shown as "-", not
+    "nan" or "inf %")."""
+    return v is not None and math.isfinite(v)
+
+
 def table(rows: list[tuple[str, dict]]) -> str:
     head = ["policy"] + [c[0] for c in COLUMNS]
-    body = [[name] + [("-" if r.get(k) is None else f(r[k])) for _, k, f in COLUMNS] for name, r in rows]
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    body = [[name] + [(f(r[k]) if _known(r.get(k)) else "-") for _, k, f in COLUMNS] for name, r in rows]
+    widths = [max([len(h), *(len(b[i]) for b in body)]) for i, h in enumerate(head)]  # no rows: the header's
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
 
@@ -31,9 +38,9 @@ def fidelity_table(pairs: list[tuple[str, dict, dict]]) -> str:
     for name, sim, tb in pairs:
         for k in FIDELITY_KEYS:
             a, b = sim.get(k), tb.get(k)
-            if a is None or b is None:  # e.g. no job finished: no makespan to compare
-                lines.append(f"| {name} | {k} | {'-' if a is None else f'{a:.2f}'} | "
-                             f"{'-' if b is None else f'{b:.2f}'} | - |")
+            if not (_known(a) and _known(b)):  # e.g. no job finished: no makespan to compare
+                lines.append(f"| {name} | {k} | {f'{a:.2f}' if _known(a) else '-'} | "
+                             f"{f'{b:.2f}' if _known(b) else '-'} | - |")
                 continue
             gap = f"{gap_pct(b, a):+.1f} %" if a else "-"  # no relative gap to a zero
             lines.append(f"| {name} | {k} | {a:.2f} | {b:.2f} | {gap} |")
