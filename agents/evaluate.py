@@ -20,7 +20,7 @@ def summarise(episodes: list[dict]) -> dict:
     out["episodes"] = len(episodes)
     out["jobs_finished_ratio"] = round(sum(e["jobs_finished"] for e in episodes)
                                        / max(1, sum(e["jobs_total"] for e in episodes)), 4)
-    out["all_terminated"] = all(e["terminated"] for e in episodes)
+    out["all_terminated"] = bool(episodes) and all(e["terminated"] for e in episodes)  # none ran: not "all ended"
     return out
 
 

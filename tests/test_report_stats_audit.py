@@ -205,3 +205,25 @@ def test_billing_a_horizon_inside_a_step_samples_its_last_step_at_the_horizon():
     assert s["vm_cost"] == pytest.approx(90 * 0.2 / 3600, abs=1e-6)
     whole = _bill(jobs=[], runs=[RunRecord(0, 1, "s1", 1, 0.0, 90.0, "done")], compression=1.0, end_s=120.0)
     assert whole["mean_allocated_cores"] == 2.0 and whole["mean_cpu_util"] == pytest.approx((0.5 + 0.25) / 2)
+
+
+# -- the paper experiment's verdict and table (agents/experiment.py) ------------------------------
+def test_paper_table_and_verdict_survive_a_rule_that_finished_no_job():
+    """After hours of training and evaluation, a summary without a metric raised TypeError in the
+    table, and a tuned threshold with makespan 0 a ZeroDivisionError in the verdict: report.md and
+    summary.json were never written."""
+    from agents.evaluate import summarise
+    from agents.experiment import _change, _row, _table
+
+    assert _change(10.0, 0.0) is None and _change(None, 2.0) is None and _change(3.0, 2.0) == 0.5
+    ep = {"total_cost": 9.0, "jobs_finished": 0, "jobs_total": 4, "terminated": False}
+    rows = [_row("lstm-ppo", {"summary": summarise([ep])}), _row("threshold (tuned)", {"summary": summarise([ep])})]
+    assert rows[0]["makespan_min"] is None
+    text = _table(rows, ref="threshold (tuned)")
+    assert "| lstm-ppo | 9.00 ± 0.00 | – |" in text and "+0.0%" in text
+
+
+def test_a_summary_of_no_episodes_does_not_say_they_all_ended():
+    from agents.evaluate import summarise
+
+    assert summarise([])["all_terminated"] is False
