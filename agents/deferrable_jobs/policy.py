@@ -83,7 +83,24 @@ class OsdecPolicy:
         shown, scores = self.scores(view, history)
         return shown[select_by_scores(scores, view.episode.cores[shown], view.free, self.mapping)]
 
+    def check_observation(self, observation) -> None:
+        """InvalidInput naming the field: a NaN token made the reply fail with "cannot convert float
+        NaN to integer", and a wrongly shaped field failed deep in torch."""
+        from samm.plan.dataplane import InvalidInput
+
+        if not isinstance(observation, dict):
+            raise InvalidInput("observation", "must be an object with tokens, mask and history")
+        for key, space in self.observation_space.spaces.items():
+            if key not in observation:
+                raise InvalidInput("observation", f"missing {key!r}")
+            x = np.asarray(observation[key], dtype=np.float64)
+            if x.shape != space.shape:
+                raise InvalidInput(f"observation.{key}", f"shape {list(x.shape)} != {list(space.shape)}")
+            if not np.isfinite(x).all():
+                raise InvalidInput(f"observation.{key}", "must hold finite numbers only")
+
     def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
+        self.check_observation(observation)
         mu = self._mu(observation["tokens"], observation["mask"], observation["history"])
         return Decision(action=[float(x) for x in mu], name="scores",
                         info={"eligible_shown": int(np.asarray(observation["tokens"])[:, 0].sum())}), None

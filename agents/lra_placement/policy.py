@@ -46,6 +46,7 @@ from agents.lra_placement.reinforce import (
     repair,
     rollout,
 )
+from agents.policy import one_line
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
 KIND = "lra-reinforce"
@@ -176,10 +177,20 @@ class PlacementPolicy:
         """The platform's Policy protocol: (Decision(action=node), state)."""
         from agents.policy import Decision
 
+        # NaN counts as nonzero: [NaN, 0, ...] passed the one-hot check and placed app 0's container,
+        # and a NaN in `remaining` failed with "cannot convert float NaN to integer"
+        for key in ("app", "counts", "remaining"):
+            if not np.isfinite(np.asarray(observation[key], dtype=np.float64)).all():
+                raise InvalidInput(f"observation.{key}", "must hold finite numbers only")
         app_vec = np.asarray(observation["app"], dtype=np.float64).reshape(-1)
         # argmax of a zero or many-hot vector would silently place app 0's or some app's container
         if np.count_nonzero(app_vec) != 1:
             raise InvalidInput("observation.app", "must be one-hot: exactly one app is the next container's")
+        n_nodes = len(np.asarray(observation["counts"]))
+        if mask is not None and np.asarray(mask).size != n_nodes:
+            raise InvalidInput("action_mask", f"length {np.asarray(mask).size} != {n_nodes} nodes")
+        if mask is not None and not np.asarray(mask).any():  # was blamed on observation.counts
+            raise InvalidInput("action_mask", "every node is masked out; nothing can be decided")
         try:
             node, info = self._decide(observation, mask, deterministic, None)
         except Infeasible as exc:  # a full cluster is the caller's input, not the policy failing
@@ -328,24 +339,49 @@ class PlacementPolicy:
             saved_n, slots = int(meta["n_nodes"]), int(meta["slots"])
             saved_obs = space_from_json(meta["observation_space"])
             saved_act = space_from_json(meta["action_space"])
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({e})") from None
+            # checked here: a width, node or slot count below 1 failed in torch or gymnasium, unnamed
+            if saved_n < 1 or slots < 1 or not config.hidden or min(config.hidden) < 1:
+                raise ValueError(f"n_nodes {saved_n}, slots {slots} and every network.hidden width "
+                                 f"{list(config.hidden)} must be >= 1")
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({one_line(e)})") from None
         # the recorded spaces must be the ones this network and cluster imply
         check_spaces(saved_obs, saved_act, *placement_spaces(saved_n, slots, len(app_names)), what=str(d))
-        payload = torch.load(d / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+        payload = _read_payload(d / WEIGHTS_FILE)
         scorer = NodeScorer(config)
         try:
             scorer.load_state_dict(payload["scorer"])
-        except (RuntimeError, KeyError) as e:
-            raise ValueError(f"{d / WEIGHTS_FILE}: weights do not fit the network in {METADATA_FILE} ({e})") from None
+        except (RuntimeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{d / WEIGHTS_FILE}: weights do not fit the network in {METADATA_FILE} "
+                             f"({one_line(e)})") from None
+        bad = [k for k, v in scorer.state_dict().items() if not torch.isfinite(v).all()]
+        if bad:  # NaN logits: the argmax is node 0 for every container
+            raise ValueError(f"{d / WEIGHTS_FILE}: {bad[0]} holds NaN or inf values")
         if predictor is None and "predictor_throughput" in payload:
-            predictor = TabulatedPredictor(app_names, slots, payload["predictor_throughput"].numpy())
+            try:
+                predictor = TabulatedPredictor(app_names, slots, payload["predictor_throughput"].numpy())
+            except (ValueError, AttributeError) as e:
+                raise ValueError(f"{d / WEIGHTS_FILE}: predictor_throughput: {one_line(e)}") from None
         policy = cls(scorer, app_names, n_nodes or saved_n, slots, predictor, meta.get("training"), meta.get("version"))
         if observation_space is not None or action_space is not None:
             check_spaces(policy.observation_space, policy.action_space,
                          observation_space if observation_space is not None else policy.observation_space,
                          action_space if action_space is not None else policy.action_space, what=str(d))
         return policy
+
+
+def _read_payload(path: Path) -> dict:
+    """policy.pt's {"scorer": state dict, ...}, or a one-line ValueError naming the file (a missing,
+    truncated or garbage file raised FileNotFoundError, torch's multi-line error or "KeyError: 101")."""
+    if not path.is_file():
+        raise ValueError(f"{path}: missing (the weights of the network in {METADATA_FILE})")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - truncated, garbage or a pickle of arbitrary objects
+        raise ValueError(f"{path}: not a readable PyTorch file ({one_line(e)})") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("scorer"), dict):
+        raise ValueError(f"{path}: not a saved placement policy (no 'scorer' state dict)")
+    return payload
 
 
 class _ZeroPredictor:

@@ -172,10 +172,28 @@ class ReclaimerPolicy:
     def initial_state(self):
         return None
 
+    def checked_observation(self, observation) -> np.ndarray:
+        """The (M, width) observation as float32, or InvalidInput naming what is wrong: another shape
+        failed with a bare broadcast error, and a NaN gave NaN actions (and a NaN in a stateful
+        ceiling's memory)."""
+        from samm.plan.dataplane import InvalidInput
+
+        obs = np.asarray(observation, dtype=np.float32)
+        shape = self.observation_space.shape
+        if obs.shape != shape:
+            raise InvalidInput("observation", f"shape {list(obs.shape)} != {list(shape)} "
+                                              f"({self.topo.n_services} services of {self.topo.name})")
+        bad = np.argwhere(~np.isfinite(obs))
+        if len(bad):
+            row, col = (int(i) for i in bad[0])
+            raise InvalidInput(f"observation[{row}][{col}]", f"must be a finite number, got {obs[row, col]} "
+                                                             f"(service {self.topo.service_names[row]})")
+        return obs
+
     def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
         """One decision on a whole observation; with a stateful ceiling, `state` is its memory of the
         caller's earlier observations (None: the first), returned updated."""
-        obs = np.asarray(observation, dtype=np.float32)[None]
+        obs = self.checked_observation(observation)[None]
         a = self.agent.act(obs, deterministic=deterministic)[0]
         memory = self.remember(state, obs)
         cores = self.cores(a, obs[0], memory)

@@ -84,6 +84,19 @@ class OversubPolicy:
     def initial_state(self):
         return None
 
+    def check_observation(self, observation_vec) -> None:
+        """InvalidInput naming what is wrong: a vector of another length fails deep in torch, and a
+        NaN one makes every agent's argmax index 0, the lowest rate (the most oversubscription)."""
+        from samm.plan.dataplane import InvalidInput
+
+        x = np.asarray(observation_vec, dtype=np.float64).reshape(-1)
+        n = self.observation_space.shape[0]
+        if x.size != n:
+            raise InvalidInput("observation", f"{x.size} values, the policy reads {n}")
+        bad = np.flatnonzero(~np.isfinite(x))
+        if bad.size:
+            raise InvalidInput(f"observation[{bad[0]}]", f"must be a finite number, got {x[bad[0]]}")
+
     def action_indices(self, obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             return self.net.greedy(torch.as_tensor(np.asarray(obs, np.float32)).reshape(1, -1))[0].numpy()
@@ -94,6 +107,7 @@ class OversubPolicy:
         return chosen if floor is None else self.shield.apply(chosen, floor)
 
     def decide(self, observation_vec, state=None, *, mask=None, deterministic: bool = True):
+        self.check_observation(observation_vec)
         a = self.action_indices(observation_vec)
         rates = self.action_values[a]
         if self.shield is not None:   # the observation ends with the floor or forecast (features.observation)

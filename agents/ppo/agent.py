@@ -47,6 +47,8 @@ class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
     def __init__(self, feature_names=OBSERVATION_NAMES, action_mode="paper", type_names=("S", "M", "L"),
                  params=None, net: LstmActorCritic | None = None, obs_rms: RunningMeanStd | None = None, **kw):
         check_action_mode(self.kind, action_mode)
+        if not tuple(type_names):  # no VM type leaves no action head: decide failed with an IndexError
+            raise ValueError(f"{self.kind}: type_names must name at least one VM type")
         check_param_keys(self.kind, params or {}, PARAMS)
         p = {"lstm_hidden": 128, **(params or {})}
         number_param(self.kind, "lstm_hidden", p["lstm_hidden"], low=1, whole=True)
@@ -86,6 +88,30 @@ class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
     def reset_state(self, state, mask):
         h, c, start = state
         return h, c, start | np.asarray(mask, dtype=bool)
+
+    def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
+        """The Policy protocol's one decision, refusing a vector act() cannot use: one NaN would
+        make every later decision of this session NaN too (the LSTM state keeps it), and the
+        argmax of NaN probabilities is action 0, "remove" of every type in per-type mode."""
+        from samm.plan.dataplane import InvalidInput
+
+        if not isinstance(observation, dict):
+            x = np.asarray(observation, dtype=np.float64).reshape(-1)
+            if x.size != len(self.feature_names):
+                raise InvalidInput("observation", f"{x.size} values, the policy reads {len(self.feature_names)} "
+                                                  f"({', '.join(self.feature_names)})")
+            observation = dict(zip(self.feature_names, x.tolist()))
+        missing = [f for f in self.feature_names if f not in observation]
+        if missing:
+            raise InvalidInput("observation", f"missing {missing}")
+        for name in self.feature_names:
+            try:
+                finite = np.isfinite(float(observation[name]))
+            except (TypeError, ValueError):
+                finite = False
+            if not finite:
+                raise InvalidInput(f"observation.{name}", f"must be a finite number, got {observation[name]!r}")
+        return super().decide(observation, state, mask=mask, deterministic=deterministic)
 
     def _prep(self, features) -> np.ndarray:
         x = np.asarray(features, dtype=np.float64)
