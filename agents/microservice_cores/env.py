@@ -80,6 +80,9 @@ class MicroserviceCoresEnv(gym.Env):
                  episode_steps: int = EPISODE_S, warmup: int = WARMUP_S, action_space: str = "cap",
                  observe_queue: bool = False, headroom_ceiling=None):
         self.topo = app if isinstance(app, Topology) else load_topology(app)
+        if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 1:
+            # the first observation is the warm-up's last second
+            raise ValueError(f"warmup must be a whole number of seconds >= 1, not {warmup!r}")
         self.M = self.topo.n_services
         self.k = k
         self.episode_steps = episode_steps
@@ -123,6 +126,8 @@ class MicroserviceCoresEnv(gym.Env):
         return obs, {"users": float(users)}
 
     def step(self, action):
+        if self.sim is None:
+            raise RuntimeError("call reset() before step(): the episode has not started")
         cores = self.cores_of(action)
         st = self.sim.step(cores[None])
         reward = float(reward_of(st.p99_ms, self.topo.qos_ms, cores[None], self.topo.caps)[0])

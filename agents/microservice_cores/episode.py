@@ -95,6 +95,7 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
     the load, benchmarks/reclaimer_load_steps.py; the experiment's episodes keep theirs); (t, users,
     ramp_s): the change spread evenly over ramp_s seconds from t."""
     seeds = list(seeds)
+    _check_protocol(seeds, steps, warmup)
     E = len(seeds)
     kwargs = {"samples": samples} if samples else {}
     sim = MicroserviceSim(topo, n_envs=E, seed=int(np.random.SeedSequence(seeds).generate_state(1)[0]), **kwargs)
@@ -142,6 +143,17 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
                           failures=fail[:, e], qos_ms=topo.qos_ms,
                           extra={"throttled_mean": dict(zip(topo.service_names, throttled[:, e].mean(axis=0).tolist()))})
             for e in range(E)]
+
+
+def _check_protocol(seeds: list, steps, warmup) -> None:
+    """Refuse by name what would otherwise fail deep in the run: no copy to stack, no control
+    second to score (the figures of an empty series), or no warm-up second for the first decision
+    to see."""
+    if not seeds:
+        raise ValueError("seeds must name at least one episode")
+    for name, value in (("steps", steps), ("warmup", warmup)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a whole number of seconds >= 1, not {value!r}")
 
 
 class BatchController(Protocol):

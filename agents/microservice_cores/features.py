@@ -114,6 +114,9 @@ class FrameStack:
 
     def __init__(self, n_envs: int, n_services: int, k: int = 5, id_width: int | None = None,
                  queue: bool = False):
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            # no frame would leave the "usage" base (the mean over the frames) NaN
+            raise ValueError(f"k must be a whole number of stacked seconds >= 1, not {k!r}")
         self.E, self.M, self.k = n_envs, n_services, k
         self.id_width = id_width or n_services
         if self.id_width < n_services:

@@ -115,6 +115,8 @@ class MicroserviceSim:
         self.E = int(n_envs)
         self.M = topology.n_services
         self.K = int(samples)
+        if self.K < 1:
+            raise ValueError(f"samples must be at least 1 request drawn per second, not {samples!r}")
         self.rng = np.random.default_rng(seed)
         specs = list(topology.services.values())
         self.cpu_s = topology.cpu_seconds                                   # mean CPU seconds per call
@@ -136,10 +138,7 @@ class MicroserviceSim:
         self._visits_mean = topology.mean_visits()
         self.mix = topology.mix
         self._fanout = self._children_per_call()
-        # stratified samples per request type (at least one of each type with weight)
-        k = np.floor(self.mix * self.K).astype(int)
-        k[np.argmax(self.mix)] += self.K - k.sum()
-        self.k_per_type = k
+        self.k_per_type = _stratified(self.mix, self.K)
         self.per_request = topology.percentiles_over == "requests"
         self.chain = topology.throttle_chain
         self.burst = topology.cfs_burst
@@ -169,20 +168,35 @@ class MicroserviceSim:
 
     # -- episode control ---------------------------------------------------------------------
     def reset(self, users) -> None:
-        self.users = np.broadcast_to(np.asarray(users, dtype=np.float64), (self.E,)).copy()
+        self.users = self._checked_users(users)
         self.limit = np.tile(self.caps, (self.E, 1))
         self.backlog = np.zeros((self.E, self.M))
         self.mean_latency = np.full(self.E, self.hop * 4)
         self.t = 0
 
     def set_users(self, users) -> None:
-        self.users = np.broadcast_to(np.asarray(users, dtype=np.float64), (self.E,)).copy()
+        self.users = self._checked_users(users)
+
+    def _checked_users(self, users) -> np.ndarray:
+        """Each copy's users (E,): a negative, NaN or infinite count would only fail later, deep in
+        the Poisson draw ("lam value too large"), so it is refused here by name."""
+        out = np.broadcast_to(np.asarray(users, dtype=np.float64), (self.E,)).copy()
+        if not np.all(np.isfinite(out) & (out >= 0)):
+            raise ValueError(f"users must be finite and >= 0, not {np.asarray(users).tolist()!r}")
+        return out
+
+    def _limits_of(self, cores) -> np.ndarray:
+        """The CPU limits (E, M) of a second: a NaN core count (a controller that could not decide)
+        keeps the limit in force, since one NaN would turn the backlog, the latency and the next
+        second's load into NaN for the rest of the episode; floored at 1e-3 core."""
+        cores = np.asarray(cores, dtype=np.float64).reshape(self.E, self.M)
+        return np.clip(np.where(np.isnan(cores), self.limit, cores), 1e-3, None)
 
     # -- one second --------------------------------------------------------------------------
     def step(self, cores: np.ndarray) -> "SimStep":
         rng = self.rng
         E, M = self.E, self.M
-        limit = np.clip(np.asarray(cores, dtype=np.float64).reshape(E, M), 1e-3, None)
+        limit = self._limits_of(cores)
         self.limit = limit
         # 1. closed-loop load
         rate = self.users / (self.think + self.mean_latency)                     # (E,)
@@ -327,6 +341,21 @@ class MicroserviceSim:
             out[:, col:col + k] = node_lat[-1]
             col += k
         return out
+
+
+def _stratified(mix: np.ndarray, samples: int) -> np.ndarray:
+    """Draws per request type: its share of `samples` rounded down, the rest to the commonest type,
+    and at least one for every type while the draws go round (a type under 1/samples of the mix
+    would otherwise never be drawn: its latency never measured, its requests never in the
+    percentiles over a second's own requests), taken from the commonest type."""
+    k = np.floor(mix * samples).astype(int)
+    top = int(np.argmax(mix))
+    k[top] += samples - k.sum()
+    short = k < 1
+    if short.any() and samples >= len(k) and k[top] - short.sum() >= 1:
+        k[top] -= short.sum()
+        k[short] = 1
+    return k
 
 
 def _masked_percentiles(x: np.ndarray, valid: np.ndarray, q) -> np.ndarray:

@@ -37,10 +37,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TOPOLOGY_DIR = Path(__file__).parent / "topologies"
+#: the most concurrent calls of one service: the simulator's Erlang C recursion runs to it
+#: in compiled 64-bit integers
+MAX_WORKERS = 1_000_000
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf passes gt=0 and would reach the simulator as a NaN mix or an infinite CPU time
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ServiceSpec(_Strict):
@@ -48,7 +52,7 @@ class ServiceSpec(_Strict):
     overhead_ms: float = Field(default=0.0, ge=0, description="CPU per call beyond cpu_ms that a real "
                                "implementation spends anyway (its RPC/HTTP stack); the simulator adds it, "
                                "the testbed's services do not burn it on purpose")
-    workers: int = Field(default=32, ge=1, description="concurrent calls the service can serve")
+    workers: int = Field(default=32, ge=1, le=MAX_WORKERS, description="concurrent calls the service can serve")
     cap: float = Field(gt=0, description="u^(i): the most cores the service may get")
     kind: Literal["logic", "cache", "db", "frontend"] = "logic"
     rss_mb: float = Field(default=60.0, ge=0, description="resident memory at rest")
@@ -107,6 +111,15 @@ class Topology(_Strict):
         if not 0 < v[0] <= v[1]:
             raise ValueError("users must be [low, high] with 0 < low <= high")
         return v
+
+    @model_validator(mode="after")
+    def _timeout_beyond_qos(self):
+        # failed requests count at the timeout (sim.py), so a timeout within the target would score
+        # a second whose requests all failed as meeting it
+        if self.timeout_s * 1000.0 <= self.qos_ms:
+            raise ValueError(f"timeout_s ({self.timeout_s:g} s) must exceed the QoS target ({self.qos_ms:g} ms): "
+                             "a failed request counts at the timeout and could never break a longer target")
+        return self
 
     @model_validator(mode="after")
     def _calls_known(self):
@@ -187,9 +200,11 @@ def load_topology(name_or_path: str | Path, _within: tuple = ()) -> Topology:
             known = sorted(f.stem for f in TOPOLOGY_DIR.glob("*.yaml"))
             raise ValueError(f"unknown application {str(name_or_path)!r} (known: {', '.join(known)})")
     try:
-        data = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"{p}: cannot read topology ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{p}: cannot read topology (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ValueError(f"{p}: a topology must be a YAML mapping")
     base = data.pop("extends", None)
@@ -203,4 +218,27 @@ def load_topology(name_or_path: str | Path, _within: tuple = ()) -> Topology:
         if where.suffix and not where.is_absolute():
             where = p.parent / where
         data = {**load_topology(where if where.suffix else base, _within + (here,)).model_dump(mode="json"), **data}
-    return Topology.model_validate(data)
+    try:
+        return Topology.model_validate(data)
+    except RecursionError:
+        raise ValueError(f"{p}: a request's calls are nested too deeply") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping: YAML keeps the last silently, so a
+    service defined twice would run with the second definition's numbers unnoticed."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":   # `<<: *base` then its own keys override
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)):   # an unhashable key: SafeLoader names it
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
