@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.instances < 1 or args.repeats < 1:  # no series to render, or a median of no timings
+        ap.error("--instances and --repeats must be at least 1")
 
     g = LocalGraphite(tempfile.mkdtemp(prefix="samm-render-"), retentions="10s:6h,1m:7d").start()
     try:

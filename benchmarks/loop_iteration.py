@@ -43,6 +43,7 @@ import functools
 import json
 import os
 import platform
+import re
 import sys
 import tempfile
 import threading
@@ -392,6 +393,11 @@ def main() -> None:
         ap.error(f"--sizes: each size must be at least {len(GROUPS)} (one instance per group)")
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
+    if not args.graphite_timeout > 0:  # the daemon config's graphite.timeout_s refuses it after Graphite starts
+        ap.error(f"--graphite-timeout must be > 0, got {args.graphite_timeout}")
+    # carbon's schema, e.g. 10s:6h,1m:7d; a bad one only shows as carbon-cache failing to start
+    if not re.fullmatch(r"\d+[smhdwy]?:\d+[smhdwy]?(,\d+[smhdwy]?:\d+[smhdwy]?)*", args.retentions):
+        ap.error(f"--retentions must be carbon's PRECISION:RETENTION[,...] (e.g. 10s:6h,1m:7d), got {args.retentions!r}")
 
     import logging
 

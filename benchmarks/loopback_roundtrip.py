@@ -75,6 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.trips < 1 or args.repeats < 1:  # a mean over no trips, or no rows at all
+        ap.error("--trips and --repeats must be at least 1")
     runs = {"tcp": [], "unix": []}
     for _ in range(args.repeats):  # interleaved, so drift hits both alike
         for kind in runs:

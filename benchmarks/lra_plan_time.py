@@ -34,6 +34,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--predictor", choices=["forest", "synthetic"], default="forest")
     args = parser.parse_args(argv)
+    if min(args.seeds) < 0:  # numpy's generators take no negative seed
+        parser.error(f"--seeds must be non-negative integers, got {min(args.seeds)}")
 
     predictor = make_predictor(args.predictor, SLOTS)
     n_apps = len(predictor.app_names)

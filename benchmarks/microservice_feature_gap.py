@@ -64,12 +64,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from agents.microservice_cores.policy import ReclaimerPolicy, shipped_policy
-    from samm.testbed.microservices.run import MicroservicesRunOptions, run_microservices
+    from samm.testbed.microservices.run import MicroservicesRunOptions, check_options, run_microservices
 
-    policy = ReclaimerPolicy.load(args.policy) if args.policy else shipped_policy("testbed")
+    options = MicroservicesRunOptions(agent="reclaimer", users=args.users, seconds=args.seconds, out_dir=args.out,
+                                      plots=False)
+    # every refusal before the containers start, as one line naming the option
+    try:
+        check_options(options)
+        policy = ReclaimerPolicy.load(args.policy) if args.policy else shipped_policy("testbed")
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
+    if not 0 <= args.skip < args.seconds:  # no row left to compare
+        ap.error(f"--skip must be in 0..{args.seconds - 1} (below --seconds), not {args.skip}")
     rec = RecordingController(policy)
-    result = run_microservices(MicroservicesRunOptions(agent="reclaimer", users=args.users, seconds=args.seconds,
-                                                       out_dir=args.out, plots=False), controller=rec)
+    result = run_microservices(options, controller=rec)
     rows = np.array(rec.rows[args.skip:])
     norm = policy.agent.norm
     gap = feature_gap(rows, norm.mean.numpy()[:ROW], norm.std.numpy()[:ROW])

@@ -20,12 +20,19 @@ def main(argv=None) -> int:
     ap.add_argument("--envs", nargs="*", type=int, default=[1, 8, 16])
     ap.add_argument("--seconds", type=int, default=300, help="simulated seconds per copy")
     args = ap.parse_args(argv)
+    if args.seconds < 1 or not args.envs or min(args.envs) < 1:  # a rate over no steps reads as 0 steps/s
+        ap.error("--seconds and every --envs must be at least 1")
     from agents.microservice_cores.sim import MicroserviceSim
     from agents.microservice_cores.topology import load_topology
 
+    try:
+        topos = {app: load_topology(app) for app in args.apps}
+    except (ValueError, OSError) as exc:
+        ap.error(f"--apps: {exc}")
+
     out = {"cpu_count": os.cpu_count()}
     for app in args.apps:
-        topo = load_topology(app)
+        topo = topos[app]
         for E in args.envs:
             sim = MicroserviceSim(topo, n_envs=E, seed=0)
             sim.reset(np.linspace(*topo.users, E))

@@ -191,8 +191,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from samm.cli.seeds import parse_seeds
     agents = [x for x in a.agents.split(",") if x]
-    levels = [int(x) for x in a.users.split(",") if x]
-    seeds = parse_seeds(a.sim_seeds)
+    try:  # before the output folder is made and the first run starts
+        levels = [int(x) for x in a.users.split(",") if x]
+        seeds = parse_seeds(a.sim_seeds)
+    except ValueError as exc:
+        ap.error(f"--users / --sim-seeds: {exc}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     prior = {}

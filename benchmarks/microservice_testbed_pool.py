@@ -178,7 +178,14 @@ def main(argv=None) -> int:
     ap.add_argument("--machine", default=None, help="keep only runs on these machines (comma-separated)")
     ap.add_argument("--json", default=None, help="write the figures here")
     a = ap.parse_args(argv)
-    runs = load_runs(a.runs)
+    try:
+        users = [int(u) for u in a.users.split(",")]
+    except ValueError:
+        ap.error(f"--users must be comma-separated whole numbers, got {a.users!r}")
+    try:
+        runs = load_runs(a.runs)
+    except (OSError, ValueError) as e:
+        ap.error(f"--runs {a.runs}: {e}")
     for spec in a.summary:
         label, sep, folder = spec.partition("=")
         if not sep or not label:
@@ -187,10 +194,15 @@ def main(argv=None) -> int:
             runs.append(run_from_summary(label, folder))
         except (OSError, KeyError, ValueError) as e:
             ap.error(f"--summary {spec}: {e!r}")
+    # a misspelt method otherwise prints an empty table and exits 0 (checked before --machine, which may leave a
+    # baseline without runs on purpose)
+    missing = [m for m in [a.method, *a.baselines.split(",")] if m not in {r.method for r in runs}]
+    if missing:
+        ap.error(f"no runs of method {missing[0]!r} (known: {', '.join(sorted({r.method for r in runs}))})")
     if a.machine:
         keep = set(a.machine.split(","))
         runs = [r for r in runs if r.machine in keep or r.session == "new"]
-    text, out = report(runs, a.method, a.baselines.split(","), [int(u) for u in a.users.split(",")])
+    text, out = report(runs, a.method, a.baselines.split(","), users)
     print(text)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))

@@ -85,8 +85,14 @@ def main(argv=None) -> int:
     ap.add_argument("--copies", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
-    overrides = json.loads(a.topology)
-    topo = Topology(**{**load_topology("testbed").model_dump(), **overrides})
+    try:  # a bad --topology as one line (pydantic names the field)
+        overrides = json.loads(a.topology)
+        topo = Topology(**{**load_topology("testbed").model_dump(), **overrides})
+    except (ValueError, TypeError) as exc:
+        ap.error(f"--topology: {' '.join(str(exc).split())[:300]}")
+    missing = [d for d in a.runs if not (Path(d) / "steps.csv").is_file()]
+    if missing:  # before the first replay, not after the others
+        ap.error(f"{missing[0]}: no steps.csv (not a testbed run's folder)")
     services = topo.service_names
     print("| run | users | real q90 / q99 / q99.5 (ms), violating | replayed | throttled share real / model θ |")
     print("|---|---:|---|---|---|")

@@ -79,11 +79,23 @@ def main(argv=None) -> int:
     qos = base["qos_ms"]
     fit = [m for m in a.fit.split(",") if m]
     check = [m for m in a.check.split(",") if m]
-    users = [int(u) for u in a.users.split(",")]
+    # every refusal before the first twin runs (minutes), as one line naming the option
+    try:
+        users = [int(u) for u in a.users.split(",")]
+        chains = [float(c) for c in a.chains.split(",")]
+    except ValueError as exc:
+        ap.error(f"--users and --chains must be comma-separated numbers: {exc}")
+    if min(users) < 1 or a.seeds < 1:
+        ap.error("--users and --seeds must be at least 1")
+    for method in fit + check:
+        try:
+            twin_controllers(method, Topology(**base))
+        except (ValueError, OSError) as exc:
+            ap.error(f"--fit/--check {method}: {exc}")
     seeds = list(range(a.seeds))
     candidates = [("before (draws)", BEFORE)] + [
-        (f"chain {float(c):g}", {"percentiles_over": "requests", "throttle_chain": float(c), "jitter_p": a.jitter_p,
-                          "jitter_ms": a.jitter_ms}) for c in a.chains.split(",")]
+        (f"chain {c:g}", {"percentiles_over": "requests", "throttle_chain": c, "jitter_p": a.jitter_p,
+                          "jitter_ms": a.jitter_ms}) for c in chains]
     rows = []
     print("| twin | method | users | mean cores | p99 q90 / q99 / q99.5 (ms) | violating | real q90 / q99 / q99.5 | real violating |")
     print("|---|---|---:|---:|---|---:|---|---:|")

@@ -49,6 +49,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if not (args.rate > 0 and args.seconds > 0 and args.rate * args.seconds >= 1):  # no request to time
+        ap.error("--rate and --seconds must be > 0 and make at least one request")
     name = args.agent.partition("=")[0]
     reqs = bodies(args.eligible, 200)
     proc, url, port = start_samm_serve(["--agent", args.agent])

@@ -40,6 +40,9 @@ def main(argv=None) -> int:
     if not 0.0 < args.tune_alpha < 1.0:
         print(f"error: --tune-alpha must lie in (0, 1), not {args.tune_alpha}", file=sys.stderr)
         return 2
+    if args.test_episodes < 1 or args.tune_episodes < 1:  # else every rule reads as safe on no episode
+        print("error: --test-episodes and --tune-episodes must be at least 1", file=sys.stderr)
+        return 2
     case = cases[args.case]
     setting = get_setting(case.setting)
     trace = generate_trace(setting, args.trace_seed)

@@ -42,8 +42,17 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=6, help="episodes per kind with --policy")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.episodes < 1:  # a mean over no episode
+        ap.error("--episodes must be at least 1")
+    # every refusal before the trace is generated, as one line naming the option
+    try:
+        setting = get_setting(args.setting)
+        if args.policy:
+            from agents.oversubscription.policy import OversubPolicy
 
-    setting = get_setting(args.setting)
+            policy = OversubPolicy.load(args.policy)
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     trace = generate_trace(setting, args.trace_seed)
     out = {"command": "python " + " ".join(sys.argv),
            "blocks": {"train": block_stats(trace.train_workload(), setting),
@@ -51,9 +60,6 @@ def main() -> None:
     for name, row in out["blocks"].items():
         print(f"{name:8s} {row}", file=sys.stderr)
     if args.policy:
-        from agents.oversubscription.policy import OversubPolicy
-
-        policy = OversubPolicy.load(args.policy)
         n = args.episodes
         kinds = {f"test{b}": [trace.test_workload(b, 100 + i) for i in range(n)] for b in range(trace.n_test_blocks)}
         kinds["train_redrawn"] = [trace.train_redrawn(7000 + i) for i in range(n)]

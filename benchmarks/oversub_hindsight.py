@@ -99,7 +99,12 @@ def main(argv=None) -> int:
                     help="AGG:STAT pairs: how a step's VMs combine (max, mean) : which usage statistic")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    setting = get_setting(args.setting)
+    if args.episodes < 1:  # a rate over no episode
+        ap.error("--episodes must be at least 1")
+    try:
+        setting = get_setting(args.setting)
+    except ValueError as exc:
+        ap.error(str(exc))
     trace = generate_trace(setting, args.trace_seed)
     tests = [trace.test_workload(i, s) for i, s in test_specs(trace, args.episodes, False)]
     out = {"setting": setting.name, "alpha": args.alpha, "episodes": args.episodes, "rows": []}

@@ -68,7 +68,12 @@ def main(argv=None) -> int:
     ap.add_argument("--trace-seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    policy = OversubPolicy.load(args.policy)
+    if args.episodes < 1:  # a rate over no episode
+        ap.error("--episodes must be at least 1")
+    try:
+        policy = OversubPolicy.load(args.policy)
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     s = policy.setting
     trace = generate_trace(s, args.trace_seed)
     e = range(args.episodes)

@@ -46,6 +46,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: session 52 saw two beside trainings run about 10x slower)")
     args = p.parse_args(argv)
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        p.error(f"--seeds: {e}")
+    if args.test_episodes < 1:  # a verdict over no episode
+        p.error("--test-episodes must be at least 1")
     import torch
 
     torch.set_num_threads(max(1, args.threads))
@@ -55,9 +61,12 @@ def main(argv=None) -> int:
     setting = get_setting(case.setting)
     trace = generate_trace(setting, args.trace_seed)
     specs = test_specs(trace, args.test_episodes, case.warm)
-    for seed in parse_seeds(args.seeds):
+    for seed in seeds:
         saved = root / policy_name(case, args.alpha, seed)
-        policy, seconds = load_run_policy(saved, case, args.alpha, seed, args.trace_seed)
+        try:
+            policy, seconds = load_run_policy(saved, case, args.alpha, seed, args.trace_seed)
+        except (ValueError, OSError) as e:  # a missing or foreign policy folder
+            p.error(str(e))
         kept = kept_episode(policy)
         validated = {h["episode"]: h for h in policy.training.get("validation", {}).get("history", [])}
         if args.votes:

@@ -53,12 +53,21 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", nargs="*", default=[])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    setting = get_setting(args.setting)
+    if args.episodes < 1:  # a rate over no episode
+        ap.error("--episodes must be at least 1")
+    try:
+        setting = get_setting(args.setting)
+    except ValueError as exc:
+        ap.error(str(exc))
+    try:  # before the trace and the rules' runs, not after them
+        saved = [_Saved(d) for d in args.policies]
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     trace = generate_trace(setting, args.trace_seed)
     prior = replay_usage_history(setting, trace.train_workload())
     tests = [trace.test_workload(i, s) for i, s in test_specs(trace, args.episodes, False)]
     rules = [NSigmaRule(setting.n_subscribers, n=2.0, window=24, headroom=h, prior=prior) for h in args.headrooms]
-    rules += [_Saved(d) for d in args.policies]
+    rules += saved
     rows = []
     for rule in rules:
         t0 = time.perf_counter()

@@ -23,6 +23,10 @@ def main(argv=None) -> int:
     from agents.oversubscription.settings import SETTINGS
     from agents.oversubscription.sim import OversubSim, run_episode
 
+    unknown = [name for name in args.settings if name not in SETTINGS]
+    if args.episodes < 1 or unknown:  # no episode to time, or a KeyError after minutes of others
+        ap.error(f"--episodes must be at least 1 and --settings among {sorted(SETTINGS)}")
+
     out = {}
     for name in args.settings:
         s = SETTINGS[name]

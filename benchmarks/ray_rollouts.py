@@ -49,7 +49,12 @@ def main() -> None:
     ap.add_argument("--address", default="local", help="Ray: local (a cluster in this process), auto, or an address")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    cases = [int(w) for w in args.workers.split(",")]
+    try:
+        cases = [int(w) for w in args.workers.split(",")]
+    except ValueError:
+        ap.error(f"--workers must be comma-separated whole numbers, got {args.workers!r}")
+    if min(cases) < 0 or args.envs < 1 or args.timesteps < 1:
+        ap.error("--workers must be >= 0, --envs and --timesteps >= 1")
     if any(cases):
         from sim_bridge.ray_batch import connect
 

@@ -49,14 +49,18 @@ def main(argv=None) -> int:
     p.add_argument("--scales", default="1,0.95,0.92,0.9")
     p.add_argument("--seconds", type=int, default=FULL.steps, help="control seconds per episode (the experiment's)")
     args = p.parse_args(argv)
-    topo = load_topology(args.app)
-    policy = make_policy("reclaimer", args.policy, app=args.app)
-    seeds = parse_seeds(args.seeds)
+    try:  # a bad option as one line, before any episode
+        topo = load_topology(args.app)
+        policy = make_policy("reclaimer", args.policy, app=args.app)
+        seeds = parse_seeds(args.seeds)
+        scales = [float(x) for x in args.scales.split(",")]
+    except (ValueError, OSError) as exc:
+        p.error(str(exc))
     users = levels(topo, FULL.level_fractions)
     print(f"{args.app}, policy {policy.version}, seeds {args.seeds}; mean cores / violating seconds per level")
     print("| scale | " + " | ".join(f"{u:g} users" for u in users) + " | mean over levels |")
     print("|---|" + "---|" * (len(users) + 1))
-    for s in (float(x) for x in args.scales.split(",")):
+    for s in scales:
         cells, cores, viol = [], [], []
         for u in users:
             eps = run_episodes(topo, lambda i: ScaledPolicy(policy, s), u, seeds, steps=args.seconds)

@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--seconds", type=float, default=20.0)
     args = ap.parse_args(argv)
+    if not (args.rate > 0 and args.seconds > 0 and args.rate * args.seconds >= 1):  # no request to time
+        ap.error("--rate and --seconds must be > 0 and make at least one request")
     from agents.microservice_cores.control import AppLimits
     from agents.microservice_cores.policy import ReclaimerPolicy
     from agents.microservice_cores.sim import MicroserviceSim

@@ -47,8 +47,13 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", default="1,5", help="seconds of use averaged into the base")
     ap.add_argument("--seeds", default="1,2,3,4,5")
     a = ap.parse_args(argv)
-    topo = load_topology(a.app)
-    seeds = parse_seeds(a.seeds)
+    try:  # a bad option as one line, before the oracle's searches
+        topo = load_topology(a.app)
+        seeds = parse_seeds(a.seeds)
+        windows = [int(x) for x in a.windows.split(",")]
+        headrooms = [float(x) for x in a.headrooms.split(",")]
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     users = levels(topo, FULL.level_fractions)
     print(f"{a.app}: the static oracle's cores over use, per service (min / median / max), and its total")
     for u in users:
@@ -59,8 +64,8 @@ def main(argv=None) -> int:
         print(f"  {u:>7g} users: {r.total_cores:.2f} cores for {used.sum():.2f} used; "
               f"cores / use {np.min(ratio):.2f} / {np.median(ratio):.2f} / {np.max(ratio):.2f}")
     print("fixed headroom: mean cores / violating seconds per level, and the mean over levels")
-    for w in (int(x) for x in a.windows.split(",")):
-        for h in (float(x) for x in a.headrooms.split(",")):
+    for w in windows:
+        for h in headrooms:
             cells, means = [], []
             for u in users:
                 eps = run_episodes(topo, lambda i: FixedHeadroom(h, w), u, seeds)

@@ -81,7 +81,12 @@ def main(argv=None) -> int:
                    help="the search's violation target on its own seeds (static_search's default)")
     p.add_argument("--out", default=None, help="write the searched table and the results as JSON here")
     args = p.parse_args(argv)
-    topo = load_topology(args.app)
+    try:  # a bad option as one line, not after minutes of searching
+        topo = load_topology(args.app)
+        groups = [parse_seeds(g) for g in args.seeds.split(",")]
+        scales = [float(x) for x in args.scales.split(",")]
+    except (ValueError, OSError) as exc:
+        p.error(str(exc))
     lo, hi = topo.users
     grid = [round(lo + f * (hi - lo)) for f in SEARCH_FRACTIONS]
     t0 = time.time()
@@ -94,12 +99,11 @@ def main(argv=None) -> int:
         print(f"searched at {u} users: {r.cores.sum():.3f} cores, {100 * r.violation_rate:.2f} % violating on the "
               f"search seeds ({time.time() - t0:.0f} s)", flush=True)
     users = levels(topo, FULL.level_fractions)
-    groups = [parse_seeds(g) for g in args.seeds.split(",")]
     print(f"\n{args.app}: mean cores / violating seconds per level (the experiment's protocol)")
     print("| scale | seeds | " + " | ".join(f"{u:g} users" for u in users) + " | mean over levels | violating s |")
     print("|---|---|" + "---|" * (len(users) + 2))
     results = []
-    for s in (float(x) for x in args.scales.split(",")):
+    for s in scales:
         for seeds in groups:
             cells, cores, bad, total = [], [], 0, 0
             for u in users:

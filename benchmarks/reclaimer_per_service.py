@@ -30,7 +30,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--no-ceiling", action="store_true", help="the policy's weights without its headroom ceiling")
     a = ap.parse_args(argv)
-    pol = ReclaimerPolicy.load(a.policy or SHIPPED_DIR / f"reclaimer-{a.app}")
+    try:  # a missing policy (or --app without a shipped one) as one line
+        pol = ReclaimerPolicy.load(a.policy or SHIPPED_DIR / f"reclaimer-{a.app}")
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     env = MicroserviceCoresEnv(a.app, id_width=pol.cfg.id_width, action_space=pol.cfg.action_space,
                                headroom_ceiling=None if a.no_ceiling else pol.ceiling)
     obs, _ = env.reset(seed=a.seed, options={"users": a.users})

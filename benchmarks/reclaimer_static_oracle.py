@@ -30,10 +30,13 @@ def main(argv=None) -> int:
                     help="the largest share of violating seconds on the search seeds (default %(default)s)")
     ap.add_argument("--search-seeds", default="1001-1003", help="A-B or a comma list (default %(default)s)")
     a = ap.parse_args(argv)
-    topo = load_topology(a.app)
-    lo, hi = topo.users
-    users = [float(x) for x in a.users.split(",")] if a.users else [lo, (lo + hi) / 2, hi]
-    params = StaticSearchParams(max_violation=a.max_violation, seeds=tuple(parse_seeds(a.search_seeds)))
+    try:  # a bad option as one line, before any search
+        topo = load_topology(a.app)
+        lo, hi = topo.users
+        users = [float(x) for x in a.users.split(",")] if a.users else [lo, (lo + hi) / 2, hi]
+        params = StaticSearchParams(max_violation=a.max_violation, seeds=tuple(parse_seeds(a.search_seeds)))
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     totals = []
     print(f"{a.app}: search budget {a.max_violation:.2%} on seeds {params.seeds}")
     print(f"{'users':>7}{'cores':>8}{'search':>9}{'seeds 1-5':>11}{'seeds 6-10':>12}{'secs':>6}")

@@ -31,13 +31,17 @@ def main() -> None:
     from samm.cli.seeds import parse_seeds
     from agents.microservice_cores.validation import evaluate
 
-    topo = load_topology(args.app)
-    seeds = parse_seeds(args.seeds)
+    try:  # a bad option as one line, before the first policy's episodes
+        topo = load_topology(args.app)
+        seeds = parse_seeds(args.seeds)
+        specs = [spec.partition("=")[::2] for spec in args.policy]  # (name, path)
+        loaded = [(name, path, ReclaimerPolicy.load(path)) for name, path in specs]
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     started = time.time()
     rows = {}
-    for spec in args.policy:
-        name, _, path = spec.partition("=")
-        res = evaluate(ReclaimerPolicy.load(path), topo, seeds)
+    for name, path, policy in loaded:
+        res = evaluate(policy, topo, seeds)
         rows[name] = {"policy": path, "levels": res["levels"], "mean_cores": res["mean_cores"],
                       "violation_rate": res["violation_rate"]}
     ref = rows[args.policy[0].partition("=")[0]]["mean_cores"]

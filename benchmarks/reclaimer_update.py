@@ -84,6 +84,15 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.updates < 1 or args.repeats < 1:  # a time per update over none
+        ap.error("--updates and --repeats must be at least 1")
+    from agents.microservice_cores.topology import load_topology
+
+    try:  # an unknown app as one line, before the other apps' measurements
+        for app in args.apps.split(","):
+            load_topology(app)
+    except ValueError as exc:
+        ap.error(f"--apps: {exc}")
     rows = []
     for app in args.apps.split(","):
         base = None

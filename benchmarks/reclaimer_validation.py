@@ -54,7 +54,15 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the shipped recipes' 2)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    rows = [measure(app, tuple(parse_seeds(args.seeds)), args.threads) for app in args.apps.split(",")]
+    from agents.microservice_cores.topology import load_topology
+
+    try:  # a bad option as one line, before any measurement
+        seeds = tuple(parse_seeds(args.seeds))
+        for app in args.apps.split(","):
+            load_topology(app)
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
+    rows = [measure(app, seeds, args.threads) for app in args.apps.split(",")]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

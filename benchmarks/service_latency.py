@@ -99,6 +99,14 @@ def main() -> None:
     ap.add_argument("--sessions", default="50", help="Live sessions during the timed part; a comma list runs "
                                                       "one timed part per count (default 50).")
     args = ap.parse_args()
+    if not (args.rate > 0 and args.seconds > 0 and args.rate * args.seconds >= 1):  # no request to time
+        ap.error("--rate and --seconds must be > 0 and make at least one request")
+    try:  # before the service starts, not after its first timed part
+        sessions = [int(c) for c in args.sessions.split(",")]
+    except ValueError:
+        ap.error(f"--sessions must be comma-separated whole numbers, got {args.sessions!r}")
+    if min(sessions) < 1:
+        ap.error("--sessions must be at least 1")
 
     import httpx
 
@@ -135,7 +143,7 @@ def main() -> None:
         for i in range(min(200, n)):  # warm-up
             decide("warm", obs[i])
         rest = {}
-        for count in [int(c) for c in args.sessions.split(",")]:
+        for count in sessions:
             tag = f"n{count}-"
             for j in range(count):  # every session live before the clock starts
                 decide(f"{tag}{j}", obs[j % n])
