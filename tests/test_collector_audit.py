@@ -107,6 +107,15 @@ def test_collect_once_delivers_over_ipv6_loopback():
         "samm.groups.g.instances.i.cpu_percent", "samm.groups.g.instances.i.ram_used_gb", "samm.groups.g.instances.i.up"]
 
 
+def test_collect_once_fails_when_no_point_reached_carbon():
+    """`samm collect --once` against a dead carbon said "sent 1 report(s)" and exited 0: a cron
+    job or a probe could not tell."""
+    res = CliRunner().invoke(cli, ["collect", "--group", "g", "--instance", "i", "--once",
+                                   "--graphite", f"127.0.0.1:{dead_port()}"])
+    assert res.exit_code == 1 and "3 point(s) dropped" in res.output, res.output
+    assert "error: no point reached carbon at 127.0.0.1:" in res.output
+
+
 def test_sender_skips_values_and_timestamps_out_of_range_instead_of_raising():
     sender = GraphiteSender("127.0.0.1", dead_port())
     sender.send("a.big", 10 ** 400, time.time())  # beyond float: OverflowError used to escape

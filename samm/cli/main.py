@@ -23,9 +23,10 @@ def _learner_choices() -> list[str]:
     return learner_names()
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str, code: int = 2) -> None:
+    """One line on stderr and the exit status: 2 for bad usage, 1 for a failure of the work."""
     click.echo(f"error: {msg}", err=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def _one_line(exc: Exception, whole: str, fields: dict[str, str] | None = None) -> str:
@@ -1359,6 +1360,8 @@ def collect(graphite_addr, prefix, group, instance, interval, cores, pid, once, 
         if in_main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     click.echo(f"sent {n} report(s) for {group}/{instance} to {host}:{port} ({sender.dropped} point(s) dropped)", err=True)
+    if once and sender.sent == 0:  # a one-shot check (cron, a probe) must fail when nothing arrived
+        _fail(f"no point reached carbon at {host}:{port}", code=1)
 
 
 @cli.command("run")
