@@ -217,3 +217,34 @@ def test_lra_load_refuses_nan_weights_instead_of_placing_everything_on_node_0(tm
     torch.save(payload, d / "policy.pt")
     with pytest.raises(ValueError, match=r"policy\.pt: out\.bias holds NaN"):
         PlacementPolicy.load(d)
+
+
+# -- sampled decisions replay after a restart ---------------------------------------------------------
+def test_sampled_decisions_of_reclaimer_and_lra_replay_in_a_fresh_policy_and_leave_torch_alone():
+    """deterministic=False drew from torch's global generator (Reclaimer) and an unseeded numpy one
+    (LRA): the same requests to a restarted service were answered differently."""
+    import torch
+
+    from agents.registry import make_policy
+
+    def draws(policy, obs):
+        out = []
+        for _ in range(3):
+            decision, _ = policy.decide(obs, policy.initial_state(), deterministic=False)
+            out.append(np.asarray(decision.action, dtype=float).round(6).tolist())
+        return out
+
+    reclaimer = make_policy("reclaimer")
+    obs = np.full(reclaimer.observation_space.shape, 0.5, np.float32)
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    first = draws(reclaimer, obs)
+    assert torch.rand(1) == before  # the global generator (training's) was not consumed
+    assert draws(make_policy("reclaimer"), obs) == first
+    assert len({str(x) for x in first}) > 1  # still sampled, not the mean action
+
+    from agents.lra_placement.policy import SHIPPED_DIR, PlacementPolicy
+
+    lra = PlacementPolicy.load(SHIPPED_DIR)
+    assert draws(lra, lra.probe_observation()) == draws(PlacementPolicy.load(SHIPPED_DIR), lra.probe_observation())

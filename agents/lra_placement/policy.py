@@ -118,6 +118,9 @@ class PlacementPolicy:
         self._np = scorer.numpy_weights()
         self._table = None
         self._features = None
+        # sampled decisions (deterministic=False) draw from the policy's own stream: a service
+        # restarted and asked the same questions answers the same (an unseeded draw did not)
+        self._sample_rng = np.random.default_rng(0)
 
     @property
     def n_apps(self) -> int:
@@ -173,6 +176,15 @@ class PlacementPolicy:
         node, _ = self._decide(observation, mask, deterministic, rng)
         return node
 
+    def probe_observation(self) -> dict:
+        """A valid observation for an upload's test decision: a sample of the space is never one-hot
+        in `app`, so every uploaded placement policy failed its test decision."""
+        app = np.zeros(len(self.app_names), np.float32)
+        app[0] = 1.0
+        remaining = app.copy()
+        return {"app": app, "counts": np.zeros((self.n_nodes, len(self.app_names)), np.float32),
+                "remaining": remaining}
+
     def decide(self, observation: dict, state=None, *, mask=None, deterministic: bool = True):
         """The platform's Policy protocol: (Decision(action=node), state)."""
         from agents.policy import Decision
@@ -215,7 +227,7 @@ class PlacementPolicy:
         if deterministic:
             node = int(np.argmax(z))
         else:
-            rng = rng if rng is not None else np.random.default_rng()
+            rng = rng if rng is not None else self._sample_rng
             node = int(rng.choice(len(p), p=p))
         info["probability"] = round(float(p[node]), 6)
         return node, info

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from gymnasium import spaces
 
 from agents.policy import Decision, load_torch_weights, one_line, save_torch_policy
@@ -67,6 +68,9 @@ class ReclaimerPolicy:
         self._stack: FrameStack | None = None
         self._memory: CeilingMemory | None = None
         self._prev = np.ones(topo.n_services)
+        # seeds of sampled decisions (deterministic=False): the policy's own stream, so a restarted
+        # service replays its draws; torch's global generator (training's) is left untouched
+        self._sample_seeds = np.random.default_rng(0)
 
     def fork(self) -> "ReclaimerPolicy":
         """The same network with its own frame stack (one per controlled application)."""
@@ -194,7 +198,12 @@ class ReclaimerPolicy:
         """One decision on a whole observation; with a stateful ceiling, `state` is its memory of the
         caller's earlier observations (None: the first), returned updated."""
         obs = self.checked_observation(observation)[None]
-        a = self.agent.act(obs, deterministic=deterministic)[0]
+        if deterministic:
+            a = self.agent.act(obs, deterministic=True)[0]
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(self._sample_seeds.integers(2**62)))
+                a = self.agent.act(obs, deterministic=False)[0]
         memory = self.remember(state, obs)
         cores = self.cores(a, obs[0], memory)
         return Decision(action=[float(x) for x in a],
