@@ -92,7 +92,8 @@ def make_engine(url: str | URL, *, foreign_keys: bool = True, busy_timeout_s: fl
             raise KnowledgeError(f"cannot create the directory of the SQLite database {path}: {exc.strerror}") from None
     kwargs: dict = {"connect_args": {"timeout": busy_timeout_s}}
     if is_memory_sqlite(u):
-        # every connection to :memory: is a new, empty database: share one (single-threaded use)
+        # every connection to :memory: is a new, empty database: share one (KnowledgeStore
+        # serialises its use across threads)
         kwargs.update(poolclass=StaticPool, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
     engine = create_engine(u, **kwargs)
     busy_ms = int(busy_timeout_s * 1000)

@@ -23,6 +23,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.engine import URL
 
@@ -48,6 +49,14 @@ def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None, f"no migrations under {MIGRATIONS_DIR}"
     return head
+
+
+def known_revision(revision: str) -> bool:
+    """Whether `revision` is one of this SAMM's migrations (a newer SAMM's is not)."""
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
 
 
 @contextmanager

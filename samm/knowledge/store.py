@@ -19,8 +19,9 @@ JSON-safe by `to_json`: NaN and ±inf become None (with a warning naming where; 
 has no such numbers, PostgreSQL rejects them, SQLite would store an unreadable token), numpy
 scalars and arrays become Python numbers and lists, tuples become lists, dataclasses become
 dicts; any other object is stored as its `str()` with a warning. Free text (reasons, errors,
-action names) is stored alike on both databases: NUL characters (PostgreSQL refuses them) as
-`\\x00`, undecodable characters as backslash escapes, an action name over its column cut.
+action names, a decision's agent and policy version) is stored alike on both databases: NUL
+characters (PostgreSQL refuses them) as `\\x00`, undecodable characters as backslash escapes, a
+label over its column cut. A time that is NaN is refused (ValueError) on both.
 
 Errors: invalid arguments (an unknown status, say) raise ValueError; an unreachable or broken
 database raises KnowledgeError naming the operation and the URL (password hidden).
@@ -29,12 +30,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import contextlib
 import logging
 import math
+import os
+import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -53,6 +59,7 @@ from .models import (ACTION_STATUSES, DECISION_SOURCES, DEFAULT_LOOP, DEFAULT_PR
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_PG_POLICY_LOCK_SPACE = 0x53414D50  # "SAMP": advisory locks (space, agent) serialising activations
 
 
 # --- JSON -----------------------------------------------------------------------------------
@@ -126,6 +133,17 @@ def _finite_or_none(value: float | None, where: str) -> float | None:
         return value
     log.warning("%s=%s is not finite; stored as null", where, value)
     return None
+
+
+def _time(value: float, where: str) -> float:
+    """A time or duration in seconds for a NOT NULL float column. NaN is refused: SQLite would
+    store it as NULL (a constraint error, or a lease "held by someone else"), PostgreSQL as NaN,
+    which compares false with every time (a cool-down that never holds, a lease that never
+    expires). ±inf is kept: both databases store it and it compares as "never"/"always"."""
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{where} is NaN: a time must be a number of seconds")
+    return value
 
 
 def _check(value: str, allowed: tuple[str, ...], what: str) -> str:
@@ -245,6 +263,33 @@ def _record(cls: type[R], row: Base) -> R:
     return cls(**{f.name: getattr(row, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
 
+def _sqlite_access_hint(url: URL, exc: BaseException) -> str:
+    """Why SQLite could not open or write its file, when the file system says so: its own
+    message ("unable to open database file") names neither the file nor the cause. WAL mode
+    needs to create `-wal` and `-shm` files next to the database, even to read it."""
+    path = sqlite_path(url)
+    message = str(getattr(exc, "orig", None) or exc)
+    if path is not None and any(m in message for m in ("disk I/O error", "disk is full")):
+        return _free_space_hint(path)
+    if path is None or not any(m in message for m in ("unable to open", "readonly", "read-only")):
+        return ""
+    if path.exists() and not os.access(path, os.W_OK):
+        return f" (the file {path} is read-only; SAMM needs to write it, even to read it in WAL mode)"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        return (f" (its directory {path.parent} is not writable, a read-only file system say: SQLite needs "
+                "to create the -wal and -shm files there, even to read)")
+    return ""
+
+
+def _free_space_hint(path: Path) -> str:
+    """SQLite reports a full file system as "disk I/O error" when it cannot extend its -shm file."""
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return ""
+    return f" ({free} bytes free on the file system of {path.parent}: is it full?)"
+
+
 def _guarded(method: Callable[..., T]) -> Callable[..., T]:
     """Database failures leave as KnowledgeError naming the operation and the database."""
 
@@ -254,7 +299,8 @@ def _guarded(method: Callable[..., T]) -> Callable[..., T]:
             return method(self, *args, **kwargs)
         except SQLAlchemyError as exc:
             raise KnowledgeError(f"knowledge store {self.url}: {method.__name__} failed: "
-                                 f"{type(exc).__name__}: {getattr(exc, 'orig', None) or exc}") from exc
+                                 f"{type(exc).__name__}: {getattr(exc, 'orig', None) or exc}"
+                                 f"{_sqlite_access_hint(self._url, exc)}") from exc
 
     return wrapper
 
@@ -267,7 +313,8 @@ class KnowledgeStore:
     `migrate=True` upgrades the schema on open (safe with several processes: see
     `schema.migrate`); with `migrate=False` (read-only tools) a database that is not at the
     newest revision raises KnowledgeError instead of failing later on a missing table.
-    An in-memory SQLite URL works for single-threaded experiments only.
+    An in-memory SQLite URL (experiments: nothing survives the process) is one connection, which
+    the store's calls take one at a time.
     """
 
     def __init__(self, url: str | URL, *, migrate: bool = True, busy_timeout_s: float = 30.0,
@@ -279,6 +326,9 @@ class KnowledgeStore:
         # then written only while its lease holds, in the same transaction that checks it
         self.fence: Fence | None = None
         self.engine = make_engine(self._url, busy_timeout_s=busy_timeout_s)
+        # an in-memory database is one connection (StaticPool): two threads in it at once (the
+        # daemon's lease keeper and its loops) interleave transactions, or crash the process
+        self._one_at_a_time = threading.RLock() if is_memory_sqlite(self._url) else contextlib.nullcontext()
         # writers take SQLite's write lock at BEGIN (waiting up to the busy timeout): a
         # read-then-write transaction can then never fail on a lock upgrade
         self._write_bind = self.engine.execution_options(sqlite_begin="IMMEDIATE")
@@ -289,12 +339,18 @@ class KnowledgeStore:
                 schema.migrate(target)
             else:
                 at, head = schema.current_revision(target), schema.head_revision()
+                if at != head and at is not None and not schema.known_revision(at):
+                    # migrating cannot help here: only the newer SAMM that wrote it knows that revision
+                    raise KnowledgeError(f"knowledge store {self.url} is at schema revision {at}, unknown to this "
+                                         f"SAMM (it knows revisions up to {head}): a newer SAMM wrote it; read it "
+                                         "with that version")
                 if at != head:
                     raise KnowledgeError(f"knowledge store {self.url} is at schema revision {at}, not {head}: "
                                          "open it once with migrate=True (the daemon does)")
         except SQLAlchemyError as exc:
             self.engine.dispose()
-            raise KnowledgeError(f"knowledge store {self.url}: cannot open: {getattr(exc, 'orig', None) or exc}") from exc
+            raise KnowledgeError(f"knowledge store {self.url}: cannot open: {getattr(exc, 'orig', None) or exc}"
+                                 f"{_sqlite_access_hint(self._url, exc)}") from exc
         except CommandError as exc:  # e.g. a revision this SAMM does not know: a newer SAMM wrote it
             self.engine.dispose()
             raise KnowledgeError(f"knowledge store {self.url}: cannot migrate its schema ({exc}); a database "
@@ -347,16 +403,16 @@ class KnowledgeStore:
     @contextmanager
     def _write(self) -> Iterator[Session]:
         self._check_file()
-        with Session(self._write_bind) as session, session.begin():
+        with self._one_at_a_time, Session(self._write_bind) as session, session.begin():
             yield session
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
-        with Session(self.engine) as session, session.begin():
+        with self._one_at_a_time, Session(self.engine) as session, session.begin():
             yield session
 
     def _now(self, now: float | None) -> float:
-        return float(self.clock() if now is None else now)
+        return _time(self.clock() if now is None else now, "now (the store's clock)" if now is None else "now")
 
     def _check_fence(self, session: Session, now: float | None) -> None:
         """Refuse the write unless this daemon's lease still holds (FOR SHARE on PostgreSQL: a
@@ -376,7 +432,8 @@ class KnowledgeStore:
             # process stall inside it (a pause, a frozen VM: its connection stays open), the
             # server ends the session when the lease ends, so neither does a standby wait on a
             # stalled leader nor does the stalled leader commit after its lease
-            ms = min(max(10, int((row.expires_at - now) * 1000)), 86_400_000)  # the setting's range
+            # clamped before int(): a lease with an infinite ttl has no integer number of ms
+            ms = int(min(max(10.0, (row.expires_at - now) * 1000), 86_400_000))  # the setting's range
             session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {ms}"))
 
     def _upsert_group_state(self, session: Session, group: str, until: float, key: str | None, now: float,
@@ -398,7 +455,8 @@ class KnowledgeStore:
         _check(status, SNAPSHOT_STATUSES, "snapshot status")
         if isinstance(reasons, str):
             reasons = [reasons]
-        row = Snapshot(window_start=float(window_start), window_end=float(window_end), status=status,
+        row = Snapshot(window_start=_time(window_start, "window_start"), window_end=_time(window_end, "window_end"),
+                       status=status,
                        reasons=to_json([str(r) for r in reasons], "snapshot.reasons"), raw=to_json(raw, "snapshot.raw"),
                        created_at=self._now(now))
         return self._insert(row)
@@ -422,8 +480,12 @@ class KnowledgeStore:
         Returns (decision id, created); when that iteration already has a decision, its id and
         False: a replayed or restarted iteration never records (or acts) twice."""
         _check(source, DECISION_SOURCES, "decision source")
-        row = Decision(loop=loop, problem=problem, iteration_key=str(iteration_key), agent=agent,
-                       policy_version=policy_version, observation_id=observation_id,
+        # agent and policy version are labels (the version comes from a Policy Evaluation
+        # Service's reply): kept as free text, so PostgreSQL refuses them no more than SQLite
+        row = Decision(loop=loop, problem=problem, iteration_key=str(iteration_key),
+                       agent=_text(agent, "decision.agent", 128),
+                       policy_version=_text(policy_version, "decision.policy_version", 128),
+                       observation_id=observation_id,
                        observation=to_json(observation, "decision.observation"),
                        action=to_json(action, "decision.action"),
                        action_name=_text(action_name, "decision.action_name", 256),
@@ -502,6 +564,8 @@ class KnowledgeStore:
         this daemon made is written even after it lost the lease; `fenced` (resolving actions
         left in flight, which may be the new leader's) writes only while the lease holds."""
         _check(status, FINAL_ACTION_STATUSES, "final action status")
+        if cooldown_until is not None:
+            cooldown_until = _time(cooldown_until, "cooldown_until")
         t = self._now(now)
         with self._write() as s:
             if fenced:
@@ -517,7 +581,7 @@ class KnowledgeStore:
                 log.warning("action %s already finished as %s; keeping that, not %s", idempotency_key, row.status,
                             status)
             elif cooldown_until is not None:
-                self._upsert_group_state(s, row.group_name, float(cooldown_until), idempotency_key, t, row.loop)
+                self._upsert_group_state(s, row.group_name, cooldown_until, idempotency_key, t, row.loop)
             return _record(ActionRecord, row)
 
     @_guarded
@@ -555,8 +619,9 @@ class KnowledgeStore:
     @_guarded
     def set_cooldown(self, group: str, until: float, action_key: str | None = None, now: float | None = None,
                      loop: str = DEFAULT_LOOP) -> None:
+        until = _time(until, "cooldown until")
         with self._write() as s:
-            self._upsert_group_state(s, group, float(until), action_key, self._now(now), loop)
+            self._upsert_group_state(s, group, until, action_key, self._now(now), loop)
 
     # --- policies -------------------------------------------------------------------------------
     # --- leadership -------------------------------------------------------------------------
@@ -568,6 +633,7 @@ class KnowledgeStore:
         `fresh`: the caller does not hold the lease yet, so a row under the same holder name is
         another process's (two daemons given one name, or a predecessor of this one): it is taken
         only as another holder's would be, with the token incremented, never renewed."""
+        ttl_s = _time(ttl_s, "lease ttl_s")
         try:
             with self._write() as s:
                 row = s.scalar(select(Lease).where(Lease.name == name).with_for_update())
@@ -638,6 +704,12 @@ class KnowledgeStore:
 
     @staticmethod
     def _activate(s: Session, agent: str, policy_id: int) -> None:
+        if s.get_bind().dialect.name == "postgresql":
+            # two registrations at once would each miss the other's uncommitted row and both
+            # stay active (SQLite's BEGIN IMMEDIATE serialises them): one agent at a time, and
+            # the UPDATE after the wait sees the other's committed row
+            s.execute(text("SELECT pg_advisory_xact_lock(:space, hashtext(:agent))"),
+                      {"space": _PG_POLICY_LOCK_SPACE, "agent": agent})
         s.execute(update(PolicyVersion).where(PolicyVersion.agent == agent)
                   .values(active=(PolicyVersion.id == policy_id)))
 

@@ -35,8 +35,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # only loop `default` can go back to one global key space
+    # only loop `default` can go back to one global key space: other loops' rows would be
+    # taken for its own, and their decisions' iteration keys (window ends, as the default
+    # loop's) would break the global unique constraint
     op.execute("DELETE FROM group_state WHERE loop <> 'default'")
+    op.execute("DELETE FROM actions WHERE loop <> 'default' "
+               "OR decision_id IN (SELECT id FROM decisions WHERE loop <> 'default')")
+    op.execute("DELETE FROM decisions WHERE loop <> 'default'")
     with op.batch_alter_table("group_state") as b:
         b.drop_constraint("pk_group_state", type_="primary")
         b.create_primary_key("pk_group_state", ["group_name"])
