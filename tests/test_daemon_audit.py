@@ -355,3 +355,14 @@ def test_a_database_from_a_newer_samm_is_a_clear_error(tmp_path):
     engine.dispose()
     with pytest.raises(KnowledgeError, match="0099.*newer SAMM"):
         KnowledgeStore(url)
+
+
+def test_an_in_memory_knowledge_store_is_warned_about(tmp_path, caplog):
+    """`knowledge.url: sqlite://` ran silently in memory: cool-downs were forgotten on restart."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="samm.daemon.build"):
+        build_daemon(_config("sqlite://")).close()
+        build_daemon(_config(f"sqlite:///{tmp_path}/k.db")).close()
+    warned = [r.getMessage() for r in caplog.records if "in-memory database" in r.getMessage()]
+    assert len(warned) == 1 and "cool-down" in warned[0]

@@ -122,7 +122,12 @@ def build_daemon(cfg: SammConfig, *, executor: Executor | None = None, store: Kn
     """One ControlLoop per configured loop, sharing the knowledge store. `executor`, `planner`
     and `clock` (for tests and the testbed) apply to the first loop."""
     closers: list[Callable[[], None]] = []
-    store = store or KnowledgeStore(cfg.knowledge.url)
+    if store is None:
+        store = KnowledgeStore(cfg.knowledge.url)
+        if store.in_memory:  # legal (tests, trials), but Execute's safety rests on what the store keeps
+            log.warning("knowledge.url %s is an in-memory database: decisions, actions and cool-downs are lost "
+                        "when the daemon stops, so a restart does not honour a cool-down under way; use a "
+                        "file (sqlite:///PATH) or PostgreSQL", store.url)
     closers.append(store.close)
     loops, executors, systems = [], [], []
     try:

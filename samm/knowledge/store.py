@@ -326,6 +326,7 @@ class KnowledgeStore:
         # then written only while its lease holds, in the same transaction that checks it
         self.fence: Fence | None = None
         self.engine = make_engine(self._url, busy_timeout_s=busy_timeout_s)
+        self.in_memory = is_memory_sqlite(self._url)
         # an in-memory database is one connection (StaticPool): two threads in it at once (the
         # daemon's lease keeper and its loops) interleave transactions, or crash the process
         self._one_at_a_time = threading.RLock() if is_memory_sqlite(self._url) else contextlib.nullcontext()
