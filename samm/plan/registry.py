@@ -103,6 +103,11 @@ class PolicyRegistry:
     def upload(self, name: str, files: dict[str, bytes]) -> Any:
         """Validate a policy (metadata.json + weights) against the hosted agent's spec and swap
         it in; raises PolicyRejected and keeps the current one otherwise."""
+        return self.upload_hosted(name, files).agent
+
+    def upload_hosted(self, name: str, files: dict[str, bytes]) -> Hosted:
+        """`upload`, returning what the swap hosted: the new policy and the one it replaced, as
+        they were at the swap (read afterwards, a concurrent upload or rollback shows through)."""
         with self._lock:
             if name not in self._hosted:
                 raise KeyError(name)
@@ -130,12 +135,13 @@ class PolicyRegistry:
                 h = self._hosted[name]
                 # recorded before the swap: a store that cannot take it fails the upload as a whole
                 self._record_current(name, str(target))
-                self._hosted[name] = Hosted(candidate, previous=h.agent, source=str(target), previous_source=h.source)
+                hosted = self._hosted[name] = Hosted(candidate, previous=h.agent, source=str(target),
+                                                     previous_source=h.source)
         except BaseException:  # rejected, or the store failed (a full disk): leave no half-written policy
             shutil.rmtree(target, ignore_errors=True)
             raise
         self._discard_upload(h.previous_source, keep=(h.source, str(target)))
-        return candidate
+        return hosted
 
     def _validated(self, current, folder: Path) -> Any:
         """The policy in `folder`, loaded and checked to fit `current`'s spec and to decide."""
@@ -211,11 +217,15 @@ class PolicyRegistry:
         return lines
 
     def rollback(self, name: str) -> Any:
+        return self.rollback_hosted(name).agent
+
+    def rollback_hosted(self, name: str) -> Hosted:
+        """`rollback`, returning what it hosted (as `upload_hosted`)."""
         with self._lock:
             h = self._hosted[name]
             if h.previous is None:
                 raise PolicyRejected(f"{name} has no previous version to roll back to")
             self._record_current(name, h.previous_source)
-            self._hosted[name] = Hosted(h.previous, previous=h.agent, source=h.previous_source,
-                                        previous_source=h.source)
-            return h.previous
+            hosted = self._hosted[name] = Hosted(h.previous, previous=h.agent, source=h.previous_source,
+                                                 previous_source=h.source)
+            return hosted

@@ -102,7 +102,8 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
     app = FastAPI(title="SAMM Policy Evaluation Service", version=__version__,
                   description="Decisions of hosted agents over REST. Each agent's decide request and response "
                               "are generated from its observation and action spaces.")
-    sessions = sessions or SessionStore(ttl_s=session_ttl_s, max_sessions=max_sessions)
+    if sessions is None:  # not `or`: an empty store is falsy (it has a length), and a caller's own was dropped
+        sessions = SessionStore(ttl_s=session_ttl_s, max_sessions=max_sessions)
     metrics = CollectorRegistry()
     requests = Counter("samm_service_requests", "HTTP requests", ["endpoint", "status"], registry=metrics)
     latency = Histogram("samm_service_decide_latency_seconds", "Decision latency", ["agent"], registry=metrics,
@@ -256,7 +257,11 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
         x = np.array([[obs[f] for f in a.feature_names]], dtype=np.float32)
         started = time.perf_counter()
         state = sessions.checkout(agent, req.session_id, a)
-        d, state = a.act(x, state, deterministic=req.deterministic)
+        try:
+            d, state = a.act(x, state, deterministic=req.deterministic)
+        except Exception as exc:  # noqa: BLE001 - a failing policy is a 500 naming it, never a dropped connection
+            log.exception("agent %s failed to decide", agent)
+            raise HTTPException(500, f"agent {agent!r} failed: {type(exc).__name__}: {exc}") from None
         sessions.store(agent, req.session_id, a, state)
         latency.labels(agent).observe(time.perf_counter() - started)
         act = np.asarray(d.actions)[0]
@@ -273,7 +278,10 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
                                             "session_id": req.session_id}), media_type="application/json")
 
     @app.post("/v1/agents/{agent}/sessions/{session_id}/reset", response_model=dict, responses=errors)
-    def reset_session(agent: str = Path(pattern=AGENT_PATTERN), session_id: str = Path(pattern=SESSION_PATTERN)) -> dict:
+    async def reset_session(agent: str = Path(pattern=AGENT_PATTERN),
+                            session_id: str = Path(pattern=SESSION_PATTERN)) -> dict:
+        # async like the decide routes, so never run between a decide's checkout and its store (in a
+        # worker thread it could, and that decide then stored the memory the reset had dropped)
         agent_or_404(agent)
         return {"session_id": session_id, "existed": sessions.reset(agent, session_id)}
 
@@ -296,15 +304,14 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
         except (binascii.Error, ValueError) as exc:
             raise HTTPException(422, f"files: not valid Base64 ({exc})") from None
         try:
-            new = registry.upload(agent, files)
+            swapped = registry.upload_hosted(agent, files)
         except PolicyRejected as exc:
             raise HTTPException(422, f"policy rejected, {registry.describe(agent)['policy_version']} kept: {exc}") from None
         except OSError as exc:  # the service's own store, not the caller's policy
             log.error("policy store %s: %s", registry.store_dir, exc)
             raise HTTPException(503, f"policy store unavailable ({exc.strerror or exc}), "
                                      f"{registry.describe(agent)['policy_version']} kept") from None
-        info = registry.describe(agent)
-        return PolicyVersion(name=agent, policy_version=new.version, previous_version=info["previous_version"])
+        return _policy_version(agent, swapped)
 
     @app.post("/v1/agents/{agent}/policy/rollback", response_model=PolicyVersion,
               responses={**errors, **{code: {"model": Problem} for code in (401, 403, 409, 503)}})
@@ -312,17 +319,22 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
         require_token(authorization)
         agent_or_404(agent)
         try:
-            a = registry.rollback(agent)
+            swapped = registry.rollback_hosted(agent)
         except PolicyRejected as exc:
             raise HTTPException(409, str(exc)) from None
         except OSError as exc:  # the store could not record which policy a restart should host
             log.error("policy store %s: %s", registry.store_dir, exc)
             raise HTTPException(503, f"policy store unavailable ({exc.strerror or exc}), "
                                      f"{registry.describe(agent)['policy_version']} kept") from None
-        info = registry.describe(agent)
-        return PolicyVersion(name=agent, policy_version=a.version, previous_version=info["previous_version"])
+        return _policy_version(agent, swapped)
 
     return app
+
+
+def _policy_version(name: str, hosted) -> PolicyVersion:
+    """The versions an upload or rollback swapped, as it swapped them (not as a concurrent one left them)."""
+    return PolicyVersion(name=name, policy_version=hosted.agent.version,
+                         previous_version=hosted.previous.version if hosted.previous is not None else None)
 
 
 def _too_large(limit: int) -> str:

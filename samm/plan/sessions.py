@@ -1,6 +1,6 @@
 """Per-session state of the Policy Evaluation Service: never shared between callers, dropped after
-an idle TTL, the least recently used evicted past a cap, and started afresh when the policy
-version changes under a session.
+an idle TTL, the least recently used evicted past a cap, and started afresh when another policy
+is hosted under a session (an upload or a rollback, even one that repeats the version string).
 
 Entries are kept least recently used first (an OrderedDict), so both expiry and eviction take
 from the front: each call costs O(1) amortised whatever the number of live sessions (measured at
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Generic, Hashable, TypeVar
 
@@ -62,6 +63,11 @@ class LruTtlCache(Generic[V]):
         with self._lock:
             return len(self._items)
 
+    def expire(self) -> None:
+        """Drop the values idle past the TTL now (otherwise only the next get or put does)."""
+        with self._lock:
+            self._expire(self.clock())
+
     def _insert(self, key: Hashable, value: V, now: float) -> None:
         self._items.pop(key, None)
         self._items[key] = (now, value)
@@ -77,18 +83,31 @@ class LruTtlCache(Generic[V]):
             items.popitem(last=False)
 
 
+def _policy_tag(agent) -> Any:
+    """What a session's state is tagged with: the policy object itself (weakly), not its version
+    string, which an upload may repeat over other weights or another state shape."""
+    try:
+        return weakref.ref(agent)
+    except TypeError:  # a class with __slots__ and no __weakref__: hold it
+        return agent
+
+
+def _tagged_by(tag: Any, agent) -> bool:
+    return (tag() if isinstance(tag, weakref.ref) else tag) is agent
+
+
 class SessionStore:
     """The generic decide route's recurrent state per (agent, session), tagged with the policy
-    version it was computed under."""
+    object it was computed under."""
 
     def __init__(self, ttl_s: float = DEFAULT_SESSION_TTL_S, max_sessions: int = DEFAULT_MAX_SESSIONS,
                  clock: Callable[[], float] = time.monotonic):
-        self._cache: LruTtlCache[tuple[Any, str]] = LruTtlCache(max_sessions, ttl_s, clock)
+        self._cache: LruTtlCache[tuple[Any, Any]] = LruTtlCache(max_sessions, ttl_s, clock)
         self.ttl_s, self.max_sessions = ttl_s, max_sessions
 
     def checkout(self, agent_name: str, session_id: str, agent) -> Any:
         item = self._cache.get((agent_name, session_id))
-        if item is None or item[1] != agent.version:
+        if item is None or not _tagged_by(item[1], agent):
             return self.fresh(agent)
         return item[0]
 
@@ -98,12 +117,14 @@ class SessionStore:
         return agent.initial_state(1) if hasattr(agent, "action_mode") else agent.initial_state()
 
     def store(self, agent_name: str, session_id: str, agent, state: Any) -> None:
-        self._cache.put((agent_name, session_id), (state, agent.version))
+        self._cache.put((agent_name, session_id), (state, _policy_tag(agent)))
 
     def reset(self, agent_name: str, session_id: str) -> bool:
         return self._cache.pop((agent_name, session_id))
 
     def __len__(self) -> int:
+        """Live sessions only (/healthz reports it), not those idle past the TTL."""
+        self._cache.expire()
         return len(self._cache)
 
     def cache(self) -> LruTtlCache:
