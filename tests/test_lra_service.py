@@ -130,3 +130,16 @@ def test_saved_policy_spaces_round_trip_and_upload_checks_them(tmp_path, client)
     files = {f.name: base64.b64encode(f.read_bytes()).decode() for f in (tmp_path / "small").iterdir()}
     r = client.put("/v1/agents/lra/policy", json={"files": files}, headers={"authorization": "Bearer tok"})
     assert r.status_code == 422 and "observation_space" in r.json()["detail"]
+
+
+def test_a_valid_placement_policy_upload_is_accepted(tmp_path, client):
+    """The upload's test decision sampled the observation space, whose `app` is never one-hot:
+    every placement policy upload was a 422 ("observation.app: must be one-hot")."""
+    import base64
+
+    p = policy(n_nodes=N, seed=5)
+    p.save(tmp_path / "p")
+    files = {f.name: base64.b64encode(f.read_bytes()).decode() for f in (tmp_path / "p").iterdir() if f.is_file()}
+    r = client.put("/v1/agents/lra/policy", json={"files": files}, headers={"authorization": "Bearer tok"})
+    assert r.status_code == 200, r.text
+    assert r.json()["policy_version"] == p.version
