@@ -1,6 +1,7 @@
 """Workloads the simulator replays: the paper's `seed-1551` and SWF traces."""
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 
 from .model import Workload
@@ -12,6 +13,9 @@ BUILTIN = {"seed-1551": seed_1551, "seed-1551-short": seed_1551_short}
 
 def load_workload(spec: str | Path, transform: SwfTransform | None = None, core_cap: int | None = None) -> Workload:
     """`seed-1551` (built in) or a path to an SWF file (plain or .gz)."""
+    if core_cap is not None and (not isinstance(core_cap, numbers.Integral) or core_cap < 1):
+        # 0 used to mean "no cap" and a negative cap failed as "every job needs a positive length"
+        raise ValueError(f"workload {spec!r}: core_cap must be an integer >= 1 (or None), got {core_cap!r}")
     if str(spec) in BUILTIN:
         if transform is not None:
             raise ValueError(f"SWF transforms do not apply to the built-in workload {spec!r}")

@@ -281,6 +281,9 @@ def poisson_workload(rng: np.random.Generator, sim: SimConfig, *, span_s: float,
     for start, duration, factor in bursts:
         shape[(grid >= start) & (grid < start + duration)] *= factor
     cum = np.concatenate([[0.0], np.cumsum((shape[1:] + shape[:-1]) / 2 * np.diff(grid))])
+    if not math.isfinite(cum[-1]):  # overlapping bursts multiply their factors: 1e200 twice is inf
+        raise ValueError(f"{name}: the arrival rate overflows ({len(bursts)} bursts, factors up to "
+                         f"{max(f for _, _, f in bursts):g}); lower burst_factor or bursts_per_h")
     mean_cores = float(sum(k * v for k, v in cores.items()) / sum(cores.values()))
     expected = _jobs_for(load, sim, span_s, mean_cores, run_median_s * np.exp(run_sigma**2 / 2), min_jobs, max_jobs)
     n = int(np.clip(rng.poisson(expected), min_jobs, max_jobs))

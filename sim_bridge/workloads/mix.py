@@ -15,13 +15,14 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Hashable
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
 import numpy as np
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..config import SimConfig
 from .generators import (
@@ -69,6 +70,15 @@ DEFAULT_MIX = Path(__file__).resolve().parent / "mixes" / "default.yaml"
 DEFAULT_MAX_JOBS = 3000
 DEFAULT_THIN_MIN_JOBS = 50
 DEFAULT_MAX_OVERLAY = 8
+# A sample's columns are built in memory at once: a mix asking for billions of jobs would exhaust it.
+MAX_JOBS_LIMIT = 1_000_000
+MAX_MIX_FILE_BYTES = 1 << 20  # a mix is a few dozen lines; /dev/zero would be read without end
+# The Poisson generator works on a 10-s grid of the span and loops over its bursts: a span of
+# 1e5 hours, or millions of bursts, ran for hours. 1000 h is 60,000 one-minute steps.
+MAX_SPAN_H = 1000.0
+MAX_EXPECTED_BURSTS = 10_000
+MAX_OVERLAY_LIMIT = 100  # overlaying a window 1e9 times (load 1e4) ran a minute and ran out of memory
+MAX_ERRORS_NAMED = 5  # a mix's validation errors named in its one-line message
 
 
 def _key(trace: str | Path) -> str:
@@ -103,7 +113,7 @@ class WindowSpec(BaseModel):
     (thinning, then one length factor; see `generators.thin_and_scale`) and capped cores keep
     their run time. `keep` overrides the capping mode."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     trace: str = Field(min_length=1)  # a file name under pwa_dir(), or an absolute path
@@ -185,6 +195,12 @@ def _ordered(r: tuple) -> tuple:
     return r
 
 
+def _non_negative(r: tuple) -> tuple:
+    if r[0] < 0:
+        raise ValueError(f"range {list(r)}: must be >= 0")
+    return r
+
+
 def _positive(r: tuple) -> tuple:
     if r[0] <= 0:
         raise ValueError(f"range {list(r)}: must be > 0 (drawn log-uniformly)")
@@ -193,6 +209,7 @@ def _positive(r: tuple) -> tuple:
 
 Range = Annotated[tuple[float, float], AfterValidator(_ordered)]
 LogRange = Annotated[tuple[float, float], AfterValidator(_ordered), AfterValidator(_positive)]
+NonNegativeRange = Annotated[tuple[float, float], AfterValidator(_ordered), AfterValidator(_non_negative)]
 IntRange = Annotated[tuple[int, int], AfterValidator(_ordered)]
 
 
@@ -214,7 +231,8 @@ def _logu(rng: np.random.Generator, r: tuple[float, float]) -> float:
 
 
 class _Source(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and inf pass the range checks (NaN compares false) and crash the draws with an OverflowError
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     weight: float = Field(default=1.0, ge=0)
 
@@ -285,10 +303,10 @@ class BatchSource(_Source):
 
     kind: Literal["batch"] = "batch"
     batches: IntRange = (3, 30)
-    idle_start_s: Range = (0.0, 3600.0)
+    idle_start_s: NonNegativeRange = (0.0, 3600.0)
     interval_jitter: float = Field(default=0.2, ge=0, lt=1)
     run_s: LogRange = (60.0, 1800.0)
-    run_sigma: Range = (0.0, 0.5)
+    run_sigma: NonNegativeRange = (0.0, 0.5)
     size_sigma: float = Field(default=0.5, ge=0)
     cores: Cores = {1: 0.7, 2: 0.15, 4: 0.1, 8: 0.05}
 
@@ -323,11 +341,11 @@ class PoissonSource(_Source):
     kind: Literal["poisson"] = "poisson"
     amplitude: Range = (0.0, 0.9)
     period_h: LogRange = (1.0, 8.0)
-    bursts_per_h: Range = (0.0, 1.0)
-    burst_min: Range = (5.0, 30.0)
-    burst_factor: Range = (2.0, 8.0)
+    bursts_per_h: NonNegativeRange = (0.0, 1.0)
+    burst_min: NonNegativeRange = (5.0, 30.0)
+    burst_factor: NonNegativeRange = (2.0, 8.0)
     run_median_s: LogRange = (60.0, 1800.0)
-    run_sigma: Range = (0.5, 1.5)
+    run_sigma: NonNegativeRange = (0.5, 1.5)
     cores: Cores = {1: 0.55, 2: 0.2, 4: 0.15, 8: 0.1}
 
     @model_validator(mode="after")
@@ -361,15 +379,15 @@ Source = Annotated[Union[SwfSource, LublinSource, BatchSource, PoissonSource], F
 class WorkloadMix(BaseModel):
     """Sources with weights plus the rules every sample obeys (see docs/workloads.md)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = "mix"
     load: Range = (0.2, 1.2)  # target offered load, uniform, of sim.max_fleet_cores
     span_h: Range = (1.5, 8.0)  # simulated span (hours), uniform
     min_jobs: int = Field(default=20, ge=1)  # fewer: resample
-    max_jobs: int = Field(default=DEFAULT_MAX_JOBS, ge=1)  # more: thinned (windows) / fewer jobs (generators)
+    max_jobs: int = Field(default=DEFAULT_MAX_JOBS, ge=1, le=MAX_JOBS_LIMIT)  # more: thinned / fewer generated
     thin_min_jobs: int = Field(default=DEFAULT_THIN_MIN_JOBS, ge=1)  # thinning keeps at least this many
-    max_overlay: int = Field(default=DEFAULT_MAX_OVERLAY, ge=1)  # windows overlaid to reach a load
+    max_overlay: int = Field(default=DEFAULT_MAX_OVERLAY, ge=1, le=MAX_OVERLAY_LIMIT)  # windows overlaid for a load
     max_length_factor: float = Field(default=4.0, ge=1)  # window lengths scaled beyond x/÷ this: resample
     max_run_over_span: float = Field(default=3.0, gt=0)  # a longer job: resample
     min_span_fraction: float = Field(default=0.5, ge=0, le=1)  # last arrival earlier: resample
@@ -380,12 +398,22 @@ class WorkloadMix(BaseModel):
     def _check(self) -> "WorkloadMix":
         if self.load[0] <= 0 or self.span_h[0] <= 0:
             raise ValueError("load and span_h must be positive ranges")
+        if self.span_h[1] > MAX_SPAN_H:
+            raise ValueError(f"span_h: at most {MAX_SPAN_H:g} hours, got {self.span_h[1]:g}")
         if not self.min_jobs <= self.max_jobs:
             raise ValueError(f"min_jobs ({self.min_jobs}) must not exceed max_jobs ({self.max_jobs})")
         if 2 * self.min_jobs > self.max_jobs:
             raise ValueError("max_jobs must be at least 2 x min_jobs (the generators aim at that many)")
         if sum(s.weight for s in self.sources) <= 0:
             raise ValueError("at least one source needs a positive weight")
+        for i, s in enumerate(self.sources):
+            # each batch holds at least one job, so more batches than max_jobs would break the cap
+            if isinstance(s, BatchSource) and s.batches[1] > self.max_jobs:
+                raise ValueError(f"sources[{i}] (batch): batches up to {s.batches[1]} exceed max_jobs "
+                                 f"({self.max_jobs}); every batch holds at least one job")
+            if isinstance(s, PoissonSource) and s.bursts_per_h[1] * self.span_h[1] > MAX_EXPECTED_BURSTS:
+                raise ValueError(f"sources[{i}] (poisson): bursts_per_h up to {s.bursts_per_h[1]:g} over spans up "
+                                 f"to {self.span_h[1]:g} h expect more than {MAX_EXPECTED_BURSTS} bursts per sample")
         self.check_split()
         return self
 
@@ -405,6 +433,12 @@ class WorkloadMix(BaseModel):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
+class SamplingError(RuntimeError, ValueError):
+    """No acceptable workload in `max_attempts` draws: the mix (or the trace) cannot give what its
+    rules ask for. A ValueError too, so that callers reporting bad input report it in one line
+    (it was a RuntimeError before: a traceback at `samm train`)."""
+
+
 class WorkloadSampler:
     """A deterministic stream of workloads: same (mix, sim, seed) => same sequence. One
     np.random.Generator drives every choice; thinning inside a window is seeded from the window
@@ -415,8 +449,10 @@ class WorkloadSampler:
         self.rng = np.random.default_rng(self.seed)
         w = np.array([s.weight for s in mix.sources], dtype=np.float64)
         self._p = w / w.sum()
-        for s in mix.sources:  # fail now, not at the 300th episode, when a trace is missing
-            for t in s.trace_files():
+        # fail now, not at the 300th episode, when a trace is missing; a weight-0 source is never
+        # drawn, so a mix that switches the trace sources off runs where the traces are not installed
+        for s in mix.sources:
+            for t in s.trace_files() if s.weight > 0 else ():
                 resolve_trace(t)
         self.drawn = 0
         self.rejected = 0
@@ -443,8 +479,8 @@ class WorkloadSampler:
                 self.last_spec = spec
                 return w
             self.rejected += 1
-        raise RuntimeError(f"source {i} ({src.kind}{', ' + str(ctx) if ctx else ''}): no acceptable workload in "
-                           f"{self.mix.max_attempts} draws; widen its ranges or relax the mix's rules")
+        raise SamplingError(f"source {i} ({src.kind}{', ' + str(ctx) if ctx else ''}): no acceptable workload in "
+                            f"{self.mix.max_attempts} draws; widen its ranges or relax the mix's rules")
 
     def sample_many(self, n: int) -> list[Workload]:
         return [self.sample() for _ in range(n)]
@@ -460,8 +496,10 @@ class WorkloadWindows:
     def __init__(self, workload: Workload, seed: int, hours: tuple[float, float] = (6.0, 24.0), min_jobs: int = 20,
                  max_attempts: int = 1000):
         lo, hi = hours
-        if not 0 < lo <= hi:
-            raise ValueError(f"window hours must satisfy 0 < low <= high, got {hours}")
+        if not (0 < lo <= hi and math.isfinite(hi)):
+            raise ValueError(f"window hours must satisfy 0 < low <= high < inf, got {hours}")
+        if min_jobs < 1:  # an empty window is no workload
+            raise ValueError(f"windows need min_jobs >= 1, got {min_jobs}")
         if workload.n_jobs < min_jobs:
             raise ValueError(f"workload {workload.name!r} has {workload.n_jobs} jobs; windows need at least {min_jobs}")
         self.workload, self.hours, self.min_jobs, self.max_attempts = workload, (lo, hi), min_jobs, max_attempts
@@ -477,31 +515,78 @@ class WorkloadWindows:
             if keep.sum() >= self.min_jobs:
                 return Workload(f"{w.name}@{start / 3600:.1f}h+{hours:.1f}h", w.arrival_s[keep] - start,
                                 w.length_mi[keep], w.cores[keep], w.ram_gb[keep])
-        raise RuntimeError(f"{w.name}: no window of {self.hours} h holds {self.min_jobs} jobs in "
-                           f"{self.max_attempts} draws")
+        raise SamplingError(f"{w.name}: no window of {self.hours} h holds {self.min_jobs} jobs in "
+                            f"{self.max_attempts} draws")
 
     def sample_many(self, n: int) -> list[Workload]:
         return [self.sample() for _ in range(n)]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe loader that rejects a key given twice (plain YAML keeps the last one silently)."""
+
+
+def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:  # the keys as written: a merge (<<) may be overridden, that is no duplicate
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, Hashable):
+            break  # construct_mapping names an unhashable key itself
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    loader.flatten_mapping(node)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def _validation_line(exc: ValidationError) -> str:
+    """pydantic's errors on one line, each naming its field (its own text spans several lines)."""
+    errors = exc.errors()
+    parts = []
+    for e in errors[:MAX_ERRORS_NAMED]:
+        where = ".".join(str(x) for x in e.get("loc", ())) or "mix"
+        parts.append(f"{where}: {str(e.get('msg')).removeprefix('Value error, ')}")
+    if len(errors) > MAX_ERRORS_NAMED:
+        parts.append(f"... and {len(errors) - MAX_ERRORS_NAMED} more error(s)")
+    return "; ".join(parts)
+
+
+def _read_mix_text(path: Path) -> str:
+    if not path.is_file():  # a directory, a FIFO or /dev/zero: not a mix file (missing: FileNotFoundError)
+        if not path.exists():
+            raise FileNotFoundError(f"workload mix {path}: no such file")
+        raise ValueError(f"workload mix {path}: not a regular file")
+    with path.open("rb") as f:
+        raw = f.read(MAX_MIX_FILE_BYTES + 1)
+    if len(raw) > MAX_MIX_FILE_BYTES:
+        raise ValueError(f"workload mix {path}: larger than {MAX_MIX_FILE_BYTES} bytes")
+    return raw.decode("utf-8")
+
+
 def load_mix(path: str | Path | None = None) -> WorkloadMix:
-    """A mix from YAML (None = the shipped default); unknown keys and test traces are rejected."""
+    """A mix from YAML (None = the shipped default); unknown keys, duplicate keys and test traces
+    are rejected with a one-line ValueError naming the file."""
     path = Path(path) if path is not None else DEFAULT_MIX
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(_read_mix_text(path), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except (yaml.YAMLError, UnicodeDecodeError) as exc:  # a YAMLError is no ValueError: callers expect one
         raise ValueError(f"{path}: not a valid YAML file ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a workload mix must be a mapping")
     try:
         return WorkloadMix.model_validate(data)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from e
+    except ValidationError as e:
+        raise ValueError(f"{path}: {_validation_line(e)}") from e
 
 
 __all__ = [
     "EXCLUDED_TRACES", "LUBLIN_TRACE", "TEST_TRACES", "TEST_WINDOWS", "TRAIN_TRACES", "BatchSource", "LublinSource",
-    "PoissonSource", "SwfSource", "WindowSpec", "WorkloadMix", "WorkloadSampler", "WorkloadWindows", "build_window",
-    "load_mix",
+    "PoissonSource", "SamplingError", "SwfSource", "WindowSpec", "WorkloadMix", "WorkloadSampler", "WorkloadWindows",
+    "build_window", "load_mix",
     "offered_load", "pwa_dir", "split_of", "trace_label",
 ]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import numbers
 import struct
 from dataclasses import dataclass
 
@@ -18,7 +19,9 @@ class Workload:
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
-        for col in ("length_mi", "cores", "ram_gb"):
+        for col in ("arrival_s", "length_mi", "cores", "ram_gb"):
+            if np.ndim(getattr(self, col)) != 1:  # `pack` writes flat columns: a 2-D one would be garbage
+                raise ValueError(f"workload {self.name!r}: column {col} must be one-dimensional")
             if len(getattr(self, col)) != n:
                 raise ValueError(f"workload {self.name!r}: column {col} has a different length")
         if n == 0:
@@ -27,8 +30,10 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: arrivals must be sorted")
         if np.any(~np.isfinite(self.arrival_s)) or np.any(self.arrival_s < 0):
             raise ValueError(f"workload {self.name!r}: arrivals must be finite and >= 0")
-        if np.any(~(self.length_mi > 0)):
-            raise ValueError(f"workload {self.name!r}: every job needs a positive length")
+        if np.any(~(self.length_mi > 0)) or np.any(np.isinf(self.length_mi)):
+            raise ValueError(f"workload {self.name!r}: every job needs a positive, finite length")
+        if np.any(~np.isfinite(self.ram_gb)) or np.any(self.ram_gb < 0):
+            raise ValueError(f"workload {self.name!r}: every job's RAM must be finite and >= 0")
         if np.any(self.cores < 1):
             raise ValueError(f"workload {self.name!r}: every job needs at least one core")
 
@@ -62,6 +67,9 @@ class Workload:
         the job's core-seconds (it runs longer on fewer cores), `"runtime"` keeps its duration."""
         if keep not in ("work", "runtime"):
             raise ValueError(f"keep must be 'work' or 'runtime', got {keep!r}")
+        # a fractional cap would scale the work by cores / cap but round the cores down; NaN caps nothing
+        if not isinstance(cap, numbers.Integral) or cap < 1:
+            raise ValueError(f"workload {self.name!r}: core cap must be an integer >= 1, got {cap!r}")
         over = self.cores > cap
         if not np.any(over):
             return self
