@@ -144,6 +144,9 @@ class Ceiling:
         return text
 
 
+#: the longest memory a ceiling's `window` may ask (s): a day
+MAX_WINDOW_S = 86_400
+
 #: the keys a saved ceiling may hold
 CEILING_KEYS = ("multiple", "sqrt", "window", "release", "hold", "pinned", "panic", "max_multiple")
 
@@ -169,6 +172,11 @@ def check_ceiling(ceiling) -> Ceiling | None:
     def whole(x):
         return number(x, 0) and float(x) == int(x)
 
+    # the memory holds `window` seconds of every service's use, rolled each second: a window of
+    # 1e9 s asked 52 GiB at the first decision (MemoryError), 1e8 s a 5-GiB copy every second
+    if whole(parts["window"]) and parts["window"] > MAX_WINDOW_S:
+        raise ValueError(f"headroom_ceiling's window must be at most {MAX_WINDOW_S} s (a day), "
+                         f"not {parts['window']!r}")
     if not (number(parts["multiple"], 1.0) and number(parts["sqrt"], 0.0) and whole(parts["window"])
             and number(parts["release"], 0.0) and whole(parts["hold"])
             and number(parts["pinned"], 0.0) and parts["pinned"] <= 1.0 and whole(parts["panic"])

@@ -34,7 +34,11 @@ unreachable", the lookup's message in the step's errors); the first iteration on
 `recover()` (which the daemon calls before scheduling) already did.
 
 `executor.dry_run` (or `samm run --dry-run`): every decision is recorded, each limit change the
-loop would have made is an Action with status `dry_run`, no limit is changed.
+loop would have made is an Action with status `dry_run`, no limit is changed. The agent
+sinan-explore is refused in a dry run (its samples need its allocations applied).
+
+At the daemon's shutdown the controller's `close()` runs (once a step ran), as a testbed run's end
+calls it: reclaimer-online saves its policy, sinan-explore writes its samples.
 
 The daemon finds this module through `ProblemSpec.loop_config` / `build_loop`; docs in
 docs/microservice-testbed.md ("SAMM's daemon on a real application").
@@ -413,6 +417,17 @@ class MicroserviceDaemonLoop:
         return rep
 
 
+def _controller_closer(controller, inner: ControlLoop) -> Callable[[], None]:
+    """At the daemon's shutdown, the controller's `close` (a learning controller saves what it
+    learned, sinan-explore writes its samples), as the testbed run calls it; only once the loop
+    ran a step, so a daemon whose build failed later writes no untrained policy over a saved one."""
+    def close() -> None:
+        done = getattr(controller, "close", None)
+        if callable(done) and inner.records:
+            done()
+    return close
+
+
 def build_loop(cfg, lp: MicroserviceLoopConfig, store, closers: list, clock: Callable[[], float] | None = None):
     from samm.daemon.build import ConfigurationProblem
 
@@ -422,6 +437,10 @@ def build_loop(cfg, lp: MicroserviceLoopConfig, store, closers: list, clock: Cal
 
     topo = load_topology(lp.app)
     a = lp.agent
+    if a.name == "sinan-explore" and lp.executor.dry_run:
+        # its samples pair each allocation with the latency under it: a dry run applies none
+        raise ConfigurationProblem(f"loop {lp.name!r}: agent 'sinan-explore' cannot collect samples in a dry run "
+                                   "(its allocations would never be applied)")
     try:
         controller = make_controller(a.name, topo, policy_dir=a.policy_dir, **dict(a.params))
     except (ValueError, FileNotFoundError, TypeError) as exc:
@@ -435,6 +454,7 @@ def build_loop(cfg, lp: MicroserviceLoopConfig, store, closers: list, clock: Cal
     closers.append(containers.close)
     inner = ControlLoop(limits, controller, containers, store, loop_name=lp.name,
                         agent_name=getattr(controller, "name", a.name), dry_run=lp.executor.dry_run, history=HISTORY)
+    closers.append(_controller_closer(controller, inner))
     publisher = None
     if cfg.graphite.publish:
         from samm.daemon.publish import GraphitePublisher

@@ -15,14 +15,17 @@ and, every control second:
 The networks, their input standardiser and the learned entropy coefficient start from the saved
 policy (every weight is saved with it); the optimisers start fresh. A gap of more than `max_gap_s`
 between two measurements (the loop's guard skipped seconds of stale or unknown latency) ends the
-chain: no transition spans it. `close()` (called by the testbed run at its end) and every
-`save_every` steps write the policy and `online.csv` (one row per second) under `out`.
+chain: no transition spans it; so does a measurement not later than the one before. `close()`
+(called by the testbed run at its end) and every `save_every` steps write the policy and
+`online.csv` (one row per second) under `out`; a periodic save that fails is logged and tried
+again at the next, never costing the second's decision.
 
 Pure decision and learning code: no I/O but the optional save.
 """
 from __future__ import annotations
 
 import csv
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +39,8 @@ from .env import reward_of, service_rewards
 from .observation import StepMeasurement
 from .policy import ReclaimerPolicy
 from .sac import ReplayBuffer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,10 +60,26 @@ class OnlineConfig:
     def __post_init__(self) -> None:
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"online lr must be > 0, got {self.lr}")
+        # checked here, not at the first update: a replay of 0 failed every control second, a
+        # NaN max_gap_s never broke a chain, a negative count silently never learned
+        for name, least in (("updates_per_step", 0), ("start_after", 0), ("replay", 1), ("save_every", 0)):
+            if not _whole(getattr(self, name), least):
+                raise ValueError(f"online {name} must be a whole number >= {least}, got {getattr(self, name)!r}")
+        if self.batch is not None and not _whole(self.batch, 1):
+            raise ValueError(f"online batch must be a whole number >= 1 or null, got {self.batch!r}")
+        gap = self.max_gap_s
+        if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not (0 < gap < np.inf):
+            raise ValueError(f"online max_gap_s must be a number of seconds > 0, got {gap!r}")
+
+
+def _whole(v, least: int) -> bool:
+    """An int >= least (a bool is not a count; a float would reach numpy's array sizes)."""
+    return not isinstance(v, bool) and isinstance(v, int) and v >= least
 
 
 class OnlineReclaimer:
     name = "reclaimer-online"
+    rows_kept = 3600    # without `out`, the newest seconds' rows kept in memory
 
     def __init__(self, policy: ReclaimerPolicy, cfg: OnlineConfig = OnlineConfig(), out=None):
         self.policy = policy
@@ -77,7 +98,7 @@ class OnlineReclaimer:
         self._pending: np.ndarray | None = None
         self._last_t: float | None = None
         self._base = None
-        self.steps = self.updates = self.transitions = 0
+        self.steps = self.updates = self.transitions = self.save_errors = 0
         self.rows: list[dict] = []              # rows not yet in online.csv
         self._csv_started = False
         self._t0 = time.perf_counter()
@@ -92,13 +113,18 @@ class OnlineReclaimer:
     def act(self, m: StepMeasurement) -> np.ndarray:
         caps = self.topo.caps
         space = self.policy.cfg.action_space
-        gap = self._last_t is not None and (m.t - self._last_t) > self.cfg.max_gap_s
+        # a second repeated or out of order (a clock stepped back, a replayed measurement) breaks
+        # the chain too: no transition may pair a second with one that did not come after it
+        gap = self._last_t is not None and not 0 < (m.t - self._last_t) <= self.cfg.max_gap_s
         self._last_t = m.t
         obs = self.policy.observe(m, restart=gap)
         finite = bool(np.isfinite(obs).all())
         if gap:
             self._pending = None
         cores = np.where(np.isfinite(m.cpu_limit), m.cpu_limit, caps)   # unread limit: as if at the cap
+        # a limit above the cap (a container without one reads as the host's CPUs) is scored as the
+        # cap, the action it is stored as: its raw cost put rewards of -70 into a replay of [-1, 1]
+        cores = np.minimum(cores, caps)
         qos = self.topo.qos_ms * self.policy.cfg.qos_margin
         reward = float(reward_of(m.p99_ms, qos, cores, caps, cost=self.policy.cfg.cost))
         if self._pending is not None and finite:   # a non-finite row never enters the replay
@@ -124,10 +150,25 @@ class OnlineReclaimer:
                           "transitions": self.transitions, "updates": self.updates,
                           "alpha": round(stats.alpha, 6) if stats else "",
                           "q": round(stats.q, 5) if stats else "", "gap": int(gap)})
-        if self.out is not None and self.cfg.save_every and self.steps % self.cfg.save_every == 0:
-            self.save()
+        if self.out is None and len(self.rows) > self.rows_kept:
+            # nowhere to write them: a daemon's learner kept one row a second for good
+            del self.rows[:-self.rows_kept]
         self._base = self.policy.base_use(obs[0])
-        return clip_cores(self.policy.cores(a, obs[0]), self.limits)
+        cores_next = clip_cores(self.policy.cores(a, obs[0]), self.limits)
+        if self.out is not None and self.cfg.save_every and self.steps % self.cfg.save_every == 0:
+            self._periodic_save()
+        return cores_next
+
+    def _periodic_save(self) -> None:
+        """A save between seconds: one that fails (a full disk, an unwritable `out`) is logged and
+        its rows kept for the next; the decision of this second stands (the caller's loop would
+        otherwise take no action every `save_every` seconds). `close()` still raises."""
+        try:
+            self.save()
+        except (OSError, RuntimeError) as exc:   # torch.save reports a failed write as RuntimeError
+            self.save_errors += 1
+            log.warning("reclaimer-online: saving under %s failed (%s: %s); tried again in %d steps",
+                        self.out, type(exc).__name__, exc, self.cfg.save_every)
 
     # -- saving --------------------------------------------------------------------------------
     def fine_tuned_policy(self) -> ReclaimerPolicy:

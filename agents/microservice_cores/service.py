@@ -16,7 +16,8 @@ loop), so callers send every second, in order. Sessions live in the service's sh
 both O(1).
 
 Unknown latency (null, or any NaN) means the load generator is stale: the answer holds the
-current limits (`action: "hold"`, with the reason) and the frame is not pushed. Input errors are
+current limits (`action: "hold"`, with the reason; each within [floor, cap] like every answer's
+cores) and the frame is not pushed. Input errors are
 422s naming the field; a failing policy is a 500 naming the agent (the caller's safe default is to
 hold its limits).
 """
@@ -30,9 +31,9 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.problem_service import hosted_policy
-from samm.plan.sessions import sessions_for
+from samm.plan.sessions import _policy_tag, _tagged_by, sessions_for
 
-from .control import AppLimits
+from .control import AppLimits, clip_cores
 from .observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
 
 # Far above any real counter (a petabyte per second), far below where the float32 features
@@ -86,7 +87,12 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
         lat = None if req.latency_ms is None else np.array([np.nan if v is None else v for v in req.latency_ms], float)
         started = time.perf_counter()
         if lat is None or not np.isfinite(lat).all():
-            current = rows[:, SERVICE_FIELDS.index("cpu_limit")]
+            # the limits in force, within [floor, cap] as every answer's: a container without a
+            # limit (0 as Docker reports it, or the host's CPUs) gets its cap, the safe side, never
+            # 0 cores or more than its cap
+            limit = rows[:, SERVICE_FIELDS.index("cpu_limit")]
+            current = clip_cores(np.where(limit > 0, limit, np.nan), AppLimits(topo.service_names, topo.caps,
+                                                                               topo.qos_ms))
             return AllocateResponse(cores=current.tolist(), total_cores=float(current.sum()), action="hold",
                                     reason="latency unknown (stale load data): limits held", agent=name,
                                     policy_version=version, latency_ms=0.0)
@@ -97,7 +103,14 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
             ctl = policy.fork()
             ctl.reset(AppLimits(topo.service_names, topo.caps, topo.qos_ms))
             return ctl
-        ctl = sessions.get_or_make(f"{version}/{req.session}", fresh)
+        # tagged with the policy object, not only its version string: an upload may repeat the
+        # version over other weights, and a session must not go on with the replaced network
+        key = f"{version}/{req.session}"
+        held = sessions.get(key)
+        if held is None or not _tagged_by(held[1], policy):
+            held = (fresh(), _policy_tag(policy))
+            sessions.put(key, held)
+        ctl = held[0]
         try:
             cores = ctl.act(m)
         except Exception as exc:  # a failing policy is the caller's to handle: say which

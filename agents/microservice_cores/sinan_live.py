@@ -21,6 +21,7 @@ module is the deployment's half (ours in its details):
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -85,8 +86,15 @@ class SinanCollector:
             return None
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / SAMPLES_FILE
-        np.savez_compressed(path, X=X, p99_ms=p99, qos_ms=self.topo.qos_ms, app=self.topo.name,
-                            services=np.array(self.topo.service_names), seed=self.seed)
+        # written beside and renamed over: a write cut short (a full disk, a kill) leaves the
+        # samples an earlier run wrote there whole, not a torn file
+        tmp = self.out / f".{SAMPLES_FILE}.tmp.npz"   # numpy adds .npz to a name without it
+        try:
+            np.savez_compressed(tmp, X=X, p99_ms=p99, qos_ms=self.topo.qos_ms, app=self.topo.name,
+                                services=np.array(self.topo.service_names), seed=self.seed)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
 
@@ -116,6 +124,8 @@ def load_samples(paths, topo: Topology, k: int = SinanTrainParams.k, group_offse
             if str(exc).startswith(str(path)):
                 raise
             raise ValueError(f"{path}: cannot read the samples: {exc}") from None
+        if p99.ndim != 1:   # a 0-d one raised a bare TypeError; a 2-d one became labels of 2-d garbage
+            raise ValueError(f"{path}: p99_ms is {p99.shape}, not one value per measured second")
         if X.ndim != 2 or X.shape != (len(p99), width):
             raise ValueError(f"{path}: X is {X.shape}, not ({len(p99)}, {width}) (one row of "
                              f"{width} features per measured second)")
