@@ -146,9 +146,13 @@ def run_paper_experiment(out_dir: str | Path, policy_dir: str | Path | None = No
                          seeds=(1, 2, 3, 4, 5), tune_seeds=(101, 102, 103), train_seed: int = 1,
                          ppo_overrides: dict | None = None, swf: bool = True, progress: bool = True,
                          fast_tuning: bool = False) -> dict:
+    from samm.cli.seeds import require_disjoint
+
     from .ppo.config import PPOConfig
     from .training import train_lstm_ppo
 
+    # the baselines are tuned, and the trained policy's snapshot chosen, on tune_seeds: before any work
+    require_disjoint(seeds, "--seeds", tune_seeds, "--tune-seeds")
     started = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ import numpy as np
 
 from agents.parallel import map_runs
 from agents.report import prepare_out, write_json
+from samm.cli.seeds import require_disjoint
 
 from .episode import EPISODE_S, EpisodeResult, StaticController, run_episodes
 from .topology import Topology, load_topology
@@ -154,6 +155,9 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
     stray = sorted(set(policy_dirs or {}) - set(budget.apps))
     if stray:       # a misspelt app would silently leave its run on the shipped policy
         raise ValueError(f"a policy is given for {stray}, not among the applications run {list(budget.apps)}")
+    for app in budget.apps:   # before any work: a figure on seeds its method was tuned or selected on
+        for flag, selected in _selection_seeds(app, budget, methods, (policy_dirs or {}).get(app)).items():
+            require_disjoint(budget.seeds, "--seeds", selected, flag)
     out = Path(out)
     jobs = [_Cell(app, users, budget, methods, (policy_dirs or {}).get(app), str(out), progress)
             for app in budget.apps for users in levels(load_topology(app), budget.level_fractions)]
@@ -174,6 +178,49 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
     _figures(series, out)
     (out / "report.md").write_text(_report(summary))
     return summary
+
+
+def _selection_seeds(app: str, budget: Budget, methods: Sequence[str], policy_dir=None) -> dict[str, list[int]]:
+    """{what chose them: seeds} of the episodes the run's methods were tuned or selected on: the static
+    search's, the Sinan-style model's threshold tuning (when tuned), and the seeds a Reclaimer policy's
+    metadata records for its checkpoint and ceiling choice (a policy trained in the run selects none)."""
+    import json
+
+    from .sinan import SinanTuneParams
+    from .static_search import StaticSearchParams
+
+    found: dict[str, list[int]] = {}
+    if "static-best" in methods:
+        found["the static search's seeds"] = list(StaticSearchParams().seeds)
+    if "sinan" in methods and not budget.quick:
+        found["the Sinan-style model's tuning seeds"] = list(SinanTuneParams().seeds)
+    if ("reclaimer" in methods or "reclaimer-no-ceiling" in methods) and (policy_dir or not budget.train_steps):
+        from .policy import METADATA_FILE, SHIPPED_DIR
+
+        meta = Path(policy_dir or SHIPPED_DIR / f"reclaimer-{app}") / METADATA_FILE
+        try:
+            training = json.loads(meta.read_text()).get("training") or {}
+        except (OSError, ValueError, AttributeError):
+            training = {}     # loading the policy later names what is wrong with it
+        seeds = _recorded_seeds(training)
+        if seeds:
+            found[f"the validation seeds recorded in {meta}"] = seeds
+    return found
+
+
+def _recorded_seeds(record) -> list[int]:
+    """Every seed listed under a "seeds" or "validation_seeds" key, at any depth of a training record."""
+    out: set[int] = set()
+    if isinstance(record, dict):
+        for key, value in record.items():
+            if key in ("seeds", "validation_seeds") and isinstance(value, list):
+                out.update(int(v) for v in value if isinstance(v, int) and not isinstance(v, bool))
+            else:
+                out.update(_recorded_seeds(value))
+    elif isinstance(record, list):
+        for value in record:
+            out.update(_recorded_seeds(value))
+    return sorted(out)
 
 
 @dataclass(frozen=True)

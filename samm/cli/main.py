@@ -822,7 +822,9 @@ def _suite_cmd(cfg, policy_dir, rules_path, retune, out_dir, as_json) -> None:
 @click.option("--agent", "agent_kind", type=click.Choice(["threshold", "target-tracking", "queue"]), required=True)
 @workload_options
 @config_options
-@click.option("--seeds", default="1-3", show_default=True, help="Tuning episode seeds.")
+@click.option("--seeds", default="101-103", show_default=True,
+              help="Tuning episode seeds (apart from `samm evaluate`'s default 1-5: a rule tuned on the seeds it is "
+                   "scored on looks better than it is; the paper experiment tunes on 101-103 too).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Save the tuned agent here.")
 @click.option("--json", "as_json", is_flag=True)
 def tune_cmd(problem, agent_kind, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,

@@ -30,3 +30,13 @@ def parse_seeds(text: str) -> list[int]:
     if outside:
         raise SeedsOutOfBounds(f"seed {outside[0]} is outside 0..{MAX_SEED}")
     return seeds
+
+
+def require_disjoint(evaluated, evaluated_flag: str, selected, selected_flag: str) -> None:
+    """ValueError naming the shared seeds when the seeds a method is reported on are also seeds it
+    was tuned or selected on: its figure would be measured on its own tuning data."""
+    shared = sorted(set(int(s) for s in evaluated) & set(int(s) for s in selected))
+    if shared:
+        shown = ", ".join(map(str, shared[:5])) + (", ..." if len(shared) > 5 else "")
+        raise ValueError(f"{evaluated_flag} and {selected_flag} share seed(s) {shown}: the evaluation seeds "
+                         f"must be apart from the tuning/validation ones")
