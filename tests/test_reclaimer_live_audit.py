@@ -296,3 +296,18 @@ def test_samples_written_again_and_cut_short_leave_the_earlier_ones_whole(tmp_pa
     after = load_samples([tmp_path], topo)                   # still the first run's, whole
     assert np.array_equal(after.X, before.X) and np.array_equal(after.y_lat, before.y_lat)
     assert sorted(p.name for p in tmp_path.iterdir()) == [SAMPLES_FILE]   # no temporary file left
+
+
+def test_a_restarted_online_learner_continues_its_policy_and_its_log(tmp_path):
+    """A daemon restart with the same `out` started again from the base policy and wrote its first
+    save over the fine-tuned one, and truncated online.csv: everything learned was lost."""
+    out = tmp_path / "online"
+    earlier = shipped_policy("testbed").fork()  # a copy: the shipped one is shared
+    earlier.version = "fine-tuned-before-the-restart"
+    earlier.save(out / "policy")
+    (out / "online.csv").write_text("t,reward\n0,0.5\n")
+    learner = make_controller("reclaimer-online", "testbed", out=str(out))
+    assert learner.policy.version == "fine-tuned-before-the-restart"
+    learner.rows.append({"t": 1, "reward": 0.25})
+    learner.save()
+    assert (out / "online.csv").read_text().splitlines() == ["t,reward", "0,0.5", "1,0.25"]

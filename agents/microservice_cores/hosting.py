@@ -24,6 +24,7 @@ policy; the rules are served through the problem's /allocate route, which takes 
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,8 @@ import numpy as np
 from agents.params import check_param_keys, number_param
 
 from .topology import Topology, load_topology
+
+log = logging.getLogger(__name__)
 
 CONTROLLERS = ("reclaimer", "reclaimer-online", "autoscale", "vpa", "sinan", "sinan-explore", "static-max", "static")
 
@@ -71,7 +74,15 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
         if unknown:
             raise ValueError(f"reclaimer-online: unknown parameter(s) {unknown} "
                              f"(known: out, {', '.join(OnlineConfig.__dataclass_fields__)})")
-        policy = ReclaimerPolicy.load(policy_dir) if policy_dir else shipped_policy(topo.name)
+        earlier = Path(out) / "policy" if out is not None else None
+        if earlier is not None and (earlier / "metadata.json").is_file():
+            # a restarted learner continues the policy it saved: starting from the base again, its
+            # first save would write over everything learned before the restart
+            log.warning("reclaimer-online: %s holds the policy an earlier run fine-tuned; continuing it "
+                        "(not %s)", earlier, policy_dir or "the shipped policy")
+            policy = ReclaimerPolicy.load(earlier)
+        else:
+            policy = ReclaimerPolicy.load(policy_dir) if policy_dir else shipped_policy(topo.name)
         return OnlineReclaimer(policy, OnlineConfig(**params), out=out)
     if name == "autoscale":
         from .autoscale import AutoScale

@@ -100,7 +100,8 @@ class OnlineReclaimer:
         self._base = None
         self.steps = self.updates = self.transitions = self.save_errors = 0
         self.rows: list[dict] = []              # rows not yet in online.csv
-        self._csv_started = False
+        # a restarted learner appends to its earlier log (writing it afresh lost the earlier seconds)
+        self._csv_started = self.out is not None and (self.out / "online.csv").is_file()
         self._t0 = time.perf_counter()
 
     # -- Controller ----------------------------------------------------------------------------
