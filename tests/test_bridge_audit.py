@@ -44,11 +44,27 @@ def test_a_jvm_killed_mid_episode_is_a_gateway_error_naming_it_and_a_new_env_sta
         env.close()
 
 
+def _proc_state(pid: int) -> str:
+    """"T" once every thread of the process is stopped, else the first other state letter (/proc)."""
+    states = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.add(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+    return "T" if states <= {"T", "t"} else sorted(states - {"T", "t"})[0]
+
+
 @pytest.mark.jvm
 def test_a_stopped_jvm_fails_a_control_call_after_its_timeout_naming_it():
     """Py4J calls had no read timeout: a SIGSTOPped JVM hung `reset` (and everything after it) for ever."""
     with Gateway(call_timeout_s=2) as gw:
         os.kill(gw.pid, signal.SIGSTOP)
+        # the stop is delivered asynchronously: on a loaded machine a call sent at once was answered
+        deadline = time.monotonic() + 30
+        while _proc_state(gw.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
         try:
             with pytest.raises(GatewayError, match=rf"pid {gw.pid}\) did not answer ping within 2 s"):
                 gw.call("ping")
