@@ -79,6 +79,22 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def read_torch_file(path, metadata_file: str = "metadata.json", what: str = "PyTorch file"):
+    """torch.load of a saved policy's weights, or a one-line ValueError naming the file: a missing,
+    truncated or garbage file raised FileNotFoundError, torch's multi-line error or "KeyError: 101"."""
+    from pathlib import Path
+
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: missing (the weights of the network in {metadata_file})")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - truncated, garbage or a pickle of arbitrary objects
+        raise ValueError(f"{path}: not a readable {what} ({one_line(e)})") from None
+
+
 def load_torch_weights(directory, module, weights_file: str = "weights.pt", metadata_file: str = "metadata.json") -> None:
     """Load saved weights into `module`; a one-line ValueError naming the file when they are
     missing, unreadable, do not fit the network described in `metadata_file`, or hold NaN/inf
@@ -88,12 +104,7 @@ def load_torch_weights(directory, module, weights_file: str = "weights.pt", meta
     import torch
 
     path = Path(directory) / weights_file
-    if not path.is_file():
-        raise ValueError(f"{path}: missing (the weights of the network in {metadata_file})")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - truncated, garbage or a pickle of arbitrary objects
-        raise ValueError(f"{path}: cannot load the policy: not a readable PyTorch state dict ({one_line(e)})") from None
+    state = read_torch_file(path, metadata_file, what="PyTorch state dict")
     if not isinstance(state, dict):
         raise ValueError(f"{path}: not a PyTorch state dict (holds a {type(state).__name__})")
     try:

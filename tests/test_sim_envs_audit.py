@@ -326,12 +326,9 @@ def test_loading_a_damaged_table_is_a_value_error_naming_the_file(tmp_path, dama
 
 
 def _write_metis_like(path, alloc, rps):
-    alloc9 = np.zeros((len(alloc), 9))
-    alloc9[:, :7] = alloc
-    rps9 = np.full((len(alloc), 9), np.nan)
-    rps9[:, :7] = rps
-    obj = rps9.astype(object)
-    np.savez(path, alloc=alloc9, rps=obj, rt_50=obj, rt_99=obj)
+    from test_lra_predictor import write_metis_like
+
+    write_metis_like(path, alloc, rps)
 
 
 def test_default_predictor_rebuilds_a_truncated_cache_file(tmp_path):

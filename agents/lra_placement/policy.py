@@ -46,7 +46,7 @@ from agents.lra_placement.reinforce import (
     repair,
     rollout,
 )
-from agents.policy import one_line
+from agents.policy import one_line, read_torch_file
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
 KIND = "lra-reinforce"
@@ -383,14 +383,8 @@ class PlacementPolicy:
 
 
 def _read_payload(path: Path) -> dict:
-    """policy.pt's {"scorer": state dict, ...}, or a one-line ValueError naming the file (a missing,
-    truncated or garbage file raised FileNotFoundError, torch's multi-line error or "KeyError: 101")."""
-    if not path.is_file():
-        raise ValueError(f"{path}: missing (the weights of the network in {METADATA_FILE})")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - truncated, garbage or a pickle of arbitrary objects
-        raise ValueError(f"{path}: not a readable PyTorch file ({one_line(e)})") from None
+    """policy.pt's {"scorer": state dict, ...}, or a one-line ValueError naming the file."""
+    payload = read_torch_file(path, METADATA_FILE)
     if not isinstance(payload, dict) or not isinstance(payload.get("scorer"), dict):
         raise ValueError(f"{path}: not a saved placement policy (no 'scorer' state dict)")
     return payload
