@@ -62,6 +62,26 @@ def _as_workload(workload: str | Workload, config: SimConfig, swf: SwfTransform 
     return load_workload(workload, transform, core_cap=config.job_core_cap)
 
 
+def check_render_mode(render_mode) -> None:
+    """`gym.make(id, render_mode=None)` passes the argument on to the env (Gymnasium's API);
+    these envs draw nothing, so only None is accepted."""
+    if render_mode is not None:
+        raise ValueError(f"render_mode {render_mode!r} is not supported: this environment does not render")
+
+
+def _seed_value(seed, per_env: bool = False) -> int:
+    """A seed as a Python int >= 0 (< 2**63 for a per-env seed, which the simulator takes as a
+    Java long): a float was truncated silently, a negative seed or a per-env one of 2**63 and
+    more failed deep in NumPy with a message naming no seed."""
+    if isinstance(seed, np.ndarray) and seed.ndim == 0:
+        seed = seed.item()
+    top = 2**63 if per_env else float("inf")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < top:
+        where = "in [0, 2**63)" if per_env else ">= 0"
+        raise ValueError(f"a seed must be a whole number {where}, got {seed!r}")
+    return int(seed)
+
+
 REWARD_SCALES = ("none", "work")
 REWARD_KINDS = ("cost", "waste")
 
@@ -142,7 +162,8 @@ class CloudSimEnv(gym.Env):
 
     def __init__(self, config: SimConfig | dict | None = None, workload: str | Workload = "seed-1551",
                  swf: SwfTransform | dict | None = None, gateway: Gateway | None = None,
-                 features: str | tuple = "paper"):
+                 features: str | tuple = "paper", render_mode: str | None = None):
+        check_render_mode(render_mode)
         self.config = _as_config(config)
         self.workload = _as_workload(workload, self.config, swf)
         self.observation_names = feature_names_of(features, self.config)
@@ -220,7 +241,8 @@ class CloudSimVectorEnv(VectorEnv):
     def __init__(self, num_envs: int = 8, config: SimConfig | dict | None = None,
                  workload: str | Workload = "seed-1551", swf: SwfTransform | dict | None = None,
                  gateway: Gateway | None = None, features: str | tuple = "paper", sampler=None,
-                 reward_scale: str = "none", reward: str = "cost", batch_factory=None):
+                 reward_scale: str = "none", reward: str = "cost", batch_factory=None,
+                 render_mode: str | None = None):
         """`sampler`: anything with `sample() -> Workload` (a workload distribution's sampler);
         each env then replays a fresh sample every episode, drawn in reset order (so a seeded
         sampler makes the whole run reproducible). `workload` is only the first placeholder.
@@ -228,6 +250,9 @@ class CloudSimVectorEnv(VectorEnv):
         `SimBatch` on `gateway`; `sim_bridge.ray_batch.RaySimBatch` spreads them over Ray
         rollout workers). Seeds, workloads and the analyzer stay here, so the same seeds give
         the same episodes wherever the simulations run."""
+        check_render_mode(render_mode)
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs must be a whole number >= 1, got {num_envs!r}")
         if reward_scale not in REWARD_SCALES:
             raise ValueError(f"reward_scale must be one of {REWARD_SCALES}, got {reward_scale!r}")
         if reward not in REWARD_KINDS:
@@ -285,15 +310,15 @@ class CloudSimVectorEnv(VectorEnv):
         return self._rng.integers(SEED_SPACE, size=n, dtype=np.int64)
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
-        if isinstance(seed, (list, tuple, np.ndarray)):
+        if isinstance(seed, (list, tuple)) or (isinstance(seed, np.ndarray) and seed.ndim > 0):
             if len(seed) != self.num_envs:
                 raise ValueError(f"expected {self.num_envs} seeds, got {len(seed)}")
-            seeds = np.array([int(x) for x in seed], dtype=np.int64)
+            seeds = np.array([_seed_value(x, per_env=True) for x in seed], dtype=np.int64)
             # later autoresets draw from a stream fixed by the given seeds
             self._rng = np.random.default_rng([int(x) % SEED_SPACE for x in seeds])
         else:
             if seed is not None:
-                self._rng = np.random.default_rng(int(seed))
+                self._rng = np.random.default_rng(_seed_value(seed))
             seeds = self._draw_seeds(self.num_envs)
         self._new_workloads(range(self.num_envs))
         s = self.batch.reset(np.arange(self.num_envs), seeds)

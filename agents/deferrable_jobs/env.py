@@ -15,7 +15,7 @@ from gymnasium import spaces
 from .data import make_episode
 from .episode import Episode
 from .features import HISTORY, SUMMARY_FEATURES, TOKEN_FEATURES, SummaryHistory, job_tokens, n_tokens, slot_summary
-from .rules import select_by_scores
+from .rules import MAPPINGS, select_by_scores
 from .settings import get_setting
 from .sim import DeferrableSim
 
@@ -26,7 +26,12 @@ class DeferrableJobsEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, setting="tiny", split: str = "train", episode: Episode | None = None,
-                 mapping: str = "prefix"):
+                 mapping: str = "prefix", render_mode: str | None = None):
+        if render_mode is not None:
+            raise ValueError(f"render_mode {render_mode!r} is not supported: this environment does not render")
+        if mapping not in MAPPINGS:
+            # refused here, not at the first step of a run
+            raise ValueError(f"unknown action mapping {mapping!r}; choose from {MAPPINGS}")
         self.setting = get_setting(setting)
         self.mapping = mapping
         self.split = split

@@ -20,6 +20,7 @@ Every terminal `info` carries "placement" (N, A), "score" (equal to the final re
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import gymnasium as gym
@@ -107,7 +108,10 @@ class LraPlacementEnv(gym.Env):
         slots: int = 8,
         n_apps: int = 7,
         seed: int | None = None,
+        render_mode: str | None = None,
     ):
+        if render_mode is not None:
+            raise ValueError(f"render_mode {render_mode!r} is not supported: this environment does not render")
         self.cluster = cluster if cluster is not None else Cluster(n_nodes, slots)
         if predictor is None:
             predictor = SyntheticInterference(n_apps=n_apps, seed=0, slots=self.cluster.slots)
@@ -120,7 +124,8 @@ class LraPlacementEnv(gym.Env):
             self._check_batch(batch)
         self.fixed_batch = batch
         capacity = self.cluster.capacity
-        self.batch_sampler = batch_sampler or (lambda rng: sample_batch(rng, self.n_apps, capacity=capacity))
+        # a partial, not a lambda: the env stays picklable (multiprocessing, AsyncVectorEnv's workers)
+        self.batch_sampler = batch_sampler or functools.partial(sample_batch, n_apps=self.n_apps, capacity=capacity)
 
         n, a = self.cluster.n_nodes, self.n_apps
         self.action_space = spaces.Discrete(n)

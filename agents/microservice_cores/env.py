@@ -78,11 +78,16 @@ class MicroserviceCoresEnv(gym.Env):
 
     def __init__(self, app: str | Topology = "chain3", k: int = 5, id_width: int | None = None,
                  episode_steps: int = EPISODE_S, warmup: int = WARMUP_S, action_space: str = "cap",
-                 observe_queue: bool = False, headroom_ceiling=None):
+                 observe_queue: bool = False, headroom_ceiling=None, render_mode: str | None = None):
+        if render_mode is not None:
+            raise ValueError(f"render_mode {render_mode!r} is not supported: this environment does not render")
         self.topo = app if isinstance(app, Topology) else load_topology(app)
         if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 1:
             # the first observation is the warm-up's last second
             raise ValueError(f"warmup must be a whole number of seconds >= 1, not {warmup!r}")
+        if isinstance(episode_steps, bool) or not isinstance(episode_steps, (int, np.integer)) or episode_steps < 1:
+            # 0 or less truncated every episode after its first step
+            raise ValueError(f"episode_steps must be a whole number of steps >= 1, not {episode_steps!r}")
         self.M = self.topo.n_services
         self.k = k
         self.episode_steps = episode_steps
@@ -103,6 +108,15 @@ class MicroserviceCoresEnv(gym.Env):
         """Cores for an action of the env's space (action_map.py), on "usage" and under a headroom
         ceiling (ours) from the mean use over the stacked seconds of the last observation."""
         return cores_of(action, self._used, self.topo.caps, self.action_meaning, self.headroom_ceiling)
+
+    def _checked_action(self, action) -> np.ndarray:
+        """The action as (M,), refused before the simulator moves: a (1, M) or (M, 1) action
+        used to advance the simulated second and only then fail, leaving the episode corrupted."""
+        a = np.asarray(action, dtype=np.float64)
+        try:
+            return np.broadcast_to(a, (self.M,)).copy()
+        except ValueError:
+            raise ValueError(f"action must hold {self.M} values (one per service), got shape {a.shape}") from None
 
     def _rows(self, st, prev):
         return feature_row_block(st.per_service, st.latency_ms, st.requests, st.failures,
@@ -128,7 +142,7 @@ class MicroserviceCoresEnv(gym.Env):
     def step(self, action):
         if self.sim is None:
             raise RuntimeError("call reset() before step(): the episode has not started")
-        cores = self.cores_of(action)
+        cores = self.cores_of(self._checked_action(action))
         st = self.sim.step(cores[None])
         reward = float(reward_of(st.p99_ms, self.topo.qos_ms, cores[None], self.topo.caps)[0])
         self._prev = cores / self.topo.caps

@@ -29,7 +29,9 @@ class OversubscriptionEnv(gym.Env):
 
     def __init__(self, setting="azure", split: str = "train", warm: bool = False, trace_seed: int = 0,
                  train_usage: str = "logged", reward_scale: float | None = None,
-                 workload_fn: Callable | None = None, rates: str = "paper"):
+                 workload_fn: Callable | None = None, rates: str = "paper", render_mode: str | None = None):
+        if render_mode is not None:
+            raise ValueError(f"render_mode {render_mode!r} is not supported: this environment does not render")
         self.setting = get_setting(setting)
         self.rates = np.asarray(rate_grid(rates))
         if split not in ("train", "test"):
@@ -38,6 +40,10 @@ class OversubscriptionEnv(gym.Env):
             raise ValueError(f"train_usage must be 'logged' or 'redrawn', not {train_usage!r}")
         self.split, self.warm, self.trace_seed, self.train_usage = split, warm, trace_seed, train_usage
         self.reward_scale = reward_scale if reward_scale is not None else 1.0 / self.setting.pm_cores
+        if isinstance(self.reward_scale, bool) or not isinstance(self.reward_scale, (int, float, np.number)) \
+                or not np.isfinite(self.reward_scale):
+            # NaN or inf made every reward of every episode NaN or inf, silently
+            raise ValueError(f"reward_scale must be a finite number, not {reward_scale!r}")
         self.workload_fn = workload_fn
         self.observation_space, self.action_space = oversub_spaces(self.setting, n_rates=self.rates.size)
         self._sim: OversubSim | None = None
