@@ -92,7 +92,7 @@ def read_torch_file(path, metadata_file: str = "metadata.json", what: str = "PyT
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - truncated, garbage or a pickle of arbitrary objects
-        raise ValueError(f"{path}: not a readable {what} ({one_line(e)})") from None
+        raise ValueError(f"{path}: cannot load the policy: not a readable {what} ({one_line(e)})") from None
 
 
 def load_torch_weights(directory, module, weights_file: str = "weights.pt", metadata_file: str = "metadata.json") -> None:

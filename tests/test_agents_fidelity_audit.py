@@ -179,7 +179,7 @@ def _lra_copy(tmp_path):
     return d
 
 
-@pytest.mark.parametrize("content, message", [(b"garbage", "not a readable PyTorch file"), (None, "missing")])
+@pytest.mark.parametrize("content, message", [(b"garbage", "cannot load the policy: not a readable PyTorch file"), (None, "missing")])
 def test_lra_load_names_the_weights_file_when_it_is_garbage_or_missing(tmp_path, content, message):
     from agents.lra_placement.policy import PlacementPolicy
 
