@@ -60,6 +60,9 @@ def to_deltas(mode: ActionMode, actions, n_types: int) -> np.ndarray:
         deltas[idx, (a[idx] - 1) // 2] = np.where(kind == 0, 1, -1)
         return deltas
     if mode == "per-type":
+        if a.ndim == 0 or a.shape[-1] != n_types:  # reshape would fail with numpy's own words
+            raise ValueError(f"per-type action must hold one value per VM type ({n_types}), "
+                             f"got {str(a.tolist())[:80]} of shape {list(a.shape)}")
         a = a.reshape(-1, n_types)
         if np.any((a < 0) | (a > 2)):
             raise ValueError(f"per-type actions must be 0, 1 or 2, got {a.tolist()}")

@@ -29,6 +29,8 @@ snapshot) yields NaN for that feature, never a guess.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .metrics import OBSERVATION_NAMES, compute_metrics, safe_ratio
@@ -73,6 +75,12 @@ def feature_bounds(name: str) -> tuple[float, float]:
     if name == "waiting_cores_ratio":
         return 0.0, WAITING_CAP
     return 0.0, float("inf")
+
+
+@functools.lru_cache(maxsize=64)
+def _bounds(names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    low, high = np.array([feature_bounds(n) for n in names], dtype=np.float64).T
+    return low, high
 
 
 def _counter(snap: RawSnapshot, field: str) -> np.ndarray:
@@ -135,4 +143,8 @@ def compute_features(snap: RawSnapshot, fleet: FleetSpec, names, warmup_s: float
             src = {"jobs_waiting": snap.jobs_waiting_now, "jobs_running": snap.jobs_running,
                    "jobs_submitted_interval": snap.jobs_submitted_interval}[name]
             cols.append(np.nan_to_num(np.asarray(src, dtype=np.float64), nan=0.0))
-    return np.stack(cols, axis=-1).astype(np.float32)
+    # a live fleet can leave the ranges the simulator keeps to (a group above a lowered max, a head
+    # job wider than the largest type): held at the bounds the policy's observation space declares,
+    # so the service (which refuses values outside them) and an in-process agent see one vector
+    low, high = _bounds(tuple(names))
+    return np.clip(np.stack(cols, axis=-1), low, high).astype(np.float32)

@@ -152,7 +152,14 @@ class ControlLoop:
         names = self._feature_names()
         t0 = time.perf_counter()
         raw = self._with_action_age(outcome.raw, end)
-        feats = compute_features(raw, self.fleet, names, warmup_s=self.warmup_s, step_seconds=self.interval_s)
+        try:
+            feats = compute_features(raw, self.fleet, names, warmup_s=self.warmup_s, step_seconds=self.interval_s)
+        except ValueError as exc:  # e.g. a service's policy reads a feature this daemon does not compute
+            rep.decision_id, rep.decided = self.store.record_decision(
+                key, agent=self.agent_name, action=None, source="none", action_name="nothing (features unknown)",
+                reason=f"the agent's features cannot be computed here: {exc}"[:500], loop=self.name)
+            log.warning("iteration %s: features cannot be computed, no scaling action: %s", key, exc)
+            return self._finish(rep, started)
         rep.stage_ms["analyze"] = (time.perf_counter() - t0) * 1e3
         rep.features = {n: float(v) for n, v in zip(names, np.asarray(feats).reshape(-1))}
         # JSON has no NaN (PostgreSQL refuses it): an unknown feature is stored as null
@@ -208,8 +215,19 @@ class ControlLoop:
             last = [g.last_action_at for g in self.store.group_states(self.name).values() if g.last_action_at is not None]
         except Exception:  # noqa: BLE001 - a feature that reads it is then NaN, and nothing is done
             return raw
-        since = window_end - max(last) if last else -1.0
-        return dataclasses.replace(raw, since_action_s=np.asarray(max(since, 0.0) if last else -1.0))
+        if not last:
+            return dataclasses.replace(raw, since_action_s=np.asarray(-1.0))
+        return dataclasses.replace(raw, since_action_s=np.asarray(self._intervals_begun_since(window_end, max(last))))
+
+    def _intervals_begun_since(self, window_end: float, acted_at: float) -> float:
+        """Seconds since the last action, counted as the simulator counts them: it applies an
+        action at the start of an interval and observes whole intervals later, while this loop acts
+        a few seconds after the window it read ends; the raw difference (one interval less a
+        few seconds) would floor to one step fewer than the simulator reports for the same past."""
+        elapsed = window_end - acted_at
+        if elapsed <= 0:
+            return 0.0
+        return math.ceil(elapsed / self.interval_s - 1e-9) * self.interval_s
 
     def _guarded(self, plan: PlanOutcome, raw) -> PlanOutcome:
         """The head-of-line liveness guard (samm/plan/liveness.py), as in the simulator."""

@@ -39,8 +39,16 @@ def to_space(space: spaces.Space, value: Any, field: str) -> Any:
         return rows
     if isinstance(space, NamedBox):
         if isinstance(value, dict):
+            # as for a Dict space: a missing name was a bare KeyError, a misspelt one went unread
+            missing = [n for n in space.names if n not in value]
+            unknown = [k for k in value if k not in space.names]
+            if missing or unknown:
+                raise InvalidInput(field, f"missing {missing}, unknown {unknown}")
             value = [value[n] for n in space.names]
-        x = np.asarray(value, dtype=space.dtype)
+        try:
+            x = np.asarray(value, dtype=space.dtype)
+        except (TypeError, ValueError):
+            raise InvalidInput(field, f"must be numbers for {list(space.names)}") from None
         _check_box(space, x, field, names=space.names)
         return x
     if isinstance(space, spaces.Box):
