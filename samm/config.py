@@ -9,11 +9,13 @@ scalars (so `true`, `3`, `1.5` get their types).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, SerializationInfo, ValidationError, field_serializer,
+                      field_validator, model_validator)
 
 ENV_PREFIX = "SAMM_"
 
@@ -26,6 +28,28 @@ class Strict(BaseModel):
 #: The longest interval, grace or lateness: APScheduler and the first-run arithmetic overflow on
 #: larger ones, and no control loop waits a week between decisions
 MAX_PERIOD_S = 7 * 86_400.0
+
+
+# "scheme://user:PASSWORD@": up to the last "@", since a password may hold a raw "@" itself
+_URL_PASSWORD = re.compile(r"^([\w+.-]+://[^:/@]*:)(.*)@")
+
+
+def url_without_password(url: str) -> str:
+    """The URL with its password (if any) as ***, everything else as written."""
+    return _URL_PASSWORD.sub(r"\1***@", url, count=1)
+
+
+def _masked_url(self, url: str | None, info: SerializationInfo) -> str | None:
+    """A URL field's JSON form: `samm config check` prints the JSON dump and promises secrets
+    masked, so a password in a URL is ***; a dump that is to be loaded again as a config asks
+    for it with context={"secrets": "keep"}."""
+    if url is None or (info.context or {}).get("secrets") == "keep":
+        return url
+    return url_without_password(url)
+
+
+#: the labels by which the docker executor finds each group's containers (samm/execute/docker_exec.py)
+DOCKER_LABELS_OF_SAMM = ("samm.namespace", "samm.group", "samm.request")
 
 
 class GroupConfig(Strict):
@@ -49,6 +73,16 @@ class GroupConfig(Strict):
             raise ValueError(f"group {self.name!r}: min {self.min} > max {self.max}")
         return self
 
+    @model_validator(mode="after")
+    def _docker_label(self) -> "GroupConfig":
+        key = (self.docker_label or "").partition("=")[0].strip()
+        if key in DOCKER_LABELS_OF_SAMM:
+            # the docker executor finds a group's containers by these: its own containers then
+            # belonged to another group (or to none), and every iteration started more
+            raise ValueError(f"group {self.name!r}: docker_label {self.docker_label!r} would replace SAMM's own "
+                             f"label {key!r}; choose another key")
+        return self
+
 
 class GraphiteConfig(Strict):
     render_url: str = "http://127.0.0.1:8080"
@@ -59,6 +93,8 @@ class GraphiteConfig(Strict):
     lateness_s: float = Field(default=5.0, ge=0, le=MAX_PERIOD_S, description="wait this long after an interval ends before reading it")
     publish: bool = Field(default=True, description="publish SAMM's own metrics, decisions and events")
 
+    _render_url_masked = field_serializer("render_url", when_used="json")(_masked_url)
+
 
 class AgentConfig(Strict):
     name: str = "lstm-ppo"
@@ -67,6 +103,8 @@ class AgentConfig(Strict):
     mode: Literal["in-process", "http"] = "in-process"
     service_url: str | None = None
     fallback: Literal["noop"] = "noop"
+
+    _service_url_masked = field_serializer("service_url", when_used="json")(_masked_url)
 
     @model_validator(mode="after")
     def _http(self) -> "AgentConfig":
@@ -81,6 +119,8 @@ class ExecutorConfig(Strict):
     region: str = "us-east-1"
     endpoint_url: str | None = None
     max_attempts: int = Field(default=5, ge=1)
+
+    _endpoint_url_masked = field_serializer("endpoint_url", when_used="json")(_masked_url)
 
 
 class TimingConfig(Strict):
@@ -102,6 +142,8 @@ class SimulationConfig(Strict):
 
 class KnowledgeConfig(Strict):
     url: str = "sqlite:///samm.db"
+
+    _url_masked = field_serializer("url", when_used="json")(_masked_url)
 
 
 class HaConfig(Strict):
@@ -286,6 +328,12 @@ def _line_index(text: str) -> dict[tuple, int]:
     return lines
 
 
+# taken as written, not read as YAML: a token of digits became a number (the config was then
+# refused, "service.token: Input should be a valid string"), and " #..." in a password or a
+# token was cut off as a comment
+_VERBATIM_ENV = {("service", "token"), ("knowledge", "url")}
+
+
 def _apply_env(data: dict, environ: dict[str, str]) -> list[str]:
     applied = []
     for name, raw in sorted(environ.items()):
@@ -297,10 +345,13 @@ def _apply_env(data: dict, environ: dict[str, str]) -> list[str]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
-        try:
-            node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{name}: not a valid YAML value ({exc.problem or exc})") from None
+        if raw == "" or tuple(path) in _VERBATIM_ENV:
+            node[path[-1]] = raw if raw != "" else None
+        else:
+            try:
+                node[path[-1]] = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{name}: not a valid YAML value ({exc.problem or exc})") from None
         applied.append(name)
     return applied
 

@@ -1277,7 +1277,7 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
             _fail(f"--agent {spec}: cannot load the policy: {type(exc).__name__}: {first_line}")
     for line in registry.restore_uploads():
         click.echo(line, err=True)
-    token = os.environ.get(token_env) or None
+    token = (os.environ.get(token_env) or "").strip() or None  # as create_app takes it (a trailing newline)
     import torch
 
     torch.set_num_threads(1)  # one decision at a time is tiny: extra threads only contend

@@ -40,6 +40,7 @@ DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "infinity")
 LABEL_GROUP = "samm.group"
 LABEL_NAMESPACE = "samm.namespace"
 LABEL_REQUEST = "samm.request"
+# (samm.config.DOCKER_LABELS_OF_SAMM: a group's docker_label may not replace them)
 
 _STATE: dict[str, InstanceState] = {
     "running": "running",

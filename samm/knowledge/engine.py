@@ -23,6 +23,7 @@ from sqlalchemy.pool import StaticPool
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 URL_EXAMPLES = "e.g. sqlite:///var/lib/samm/samm.db or postgresql+psycopg://samm@db.example/samm"
 _BEGIN_MODES = ("DEFERRED", "IMMEDIATE", "EXCLUSIVE")
+_RAW_AT = "knowledge.url (scheme {scheme!r}): an '@' in the user name or password must be written %40"
 
 
 class KnowledgeError(RuntimeError):
@@ -37,12 +38,21 @@ def normalize_url(url: str | URL) -> URL:
             raise KnowledgeError(f"knowledge.url is empty; {URL_EXAMPLES}")
         if text.startswith("postgres://"):  # Heroku-style alias SQLAlchemy rejects
             text = "postgresql://" + text[len("postgres://"):]
+        scheme = text.split("://", 1)[0] if "://" in text else "(no scheme)"
         try:
             parsed = make_url(text)
         except ArgumentError:
             # the parser's message repeats the whole string, password included
-            scheme = text.split("://", 1)[0] if "://" in text else "(no scheme)"
             raise KnowledgeError(f"knowledge.url is not a database URL (scheme {scheme!r}); {URL_EXAMPLES}") from None
+        except ValueError:  # int() of the port; past an "@" in the password, the port text is part of it
+            if text.count("@") > 1:
+                raise KnowledgeError(_RAW_AT.format(scheme=scheme)) from None
+            raise KnowledgeError(f"knowledge.url (scheme {scheme!r}): its port is not a number; "
+                                 f"{URL_EXAMPLES}") from None
+        if "@" in (parsed.host or ""):
+            # the parser ends the password at its first "@": the rest, taken for the host, was shown
+            # in every log line and connection error
+            raise KnowledgeError(_RAW_AT.format(scheme=scheme))
     else:
         parsed = url
     backend = parsed.get_backend_name()

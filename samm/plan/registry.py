@@ -75,6 +75,27 @@ def test_decision(policy) -> None:
     policy.decide(observation, policy.initial_state(), mask=mask)
 
 
+# a saved policy is metadata.json and two or three weight files; a body of empty files (millions
+# within the body limit) took minutes to write and could use up the store's inodes
+MAX_UPLOAD_FILES = 32
+# the knowledge store's policy_version column: a longer version is cut there, and is repeated in
+# every decide response
+MAX_VERSION_CHARS = 128
+
+
+def _check_version(version) -> None:
+    """An upload's version names it in every response, record and log line: a number or an
+    object there was swapped in and then failed every agent listing (a 500) until a rollback."""
+    if not (isinstance(version, str) and 0 < len(version) <= MAX_VERSION_CHARS and version.isprintable()):
+        raise PolicyRejected(f"metadata.json: version must be a printable string of 1 to {MAX_VERSION_CHARS} "
+                             f"characters, got {_shown(version)}")
+
+
+def _shown(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class PolicyRegistry:
     def __init__(self, store_dir: str | Path | None = None):
         self._hosted: dict[str, Hosted] = {}
@@ -119,6 +140,9 @@ class PolicyRegistry:
             if name not in self._hosted:
                 raise KeyError(name)
             current = self._hosted[name].agent
+        if len(files) > MAX_UPLOAD_FILES:
+            raise PolicyRejected(f"a policy is at most {MAX_UPLOAD_FILES} files (metadata.json and its weights), "
+                                 f"got {len(files)}")
         for fname in files:
             if "/" in fname or "\\" in fname or fname.startswith(".") or not fname:
                 raise PolicyRejected(f"invalid file name {fname!r}")
@@ -156,6 +180,7 @@ class PolicyRegistry:
             candidate = load_policy(folder)
         except Exception as exc:  # noqa: BLE001 - any failure to load is a rejection
             raise PolicyRejected(f"cannot load the policy: {exc}") from None
+        _check_version(candidate.version)
         want, got = spec_of(current), spec_of(candidate)
         diff = [k for k in want if want[k] != got.get(k)]
         # name the most specific difference first (action_mode before the space it implies)

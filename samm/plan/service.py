@@ -102,6 +102,9 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
     app = FastAPI(title="SAMM Policy Evaluation Service", version=__version__,
                   description="Decisions of hosted agents over REST. Each agent's decide request and response "
                               "are generated from its observation and action spaces.")
+    # a token read from a file or a secret often ends in a newline, which no client can send: every
+    # upload was refused as "invalid token" (the header's own whitespace is stripped below)
+    token = (token or "").strip() or None
     if sessions is None:  # not `or`: an empty store is falsy (it has a length), and a caller's own was dropped
         sessions = SessionStore(ttl_s=session_ttl_s, max_sessions=max_sessions)
     metrics = CollectorRegistry()
