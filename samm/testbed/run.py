@@ -270,7 +270,9 @@ class Testbed:
         if o.daemon_process:
             import yaml
 
-            (self.out / "samm.yaml").write_text(yaml.safe_dump(self.config.model_dump(mode="json")))
+            # the daemons read this file: a database password must reach them whole, not masked
+            config = self.config.model_dump(mode="json", context={"secrets": "keep"})
+            (self.out / "samm.yaml").write_text(yaml.safe_dump(config))
             for _ in range(o.daemons):
                 self.start_daemon_process()
         else:
