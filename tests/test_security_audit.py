@@ -236,3 +236,25 @@ def test_an_upload_of_thousands_of_files_is_rejected_before_writing_any(tmp_path
                      headers={"authorization": "Bearer tok", "content-type": "application/json"})
     assert res.status_code == 422 and f"at most {MAX_UPLOAD_FILES} files" in res.json()["detail"], res.text
     assert list((tmp_path / "store").iterdir()) == []
+
+
+def test_an_uploaded_lstm_ppo_policy_declaring_a_huge_network_is_refused_before_it_is_built(tmp_path):
+    """metadata.json's lstm_hidden of 20,000 built a ~6-GB network for hours (orthogonal init) before
+    the weights could be compared with it; the bound refuses it at once."""
+    import json
+
+    from agents.factory import make_agent
+    from agents.ppo.agent import MAX_LSTM_HIDDEN, LstmPpoAgent
+    from samm.plan.registry import PolicyRegistry, PolicyRejected
+    from sim_bridge.config import SimConfig
+
+    agent = make_agent("lstm-ppo", SimConfig())
+    LstmPpoAgent(agent.feature_names, action_mode=agent.action_mode, version="huge").save(tmp_path / "p")
+    meta = json.loads((tmp_path / "p" / "metadata.json").read_text())
+    meta.setdefault("params", {})["lstm_hidden"] = 20_000
+    (tmp_path / "p" / "metadata.json").write_text(json.dumps(meta))
+    reg = PolicyRegistry(tmp_path / "store")
+    reg.host("lstm-ppo", agent)
+    files = {p.name: p.read_bytes() for p in (tmp_path / "p").iterdir() if p.is_file()}
+    with pytest.raises(PolicyRejected, match=f"lstm_hidden.*{MAX_LSTM_HIDDEN}"):
+        reg.upload("lstm-ppo", files)

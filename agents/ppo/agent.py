@@ -23,6 +23,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 WEIGHTS_FILE = "policy.pt"
 #: what a saved policy's "params" may hold: its LSTM's width and the seed of its sampled actions
 PARAMS = ("lstm_hidden", "sample_seed")
+MAX_LSTM_HIDDEN = 1024
 
 
 def _read_obs_rms(path: Path, n_features: int) -> RunningMeanStd:
@@ -51,7 +52,9 @@ class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
             raise ValueError(f"{self.kind}: type_names must name at least one VM type")
         check_param_keys(self.kind, params or {}, PARAMS)
         p = {"lstm_hidden": 128, **(params or {})}
-        number_param(self.kind, "lstm_hidden", p["lstm_hidden"], low=1, whole=True)
+        # bounded: an uploaded metadata.json declaring 20,000 units built an hours-long, 6-GB network
+        # before its weights could be compared (the shipped policies use 128)
+        number_param(self.kind, "lstm_hidden", p["lstm_hidden"], low=1, high=MAX_LSTM_HIDDEN, whole=True)
         number_param(self.kind, "sample_seed", p.get("sample_seed", 0), low=0, whole=True)
         super().__init__(tuple(feature_names), action_mode, type_names, params=p, **kw)
         nvec = (1 + 2 * self.n_types,) if action_mode == "paper" else (3,) * self.n_types

@@ -91,6 +91,10 @@ class PPOConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        from .agent import MAX_LSTM_HIDDEN
+
+        if self.lstm_hidden > MAX_LSTM_HIDDEN:  # a policy no service would load (agent.py bounds it)
+            raise ValueError(f"lstm_hidden must be at most {MAX_LSTM_HIDDEN}, got {self.lstm_hidden}")
         if not 0.0 <= self.learning_rate < float("inf"):  # 0 is allowed: a run that must not move the weights
             raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}")
         if not (self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:")):
