@@ -159,6 +159,9 @@ class BatchShape:
         deltas = np.asarray(deltas)
         if deltas.shape != (self.n_envs, self.n_types):
             raise ValueError(f"deltas must have shape {(self.n_envs, self.n_types)}, got {deltas.shape}")
+        # the int8 cast would silently truncate 1.7 to 1 and turn NaN into 0 (or garbage)
+        if deltas.dtype.kind not in "iub" and not (np.all(np.isfinite(deltas)) and np.all(deltas == np.rint(deltas))):
+            raise ValueError(f"deltas must be whole numbers, got {str(deltas.tolist())[:80]}")
         return deltas
 
 
@@ -179,7 +182,12 @@ class SimBatch(BatchShape):
         self.fleet = FleetSpec.from_vm_types(config.vm_types)
         self.gateway = gateway or shared_gateway()
         self._workload_id = self.gateway.call("loadWorkload", bytearray(workload.pack()))
-        self._id = self.gateway.call("createBatch", config.java_json(), self._workload_id, n_envs)
+        try:
+            self._id = self.gateway.call("createBatch", config.java_json(), self._workload_id, n_envs)
+        except BaseException:
+            self._closed = True  # nothing for close() (or __del__) to free but the workload, freed here
+            self._free_workload()  # else every rejected config leaves its job list in the JVM for good
+            raise
         self._closed = False
         self.fast = fast
         self.workloads = [workload] * n_envs
@@ -238,6 +246,13 @@ class SimBatch(BatchShape):
                 self.gateway.call("closeWorkload", self._workload_id)
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
+
+    def _free_workload(self) -> None:
+        try:
+            if self.gateway.alive():
+                self.gateway.call("closeWorkload", self._workload_id)
+        except Exception:  # noqa: BLE001 - best effort: the original error is the one to report
+            pass
 
     def __del__(self) -> None:  # pragma: no cover - GC timing
         try:

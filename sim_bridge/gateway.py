@@ -106,7 +106,7 @@ class Gateway:
                     result.append(line[len(READY_PREFIX):].strip())
                     break
 
-        reader = threading.Thread(target=read, daemon=True)
+        reader = self._stdout_reader = threading.Thread(target=read, daemon=True)
         reader.start()
         reader.join(timeout_s)
         if not result:
@@ -152,6 +152,25 @@ class Gateway:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=5)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        """Our ends of the JVM's stdout and stderr: else each gateway keeps two descriptors until the
+        garbage collector finds them (and warns about them at some random later moment)."""
+        pipes = []
+        # a pipe is closed only once its reader thread is done (it reads to EOF once the JVM is gone)
+        for reader, pipe in ((getattr(self, "_stdout_reader", None), self.proc.stdout),
+                             (self._stderr_reader, self.proc.stderr)):
+            if reader is not None:
+                reader.join(timeout=2)
+            if reader is None or not reader.is_alive():
+                pipes.append(pipe)
+        for pipe in pipes:
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except (OSError, ValueError):
+                pass
 
     def __enter__(self) -> "Gateway":
         return self
@@ -168,13 +187,24 @@ class Gateway:
         try:
             return getattr(self.entry, method)(*args)
         except Py4JJavaError as exc:
-            raise SimulatorError(_java_message(exc)) from None
+            message = _java_message(exc)
+            self._release(exc.java_exception)
+            raise SimulatorError(message) from None
         except Py4JError as exc:
             if time.monotonic() - started >= self.call_timeout_s and self.alive():
                 # Py4J drops the timeout from its error: name it, or the message says nothing
                 raise GatewayError(f"the JVM (pid {self.pid}) did not answer {method} within "
                                    f"{self.call_timeout_s:g} s (stopped or hung?)") from exc
             raise GatewayError(f"Py4J call {method} failed: {exc}" + self._failure_hint()) from exc
+
+    def _release(self, java_object) -> None:
+        """Frees a JVM object now. Left to Py4J, a Java exception (held in a reference cycle once a
+        method of it was called) is freed only by a later cyclic GC, maybe after this gateway closed:
+        its finalizer then dials the dead JVM's port and logs an ERROR traceback at a random moment."""
+        try:
+            self._py4j.detach(java_object)
+        except Exception:  # noqa: BLE001 - the JVM frees it anyway when it exits
+            pass
 
     def step_channel(self) -> "StepChannel":
         """The raw-socket hot path for batched steps (opened on first use; one per gateway)."""

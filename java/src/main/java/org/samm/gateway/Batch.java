@@ -17,6 +17,11 @@ import java.util.concurrent.atomic.AtomicInteger;
  */
 final class Batch implements AutoCloseable {
     private static final AtomicInteger POOL_IDS = new AtomicInteger();
+    /**
+     * Most bytes of snapshots in one reply (the largest Java array): past it the int sizes of arrays and
+     * of the step channel's frames overflow, and the error was a bare negative number.
+     */
+    static final long MAX_REPLY_BYTES = Integer.MAX_VALUE - 8;
 
     final Config cfg;
     final Workload wl;
@@ -27,6 +32,10 @@ final class Batch implements AutoCloseable {
     Batch(Config cfg, Workload wl, int nEnvs) {
         if (nEnvs < 1) {
             throw new IllegalArgumentException("nEnvs must be >= 1, got " + nEnvs);
+        }
+        if ((long) nEnvs * cfg.recordDoubles * 8 > MAX_REPLY_BYTES) {
+            throw new IllegalArgumentException("nEnvs=" + nEnvs + " is too many: their snapshots ("
+                + cfg.recordDoubles * 8 + " bytes each) must fit one reply of at most " + MAX_REPLY_BYTES + " bytes");
         }
         cfg.checkWorkload(wl);
         this.cfg = cfg;
@@ -68,6 +77,10 @@ final class Batch implements AutoCloseable {
         if (k < 0 || request.length != 4L + 12L * k) {
             throw new IllegalArgumentException("reset request: expected " + (4L + 12L * Math.max(k, 0))
                 + " bytes for k=" + k + ", got " + request.length);
+        }
+        if ((long) k * recordBytes() > MAX_REPLY_BYTES) {
+            throw new IllegalArgumentException("reset request: k=" + k + " snapshots of " + recordBytes()
+                + " bytes do not fit one reply of at most " + MAX_REPLY_BYTES + " bytes");
         }
         final int[] idx = new int[k];
         final long[] seeds = new long[k];

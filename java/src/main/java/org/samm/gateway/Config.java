@@ -59,6 +59,13 @@ public final class Config {
     public final int maxCores;
     /** Largest RAM (GB) of any type. */
     public final double maxRamGb;
+    /**
+     * Most VM slots (sum of max) of a config: every slot is a CloudSim host and 5 doubles of every
+     * snapshot, so a larger fleet only ends in an int overflow or a heap error that names nothing.
+     */
+    public static final int MAX_SLOTS = 100_000;
+    /** Most PEs one env's hosts may have together (VM slots x largest cores), for the same reason. */
+    public static final long MAX_HOST_PES = 1L << 22;
     /** Header doubles of a snapshot record (docs/bridge-protocol.md). */
     public static final int HEADER_DOUBLES = 21;
     /** Snapshot record length in doubles: 21 + 4T + 5V. */
@@ -159,7 +166,27 @@ public final class Config {
         }
         if (!(cool >= 0) || Double.isInfinite(cool)) throw new IllegalArgumentException("cooldown_s must be >= 0, got " + cool);
         if (threads < 0) throw new IllegalArgumentException("threads must be >= 0, got " + threads);
+        // CloudSim Plus counts PE capacity in whole MIPS: on slower PEs no VM can ever be placed
+        if (mips < 1) throw new IllegalArgumentException("host_mips must be >= 1, got " + mips);
+        checkFleetSize(types);
         return new Config(types, mips, step, bmin, bmax, cool, threads);
+    }
+
+    private static void checkFleetSize(List<VmType> types) {
+        long slots = 0;
+        int cores = 0;
+        for (VmType t : types) {
+            slots += t.max;
+            cores = Math.max(cores, t.cores);
+        }
+        if (slots > MAX_SLOTS) {
+            throw new IllegalArgumentException("vm_types: the sum of max (VM slots) must be <= " + MAX_SLOTS
+                + ", got " + slots);
+        }
+        if (Math.max(1, slots) * cores > MAX_HOST_PES) {
+            throw new IllegalArgumentException("vm_types: VM slots x largest cores must be <= " + MAX_HOST_PES
+                + " simulated PEs, got " + Math.max(1, slots) + " x " + cores);
+        }
     }
 
     /** Checks that every job fits the largest VM type. */

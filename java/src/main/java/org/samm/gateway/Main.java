@@ -74,8 +74,8 @@ public final class Main {
             final String a = args[i];
             switch (a) {
                 case "--address" -> address = value(args, ++i, a);
-                case "--port" -> port = Integer.parseInt(value(args, ++i, a));
-                case "--parent-pid" -> parentPid = Long.parseLong(value(args, ++i, a));
+                case "--port" -> port = (int) number(value(args, ++i, a), a, Integer.MIN_VALUE, Integer.MAX_VALUE);
+                case "--parent-pid" -> parentPid = number(value(args, ++i, a), a, Long.MIN_VALUE, Long.MAX_VALUE);
                 case "--quiet" -> quiet = true;
                 case "--help", "-h" -> {
                     System.out.println("usage: java -jar samm-gateway.jar [--address 127.0.0.1] [--port 0] "
@@ -108,7 +108,14 @@ public final class Main {
             .javaPort(port)
             .serverSocketFactory(new NoDelayServerSocketFactory())
             .build();
-        server.start(true);
+        try {
+            server.start(true);
+        } catch (RuntimeException e) {
+            // else main dies with a stack trace while py4j's threads keep the JVM alive, with no port
+            // line and no stdin or parent watch: an orphan for ever
+            fail("cannot listen on " + addr.getHostAddress() + ":" + port + " ("
+                + (e.getCause() != null ? e.getCause() : e) + ")");
+        }
         final int actual = server.getListeningPort();
         if (actual <= 0) {
             fail("the gateway server did not start (port " + actual + ")");
@@ -148,6 +155,20 @@ public final class Main {
             fail("missing value for " + flag);
         }
         return args[i];
+    }
+
+    /** An integral flag value in [lo, hi]; anything else is a one-line usage error, not a stack trace. */
+    private static long number(String text, String flag, long lo, long hi) {
+        try {
+            final long v = Long.parseLong(text.trim());
+            if (v >= lo && v <= hi) {
+                return v;
+            }
+        } catch (NumberFormatException e) {
+            // reported below
+        }
+        fail(flag + " must be an integer, got '" + text + "'");
+        return 0; // not reached: fail exits
     }
 
     private static void fail(String msg) {

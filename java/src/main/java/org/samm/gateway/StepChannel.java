@@ -115,7 +115,13 @@ final class StepChannel implements AutoCloseable {
                 final int batchId = in.getInt();
                 final int len = in.getInt();
                 if (len < 0 || len > MAX_FRAME) {
-                    throw new IOException("bad frame length " + len);
+                    // the stream cannot be resynchronised: say why before dropping it, or the client
+                    // only sees a closed socket and must guess that the JVM exited
+                    reply.begin();
+                    reply.error("bad step-channel frame length " + len + " (must be within [0, " + MAX_FRAME
+                        + "]); closing the connection");
+                    reply.send(s);
+                    return;
                 }
                 in = fill(s, in, len);
                 final byte[] payload = new byte[len];

@@ -532,4 +532,68 @@ class GatewayTest {
             gw.closeBatch(b);
         }
     }
+    // ------------------------------------------------------------------ audit: degenerate configs, framing
+    static String vmType(long cores, long max) {
+        return "{\"cores\": " + cores + ", \"ram_gb\": 8, \"price_per_hour\": 0.2, \"min\": 0, \"max\": " + max
+            + ", \"initial\": 0}";
+    }
+
+    static String oneType(long cores, long max) {
+        return "{\"vm_types\": [" + vmType(cores, max) + "]}";
+    }
+
+    @Test
+    void aFleetTooLargeToSimulateIsRejectedNamingVmTypes() {
+        // 2 x 1.2e9 slots overflowed the int record size (message "-884901859"); 2e9 ran out of heap
+        final String twoHuge = "{\"vm_types\": [" + vmType(2, 1_200_000_000L) + ", " + vmType(2, 1_200_000_000L) + "]}";
+        for (String cfg : new String[]{twoHuge, oneType(2, 2_000_000_000L), oneType(2_000_000_000L, 1)}) {
+            final IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> gw.createBatch(cfg, paperId, 1), cfg);
+            assertTrue(e.getMessage().startsWith("vm_types: "), e.getMessage());
+        }
+        final int b = gw.createBatch(oneType(8, 20), paperId, 1); // an ordinary fleet still passes
+        gw.closeBatch(b);
+    }
+
+    @Test
+    void hostMipsBelowOneIsRejectedAtCreateNotAtReset() {
+        // CloudSim Plus could place no VM on such PEs: reset failed with "initial VMs still waiting..."
+        final String cfg = config(1, 1, 1, 0, 1).replace("\"host_mips\": 4400", "\"host_mips\": 0.5");
+        final IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+            () -> gw.createBatch(cfg, paperId, 1));
+        assertTrue(e.getMessage().contains("host_mips"), e.getMessage());
+    }
+
+    @Test
+    void aStepChannelFrameWithABadLengthIsAnsweredBeforeTheConnectionCloses() throws Exception {
+        final String[] portToken = gw.openStepChannel().split(":");
+        try (Socket s = new Socket(InetAddress.getLoopbackAddress(), Integer.parseInt(portToken[0]))) {
+            s.setSoTimeout(30_000);
+            s.getOutputStream().write(portToken[1].getBytes(java.nio.charset.StandardCharsets.US_ASCII));
+            s.getOutputStream().write(ByteBuffer.allocate(12).putInt(StepChannel.OP_STEP).putInt(1).putInt(-5).array());
+            final java.io.DataInputStream in = new java.io.DataInputStream(s.getInputStream());
+            assertEquals(1, in.readInt(), "status");
+            final byte[] msg = new byte[in.readInt()];
+            in.readFully(msg);
+            assertTrue(new String(msg, java.nio.charset.StandardCharsets.UTF_8).contains("frame length -5"));
+            assertEquals(-1, in.read(), "then the connection closes");
+        }
+    }
+    @Test
+    void snapshotsTooLargeForOneReplyAreRejectedNamingTheCount() {
+        // nEnvs=2e9 was "Java heap space"; 1.5M resets of one env overflowed the reply size to a negative number
+        final IllegalArgumentException many = assertThrows(IllegalArgumentException.class,
+            () -> gw.createBatch(config(1, 1, 1, 0, 1), paperId, 2_000_000_000));
+        assertTrue(many.getMessage().startsWith("nEnvs=2000000000 is too many"), many.getMessage());
+        final int b = gw.createBatch(config(1, 1, 1, 0, 1), paperId, 1);
+        try {
+            final int k = 1_500_000;
+            final IllegalArgumentException big = assertThrows(IllegalArgumentException.class,
+                () -> gw.reset(b, resetRequest(new int[k], new long[k])));
+            assertTrue(big.getMessage().startsWith("reset request: k=1500000 snapshots"), big.getMessage());
+            assertEquals(R, doubles(gw.reset(b, resetRequest(new int[]{0}, new long[]{1}))).length);
+        } finally {
+            gw.closeBatch(b);
+        }
+    }
 }
