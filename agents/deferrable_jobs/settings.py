@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 W_DELAY = 2.0          # omega_1 (Table 3)
 W_VIOLATION = 10.0     # omega_2 (Table 3)

@@ -259,7 +259,7 @@ def default_predictor(cache_dir: str | Path | None = None, seed: int = 0, path: 
     (default `~/.cache/samm/lra/`), so the experiment and the service fit it once. The returned
     predictor is always the table-only form (the same object whether or not the cache was warm).
     """
-    from .data import APP_NAMES, default_path, load_metis
+    from .data import default_path, load_metis
 
     path = Path(path) if path is not None else default_path()
     if not path.is_file():
@@ -282,7 +282,7 @@ def default_predictor(cache_dir: str | Path | None = None, seed: int = 0, path: 
     return ForestPredictor.load(cached)
 
 
-_FOREST_BY_SLOTS: dict[int, "Predictor"] = {}
+_FOREST_BY_SLOTS: dict[int, "ForestPredictor"] = {}
 
 
 def predictor_by_name(name: str, n_apps: int = 7, slots: int = 8):
