@@ -130,13 +130,7 @@ def test_a_blank_token_leaves_uploads_disabled(tmp_path):
 
 
 # -- what the systemd units leave writable ----------------------------------------------------------
-def unit_settings(unit: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for line in (UNIT_DIR / unit).read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith(("#", "[")):
-            key, _, value = line.partition("=")
-            out.setdefault(key.strip(), []).append(value.strip())
-    return out
+from test_systemd_unit import unit_settings  # noqa: E402  (one reader of the unit files)
 
 
 @pytest.mark.parametrize("unit", ["samm.service", "samm-serve.service"])

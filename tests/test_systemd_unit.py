@@ -69,16 +69,19 @@ def test_unit_hardening_score(unit):
     assert proc.returncode == 0, f"{unit} exposure {score.group(1)} > {EXPOSURE_THRESHOLD[unit] / 10}"
 
 
+def unit_settings(unit: str) -> dict[str, list[str]]:
+    """A unit file's KEY=VALUE settings (every value of a repeated key, in order)."""
+    out: dict[str, list[str]] = {}
+    for line in (UNIT_DIR / unit).read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
 def test_unit_contract():
     """Settings the daemon's behaviour depends on (sd_notify, watchdog, state dir, secrets)."""
-    def settings(unit: str) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for line in (UNIT_DIR / unit).read_text().splitlines():
-            if "=" in line and not line.lstrip().startswith(("#", "[")):
-                key, _, value = line.partition("=")
-                out.setdefault(key.strip(), []).append(value.strip())
-        return out
-
+    settings = unit_settings
     s = settings("samm.service")
     assert s["Type"] == ["notify"] and s["NotifyAccess"] == ["main"]
     assert s["ExecStart"] == [f"{PROD_BINARY} run --config /etc/samm/samm.yaml"]
