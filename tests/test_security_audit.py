@@ -252,3 +252,20 @@ def test_an_uploaded_lstm_ppo_policy_declaring_a_huge_network_is_refused_before_
     files = {p.name: p.read_bytes() for p in (tmp_path / "p").iterdir() if p.is_file()}
     with pytest.raises(PolicyRejected, match=f"lstm_hidden.*{MAX_LSTM_HIDDEN}"):
         reg.upload("lstm-ppo", files)
+
+
+def test_the_daemons_planner_never_shows_a_service_password(caplog):
+    """A `service_url` with user:password reached the daemon's warnings and the decision reasons it
+    records in the knowledge store."""
+    import logging
+
+    from samm.plan.client import HttpPlanner
+
+    from samm.localproc import free_port
+
+    port = free_port()  # nothing listens: the agent list cannot be read
+    planner = HttpPlanner(f"http://samm:s3cret@127.0.0.1:{port}", "lstm-ppo", "sess", timeout_s=0.5)
+    with caplog.at_level(logging.WARNING, logger="samm.plan.client"):
+        assert planner.feature_names is None
+    assert "s3cret" not in planner.spec_error and "samm:***@" in planner.spec_error
+    assert caplog.records and all("s3cret" not in r.getMessage() for r in caplog.records)

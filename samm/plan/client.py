@@ -15,6 +15,7 @@ import numpy as np
 import requests
 
 from agents.base import Agent
+from samm.config import url_without_password
 from sim_bridge.actions import to_deltas
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ class HttpPlanner:
     def __init__(self, service_url: str, agent_name: str, session_id: str, timeout_s: float = 2.0,
                  deterministic: bool = True, http: requests.Session | None = None):
         self.url = service_url.rstrip("/")
+        # what logs and recorded reasons show: a basic-auth password in the URL is ***
+        self.shown_url = url_without_password(self.url)
         self.agent_name = agent_name
         self.session_id = service_session_id(session_id)
         self.timeout_s = timeout_s
@@ -111,13 +114,13 @@ class HttpPlanner:
             for a in agents:
                 if isinstance(a, dict) and a.get("name") == self.agent_name:
                     self.spec = _autoscaling_spec(a)
-            self.spec_error = None if self.spec else f"service {self.url} does not host agent {self.agent_name!r}"
+            self.spec_error = None if self.spec else f"service {self.shown_url} does not host agent {self.agent_name!r}"
         except requests.RequestException as exc:
-            self.spec_error = f"service {self.url} unreachable: {type(exc).__name__}"
-            log.warning("plan: cannot read agent list from %s: %s", self.url, exc)
+            self.spec_error = f"service {self.shown_url} unreachable: {type(exc).__name__}"
+            log.warning("plan: cannot read agent list from %s: %s", self.shown_url, exc)
         except ValueError as exc:  # not JSON, or not the service's schema
-            self.spec_error = f"service {self.url}: agent list not understood: {str(exc)[:200]}"
-            log.warning("plan: cannot read agent list from %s: %s", self.url, exc)
+            self.spec_error = f"service {self.shown_url}: agent list not understood: {str(exc)[:200]}"
+            log.warning("plan: cannot read agent list from %s: %s", self.shown_url, exc)
 
     def reset(self) -> None:
         try:
@@ -130,7 +133,7 @@ class HttpPlanner:
         started = time.perf_counter()
         self._load_spec()
         if self.spec is None:
-            return fallback(self.spec_error or f"service {self.url} unreachable or does not host agent "
+            return fallback(self.spec_error or f"service {self.shown_url} unreachable or does not host agent "
                                                    f"{self.agent_name!r}", started)
         names = self.spec["feature_names"]
         x = np.asarray(features, dtype=np.float64).reshape(-1)
@@ -141,7 +144,7 @@ class HttpPlanner:
         try:
             r = self.http.post(f"{self.url}/v1/agents/{self.agent_name}/decide", json=body, timeout=self.timeout_s)
         except requests.RequestException as exc:
-            return fallback(f"service {self.url} unreachable: {type(exc).__name__}", started)
+            return fallback(f"service {self.shown_url} unreachable: {type(exc).__name__}", started)
         if r.status_code != 200:
             if r.status_code in (404, 422):  # the service may host another policy under this name now
                 self.spec = None             # (a restart): read its features again on the next call
