@@ -16,6 +16,7 @@ import logging
 import time
 from datetime import datetime
 from typing import Any, Iterable, Sequence
+from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
@@ -71,12 +72,18 @@ class AwsAsgExecutor(Executor):
         self.launch_times = launch_times
         config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts},
                         connect_timeout=connect_timeout, read_timeout=read_timeout)
-        session = session or boto3.Session(region_name=region)
-        self.client = client or session.client("autoscaling", region_name=region, endpoint_url=endpoint_url,
-                                               config=config)
-        self.ec2 = ec2_client
-        if self.ec2 is None and launch_times:
-            self.ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+        try:
+            if endpoint_url and urlsplit(endpoint_url).scheme.lower() not in ("http", "https"):
+                # botocore accepts ftp://x here and then fails every call of every iteration
+                raise ValueError("it must start with http:// or https://")
+            session = session or boto3.Session(region_name=region)
+            self.client = client or session.client("autoscaling", region_name=region, endpoint_url=endpoint_url,
+                                                   config=config)
+            self.ec2 = ec2_client
+            if self.ec2 is None and launch_times:
+                self.ec2 = session.client("ec2", region_name=region, endpoint_url=endpoint_url, config=config)
+        except (ValueError, BotoCoreError) as exc:  # a malformed endpoint_url or region, a missing profile
+            raise _bad_setting(region, endpoint_url, exc) from None
         self._ec2_warned = False
         # A launch time never changes, so EC2 is asked only about instances not seen before;
         # asking about every instance on every inventory cost ~78 % of an iteration at 1,000.
@@ -158,7 +165,8 @@ class AwsAsgExecutor(Executor):
                 log.debug("ASG %s: instance %s in %s left out", asg["AutoScalingGroupName"], inst.get("InstanceId"),
                           inst.get("LifecycleState"))
                 continue
-            instances.append(Instance(group, inst["InstanceId"], state, times.get(inst["InstanceId"])))
+            instances.append(Instance(group, inst["InstanceId"], state, times.get(inst["InstanceId"]),
+                                      protected=bool(inst.get("ProtectedFromScaleIn"))))
         return GroupStatus(group, int(asg["DesiredCapacity"]), int(asg["MinSize"]), int(asg["MaxSize"]),
                            tuple(instances))
 
@@ -223,19 +231,25 @@ class AwsAsgExecutor(Executor):
 
         status = self._status(req.group, asg, self._launch_times([i["InstanceId"] for i in asg.get("Instances", [])]))
         live = {i.instance_id for i in status.instances if i.state != "terminating"}
+        # TerminateInstanceInAutoScalingGroup ignores scale-in protection; SAMM's scale-in must not
+        removable = {i.instance_id for i in status.instances if i.state != "terminating" and not i.protected}
         needed = desired - req.target
         victims: list[str] = []
         if req.victim is not None:
-            if req.victim in live:
+            if req.victim in removable:
                 victims.append(req.victim)
+            elif req.victim in live:
+                detail["victim_protected"] = req.victim
             else:
                 # The capacity has not dropped yet (desired > target), so the decision still
                 # stands: remove another instance rather than none.
                 detail["victim_gone"] = req.victim
         victims += choose_victims(status, needed - len(victims), exclude=victims)
         if len(victims) < needed:
-            return ActionResult("failed", detail, f"ASG {name}: desired {desired} but only {len(live)} live "
-                                                  f"instance(s); cannot remove {needed}")
+            protected = len(live) - len(removable)
+            return ActionResult("failed", detail, f"ASG {name}: desired {desired} but only {len(removable)} live "
+                                                  f"instance(s) that may be removed ({protected} protected from "
+                                                  f"scale-in); cannot remove {needed}")
         terminated, gone = [], []
         detail["attempts"] = 0
         for victim in victims:
@@ -244,10 +258,20 @@ class AwsAsgExecutor(Executor):
                                  ShouldDecrementDesiredCapacity=True)
                 detail["attempts"] += _attempts(out)
                 terminated.append(victim)
-            except AwsCallError:
+            except AwsCallError as failed:
                 # A victim that vanished between the describe and the call (health replacement,
                 # spot interruption, a concurrent replay) counts as done; anything else fails.
-                again = self._describe([name]).get(name) or {}
+                try:
+                    again = self._describe([name]).get(name)
+                except AwsCallError as recheck:
+                    # unknown whether it went: the terminate's own error is the one to report,
+                    # with the instances already terminated (they did act)
+                    detail.update(terminated=terminated, recheck_error=str(recheck))
+                    raise failed from None
+                if again is None:  # the ASG was deleted meanwhile: not a scale-in that succeeded
+                    detail.update(terminated=terminated)
+                    raise AwsCallError(failed.api, failed.code, f"ASG {name} no longer exists; {failed.message}",
+                                       failed.attempts) from None
                 still = {i["InstanceId"] for i in again.get("Instances", [])
                          if _LIFECYCLE.get(i.get("LifecycleState", "")) in ("pending", "running")}
                 if victim in still:
@@ -271,3 +295,18 @@ def _attempts(out: dict) -> int:
 
 def _brief(params: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in params.items() if k != "NextToken")
+
+
+def _bad_setting(region: str, endpoint_url: str | None, exc: Exception) -> ValueError:
+    """botocore's refusal of the executor's region or endpoint_url, in one line naming both
+    (`make_executor` turns it into a configuration problem: `samm run` prints "cannot start: ..."
+    instead of a traceback). The endpoint's password (if any) is masked, also where botocore's
+    message repeats the URL."""
+    from samm.config import url_without_password
+
+    shown = url_without_password(endpoint_url) if endpoint_url else None
+    why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if endpoint_url:
+        why = why.replace(endpoint_url, shown)
+    return ValueError(f"executor aws-asg: cannot set up the AWS client (region {region!r}, "
+                      f"endpoint_url {shown!r}): {why}")

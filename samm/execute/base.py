@@ -19,6 +19,9 @@ class Instance:
     instance_id: str
     state: InstanceState
     launched_at: float | None = None  # epoch seconds when known
+    # protected from scale-in (an ASG's ProtectedFromScaleIn, e.g. set by ECS managed
+    # termination protection on hosts with tasks): never chosen as a victim
+    protected: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,14 +57,20 @@ def moved_past(request: ScaleRequest, desired: int) -> str | None:
 
     An absolute target reverses its meaning when someone else (an operator, another tool)
     moves the group past it between the decision and the call: a scale-out decision would
-    terminate instances, a scale-in one would launch them. Progress towards the target (a
-    replay after a partial scale-in) still proceeds."""
+    terminate instances, a scale-in one would launch them. Moved the other way, beyond the
+    basis, the target would undo that move and take a larger step than was decided (-1 from 4
+    with the group raised to 5 terminates two). Progress towards the target (a replay after a
+    partial scale-in) still proceeds."""
     if request.basis is None or request.basis == request.target:
         return None
     outward = request.target > request.basis
+    direction = "out" if outward else "in"
     if (outward and desired > request.target) or (not outward and desired < request.target):
         return (f"desired capacity moved from {request.basis} to {desired}, past the target {request.target}, "
-                f"since the decision to scale {'out' if outward else 'in'}; not reversing it")
+                f"since the decision to scale {direction}; not reversing it")
+    if (outward and desired < request.basis) or (not outward and desired > request.basis):
+        return (f"desired capacity moved from {request.basis} to {desired}, away from the target {request.target}, "
+                f"since the decision to scale {direction}; not undoing that move")
     return None
 
 

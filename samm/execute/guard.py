@@ -28,8 +28,9 @@ for each group:
    the clamped delta: absolute, so replaying it changes nothing once it has been applied.
    Replays of a recorded decision (`recorded`) return the recorded requests verbatim.
 
-Scale-in names a victim: pending instances first (newest first), then the newest running
-instance. A pending instance has done no work yet and its boot is the cheapest thing to
+Scale-in removes only instances not protected from scale-in (a larger step is clamped to
+them) and names a victim among them: pending instances first (newest first), then the newest
+running instance. A pending instance has done no work yet and its boot is the cheapest thing to
 throw away; among running ones, the newest has the least sunk work (warm caches, in-flight
 jobs) in this model, and under per-second billing no instance is closer to a paid-for hour
 than another. The executor may override the choice if it knows the load per instance.
@@ -37,6 +38,7 @@ than another. The executor may override the choice if it knows the load per inst
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Iterable, Literal, Mapping, Protocol, Sequence
 
@@ -47,7 +49,7 @@ from samm.execute.chain import (GuardContext, Skip, Step, Wish, cooldown, idempo
                                 run_chain)
 
 SkipReason = Literal["unknown_group", "no_change", "cooldown", "in_flux", "at_min", "at_max",
-                     "bounds_conflict"]
+                     "bounds_conflict", "bad_delta", "protected"]
 
 
 class Bounds(Protocol):
@@ -150,7 +152,8 @@ def warming_instances(inventory: Mapping[str, GroupStatus], now: float,
 def choose_victims(status: GroupStatus, count: int = 1, exclude: Iterable[str] = ()) -> list[str]:
     """The instances to remove on scale-in, best first (see the module doc for why)."""
     skip = set(exclude)
-    live = [i for i in status.instances if i.state != "terminating" and i.instance_id not in skip]
+    live = [i for i in status.instances
+            if i.state != "terminating" and not i.protected and i.instance_id not in skip]
 
     def key(i: Instance):
         # Unknown launch times: a pending one was most likely just requested (newest); a running
@@ -240,6 +243,22 @@ def within_bounds(w: Wish, ctx: GuardContext) -> Wish | Skip:
     return w.with_data(current=current, target=target, delta=delta)
 
 
+def removable(w: Wish, ctx: GuardContext) -> Wish | Skip:
+    """Scale-in removes only instances not protected from scale-in; a larger step is clamped
+    to those, and none left is a skip (not a request the executor must refuse)."""
+    if w.data["delta"] >= 0:
+        return w
+    status: GroupStatus = w.data["status"]
+    free = sum(1 for i in status.instances if i.state != "terminating" and not i.protected)
+    if free == 0:
+        return Skip(w.target, int(w.change), "protected",
+                    f"all {status.live} live instance(s) are protected from scale-in")
+    if -w.data["delta"] <= free:
+        return w
+    w = w.note(f"clamped {w.data['delta']:+d} to {-free:+d}: the other instances are protected from scale-in")
+    return w.with_data(target=w.data["current"] - free, delta=-free)
+
+
 def warming_note(warming: Mapping[str, tuple[Instance, ...]]) -> Step:
     def step(w: Wish, ctx: GuardContext) -> Wish:
         return w.note(f"{len(warming[w.target])} instance(s) still warming up") if w.target in warming else w
@@ -259,15 +278,32 @@ def scale_request(w: Wish, ctx: GuardContext) -> Wish:
 def scaling_steps(configs, inventory, warming, *, scale_in_stabilisation_s: float = 0.0,
                   last_action_at=None, hold_scale_out_while_pending: bool = False) -> list[Step]:
     """The autoscaling guard: problem steps around the shared cool-down and idempotency steps."""
-    return [known_group(configs, inventory), wants_change, cooldown,
+    # no change first: a zero delta for a group missing from the inventory asks nothing, so it
+    # is not recorded as a refused (blocked) wish
+    return [wants_change, known_group(configs, inventory), cooldown,
             scale_in_stabilisation(scale_in_stabilisation_s, last_action_at),
-            settled(hold_scale_out_while_pending), within_bounds, warming_note(warming), idempotency,
+            settled(hold_scale_out_while_pending), within_bounds, removable, warming_note(warming), idempotency,
             dry_run_flag, scale_request]
 
 
 def dry_run_flag(w: Wish, ctx: GuardContext) -> Wish:
     # GuardPlan.reasons() adds the dry-run note itself
     return replace(w, execute=not ctx.dry_run)
+
+
+def whole_delta(value) -> tuple[int, str | None]:
+    """(delta, None) for a whole number of instances, else (0, why). A planner's NaN, infinity,
+    None or 1.5 is refused for its group alone rather than truncated (1.5 -> +1, -0.4 -> no
+    change) or raised (which dropped every group's action of the decision)."""
+    if isinstance(value, numbers.Integral):
+        return int(value), None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number.is_integer()):
+        return 0, f"delta {value!r} is not a whole number of instances; nothing done"
+    return int(number), None
 
 
 def plan_scaling(deltas: Mapping[str, int], inventory: Mapping[str, GroupStatus],
@@ -286,6 +322,8 @@ def plan_scaling(deltas: Mapping[str, int], inventory: Mapping[str, GroupStatus]
     the decision returns them unchanged instead of recomputing from a newer inventory.
     `warmup_s` is not a gate here (warm-up is about metrics, handled in analyze); it only
     feeds the notes, which say how many instances are still warming.
+    A delta that is not a whole number (NaN, infinity, None, 1.5) skips its group as
+    `bad_delta`; the other groups are planned as usual.
     """
     configs = dict(groups) if isinstance(groups, Mapping) else {g.name: g for g in groups}
     recorded = recorded or {}
@@ -293,8 +331,9 @@ def plan_scaling(deltas: Mapping[str, int], inventory: Mapping[str, GroupStatus]
     # One entry per group: the mapping's keys are unique, so "one request per group" holds by
     # construction; sorted for a stable order in records and logs.
     fresh = []
+    bad: list[Skipped] = []
     for group in sorted(deltas):
-        asked = int(deltas[group])
+        asked, problem = whole_delta(deltas[group])
         key = idempotency_key(decision_key, group)
         if key in recorded:
             req = recorded[key]
@@ -302,6 +341,8 @@ def plan_scaling(deltas: Mapping[str, int], inventory: Mapping[str, GroupStatus]
             current = status.desired if status is not None else req.target
             actions.append(PlannedAction(req, current, asked, req.target - current, execute=not dry_run,
                                          notes=("replay of a recorded request",)))
+        elif problem:
+            bad.append(Skipped(group, 0, "bad_delta", problem))
         else:
             fresh.append(Wish(group, asked))
     ctx = GuardContext(now, decision_key, dry_run, cooldown_until)
@@ -313,5 +354,5 @@ def plan_scaling(deltas: Mapping[str, int], inventory: Mapping[str, GroupStatus]
         actions.append(PlannedAction(w.data["request"], w.data["current"], int(w.change), w.data["delta"],
                                      execute=w.execute, notes=w.notes))
     actions.sort(key=lambda a: a.group)
-    skipped = tuple(Skipped(s.target, int(s.change), s.reason, s.detail, s.until) for s in result.skipped)
+    skipped = tuple(bad) + tuple(Skipped(s.target, int(s.change), s.reason, s.detail, s.until) for s in result.skipped)
     return GuardPlan(decision_key, now, dry_run, tuple(actions), skipped)
