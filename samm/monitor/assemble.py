@@ -12,7 +12,10 @@ Mapping (one snapshot, batch shape ``()``):
   else VM_BOOTING (launched but its collector is not up yet, whatever the executor says).
 * ``vm_cpu_busy`` = mean ``cpu_percent`` / 100; ``vm_ram_used_gb`` = mean ``ram_used_gb``
   (0 while booting).
-* ``vm_running_for_s`` = window end − first heartbeat seen (−1 while booting).
+* ``vm_running_for_s`` = window end − first heartbeat seen, or − launch time when the
+  inventory knows a later one, up to the window's end (−1 while booting). Reports that end
+  before an instance's launch time are an earlier instance's of the same name (Docker reuses
+  names): the new one counts as booting.
 * ``jobs_submitted_total`` / ``jobs_waiting_now`` / ``jobs_running`` = the queue series'
   last value in the window; ``jobs_submitted_interval`` = the `submitted_total` delta over
   the window; ``jobs_waiting_interval`` = `waiting_submitted_this_minute` at the window's end.
@@ -27,7 +30,9 @@ not in the inventory (terminated VMs whose collector still ran) are ignored and 
 An instance launched more than `boot_grace_s` ago that the reading does not know at all (its
 collector never started, or went silent before the source's history) is noted too, and still
 counted as booting without making the snapshot partial: one dead collector must not stop the
-loop for good, but it must not pass without a word either.
+loop for good, but it must not pass without a word either. When no instance of the fleet
+reported in the window and some of them are past `boot_grace_s`, the snapshot is ``partial``:
+the fleet's load is unknown, and its metrics would read as an idle fleet.
 """
 from __future__ import annotations
 
@@ -73,6 +78,18 @@ def _short(items: list[str], n: int = 5) -> str:
     return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
+def _launched_in_time(launched_at: float | None, window_end: float) -> float | None:
+    """The launch time when it can be compared with the window: one after the window's end (the
+    inventory is read later, on another clock than the collectors') says nothing about it."""
+    return launched_at if launched_at is not None and launched_at <= window_end else None
+
+
+def _predecessor(r: InstanceReading, launched_at: float | None) -> bool:
+    """The reading ends before the inventory's instance was launched: it was another instance
+    under the same name."""
+    return launched_at is not None and r.last_seen is not None and r.last_seen < launched_at
+
+
 # Longer than any boot seen here (the emulated testbed: seconds; EC2: 1-3 minutes).
 BOOT_GRACE_S = 600.0
 
@@ -106,12 +123,19 @@ def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStat
             iid = sanitize(inst.instance_id)
             candidates = by_id.get(iid, [])
             r = next((c for c in candidates if c.group == sanitize(gname)), candidates[0] if candidates else None)
+            launched = _launched_in_time(inst.launched_at, reading.window_end)
             if r is not None:
                 matched.add((r.group, r.instance))
-                if r.group != sanitize(gname):
+                if _predecessor(r, launched):
+                    r = None  # the reports of an earlier instance of the same name: this one is new
+                elif r.group != sanitize(gname):
                     misgrouped.append(f"{iid} (reports as {r.group}, inventory says {gname})")
             if r is not None and r.reported:
                 first = r.first_seen if r.first_seen is not None else reading.window_end
+                if launched is not None:
+                    # heartbeats from before the launch were a predecessor's (Docker reuses the
+                    # name of the newest container removed): its age would skip the warm-up
+                    first = max(first, launched)
                 slots.append(Slot(gname, inst.instance_id, t, VM_RUNNING))
                 cpu.append(r.cpu_percent / 100.0)
                 ram.append(r.ram_used_gb)
@@ -127,6 +151,12 @@ def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStat
                 ram.append(0.0)
                 age.append(-1.0)
 
+    if unheard and not any(sl.state == VM_RUNNING for sl in slots):
+        # no VM of the fleet measured: every load metric would be an invented 0, which reads
+        # as an idle fleet to a policy (and removes capacity)
+        status = worst(status, "partial")
+        reasons.append(f"no instance of the fleet reported CPU and RAM in the window, {len(unheard)} of them "
+                       f"launched over {boot_grace_s:g} s ago: the fleet's load is unknown")
     if silent:
         status = worst(status, "partial")
         reasons.append(f"instance(s) {_short(silent)} reported before but not in the window: counted as booting")

@@ -19,6 +19,7 @@ from typing import Iterable, Sequence
 
 import graphyte
 import requests
+import urllib3
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +117,41 @@ class GraphiteSender:
         self.close()
 
 
+def _one_line(body: bytes, limit: int = 300) -> str:
+    """The start of an error page as one line: a proxy's HTML page spans many, and a reason
+    (the log, the knowledge store's record) must stay one line."""
+    return " ".join(body.decode("utf-8", "replace").split())[:limit]
+
+
 class GraphiteError(RuntimeError):
     """A Graphite HTTP call failed; the message names the URL and the status or error."""
+
+
+def _fetch_bounded(send, url: str, timeout_s: float, **kwargs) -> tuple[int, bytes, str]:
+    """(status, body, URL sent) of `send(url, ...)` (a requests verb): its headers within
+    `timeout_s` (requests' timeout), then its whole body within `timeout_s` more. requests'
+    timeout bounds each socket read only, so a server or proxy that trickles its answer a byte
+    at a time would hold the loop for hours. Raises `requests.RequestException`."""
+    with send(url, timeout=timeout_s, stream=True, **kwargs) as r:
+        # counted from the headers: a large answer that graphite-web took a while to compute
+        # still has its own `timeout_s` to arrive
+        deadline = time.monotonic() + timeout_s
+        # read1 returns what has arrived (urllib3 2); a sized read would wait for the whole size
+        read = getattr(r.raw, "read1", None) or r.raw.read
+        chunks, size = [], 0
+        while True:
+            try:
+                chunk = read(64 * 1024, decode_content=True)  # a proxy may gzip it
+            except (urllib3.exceptions.HTTPError, OSError) as exc:  # what requests' own reads wrap
+                raise requests.ConnectionError(f"reading the answer failed after {size} bytes: {exc}") from exc
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if time.monotonic() > deadline:
+                raise requests.Timeout(f"the answer's body did not arrive within {timeout_s:g} s of its headers "
+                                       f"({size} bytes so far, still arriving)")
+        return r.status_code, b"".join(chunks), r.url
 
 
 def post_event(render_url: str, what: str, tags: Sequence[str] | str, data: str = "",
@@ -129,12 +163,13 @@ def post_event(render_url: str, what: str, tags: Sequence[str] | str, data: str 
         body["when"] = float(when)
     url = render_url.rstrip("/") + "/events/"
     try:
-        r = requests.post(url, data=json.dumps(body), timeout=timeout_s, headers={"Content-Type": "application/json"})
+        status, answer, _ = _fetch_bounded(requests.post, url, timeout_s, data=json.dumps(body),
+                                           headers={"Content-Type": "application/json"})
     except requests.RequestException as exc:
         log.warning("graphite: event %r not posted to %s: %s", what, url, exc)
         return False
-    if r.status_code >= 300:
-        log.warning("graphite: event %r not posted to %s: HTTP %d %s", what, url, r.status_code, r.text[:200])
+    if status >= 300:
+        log.warning("graphite: event %r not posted to %s: HTTP %d %s", what, url, status, _one_line(answer, 200))
         return False
     return True
 
@@ -149,7 +184,8 @@ class Series:
 
 
 class RenderClient:
-    """`GET /render?format=json` with a timeout. Raw points only (no maxDataPoints: it would
+    """`GET /render?format=json` with a timeout (`timeout_s` for the headers, and as long again for
+    the body: an answer that trickles in is cut). Raw points only (no maxDataPoints: it would
     consolidate); `from`/`until` are passed as given (epoch seconds or Graphite offsets)."""
 
     MAX_GET_CHARS = 2000  # longer target lists go as a form POST (URLs have length limits)
@@ -166,24 +202,23 @@ class RenderClient:
         # graphite-web reads the same parameters from a form body: long target lists (a look-back
         # over thousands of named instances) go as POST, where no URL length limit applies
         method = "POST" if sum(len(t) for t in targets) > self.MAX_GET_CHARS else "GET"
+        where = f"{url} ({len(targets)} target(s), {sum(map(len, targets))} characters)"
         for attempt in range(2):
             try:
-                if method == "GET":
-                    r = self.session.get(url, params=params, timeout=self.timeout_s)
-                else:
-                    r = self.session.post(url, data=params, timeout=self.timeout_s)
+                status, body, sent_url = self._fetch(method, url, params)
             except requests.RequestException as exc:
                 raise GraphiteError(f"{method} {url} failed: {exc}") from exc
             # one retry on a server error: graphite-web answers 500 when it reads a whisper file
             # that carbon is still creating (a new instance's first points); a moment later it is whole
-            if r.status_code < 500 or attempt:
+            if status < 500 or attempt:
                 break
             time.sleep(0.2)
-        where = r.url if method == "GET" else f"{url} ({len(targets)} target(s), {sum(map(len, targets))} characters)"
-        if r.status_code != 200:
-            raise GraphiteError(f"{method} {where} answered HTTP {r.status_code}: {r.text[:300]}")
+        if method == "GET":
+            where = sent_url
+        if status != 200:
+            raise GraphiteError(f"{method} {where} answered HTTP {status}: {_one_line(body)}")
         try:
-            data = r.json()
+            data = json.loads(body)
         except ValueError as exc:
             raise GraphiteError(f"{method} {where} returned invalid JSON: {exc}") from exc
         # a proxy's error page or another API can answer 200 with JSON of another shape: name it
@@ -202,6 +237,11 @@ class RenderClient:
             raise GraphiteError(f"{method} {where} returned JSON that is not {shape}: "
                                 f"{type(exc).__name__}: {exc}") from exc
         return out
+
+    def _fetch(self, method: str, url: str, params: list[tuple[str, str]]) -> tuple[int, bytes, str]:
+        if method == "GET":
+            return _fetch_bounded(self.session.get, url, self.timeout_s, params=params)
+        return _fetch_bounded(self.session.post, url, self.timeout_s, data=params)
 
     def find(self, query: str) -> list[str]:
         url = f"{self.base}/metrics/find"

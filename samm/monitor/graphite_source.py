@@ -34,9 +34,10 @@ Status rules (each adds a line to `reasons`; the worst wins):
 * ``partial``: points dropped as invalid (non-finite, negative, `cpu_percent` above
   100 + `cpu_slack`, `ram_used_gb` above `ram_factor` × the group's RAM when known); an
   instance reporting some of its series but not both CPU and RAM; `running` or
-  `completed_total` missing; a cumulative counter going backwards (the delta then assumes a
-  reset to 0); no `submitted_total` before the window (the delta is then a lower bound: last −
-  first point of the window), or none in the interval before it (the delta would span more than
+  `completed_total` missing; a cumulative counter going backwards into or within the window
+  (the delta then assumes a reset to 0; an older drop in the history is left alone); no
+  `submitted_total` before the window (the delta is then a lower bound: last − first point of
+  the window), or none in the interval before it (the delta would span more than
   one interval); `waiting` above `submitted_total`, or `waiting_submitted_this_minute` above the
   interval's arrivals (each counts some of the other's jobs); the first-seen lookback failing.
   `queue.*` series other than those named here are ignored.
@@ -357,7 +358,9 @@ class GraphiteSource:
         for name in COUNTERS:
             series = pts.get(name, [])
             for (t0, v0), (t1, v1) in zip(series, series[1:]):
-                if v1 < v0:
+                # only a drop into or within the window touches its delta: an older reset, still in
+                # the history, must not hold back the windows after it
+                if v1 < v0 and t1 >= start:
                     issues.add("partial", f"queue.{name} went backwards ({v0:g} at {t0} -> {v1:g} at {t1}): counter reset?")
                     break
 
