@@ -29,6 +29,14 @@ class Strict(BaseModel):
 #: larger ones, and no control loop waits a week between decisions
 MAX_PERIOD_S = 7 * 86_400.0
 
+#: The largest group size: AWS takes an ASG's sizes, and the simulator its VM types, as 32-bit
+#: integers; a larger one passed `samm config check` and then stopped `samm run` with an
+#: OverflowError traceback (NumPy's int64 fleet arrays, or the JVM)
+MAX_GROUP_SIZE = 2**31 - 1
+#: The most cores of one VM: far beyond any machine, and small enough that the fleet's core
+#: capacity, Σ cores × max over the groups in int64, cannot wrap round to a negative number
+MAX_VM_CORES = 2**20
+
 
 # "scheme://user:PASSWORD@": up to the last "@", since a password may hold a raw "@" itself
 _URL_PASSWORD = re.compile(r"^([\w+.-]+://[^:/@]*:)(.*)@")
@@ -58,11 +66,11 @@ class GroupConfig(Strict):
     # at most 50: an action's key "<loop>/<window end>:<group>" must fit the store's 128
     # characters with a 63-character loop name (PostgreSQL refuses a longer one; SQLite does not)
     name: str = Field(min_length=1, max_length=50, pattern=r"^[A-Za-z0-9_-]+$")
-    cores: int = Field(ge=1)
+    cores: int = Field(ge=1, le=MAX_VM_CORES)
     ram_gb: float = Field(gt=0)
     price_per_hour: float = Field(ge=0)
-    min: int = Field(ge=0)
-    max: int = Field(ge=1)
+    min: int = Field(ge=0, le=MAX_GROUP_SIZE)
+    max: int = Field(ge=1, le=MAX_GROUP_SIZE)
     asg_name: str | None = Field(default=None, description="AWS Auto Scaling Group (executor aws-asg)")
     docker_image: str | None = Field(default=None, description="image of the group's containers (executor docker)")
     docker_label: str | None = None
@@ -89,7 +97,8 @@ class GraphiteConfig(Strict):
     carbon_host: str = "127.0.0.1"
     carbon_port: int = Field(default=2003, ge=1, le=65535)
     prefix: str = Field(default="samm", pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
-    timeout_s: float = Field(default=5.0, gt=0)
+    # a socket timeout beyond ~9.2e9 s overflows (OverflowError on every read: a daemon that never sees a metric)
+    timeout_s: float = Field(default=5.0, gt=0, le=MAX_PERIOD_S)
     lateness_s: float = Field(default=5.0, ge=0, le=MAX_PERIOD_S, description="wait this long after an interval ends before reading it")
     publish: bool = Field(default=True, description="publish SAMM's own metrics, decisions and events")
 
@@ -134,7 +143,9 @@ class SimulationConfig(Strict):
     """The managed system when `executor.kind` is `sim`: a CloudSim Plus simulation."""
 
     workload: str = "seed-1551"
-    seed: int = 1
+    # the simulator's seed space (`samm sim run --seed`): a larger seed overflowed its int64 and
+    # every iteration's monitor failed, a daemon that ran and never decided
+    seed: int = Field(default=1, ge=0, le=2**62 - 1)
     initial: dict[str, int] = Field(default_factory=dict, description="VMs per group at the start (default: 1 each, within min..max, as in the paper)")
     host_mips: float = Field(default=4400.0, gt=0)
     max_iterations: int | None = Field(default=None, ge=1, description="stop after this many iterations")
@@ -150,7 +161,8 @@ class HaConfig(Strict):
     """Standby daemons (samm/daemon/leadership.py): several `samm run` against one PostgreSQL,
     exactly one acting at a time."""
     enabled: bool = False
-    lease_ttl_s: float | None = Field(default=None, gt=0, description="Lease length; default 0.75 × the "
+    # bounded as the intervals are: a larger one overflowed the lease keeper's wait (a traceback at start)
+    lease_ttl_s: float | None = Field(default=None, gt=0, le=MAX_PERIOD_S, description="Lease length; default 0.75 × the "
                                       "shortest loop interval, at least 1.5 s (a standby leads within two "
                                       "intervals)")
     holder: str | None = Field(default=None, min_length=1, max_length=200,
@@ -180,6 +192,29 @@ def _check_groups(groups: list[GroupConfig], executor: ExecutorConfig, where: st
             raise ValueError(f"{where}executor docker needs docker_image for groups {missing}")
 
 
+def _check_simulation(groups: list[GroupConfig], executor: ExecutorConfig, simulation: SimulationConfig,
+                      where: str = "") -> None:
+    """With `executor.kind: sim` the groups become the simulator's VM types: its rules are checked
+    here, or `samm config check` passed a config on which `samm run` stopped with a traceback."""
+    if executor.kind != "sim":
+        return
+    names = [g.name for g in groups]
+    unknown = sorted(set(simulation.initial) - set(names))
+    if unknown:  # a misspelt group silently started at the default count
+        raise ValueError(f"{where}simulation.initial names no group: {unknown} (groups: {names})")
+    for g in groups:
+        n = simulation.initial.get(g.name)
+        if n is not None and not g.min <= n <= g.max:
+            raise ValueError(f"{where}simulation.initial.{g.name}: {n} is outside the group's min..max ({g.min}..{g.max})")
+    from sim_bridge.config import SimConfig, VmType
+
+    # model_construct: the fields are valid already; only the simulator's own limits are asked
+    types = tuple(VmType.model_construct(name=g.name, cores=g.cores, max=g.max) for g in groups)
+    problem = SimConfig.model_construct(vm_types=types, host_mips=simulation.host_mips).simulator_problem()
+    if problem:
+        raise ValueError(f"{where}the simulator (executor sim) would refuse this config: {problem}")
+
+
 LOOP_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 
 
@@ -198,6 +233,7 @@ class AutoscalingLoop(Strict):
     @model_validator(mode="after")
     def _groups(self) -> "AutoscalingLoop":
         _check_groups(self.groups, self.executor, f"loop {self.name!r}: ")
+        _check_simulation(self.groups, self.executor, self.simulation, f"loop {self.name!r}: ")
         return self
 
 
@@ -264,6 +300,7 @@ class SammConfig(Strict):
             if self.groups is None:
                 raise ValueError("groups: Field required (or declare `loops`)")
             _check_groups(self.groups, self.executor)
+            _check_simulation(self.groups, self.executor, self.simulation)
             return self
         legacy = [k for k in ("groups", "agent", "executor", "timing", "simulation") if k in self.model_fields_set]
         if legacy:
@@ -334,8 +371,9 @@ def _line_index(text: str) -> dict[tuple, int]:
 _VERBATIM_ENV = {("service", "token"), ("knowledge", "url")}
 
 
-def _apply_env(data: dict, environ: dict[str, str]) -> list[str]:
-    applied = []
+def _apply_env(data: dict, environ: dict[str, str]) -> dict[tuple[str, ...], str]:
+    """Applies the overrides to `data`; returns the key path each one set -> its variable's name."""
+    applied = {}
     for name, raw in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
@@ -352,13 +390,54 @@ def _apply_env(data: dict, environ: dict[str, str]) -> list[str]:
                 node[path[-1]] = yaml.safe_load(raw)
             except yaml.YAMLError as exc:
                 raise ConfigError(f"{name}: not a valid YAML value ({exc.problem or exc})") from None
-        applied.append(name)
+        applied[tuple(path)] = name
     return applied
 
 
 # a daemon config is a few KB: the bound keeps a wrong path (/dev/zero, a log, a disk image)
 # from being read into memory without end
 MAX_CONFIG_BYTES = 1 << 20
+
+
+#: far more values than any daemon config holds; YAML aliases (&a ... *a) can make 1 KB stand for
+#: billions of them, which `samm config check` then printed until memory ran out
+MAX_CONFIG_VALUES = 100_000
+
+
+class _CyclicAlias(Exception):
+    pass
+
+
+def _expanded_size(data: Any) -> int:
+    """How many values `data` holds once every alias is written out (shared ones counted at each
+    use, each counted once: linear in the file); _CyclicAlias if a value contains itself."""
+    sizes: dict[int, int] = {}
+    inside: set[int] = set()
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in inside:
+            raise _CyclicAlias
+        inside.add(id(node))
+        n = 1 + sum(size(v) for v in (node.values() if isinstance(node, dict) else node))
+        inside.discard(id(node))
+        sizes[id(node)] = n
+        return n
+
+    return size(data)
+
+
+def _check_expansion(path: Path, data: dict) -> None:
+    try:
+        n = _expanded_size(data)
+    except _CyclicAlias:  # pydantic's JSON dump and any walk of the value would not end
+        raise ConfigError(f"{path}: a YAML alias (*name) refers to a value that contains it: not a SAMM config") from None
+    if n > MAX_CONFIG_VALUES:
+        raise ConfigError(f"{path}: holds {n} values once its YAML aliases (*name) are expanded, more than "
+                          f"{MAX_CONFIG_VALUES}: not a SAMM config")
 
 
 def _read_config_text(path: Path) -> str:
@@ -375,6 +454,33 @@ def _read_config_text(path: Path) -> str:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); is it a binary file?") from None
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping that names one key twice: YAML keeps only the last value, so the other one,
+    perhaps the one the operator meant, was dropped without a word."""
+
+    def __init__(self, key, line: int, first_line: int):
+        super().__init__(f"duplicate key {key!r} (first on line {first_line}): YAML would keep only the last one")
+        self.line = line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load` that refuses a key given twice in one mapping (merge keys `<<:` may still
+    be overridden, which is what they are for)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in first:
+                    raise DuplicateKeyError(key, line, first[key])
+                first[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> SammConfig:
     path = Path(path)
     try:
@@ -385,14 +491,16 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Samm
 
 def _load_config(path: Path, text: str, environ: dict[str, str] | None) -> SammConfig:
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{path}:{exc.line}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
-    _apply_env(data, dict(os.environ if environ is None else environ))
+    from_env = _apply_env(data, dict(os.environ if environ is None else environ))
     try:
-        return SammConfig.model_validate(data)
+        cfg = SammConfig.model_validate(data)
     except ValidationError as exc:
         lines = _line_index(text)
         msgs = []
@@ -401,8 +509,16 @@ def _load_config(path: Path, text: str, environ: dict[str, str] | None) -> SammC
             where = ".".join(str(x) for x in loc) or "(top level)"
             line = lines.get(loc) or next((lines[loc[:i]] for i in range(len(loc) - 1, 0, -1) if loc[:i] in lines), None)
             at = f"{path}:{line}" if line else str(path)
+            # a value set by an override is not the file's: naming the file's line pointed at a
+            # good value (or at a section without the key) and never at the variable
+            env = next((name for key, name in from_env.items() if loc[:len(key)] == key), None)
+            at = f"{env} (environment)" if env else at
             if e["type"] == "extra_forbidden":
                 msgs.append(f"{at}: unknown key {where!r}")
             else:
                 msgs.append(f"{at}: {where}: {e['msg']}")
         raise ConfigError("\n".join(msgs)) from None
+    # after validation, which names unknown keys first and reads a shared value once; what is
+    # refused here is the expanded whole that dumping or using the config would write out
+    _check_expansion(path, data)
+    return cfg
