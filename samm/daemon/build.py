@@ -33,7 +33,11 @@ def make_daemon_agent(lp: LoopConfig) -> Agent:
     from samm.execute.sim_exec import sim_config_for_groups
 
     sim = sim_config_for_groups(lp.groups)
-    agent = make_agent(lp.agent.name, sim, params=lp.agent.params or None, policy_dir=lp.agent.policy_dir)
+    try:
+        agent = make_agent(lp.agent.name, sim, params=lp.agent.params or None, policy_dir=lp.agent.policy_dir)
+    except (ValueError, OSError, KeyError, TypeError) as e:  # unknown agent, bad params, missing or corrupt policy
+        # as the deferrable and microservice loops: one line and exit 2, not a traceback systemd restarts
+        raise ConfigurationProblem(f"loop {lp.name}: agent {lp.agent.name!r}: {type(e).__name__}: {e}") from e
     names = tuple(g.name for g in lp.groups)
     if agent.type_names != names:
         raise ConfigurationProblem(
@@ -78,8 +82,11 @@ def make_executor(lp: LoopConfig) -> Executor:
     if kind == "aws-asg":
         from samm.execute.aws_asg import AwsAsgExecutor
 
-        return AwsAsgExecutor(lp.groups, region=lp.executor.region, endpoint_url=lp.executor.endpoint_url,
-                              max_attempts=lp.executor.max_attempts)
+        try:
+            return AwsAsgExecutor(lp.groups, region=lp.executor.region, endpoint_url=lp.executor.endpoint_url,
+                                  max_attempts=lp.executor.max_attempts)
+        except ValueError as exc:  # a malformed endpoint_url or region, a missing AWS profile
+            raise ConfigurationProblem(str(exc)) from None
     if kind == "docker":
         from samm.execute.docker_exec import DockerExecutor
 
@@ -173,7 +180,12 @@ def _build_loop(cfg: SammConfig, lp: LoopConfig, store: KnowledgeStore, closers:
         from sim_bridge.config import SimConfig
 
         simcfg = sim_config_for_groups(lp.groups, SimConfig(host_mips=lp.simulation.host_mips), lp.simulation.initial)
-        system = SimulatedSystem(simcfg, load_workload(lp.simulation.workload), seed=lp.simulation.seed)
+        try:
+            workload = load_workload(lp.simulation.workload)
+        except (ValueError, OSError, KeyError) as e:  # an unknown name, a missing or malformed file
+            raise ConfigurationProblem(f"loop {lp.name}: simulation.workload {lp.simulation.workload!r}: "
+                                       f"{type(e).__name__}: {e}") from e
+        system = SimulatedSystem(simcfg, workload, seed=lp.simulation.seed)
         closers.append(system.close)
         executor = SimExecutor(system)
         monitor = SimMonitor(system, fleet, executor)
@@ -189,6 +201,9 @@ def _build_loop(cfg: SammConfig, lp: LoopConfig, store: KnowledgeStore, closers:
 
         source = GraphiteSource(RenderClient(g.render_url, g.timeout_s), g.prefix, [x.name for x in lp.groups],
                                 interval_s=lp.timing.interval_s, lateness_s=g.lateness_s,
+                                # a restarted daemon must see a VM older than the warm-up as such
+                                # (where the executor gives no launch time), not as at most 900 s old
+                                first_seen_lookback_s=max(900.0, lp.timing.warmup_s + 3 * lp.timing.interval_s),
                                 now=clock or time.time, ram_gb={x.name: x.ram_gb for x in lp.groups})
         monitor = GraphiteMonitor(source, executor, fleet, [x.name for x in lp.groups])
         closers.append(monitor.close)

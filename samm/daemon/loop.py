@@ -32,7 +32,7 @@ from samm.analyze.features import compute_features
 from samm.plan.liveness import guard_head_of_line
 from samm.analyze.metrics import OBSERVATION_NAMES
 from samm.execute.base import ActionResult, Executor
-from samm.execute.guard import idempotency_key, plan_scaling
+from samm.execute.guard import idempotency_key, plan_scaling, whole_delta
 from samm.knowledge.models import DEFAULT_LOOP
 from samm.knowledge.store import KnowledgeStore
 from samm.plan.client import PlanOutcome
@@ -234,11 +234,14 @@ class ControlLoop:
         if not self.liveness_guard or raw.head_job_cores is None:
             return plan
         order = list(self.fleet.names)
-        deltas = np.array([[plan.deltas.get(g, 0) for g in order]])
-        guarded, changed = guard_head_of_line(deltas, raw, self.fleet)
+        # a NaN cast to int64 is -2**63 (which the guard would read as "remove every VM") and
+        # 10**30 does not fit: the guard sees them as 0 / clipped, and a group it leaves as it
+        # found keeps the planner's own value, for the Execute guard to refuse or clamp by name
+        seen = [min(max(whole_delta(plan.deltas.get(g, 0))[0], -2**62), 2**62) for g in order]
+        guarded, changed = guard_head_of_line(np.array([seen], dtype=np.int64), raw, self.fleet)
         if not changed[0]:
             return plan
-        new = {g: int(d) for g, d in zip(order, guarded[0])}
+        new = {g: plan.deltas.get(g, 0) if int(d) == was else int(d) for g, d, was in zip(order, guarded[0], seen)}
         why = (f"liveness guard: a {int(raw.head_job_cores)}-core job heads the queue and no VM of the fleet can "
                f"host it; deltas {plan.deltas} -> {new}")
         log.warning(why)
@@ -263,7 +266,7 @@ class ControlLoop:
         # no cool-down yet, though it may have acted: without this its group could act again
         for note in self.recover(inventory):
             rep.reasons.append(f"resolved {note}")
-        guard = plan_scaling(plan.deltas, inventory, self.groups, self.store.cooldowns(self.name), now,
+        guard = plan_scaling(plan.deltas, inventory, self.groups, self._cooldowns(now), now,
                              self.action_prefix + key,
                              dry_run=self.dry_run, warmup_s=self.warmup_s)
         for s in guard.skipped:
@@ -295,6 +298,23 @@ class ControlLoop:
                                 "from": pa.current})
             log.info("iteration %s: %s %s -> %d: %s%s", key, req.group, pa.current, req.target, result.status,
                      f" ({result.error})" if result.error else "")
+
+    def _cooldowns(self, now: float) -> dict[str, float]:
+        """The groups' cool-downs, none ending later than now + cooldown_s. One set while the clock
+        ran ahead (then stepped back: NTP, a VM restored from a snapshot) would otherwise block its
+        group for as long as the clock was wrong; it is shortened in the store, once, with a warning."""
+        out = {}
+        for group, state in self.store.group_states(self.name).items():
+            until, latest = state.cooldown_until, now + self.cooldown_s
+            if until > latest:
+                log.warning("group %s: cool-down until %.0f lies %.0f s beyond now + cooldown_s (the clock went "
+                            "back?); shortened to %.0f", group, until, until - latest, latest)
+                acted = state.last_action_at if state.last_action_at is not None else now
+                self.store.set_cooldown(group, latest, action_key=state.last_action_key, now=min(acted, now),
+                                        loop=self.name)
+                until = latest
+            out[group] = until
+        return out
 
     def _blocked(self, rep: IterationReport, key: str, group: str, delta: int, why: str) -> None:
         ik = idempotency_key(self.action_prefix + key, group)

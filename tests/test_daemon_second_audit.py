@@ -1,0 +1,128 @@
+"""The daemon's Execute step, second pass (session 98): a cool-down written while the clock ran
+ahead, and planner deltas that are not whole numbers meeting the head-of-line liveness guard.
+Real moto server, real SQLite knowledge store."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from samm.analyze import FleetSpec
+from samm.daemon.loop import ControlLoop
+from samm.knowledge import KnowledgeStore
+from test_execute_aws import GROUPS, _Monitor, _Planner, asg, make_executor, moto, moto_server  # noqa: F401
+
+T0 = 2_000_000_000.0
+
+
+def _loop(executor, store, deltas, clock, monitor=None):
+    return ControlLoop(groups=GROUPS, fleet=FleetSpec.from_vm_types(GROUPS), monitor=monitor or _Monitor(T0),
+                       planner=_Planner(deltas), executor=executor, store=store, agent_name="audit",
+                       warmup_s=0, cooldown_s=300, clock=lambda: clock["now"])
+
+
+def test_a_cool_down_set_while_the_clock_ran_a_day_ahead_lasts_one_cool_down(moto, make_executor, tmp_path):
+    """It blocked the group until the wrong clock's time came round (83,100 s for a 300 s cool-down)."""
+    clock = {"now": T0 + 86_400}
+    with KnowledgeStore(f"sqlite:///{tmp_path}/k.db", clock=lambda: clock["now"]) as store:
+        loop = _loop(make_executor(), store, {"S": 1}, clock)
+        assert [a["status"] for a in loop.run_once().actions] == ["succeeded"]
+        clock["now"] = T0 + 120  # NTP steps the clock back
+        rep = loop.run_once()
+        assert rep.blocked["S"].startswith("cooldown") and "(300 s left)" in rep.blocked["S"], rep.blocked
+        assert store.cooldowns("default")["S"] == T0 + 120 + 300
+        state = store.group_states("default")["S"]
+        assert state.last_action_at <= T0 + 120 and state.last_action_key  # the action is still known
+        clock["now"] = T0 + 120 + 300
+        assert [a["status"] for a in loop.run_once().actions] == ["succeeded"]
+        assert asg(moto, "samm-m5a-large")["DesiredCapacity"] == 3
+
+
+class _HeadJobMonitor(_Monitor):
+    """An 8-core job heads the queue: only the one L VM can host it."""
+
+    def __init__(self, start: float):
+        super().__init__(start)
+        self.raw = dataclasses.replace(self.raw, head_job_cores=np.array(8.0))
+
+
+def test_a_nan_delta_meeting_the_liveness_guard_is_refused_by_name(moto, make_executor, tmp_path):
+    """The guard's int64 array raised on NaN (no group acted, nothing recorded why); cast by
+    numpy, a NaN is -2**63: "remove every S"."""
+    clock = {"now": T0 + 90}
+    before = asg(moto, "samm-m5a-large")["DesiredCapacity"]
+    with KnowledgeStore(f"sqlite:///{tmp_path}/k.db", clock=lambda: clock["now"]) as store:
+        loop = _loop(make_executor(), store, {"S": math.nan, "L": -1}, clock, _HeadJobMonitor(T0))
+        rep = loop.run_once()
+        assert rep.blocked["S"].startswith("bad_delta: delta nan"), rep.blocked
+        assert "L" not in {a["group"] for a in rep.actions if a["status"] == "succeeded"}  # the last host kept
+        assert asg(moto, "samm-m5a-large")["DesiredCapacity"] == before
+
+
+def test_a_huge_delta_meeting_the_liveness_guard_is_still_clamped_to_the_group_bounds(moto, make_executor, tmp_path):
+    """10**30 does not fit the guard's int64 array (OverflowError: the iteration failed)."""
+    clock = {"now": T0 + 90}
+    with KnowledgeStore(f"sqlite:///{tmp_path}/k.db", clock=lambda: clock["now"]) as store:
+        rep = _loop(make_executor(), store, {"S": 10 ** 30, "L": -1}, clock, _HeadJobMonitor(T0)).run_once()
+        assert {a["group"]: a["status"] for a in rep.actions} == {"S": "succeeded"}, rep.actions
+        assert asg(moto, "samm-m5a-large")["DesiredCapacity"] == 10  # S's max
+
+
+_GROUPS_YAML = ("groups:\n"
+                "  - {name: S, cores: 2, ram_gb: 8, price_per_hour: 0.1, min: 1, max: 4}\n"
+                "  - {name: M, cores: 4, ram_gb: 16, price_per_hour: 0.2, min: 0, max: 4}\n"
+                "  - {name: L, cores: 8, ram_gb: 32, price_per_hour: 0.4, min: 0, max: 4}\n"
+                "executor: {kind: sim}\n")
+
+
+@pytest.mark.parametrize("agent, says", [
+    ("{name: nosuch}", "agent 'nosuch': ValueError: unknown agent 'nosuch'"),
+    ("{name: threshold, params: {bogus: 1}}", "unknown parameter 'bogus'"),
+    ("{name: lstm-ppo, policy_dir: /nonexistent}", "FileNotFoundError: /nonexistent: no metadata.json"),
+])
+def test_an_agent_the_factory_refuses_is_a_configuration_problem(tmp_path, agent, says):
+    """They passed `samm config check`, then `samm run` died with a traceback (systemd restarted it)."""
+    from samm.config import load_config
+    from samm.daemon.build import ConfigurationProblem, make_daemon_agent
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(_GROUPS_YAML + f"agent: {agent}\n")
+    with pytest.raises(ConfigurationProblem, match="loop default: agent") as err:
+        make_daemon_agent(load_config(cfg).control_loops()[0])
+    assert says in str(err.value)
+
+
+def test_an_unknown_simulation_workload_stops_samm_run_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from samm.cli.main import cli
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(_GROUPS_YAML + "agent: {name: noop}\nsimulation: {workload: nosuchworkload}\n"
+                   f"knowledge: {{url: 'sqlite:///{tmp_path}/k.db'}}\n")
+    out = CliRunner().invoke(cli, ["run", "--config", str(cfg), "--iterations", "1"])
+    assert out.exit_code == 2, out.output
+    assert "cannot start: loop default: simulation.workload 'nosuchworkload'" in out.output
+    assert "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("warmup_s, lookback_s", [(120, 900.0), (1800, 1800 + 3 * 60)])
+def test_the_first_seen_look_back_covers_the_warm_up(tmp_path, warmup_s, lookback_s):
+    """At 900 s whatever the warm-up, a restarted daemon with warmup_s 1800 saw every long-running
+    VM (no launch time from the executor) as at most 900 s old: all warming, none measured."""
+    from samm.config import load_config
+    from samm.daemon.build import build_daemon
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(_GROUPS_YAML.replace("executor: {kind: sim}", "executor: {kind: aws-asg, endpoint_url: "
+                                        "'http://127.0.0.1:9'}").replace("max: 4}", "max: 4, asg_name: a}", 1)
+                   .replace("max: 4}", "max: 4, asg_name: b}", 1).replace("max: 4}", "max: 4, asg_name: c}", 1)
+                   + f"agent: {{name: noop}}\ntiming: {{interval_s: 60, warmup_s: {warmup_s}}}\n"
+                   f"knowledge: {{url: 'sqlite:///{tmp_path}/k.db'}}\n")
+    daemon = build_daemon(load_config(cfg))
+    try:
+        assert daemon.loop.monitor.source.first_seen_lookback_s == lookback_s
+    finally:
+        daemon.close()
