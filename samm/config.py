@@ -127,7 +127,9 @@ class ExecutorConfig(Strict):
     dry_run: bool = False
     region: str = "us-east-1"
     endpoint_url: str | None = None
-    max_attempts: int = Field(default=5, ge=1)
+    # botocore's standard retry mode waits up to 20 s between attempts: 20 attempts can already hold
+    # one API call for about six minutes, longer than any interval; 10**20 retried without end
+    max_attempts: int = Field(default=5, ge=1, le=20)
 
     _endpoint_url_masked = field_serializer("endpoint_url", when_used="json")(_masked_url)
 

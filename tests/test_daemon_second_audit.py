@@ -126,3 +126,14 @@ def test_the_first_seen_look_back_covers_the_warm_up(tmp_path, warmup_s, lookbac
         assert daemon.loop.monitor.source.first_seen_lookback_s == lookback_s
     finally:
         daemon.close()
+
+
+def test_executor_retries_are_bounded(tmp_path):
+    """max_attempts 10**20 passed the check: a call against an unreachable endpoint retried without end."""
+    from samm.config import load_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(_GROUPS_YAML.replace("executor: {kind: sim}", "executor: {kind: aws-asg, max_attempts: 100000000000000000000}")
+                   + "agent: {name: noop}\n")
+    with pytest.raises(ValueError, match="max_attempts"):
+        load_config(cfg)
