@@ -21,6 +21,8 @@ from .workloads import Workload
 HEADER = 21
 TYPE_FIELDS = 4
 VM_FIELDS = 5
+#: the most VMs of one type a step adds or removes: the step protocol carries int8 deltas
+MAX_STEP_DELTA = 127
 (H_CLOCK, H_STEP, H_TERMINATED, H_APPLIED, H_COOLDOWN, H_SUBMITTED, H_SUBMITTED_INT, H_WAITING,
  H_WAITING_INT, H_FINISHED, H_RUNNING_JOBS, H_VM_COST, H_WAIT_JOB_S, H_REQUEUED, H_BUSY_CORE_S,
  H_LOST_CORE_S, H_WAITING_CORES, H_RUNNING_CORES, H_HEAD_CORES, H_MAX_FREE_CORES,
@@ -141,6 +143,14 @@ class BatchShape:
     def n_slots(self) -> int:
         return self.config.vm_slots
 
+    _closed: bool
+
+    def _check_open(self) -> None:
+        # else a call on a closed Ray batch took its killed workers for lost ones and started new
+        # JVMs that nothing would ever close
+        if self._closed:
+            raise BridgeError("this simulation batch is closed (its environment's close() was called)")
+
     def _env_index(self, env) -> int:
         if not 0 <= int(env) < self.n_envs:
             raise ValueError(f"env index must be within [0, {self.n_envs})")
@@ -206,10 +216,6 @@ class SimBatch(BatchShape):
     def step(self, deltas: np.ndarray) -> SimStep:
         return decode_records(self.step_records(deltas), self.n_types, self.n_slots)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BridgeError("this simulation batch is closed (its environment's close() was called)")
-
     def reset_records(self, envs, seeds) -> bytes:
         """`reset` as the simulator's packed records (one per env, in the order asked)."""
         self._check_open()
@@ -225,7 +231,7 @@ class SimBatch(BatchShape):
         """`step` as the simulator's packed records (one per env)."""
         self._check_open()
         deltas = self._step_request(deltas)
-        payload = np.clip(deltas, -127, 127).astype(np.int8).tobytes()
+        payload = np.clip(deltas, -MAX_STEP_DELTA, MAX_STEP_DELTA).astype(np.int8).tobytes()
         if self.fast:
             return self.gateway.step_channel().step(self._id, payload)
         return base64.b64decode(self.gateway.call("step", self._id, bytearray(payload)))

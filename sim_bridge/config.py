@@ -13,9 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ActionMode = Literal["paper", "per-type"]
 
+# The JVM's own limits (Config.java), named by `SimConfig.simulator_problem` when a config is
+# loaded, not when the first batch is created (on Ray: in a traceback of every worker).
+JAVA_INT_MAX = 2**31 - 1
+MAX_VM_SLOTS = 100_000  # every VM slot is a simulated host and 5 doubles of every snapshot
+MAX_HOST_PES = 1 << 22  # VM slots x largest cores: the PEs of one env's hosts together
+
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: an infinite price or penalty made every reward NaN (inf x 0 s), and an
+    # infinite time reached the JVM as the JSON-invalid token `Infinity`
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class VmType(StrictModel):
@@ -77,7 +85,7 @@ class SimConfig(StrictModel):
     # larger trace jobs are capped when the workload is loaded (None = the largest VM type).
     max_job_cores: int | None = Field(default=None, ge=1)
     # Java threads stepping the envs of one batch in parallel (0 = one per CPU).
-    threads: int = Field(default=0, ge=0)
+    threads: int = Field(default=0, ge=0, le=JAVA_INT_MAX)
     # The head-of-line liveness guard (samm/plan/liveness.py) on every decision: add a VM able
     # to host a queued job that no VM of the fleet can host; never remove the last such VM.
     liveness_guard: bool = True
@@ -97,6 +105,18 @@ class SimConfig(StrictModel):
                 f"({self.largest_cores} cores): such a job could never run"
             )
         return self
+
+    def simulator_problem(self) -> str | None:
+        """Why the simulator (Config.java) would reject this config, in its words; None if it would not.
+        Not a validator: the JVM's own checks stay reachable (and tested) through `SimBatch`."""
+        if self.host_mips < 1:  # CloudSim Plus counts PE capacity in whole MIPS: no VM could be placed
+            return f"host_mips must be >= 1, got {self.host_mips:g}"
+        if self.vm_slots > MAX_VM_SLOTS:
+            return f"vm_types: the sum of max (VM slots) must be <= {MAX_VM_SLOTS}, got {self.vm_slots}"
+        if self.vm_slots * self.largest_cores > MAX_HOST_PES:
+            return (f"vm_types: VM slots x largest cores must be <= {MAX_HOST_PES} simulated PEs, "
+                    f"got {self.vm_slots} x {self.largest_cores}")
+        return None
 
     # -- derived -----------------------------------------------------------------------------
     @property
@@ -176,8 +196,12 @@ def load_sim_config(path: str | Path | None = None, preset: str = "paper", **ove
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     data: dict = dict(PRESETS[preset])
     if path is not None:
+        from .workloads.mix import _UniqueKeyLoader  # here: mix imports this module
+
         try:
-            loaded = yaml.safe_load(_read_config_text(Path(path))) or {}
+            # a key given twice (two `cooldown_s:` lines) is an error, as in every other config of SAMM:
+            # plain YAML kept the last one silently
+            loaded = yaml.load(_read_config_text(Path(path)), Loader=_UniqueKeyLoader) or {}  # noqa: S506 (safe)
         except (yaml.YAMLError, UnicodeDecodeError) as exc:  # neither is an OSError: name the file here
             raise ValueError(f"{path}: not a valid YAML/JSON file ({' '.join(str(exc).split())})") from None
         except RecursionError:  # PyYAML composes nested lists recursively: "[[[[..." thousands deep
@@ -186,4 +210,8 @@ def load_sim_config(path: str | Path | None = None, preset: str = "paper", **ove
             raise ValueError(f"{path}: the simulation config must be a mapping")
         data.update(loaded)
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return SimConfig.model_validate(data)
+    config = SimConfig.model_validate(data)
+    problem = config.simulator_problem()
+    if problem:
+        raise ValueError(f"{path or 'simulation config'}: {problem}")
+    return config

@@ -24,6 +24,8 @@ from .errors import GatewayError, SimulatorError
 
 READY_PREFIX = "SAMM_GATEWAY_PORT="
 LOOPBACK = "127.0.0.1"
+#: how long one batched step may take before the step channel gives up on the JVM
+STEP_TIMEOUT_S = 60.0
 
 
 def find_jar() -> Path:
@@ -62,6 +64,7 @@ class Gateway:
         if quiet:
             cmd.append("--quiet")
         self._stderr_tail: deque[str] = deque(maxlen=50)
+        self._owner_pid = os.getpid()
         try:
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -129,6 +132,11 @@ class Gateway:
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._owner_pid:
+            # a forked child: the JVM and the sockets are its parent's. Closing them here shut the
+            # parent's Py4J connections down, and closing the pipes hung for ever on a lock that a
+            # reader thread (not forked along) held at the fork
+            return
         if self._channel is not None:
             self._channel.close()
         try:
@@ -215,7 +223,10 @@ class Gateway:
                 # a broken connection is replaced: the JVM serves any number of them
                 port, token = str(self.call("openStepChannel")).split(":")
                 try:
-                    self._channel = StepChannel(int(port), token, explain_failure=self._failure_hint)
+                    # at most the control calls' timeout: a stopped JVM hung every step for 60 s
+                    # whatever it was (60 s stays the steps' default, as before)
+                    self._channel = StepChannel(int(port), token, timeout_s=min(STEP_TIMEOUT_S, self.call_timeout_s),
+                                                explain_failure=self._failure_hint)
                 except OSError as exc:
                     raise GatewayError(f"cannot connect to the gateway's step channel ({exc})"
                                        + self._failure_hint()) from exc
@@ -247,7 +258,7 @@ class StepChannel:
     OP_RESET = 2
     MAX_FRAME = 1 << 24  # StepChannel.java drops the connection on a longer request
 
-    def __init__(self, port: int, token: str, timeout_s: float = 60.0, explain_failure=lambda: ""):
+    def __init__(self, port: int, token: str, timeout_s: float = STEP_TIMEOUT_S, explain_failure=lambda: ""):
         """`explain_failure()`: what the owner knows when the connection fails (e.g. the JVM's
         exit code), appended to the error."""
         self.timeout_s = timeout_s
@@ -343,6 +354,8 @@ def shared_gateway() -> Gateway:
     global _shared
     with _shared_lock:
         if _shared is None or not _shared.alive():
+            if _shared is not None:
+                _shared.close()  # a JVM that died: else its pipes stay open until the interpreter exits
             _shared = Gateway()
         return _shared
 

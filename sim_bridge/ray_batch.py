@@ -28,7 +28,7 @@ import numpy as np
 
 from samm.analyze import FleetSpec
 
-from .batch import BatchShape, SimBatch, SimStep, decode_records, record_width
+from .batch import BatchShape, SimBatch, SimStep, check_core_cap, decode_records, record_width
 from .config import SimConfig
 from .errors import BridgeError, GatewayError, RolloutWorkerLost
 from .workloads import Workload
@@ -61,7 +61,16 @@ def _actor_class(num_cpus: float):
         """One worker: a JVM and a `SimBatch` of this worker's envs."""
 
         def __init__(self, config_json: str, workload: Workload, n_envs: int):
-            self.batch = SimBatch(SimConfig.model_validate_json(config_json), workload, n_envs)
+            # an error raised here would reach the learner as Ray's multi-line ActorDiedError: it is
+            # kept for `start_error` instead, and the learner raises it as it is
+            self.batch, self.error = None, None
+            try:
+                self.batch = SimBatch(SimConfig.model_validate_json(config_json), workload, n_envs)
+            except (BridgeError, ValueError) as exc:
+                self.error = exc
+
+        def start_error(self) -> Exception | None:
+            return self.error
 
         def step(self, deltas: np.ndarray) -> bytes:
             return bytes(self.batch.step_records(deltas))
@@ -89,25 +98,51 @@ class RaySimBatch(BatchShape):
     `numpy.array_split` makes them). Same interface as `SimBatch`."""
 
     def __init__(self, config: SimConfig, workload: Workload, n_envs: int, workers: int = 2,
-                 worker_cpus: float = 1.0):
+                 worker_cpus: float = 1.0, start_timeout_s: float = 300.0):
+        """`start_timeout_s`: how long workers may take to start (an autoscaling cluster adds nodes
+        meanwhile); past it the batch fails naming them, where Ray would wait for ever."""
         import ray
 
         if not ray.is_initialized():
             raise BridgeError("Ray is not initialised: call sim_bridge.ray_batch.connect() first")
         if not 1 <= workers <= n_envs:
             raise ValueError(f"need 1 <= rollout workers <= envs, got {workers} workers for {n_envs} envs")
+        check_core_cap(workload, config)  # as SimBatch does, before any worker starts
         self.config, self.workload, self.n_envs = config, workload, int(n_envs)
         self.fleet = FleetSpec.from_vm_types(config.vm_types)
         self.workloads = [workload] * self.n_envs
         self._config_json = config.model_dump_json()
         self._cls = _actor_class(worker_cpus)
+        self.worker_cpus, self.start_timeout_s = float(worker_cpus), float(start_timeout_s)
         sizes = [len(a) for a in np.array_split(np.arange(self.n_envs), workers)]
         self.bounds = np.cumsum([0] + sizes)  # worker k holds envs bounds[k]..bounds[k+1]-1
-        self.actors = [self._spawn(k) for k in range(workers)]
+        self.actors = []
+        self._closed = False
+        try:
+            for k in range(workers):
+                self.actors.append(self._spawn(k))
+            self._await_started(self.actors)  # every JVM up before the first step
+        except BaseException:
+            self.close()  # the workers that did start would hold their JVMs until Ray collects them
+            raise
         self.replaced = 0  # workers replaced after a loss, over the batch's life
         self._width = record_width(self.n_types, self.n_slots)
-        self._closed = False
-        ray.get([a.pid.remote() for a in self.actors])  # every JVM up before the first step
+
+    def _await_started(self, actors) -> None:
+        """Raises the first worker's start error (a rejected config, a JVM that cannot start) as the
+        one-line error a local `SimBatch` raises, or a BridgeError for workers that did not start."""
+        import ray
+
+        refs = [a.start_error.remote() for a in actors]
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.start_timeout_s)
+        for error in ray.get(ready):
+            if error is not None:
+                raise error
+        if pending:  # e.g. more workers x worker CPUs than the cluster has: Ray keeps them pending
+            cpus = ray.cluster_resources().get("CPU", 0.0)
+            raise BridgeError(f"{len(pending)} of {len(refs)} rollout workers did not start within "
+                              f"{self.start_timeout_s:g} s (each needs {self.worker_cpus:g} CPU, the cluster has "
+                              f"{cpus:g} CPUs): use fewer rollout workers or a larger cluster")
 
     @property
     def workers(self) -> int:
@@ -142,7 +177,7 @@ class RaySimBatch(BatchShape):
                     pass
                 self.actors[k] = self._spawn(k)
                 self.replaced += 1
-            ray.get([self.actors[k].pid.remote() for k, _ in lost])
+            self._await_started([self.actors[k] for k, _ in lost])
             names = ", ".join(f"{k} (envs {self.bounds[k]}-{self.bounds[k + 1] - 1})" for k, _ in lost)
             log.warning("rollout worker(s) %s died (%s); replaced", names, lost[0][1])
             raise RolloutWorkerLost(f"rollout worker(s) {names} died and were replaced; their envs start afresh "
@@ -153,12 +188,14 @@ class RaySimBatch(BatchShape):
         return np.frombuffer(blob, dtype="<f8").reshape(-1, self._width)
 
     def step(self, deltas: np.ndarray) -> SimStep:
+        self._check_open()
         deltas = self._step_request(deltas)
         b = self.bounds
         replies = self._gather({k: a.step.remote(deltas[b[k]:b[k + 1]]) for k, a in enumerate(self.actors)})
         return decode_records(b"".join(replies[k] for k in range(self.workers)), self.n_types, self.n_slots)
 
     def reset(self, envs, seeds) -> SimStep:
+        self._check_open()
         envs, seeds = self._reset_request(envs, seeds)
         owner = np.searchsorted(self.bounds, envs, side="right") - 1
         calls = {int(k): self.actors[k].reset.remote(envs[owner == k] - self.bounds[k], seeds[owner == k])
@@ -171,12 +208,15 @@ class RaySimBatch(BatchShape):
 
     def _owner(self, env) -> tuple[int, int]:
         """(worker, index on that worker) of env `env`."""
+        self._check_open()
         env = self._env_index(env)
         k = int(np.searchsorted(self.bounds, env, side="right") - 1)
         return k, env - int(self.bounds[k])
 
     def set_workload(self, env: int, workload: Workload) -> None:
         k, local = self._owner(env)
+        # here, not on the worker: Ray would wrap the ValueError in a multi-line RayTaskError
+        check_core_cap(workload, self.config)
         self._gather({k: self.actors[k].set_workload.remote(local, workload)})
         self.workloads[int(env)] = workload
 

@@ -38,11 +38,22 @@ class EpisodeTrace:
     reward: list[float] = field(default_factory=list)
 
 
+def _episode_seed(seed) -> int:
+    """A seed as the simulator's Java long: `int()` truncated 1.5 to 1 (another episode than asked,
+    reported as seed 1), and 2**63 failed later with NumPy's OverflowError naming no seed."""
+    value = seed.item() if isinstance(seed, np.generic) else seed
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not -2**63 <= value < 2**63:
+        raise ValueError(f"an episode seed must be a whole number in [-2**63, 2**63), got {seed!r}")
+    return value
+
+
 def run_episodes(config: SimConfig, workload: Workload | list[Workload], agent, seeds, deterministic: bool = True,
                  traces: bool = False, gateway: Gateway | None = None, max_steps: int | None = None) -> list[dict]:
     """One episode per seed, all in one batch. `workload` may be a list with one workload per
     seed (episode i replays workload i), so many workloads run in one batched pass."""
-    seeds = [int(s) for s in seeds]
+    seeds = [_episode_seed(s) for s in seeds]
     n = len(seeds)
     workloads = list(workload) if isinstance(workload, (list, tuple)) else [workload] * n
     if len(workloads) != n:
