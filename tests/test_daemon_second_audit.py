@@ -137,3 +137,41 @@ def test_executor_retries_are_bounded(tmp_path):
                    + "agent: {name: noop}\n")
     with pytest.raises(ValueError, match="max_attempts"):
         load_config(cfg)
+
+
+@pytest.mark.jvm
+def test_the_sim_executor_reports_the_target_the_simulator_can_reach_in_one_interval():
+    """The step protocol carries at most 127 VMs per type and interval: "1 -> 300" was reported as
+    succeeded while the simulator added 127."""
+    from samm.config import GroupConfig
+    from samm.execute.base import ScaleRequest
+    from samm.execute.sim_exec import SimExecutor, SimulatedSystem, sim_config_for_groups
+    from sim_bridge.workloads import load_workload
+
+    groups = [GroupConfig(name="S", cores=1, ram_gb=1, price_per_hour=0.01, min=1, max=300)]
+    system = SimulatedSystem(sim_config_for_groups(groups, initial={"S": 1}), load_workload("seed-1551-short"), seed=1)
+    try:
+        system.advance()
+        res = SimExecutor(system).apply(ScaleRequest("S", 300, "d1:S"))
+        assert res.status == "succeeded" and res.detail["to"] == 128 and "at most 127" in res.detail["capped"]
+        system.advance()
+        assert int(system.counts()[0]) == 128
+        res = SimExecutor(system).apply(ScaleRequest("S", 200, "d2:S"))
+        assert res.detail["to"] == 200 and "capped" not in res.detail
+    finally:
+        system.close()
+
+
+def test_samm_train_without_a_simulator_says_so_in_one_line(tmp_path):
+    """A BridgeError (no JVM; with --ray, a rollout worker that cannot start) was a traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"} | {"PATH": str(tmp_path)}
+    samm = Path(sys.executable).with_name("samm")
+    out = subprocess.run([str(samm), "train", "--timesteps", "64", "--envs", "1", "--out", str(tmp_path / "o"),
+                          "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "error: the simulator: no `java` executable found" in out.stderr and "Traceback" not in out.stderr

@@ -604,6 +604,7 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
     <out>/policy). Placement: the REINFORCE policy trained across batches (progress bar, CSV log;
     the policy is saved to <out>)."""
     from agents.registry import get_problem
+    from sim_bridge.errors import BridgeError
 
     spec = get_problem(problem)
     if agent_kind is not None and agent_kind != spec.learner:
@@ -661,6 +662,8 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
         _fail(f"--ray needs the ray package (pip install samm[ray]): {exc}")
     except ValueError as exc:
         _fail(str(exc))
+    except BridgeError as exc:  # the simulator refused the config, or (--ray) a rollout worker could not start
+        _fail(f"the simulator: {exc}")
     click.echo(json.dumps(summary))
 
 

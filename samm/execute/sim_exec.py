@@ -14,7 +14,7 @@ import numpy as np
 
 from samm.analyze import RawSnapshot
 from samm.analyze.snapshot import VM_BOOTING
-from sim_bridge.batch import H_FINISHED, H_VM_COST, H_WAIT_JOB_S, SimBatch, SimStep
+from sim_bridge.batch import H_FINISHED, H_VM_COST, H_WAIT_JOB_S, MAX_STEP_DELTA, SimBatch, SimStep
 from sim_bridge.config import SimConfig, VmType
 from sim_bridge.workloads import Workload
 
@@ -125,5 +125,15 @@ class SimExecutor(Executor):
         current = int(self.system.counts()[ti])
         if current == request.target:
             return ActionResult("skipped", detail={"reason": "already at target", "desired": current})
-        self.system.pending[ti] += request.target - current
-        return ActionResult("succeeded", detail={"from": current, "to": request.target})
+        # the step protocol carries at most ±127 VMs per type and interval (int8) and clipped the rest
+        # silently: "1 -> 500" was reported while 127 were added. The rest is for a later decision.
+        pending = int(self.system.pending[ti])
+        wanted = pending + request.target - current
+        allowed = max(-MAX_STEP_DELTA, min(MAX_STEP_DELTA, wanted))
+        self.system.pending[ti] = allowed
+        reached = current + allowed - pending
+        detail = {"from": current, "to": reached}
+        if reached != request.target:
+            detail["capped"] = (f"target {request.target} is {abs(request.target - current)} VMs away; the simulator "
+                                f"takes at most {MAX_STEP_DELTA} per type and interval")
+        return ActionResult("succeeded", detail=detail)
