@@ -20,6 +20,8 @@ def number_param(kind: str, key: str, value, low: float | None = None, high: flo
     with `whole`; else a ValueError naming the parameter."""
     try:
         x = float(value)
+    except OverflowError:   # an integer past any float (400 digits of JSON or YAML): not finite
+        x = math.inf
     except (TypeError, ValueError):
         x = None
     kind_of = "a whole number" if whole else "a number"

@@ -1,6 +1,10 @@
 """A stand-alone FastAPI app for one problem's extra REST operations (tests, a live testbed's
 in-process service); `samm serve` mounts the same routes on the Policy Evaluation Service.
 
+A problem route keeps its per-session state in `problem_sessions(app, name)`, so that
+POST /v1/agents/{name}/sessions/{session_id}/reset (the service's, and the stand-alone app's)
+drops it as it drops the generic decide route's.
+
 Validation errors are 422s that name the field and never echo the input (a NaN in the body
 could not be written back as JSON)."""
 from __future__ import annotations
@@ -12,10 +16,12 @@ from fastapi import FastAPI
 
 def standalone_app(title: str, name: str, policy_or_registry: Any,
                    add_routes: Callable[[FastAPI, str, Any], None]) -> FastAPI:
+    from fastapi import Path
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
     from samm.plan.schemas import validation_detail
+    from samm.plan.service import SESSION_PATTERN
 
     app = FastAPI(title=title)
 
@@ -27,8 +33,33 @@ def standalone_app(title: str, name: str, policy_or_registry: Any,
     async def healthz() -> dict:
         return {"status": "ok", "agent": name}
 
+    @app.post(f"/v1/agents/{name}/sessions/{{session_id}}/reset", response_model=dict,
+              summary=f"Start a session of {name} afresh")
+    async def reset_session(session_id: str = Path(pattern=SESSION_PATTERN)) -> dict:
+        return {"session_id": session_id, "existed": reset_problem_sessions(app, name, session_id)}
+
     add_routes(app, name, policy_or_registry)
     return app
+
+
+def problem_sessions(app: FastAPI, name: str):
+    """The per-session state of agent `name`'s problem routes on `app` (the service's cap and TTL),
+    registered so that the session reset route reaches it: a cache of its own, which the generic
+    reset never saw, kept a reset session's frame stack or slot history."""
+    from samm.plan.sessions import sessions_for
+
+    cache = sessions_for(app)
+    registered = getattr(app.state, "problem_sessions", None)
+    if registered is None:
+        registered = app.state.problem_sessions = {}
+    registered.setdefault(name, []).append(cache)
+    return cache
+
+
+def reset_problem_sessions(app: FastAPI, name: str, session_id: str) -> bool:
+    """Drop `session_id` from agent `name`'s problem routes; whether one held it."""
+    caches = getattr(app.state, "problem_sessions", {}).get(name, ())
+    return any([cache.pop(session_id) for cache in caches])   # a list: every cache, not the first hit
 
 
 def hosted_policy(source: Any, name: str, operation: str):

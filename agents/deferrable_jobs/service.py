@@ -12,7 +12,7 @@ Times are in slots (the hosted setting's slot length). The service builds the si
 of the request (running jobs as started `duration - remaining` slots ago) and asks the policy;
 the answer always fits the free cores (prefix rule) and names only eligible jobs. The policy's
 auxiliary inputs (the recent slots' summaries) are kept per `session`, so one caller per
-cluster sends only the current slot.
+cluster sends only the current slot; POST /v1/agents/{name}/sessions/{session}/reset drops them.
 
 Input errors are 422s naming the field (a job outside its window, duplicate ids, NaN); a failed
 policy is a 500 naming the agent: the caller's safe default is to start nothing and record it.
@@ -28,8 +28,9 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agents.problem_service import problem_sessions
 from samm.plan.schemas import validation_detail
-from samm.plan.sessions import sessions_for
+from samm.plan.sessions import _policy_tag, _tagged_by
 
 from .episode import Episode
 from .features import SummaryHistory
@@ -175,8 +176,18 @@ def schedule(policy, req: ScheduleRequest, history: SummaryHistory) -> tuple[lis
     return chosen, {str(ids[int(r)]): float(s) for r, s in zip(shown, scores)}, view.free
 
 
+def _session_history(sessions, session: str, policy) -> SummaryHistory:
+    """The session's recent slot summaries, started afresh when another policy is hosted (an upload
+    or a rollback): they are scaled by the policy's setting, and the service's sessions promise it."""
+    held = sessions.get_or_make(session, lambda: (SummaryHistory(), _policy_tag(policy)))
+    if not _tagged_by(held[1], policy):
+        held = (SummaryHistory(), _policy_tag(policy))
+        sessions.put(session, held)
+    return held[0]
+
+
 def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
-    sessions = sessions_for(app)
+    sessions = problem_sessions(app, name)
 
     # The body is parsed by pydantic-core straight from the bytes and the answer written with
     # json.dumps: with 200+ jobs per request FastAPI's own body and response handling cost more
@@ -190,7 +201,7 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
             return JSONResponse(status_code=422, content={"detail": validation_detail(e.errors())})
         t0 = time.perf_counter()
         try:
-            history = sessions.get_or_make(req.session, SummaryHistory)
+            history = _session_history(sessions, req.session, policy)
             start, scores, free = schedule(policy, req, history)
         except ValueError as e:
             return JSONResponse(status_code=422, content={"detail": str(e)})

@@ -66,14 +66,11 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
 
         return ReclaimerPolicy.load(policy_dir) if policy_dir else shipped_policy(topo.name)
     if name == "reclaimer-online":
-        from .online import OnlineConfig, OnlineReclaimer
+        from .online import OnlineReclaimer
         from .policy import ReclaimerPolicy, shipped_policy
 
         out = params.pop("out", None)
-        unknown = sorted(set(params) - set(OnlineConfig.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"reclaimer-online: unknown parameter(s) {unknown} "
-                             f"(known: out, {', '.join(OnlineConfig.__dataclass_fields__)})")
+        cfg = _online_config(params)
         earlier = Path(out) / "policy" if out is not None else None
         if earlier is not None and (earlier / "metadata.json").is_file():
             # a restarted learner continues the policy it saved: starting from the base again, its
@@ -83,7 +80,7 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
             policy = ReclaimerPolicy.load(earlier)
         else:
             policy = ReclaimerPolicy.load(policy_dir) if policy_dir else shipped_policy(topo.name)
-        return OnlineReclaimer(policy, OnlineConfig(**params), out=out)
+        return OnlineReclaimer(policy, cfg, out=out)
     if name == "autoscale":
         from .autoscale import AutoScale
 
@@ -159,6 +156,24 @@ def _refuse_dropped_params(name: str, params: dict) -> None:
 
 
 WRAPPER_PARAMS = ("scale_down_window", "headroom_floor", "throttle_guard", "throttle_step")
+
+
+def _online_config(params: dict):
+    """reclaimer-online's OnlineConfig, its keys and the values it does not check itself named
+    like every agent's: a string where a number goes failed as a bare TypeError ("'>' not
+    supported", a seed's "SeedSequence expects int"), and explore="False" left exploring on."""
+    from .online import OnlineConfig
+
+    kind = "reclaimer-online"
+    check_param_keys(kind, params, ("out",) + tuple(OnlineConfig.__dataclass_fields__) + WRAPPER_PARAMS)
+    params = dict(params)
+    if params.get("lr") is not None:
+        params["lr"] = number_param(kind, "lr", params["lr"], low=0, low_open=True)
+    if "seed" in params:
+        params["seed"] = int(number_param(kind, "seed", params["seed"], low=0, whole=True))
+    if "explore" in params and not isinstance(params["explore"], bool):
+        raise ValueError(f"{kind}: explore must be true or false, got {params['explore']!r}")
+    return OnlineConfig(**params)
 
 
 def _rule_params(name: str) -> tuple[str, ...] | None:

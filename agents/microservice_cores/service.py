@@ -13,7 +13,7 @@
 The policy stacks the last k = 5 seconds per session (a session is one application's control
 loop), so callers send every second, in order. Sessions live in the service's shared store
 (`samm.plan.sessions`): idle ones expire after its TTL and the least recently used go past its cap,
-both O(1).
+both O(1); POST /v1/agents/{name}/sessions/{session}/reset starts one afresh.
 
 Unknown latency (null, or any NaN) means the load generator is stale: the answer holds the
 current limits (`action: "hold"`, with the reason; each within [floor, cap] like every answer's
@@ -30,8 +30,8 @@ import numpy as np
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.problem_service import hosted_policy
-from samm.plan.sessions import _policy_tag, _tagged_by, sessions_for
+from agents.problem_service import hosted_policy, problem_sessions
+from samm.plan.sessions import _policy_tag, _tagged_by
 
 from .control import AppLimits, clip_cores
 from .observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
@@ -66,7 +66,7 @@ class AllocateResponse(BaseModel):
 
 
 def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
-    sessions = sessions_for(app)
+    sessions = problem_sessions(app, name)
 
     async def allocate(req: AllocateRequest) -> AllocateResponse:
         policy = hosted_policy(policy_or_registry, name, "act")
@@ -103,13 +103,15 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
             ctl = policy.fork()
             ctl.reset(AppLimits(topo.service_names, topo.caps, topo.qos_ms))
             return ctl
-        # tagged with the policy object, not only its version string: an upload may repeat the
-        # version over other weights, and a session must not go on with the replaced network
-        key = f"{version}/{req.session}"
-        held = sessions.get(key)
-        if held is None or not _tagged_by(held[1], policy):
+        # tagged with the policy object, not its version string: an upload may repeat the version
+        # over other weights, and a session must not go on with the replaced network. Keyed by the
+        # session alone, as the session reset route names it.
+        # get_or_make marks the session used: a plain get did not, so a session called every second
+        # expired one TTL after it began (its frame stack lost mid-run) and was evicted first
+        held = sessions.get_or_make(req.session, lambda: (fresh(), _policy_tag(policy)))
+        if not _tagged_by(held[1], policy):
             held = (fresh(), _policy_tag(policy))
-            sessions.put(key, held)
+            sessions.put(req.session, held)
         ctl = held[0]
         try:
             cores = ctl.act(m)

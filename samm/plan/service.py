@@ -285,8 +285,12 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
                             session_id: str = Path(pattern=SESSION_PATTERN)) -> dict:
         # async like the decide routes, so never run between a decide's checkout and its store (in a
         # worker thread it could, and that decide then stored the memory the reset had dropped)
+        from agents.problem_service import reset_problem_sessions
+
         agent_or_404(agent)
-        return {"session_id": session_id, "existed": sessions.reset(agent, session_id)}
+        # the problem routes (allocate, schedule) keep their sessions apart: a reset reaches them too
+        existed = [sessions.reset(agent, session_id), reset_problem_sessions(app, agent, session_id)]
+        return {"session_id": session_id, "existed": any(existed)}
 
     from agents.registry import entry, get_problem
 
