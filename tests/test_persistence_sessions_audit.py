@@ -357,3 +357,26 @@ def test_a_save_after_one_cut_short_keeps_that_policy_if_it_is_cut_short_too(tmp
     loaded = ReclaimerPolicy.load(folder)
     assert loaded.version == "first"
     assert _same_weights(_actor_weights(loaded), _actor_weights(tiny_policy("first", seed=1)))
+
+
+# --- lead's follow-up: a Reclaimer policy whose metadata sizes the networks absurdly ------------
+
+@pytest.mark.parametrize("field, value", [("observe_queue", 1e9), ("observe_queue", "yes"), ("k", "5"),
+                                          ("k", 10 ** 6), ("id_width", 1.5), ("hidden", None),
+                                          ("actor_layers", -1)])
+def test_a_reclaimer_policy_sizing_its_networks_absurdly_is_refused_in_one_line(tmp_path, field, value):
+    """`observe_queue: 1e9` allocated gigabytes (an upload could take `samm serve` down); a string
+    `k` escaped the loader as a bare TypeError."""
+    import json
+    import shutil
+
+    from agents.microservice_cores.policy import ReclaimerPolicy
+
+    d = tmp_path / "p"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "agents/microservice_cores/policies/reclaimer-hotel", d)
+    meta = json.loads((d / "metadata.json").read_text())
+    meta["config"][field] = value
+    (d / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=f"metadata.json: missing or malformed field.*{field} must be") as err:
+        ReclaimerPolicy.load(d)
+    assert "\n" not in str(err.value)

@@ -201,6 +201,23 @@ class SacConfig:
         if self.lr_decay_start and self.lr_final is None:
             raise ValueError("lr_decay_start needs lr_final (the rate it decays to)")
         check_memoryless(self.headroom_ceiling, "SacConfig.headroom_ceiling")
+        self._check_network_shape()
+
+    #: the fields that size the networks and the frame stack, with their ranges: a policy's
+    #: metadata.json (an upload, too) with `observe_queue: 1e9` or a string `k` allocated gigabytes
+    #: or escaped the loader as a bare TypeError
+    _SHAPE_FIELDS = {"k": (1, 64), "id_width": (1, 4096), "hidden": (1, 4096), "actor_layers": (0, 64),
+                     "critic_pre_layers": (0, 64), "critic_post_layers": (0, 64), "classifier_hidden": (1, 4096)}
+
+    def _check_network_shape(self) -> None:
+        for field, (lo, hi) in self._SHAPE_FIELDS.items():
+            value = getattr(self, field)
+            if field == "id_width" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+                raise ValueError(f"{field} must be a whole number in [{lo}, {hi}], not {value!r:.40}")
+        if not isinstance(self.observe_queue, (bool, np.bool_)):
+            raise ValueError(f"observe_queue must be true or false, not {self.observe_queue!r:.40}")
 
     def lr_at(self, seen: int) -> float:
         """The actor's and critics' learning rate after `seen` transitions (`lr_final`)."""
