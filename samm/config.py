@@ -315,13 +315,21 @@ class SammConfig(Strict):
         owner: dict[tuple, str] = {}
         for lp in self.loops:
             ex = getattr(lp, "executor", None)
-            if getattr(ex, "kind", None) != "aws-asg":
+            kind = getattr(ex, "kind", None)
+            if kind not in ("aws-asg", "docker"):
                 continue
-            for g in lp.groups:
-                asg = (ex.region, ex.endpoint_url, g.asg_name)
-                if owner.setdefault(asg, lp.name) != lp.name:
-                    raise ValueError(f"ASG {g.asg_name!r} ({ex.region}) is managed by loops {owner[asg]!r} and "
+            for g in getattr(lp, "groups", None) or ():  # a microservice loop has services, not groups
+                # a Docker group is its containers labelled samm.group=<name> (one namespace per engine)
+                target = (kind, ex.region, ex.endpoint_url, g.asg_name) if kind == "aws-asg" else (
+                    kind, ex.endpoint_url, g.name)
+                if owner.setdefault(target, lp.name) == lp.name:
+                    continue
+                if kind == "aws-asg":
+                    raise ValueError(f"ASG {g.asg_name!r} ({ex.region}) is managed by loops {owner[target]!r} and "
                                      f"{lp.name!r}: give each ASG to one loop")
+                raise ValueError(f"Docker group {g.name!r} ({ex.endpoint_url or 'the default engine'}) is managed by "
+                                 f"loops {owner[target]!r} and {lp.name!r}: its containers would be scaled by both; "
+                                 "name the groups apart or give each engine's group to one loop")
         return self
 
     def control_loops(self) -> list[LoopConfig]:

@@ -175,3 +175,20 @@ def test_samm_train_without_a_simulator_says_so_in_one_line(tmp_path):
                           "--quiet"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr[-2000:]
     assert "error: the simulator: no `java` executable found" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_docker_group_belongs_to_one_loop():
+    """Both loops' executors label containers samm.group=<name> in namespace samm: two loops with
+    a group `web` on one engine scaled the same containers, each inside the other's cool-down."""
+    from samm.config import SammConfig
+
+    def loop(name, groups, endpoint=None):
+        return {"name": name, "executor": {"kind": "docker", "endpoint_url": endpoint},
+                "groups": [{"name": g, "cores": 1, "ram_gb": 1, "price_per_hour": 0.1, "min": 0, "max": 5,
+                            "docker_image": "python:3.11-slim"} for g in groups]}
+
+    with pytest.raises(ValueError, match="Docker group 'web' .* managed by loops 'a' and 'b'"):
+        SammConfig.model_validate({"loops": [loop("a", ["web", "db"]), loop("b", ["web"])]})
+    ok = SammConfig.model_validate({"loops": [loop("a", ["web"]), loop("b", ["api"]),
+                                              loop("c", ["web"], endpoint="tcp://10.0.0.2:2375")]})
+    assert [lp.name for lp in ok.control_loops()] == ["a", "b", "c"]

@@ -6,7 +6,10 @@ group's optional `docker_label`, `key=value` or `key`), runs the group's image w
 period/quota can be changed live) and a memory limit of `ram_gb`, and is named
 `<namespace>-<group>-<n>` (`samm-web-3` with the default namespace). Scaling is synchronous:
 `apply` returns once the containers are started or removed, so there is no separate "desired"
-state to keep: desired capacity is the live count. Exited containers are reaped and replaced.
+state to keep: desired capacity is the live count. Exited containers, and ones created but never
+started, are reaped and replaced; one that ended by itself right after its start is kept (its logs
+say why) and no other is launched for `crash_backoff_s`. As on AWS, a request whose group an
+operator moved past or away from its target since the decision (`ScaleRequest.basis`) is skipped.
 
 `set_cpu_limit` changes a running container's CPU quota in place (for agents that allocate cores
 per container), with `cpu_burst` also its CFS burst (`cfs_burst`: a share of the quota the
@@ -29,7 +32,8 @@ import requests
 
 from samm.config import GroupConfig
 from samm.execute import cfs_burst
-from samm.execute.base import ActionResult, Executor, ExecutorError, GroupStatus, Instance, InstanceState, ScaleRequest
+from samm.execute.base import (ActionResult, Executor, ExecutorError, GroupStatus, Instance, InstanceState, ScaleRequest,
+                               moved_past)
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +44,19 @@ DEFAULT_COMMAND: tuple[str, ...] = ("sleep", "infinity")
 LABEL_GROUP = "samm.group"
 LABEL_NAMESPACE = "samm.namespace"
 LABEL_REQUEST = "samm.request"
+# A container that ends by itself this soon after its start is crashing (a bad command, image or
+# config): it is kept (its logs tell why) and no other is launched in its place for a while.
+CRASH_WINDOW_S = 10.0
+CRASH_BACKOFF_S = 60.0
+_STOPPED_FROM_OUTSIDE = (137, 143)   # 128 + SIGKILL / SIGTERM: `docker kill`/`stop`, not a crash
 # (samm.config.DOCKER_LABELS_OF_SAMM: a group's docker_label may not replace them)
 
 _STATE: dict[str, InstanceState] = {
     "running": "running",
     "paused": "running",  # still holds its resources
-    "created": "pending",
+    # never started: left by an apply cut off between create and start (an engine restart), so
+    # it is reaped and replaced like an exited one rather than counted as capacity forever
+    "created": "terminating",
     "restarting": "pending",
     "removing": "terminating",
     "exited": "terminating",
@@ -57,7 +68,8 @@ T = TypeVar("T")
 
 class _CallFailed(Exception):
     def __init__(self, call: str, exc: BaseException) -> None:
-        super().__init__(f"docker {call} failed: {type(exc).__name__}: {exc}")
+        # one line: the engine's errors may carry runc's multi-line output
+        super().__init__(" ".join(f"docker {call} failed: {type(exc).__name__}: {exc}".split()))
         self.call = call
 
 
@@ -93,7 +105,10 @@ def cpu_quota_for(cores: float) -> int:
     """CFS quota (µs per 100 ms period) giving `cores` CPUs."""
     if not isinstance(cores, (int, float)) or isinstance(cores, bool) or not math.isfinite(cores) or cores <= 0:
         raise ValueError(f"cores must be a positive finite number, got {cores!r}")
-    return max(MIN_CPU_QUOTA_US, int(round(cores * CPU_PERIOD_US)))
+    quota = cores * CPU_PERIOD_US
+    if not math.isfinite(quota):   # e.g. 1e305 cores: int() of the overflow would raise past the caller
+        raise ValueError(f"cores {cores!r} is too large for a CFS quota")
+    return max(MIN_CPU_QUOTA_US, int(round(quota)))
 
 
 def limit_cores(host_config: Mapping[str, Any] | None) -> float | None:
@@ -167,6 +182,7 @@ class DockerExecutor(Executor):
         self.network = network
         self.stop_timeout_s = stop_timeout_s
         self.timeout_s = timeout_s
+        self.crash_backoff_s = CRASH_BACKOFF_S
         self._base_url = base_url
         self._client = client
         # (container id, pid) -> its cgroup dir, or why there is none: a container's cgroup holds
@@ -229,25 +245,31 @@ class DockerExecutor(Executor):
                                   "reaped": []}
         try:
             containers = self._containers(cfg.name)
+            crashed = self._crashed_recently(containers)
             # Exited or dead instances are replaced, not restarted, as an ASG replaces unhealthy
             # instances; removing them keeps names free and inventories short.
             for c in containers:
-                if _STATE.get(c.status) == "terminating" and c.status != "removing":
-                    _call("container.remove", c.remove, v=True, force=True)
-                    detail["reaped"].append(c.name)
+                if _STATE.get(c.status) == "terminating" and c.status != "removing" and c.name not in crashed:
+                    if self._remove(c, detail, stop=False):
+                        detail["reaped"].append(c.name)
             live = [c for c in containers if _STATE.get(c.status, "pending") != "terminating"]
             detail["live_before"] = len(live)
             if len(live) == request.target:
                 return ActionResult("skipped", detail | {"live": len(live), "reason": "target already met"})
+            stale = moved_past(request, len(live))   # an operator's `docker run`/`rm` since the decision
+            if stale:
+                return ActionResult("skipped", detail | {"live": len(live), "reason": stale})
             if len(live) < request.target:
+                if crashed:
+                    detail["crashed"] = sorted(crashed)
+                    return ActionResult("failed", detail, next(iter(crashed.values())))
                 taken = {c.name for c in containers}
                 for _ in range(request.target - len(live)):
                     detail["started"].append(self._start_one(cfg, request, taken))
             else:
                 for c in self._victims(live, len(live) - request.target, request.victim, detail):
-                    _call("container.stop", c.stop, timeout=self.stop_timeout_s)
-                    _call("container.remove", c.remove, v=True)
-                    detail["removed"].append(c.name)
+                    if self._remove(c, detail, stop=True):
+                        detail["removed"].append(c.name)
             detail["live"] = request.target
             return ActionResult("succeeded", detail)
         except _CallFailed as exc:
@@ -256,6 +278,39 @@ class DockerExecutor(Executor):
         except Exception as exc:  # never raise out of apply: the daemon loop must keep running
             log.exception("scaling %s to %d failed", cfg.name, request.target)
             return ActionResult("failed", detail, f"docker executor: {type(exc).__name__}: {exc}")
+
+    def _remove(self, c, detail: dict, *, stop: bool) -> bool:
+        """Stops (when asked) and removes one container; False when someone else removed it since
+        the listing (recorded in the detail's `already_gone`): its capacity is gone either way."""
+        try:
+            if stop:
+                _call("container.stop", c.stop, timeout=self.stop_timeout_s)
+            _call("container.remove", c.remove, v=True, force=not stop)
+        except _CallFailed as exc:
+            if not isinstance(exc.__cause__, docker.errors.NotFound):
+                raise
+            detail.setdefault("already_gone", []).append(c.name)
+            return False
+        return True
+
+    def _crashed_recently(self, containers: list) -> dict[str, str]:
+        """Name -> why, for each container that ended by itself within CRASH_WINDOW_S of its start
+        less than `crash_backoff_s` ago: launching another would crash the same way, every loop."""
+        now, found = time.time(), {}
+        for c in containers:
+            state = c.attrs.get("State")
+            if c.status != "exited" or not isinstance(state, dict):
+                continue
+            started, finished = parse_docker_time(state.get("StartedAt")), parse_docker_time(state.get("FinishedAt"))
+            code = state.get("ExitCode")
+            if started is None or finished is None or finished - started > CRASH_WINDOW_S \
+                    or now - finished >= self.crash_backoff_s \
+                    or (code in _STOPPED_FROM_OUTSIDE and not state.get("OOMKilled")):
+                continue
+            wait = self.crash_backoff_s - (now - finished)
+            found[c.name] = (f"container {c.name} exited with code {code} {finished - started:.1f} s after its start "
+                             f"(a crash loop? see `docker logs {c.name}`): no new one for {wait:.0f} s")
+        return found
 
     def _start_one(self, cfg: GroupConfig, request: ScaleRequest, taken: set[str]) -> str:
         labels = self._labels(cfg.name) | _parse_label(cfg.docker_label) | {LABEL_REQUEST: request.idempotency_key[:200]}
