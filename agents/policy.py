@@ -51,19 +51,24 @@ class Policy(Protocol):
 #: the key of a saved policy's metadata that holds the SHA-256 of its weights file: it ties the two
 #: files of one save together (policies saved before it, the shipped ones too, have none)
 WEIGHTS_DIGEST_KEY = "weights_sha256"
+#: the key of the metadata that holds the SHA-256 of each of the save's other files ({name: digest})
+FILES_DIGEST_KEY = "files_sha256"
 
 
 def save_torch_policy(directory, module, metadata: dict, weights_file: str = "weights.pt",
-                      metadata_file: str = "metadata.json"):
-    """Write a torch policy as SAMM saves them: its weights and its `metadata.json` (the file a
-    loader reads first), which records the weights' digest.
+                      metadata_file: str = "metadata.json", *, state: dict | None = None,
+                      extra_files: dict[str, str] | None = None):
+    """Write a torch policy as SAMM saves them: its weights (`module`'s state dict, or `state`),
+    any `extra_files` (name -> text, e.g. an observation normaliser) and its `metadata.json` (the
+    file a loader reads first), which records the digests of the others.
 
-    Both are written beside first; then the metadata is renamed over (the commit point), then the
-    weights. A save killed before the commit leaves the previous policy whole; one killed between
-    the renames leaves the new metadata and the new weights still beside (`.weights.pt.tmp`),
-    which the loader finds by the digest: a reader sees the old policy or the new one, never new
-    weights under old settings (a changed network then failed to load, an unchanged one served
-    under the old version's metadata)."""
+    All are written beside first; then the metadata is renamed over (the commit point), then the
+    weights and the extra files. A save killed before the commit leaves the previous policy whole;
+    one killed between the renames leaves the new metadata and the rest still beside
+    (`.weights.pt.tmp`), which the loaders find by their digests (`saved_weights_path`,
+    `saved_file_path`): a reader sees the old policy or the new one, never new weights under old
+    settings (a changed network then failed to load, an unchanged one served under the old
+    version's metadata)."""
     import json
     import os
     from pathlib import Path
@@ -76,26 +81,37 @@ def save_torch_policy(directory, module, metadata: dict, weights_file: str = "we
     d.mkdir(parents=True, exist_ok=True)
     _finish_interrupted_save(d, weights_file, metadata_file)
     weights_tmp, metadata_tmp = _pending(d / weights_file), _pending(d / metadata_file)
-    torch.save({k: v.detach().clone() for k, v in module.state_dict().items()}, weights_tmp)
+    torch.save(state if state is not None else {k: v.detach().clone() for k, v in module.state_dict().items()},
+               weights_tmp)
+    extras = {name: _pending(d / name) for name in (extra_files or {})}
+    for name, tmp in extras.items():
+        tmp.write_text(extra_files[name])
     metadata = {**metadata, WEIGHTS_DIGEST_KEY: _sha256(weights_tmp)}
+    if extra_files is not None:
+        metadata[FILES_DIGEST_KEY] = {name: _sha256(tmp) for name, tmp in extras.items()}
     metadata_tmp.write_text(json.dumps(metadata, indent=2, default=json_default))
-    _sync(weights_tmp, metadata_tmp)
+    _sync(weights_tmp, *extras.values(), metadata_tmp)
     os.replace(metadata_tmp, d / metadata_file)
     os.replace(weights_tmp, d / weights_file)
+    for name, tmp in extras.items():
+        os.replace(tmp, d / name)
     return d
 
 
 def _finish_interrupted_save(d, weights_file: str, metadata_file: str) -> None:
-    """Complete a save cut short between its renames before writing the pending file again: were
+    """Complete a save cut short between its renames before writing the pending files again: were
     this save cut short too, before its commit, the policy of the one before it would be lost."""
     import os
 
     try:
-        found = saved_weights_path(d, weights_file, metadata_file)
+        found = {d / weights_file: saved_weights_path(d, weights_file, metadata_file)}
+        for name in _recorded_files(d, metadata_file) or {}:
+            found[d / name] = saved_file_path(d, name, metadata_file)
     except ValueError:   # no policy whole in the folder: nothing to keep
         return
-    if found != d / weights_file:
-        os.replace(found, d / weights_file)
+    for path, current in found.items():
+        if current is not None and current != path:
+            os.replace(current, path)
 
 
 def _pending(path):
@@ -131,27 +147,61 @@ def saved_weights_path(directory, weights_file: str = "weights.pt", metadata_fil
     cut short between its renames left beside it. A one-line ValueError naming the file when the
     metadata records a digest that neither matches (files of two saves, or a weights file copied
     over); without a recorded digest (the shipped policies) `weights_file` as it is."""
-    import json
     from pathlib import Path
 
     d = Path(directory)
-    path = d / weights_file
-    try:
-        meta = json.loads((d / metadata_file).read_text())
-    except (OSError, ValueError):   # the policy's own loader names a missing or invalid metadata file
-        return path
+    meta = _metadata_or_none(d, metadata_file)
     digest = meta.get(WEIGHTS_DIGEST_KEY) if isinstance(meta, dict) else None
+    return _file_of_digest(d / weights_file, digest, metadata_file, WEIGHTS_DIGEST_KEY) or d / weights_file
+
+
+def saved_file_path(directory, name: str, metadata_file: str = "metadata.json"):
+    """Another file of a saved policy (`extra_files` of `save_torch_policy`) as `saved_weights_path`
+    finds the weights; None when there is none: absent, or one an earlier save left that this
+    save's metadata does not record (the save had none: the file is not this policy's)."""
+    from pathlib import Path
+
+    d = Path(directory)
+    recorded = _recorded_files(d, metadata_file)
+    if recorded is None:   # saved before digests (the shipped policies): the file as it is
+        return d / name if (d / name).is_file() else None
+    if name not in recorded:
+        return None
+    return _file_of_digest(d / name, recorded[name], metadata_file, f"{FILES_DIGEST_KEY}.{name}")
+
+
+def _metadata_or_none(d, metadata_file: str):
+    import json
+
+    try:
+        return json.loads((d / metadata_file).read_text())
+    except (OSError, ValueError):   # the policy's own loader names a missing or invalid metadata file
+        return None
+
+
+def _recorded_files(d, metadata_file: str) -> dict | None:
+    meta = _metadata_or_none(d, metadata_file)
+    files = meta.get(FILES_DIGEST_KEY) if isinstance(meta, dict) else None
+    if files is None:
+        return None
+    if not isinstance(files, dict):
+        raise ValueError(f"{d / metadata_file}: {FILES_DIGEST_KEY} must map file names to digests, got {files!r:.80}")
+    return files
+
+
+def _file_of_digest(path, digest, metadata_file: str, key: str):
+    """`path` or its pending copy, whichever has `digest` (None: `path` unchecked)."""
     if digest is None:
         return path
     if not (isinstance(digest, str) and re.fullmatch("[0-9a-f]{64}", digest)):
-        raise ValueError(f"{d / metadata_file}: {WEIGHTS_DIGEST_KEY} must be a SHA-256 hex digest, got {digest!r:.80}")
+        raise ValueError(f"{path.parent / metadata_file}: {key} must be a SHA-256 hex digest, got {digest!r:.80}")
     for candidate in (path, _pending(path)):
         if candidate.is_file() and _sha256(candidate) == digest:
             return candidate
     if not path.is_file():
-        return path   # read_torch_file names it missing
-    raise ValueError(f"{path}: not the weights {metadata_file} was saved with (its SHA-256 differs: "
-                     f"the files of two saves, or a weights file copied over)")
+        return path   # the loader names it missing
+    raise ValueError(f"{path}: not the {path.name} {metadata_file} was saved with (its SHA-256 differs: "
+                     f"the files of two saves, or a file copied over)")
 
 
 def one_line(exc: BaseException, limit: int = 300) -> str:

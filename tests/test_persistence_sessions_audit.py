@@ -380,3 +380,67 @@ def test_a_reclaimer_policy_sizing_its_networks_absurdly_is_refused_in_one_line(
     with pytest.raises(ValueError, match=f"metadata.json: missing or malformed field.*{field} must be") as err:
         ReclaimerPolicy.load(d)
     assert "\n" not in str(err.value)
+
+
+# --- lead's follow-up: the autoscaling (LSTM-PPO) and placement policies save as one -----------
+
+PPO = """
+import numpy as np, torch
+from agents.ppo.agent import LstmPpoAgent
+from agents.ppo.normalize import RunningMeanStd
+from samm.analyze import OBSERVATION_NAMES
+
+def ppo(version, seed, hidden=16, normalise=True):
+    torch.manual_seed(seed)
+    rms = None
+    if normalise:
+        rms = RunningMeanStd((len(OBSERVATION_NAMES),))
+        rms.mean[:] = seed
+    return LstmPpoAgent(OBSERVATION_NAMES, "per-type", ("S", "M", "L"), params={"lstm_hidden": hidden},
+                        obs_rms=rms, version=version)
+"""
+_ppo: dict = {}
+exec(PPO, _ppo)
+
+PPO_KILLED = PPO + """
+import os, signal, sys
+renames, real_replace = [], os.replace
+
+def replace_then_die(src, dst):
+    real_replace(src, dst)
+    renames.append(dst)
+    if len(renames) == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+os.replace = replace_then_die
+ppo("second", seed=1, hidden=32).save(sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("after", [1, 2], ids=["after-metadata", "after-weights"])
+def test_an_lstm_ppo_save_killed_part_way_loads_as_the_new_policy_whole(tmp_path, after):
+    """The agent wrote its weights, normaliser and metadata in place, one after the other: killed
+    part-way, new weights sat under the old settings (or a truncated file lost the policy)."""
+    from agents.base import load_agent
+
+    folder = tmp_path / "policy"
+    _ppo["ppo"]("first", seed=0).save(folder)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", PPO_KILLED, str(folder), str(after)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    loaded = load_agent(folder)
+    assert loaded.version == "second" and loaded.params["lstm_hidden"] == 32
+    assert float(loaded.obs_rms.mean[0]) == 1.0   # the new save's normaliser, not the old one's
+    second = _ppo["ppo"]("second", seed=1, hidden=32)
+    assert all(bool((a == b).all()) for a, b in zip(loaded.net.state_dict().values(), second.net.state_dict().values()))
+
+
+def test_an_lstm_ppo_save_without_a_normaliser_does_not_inherit_the_last_ones(tmp_path):
+    from agents.base import load_agent
+
+    folder = tmp_path / "policy"
+    _ppo["ppo"]("first", seed=3).save(folder)
+    _ppo["ppo"]("second", seed=4, normalise=False).save(folder)
+    loaded = load_agent(folder)
+    assert loaded.version == "second" and loaded.obs_rms is None

@@ -193,8 +193,13 @@ def test_an_unreadable_or_non_finite_policy_is_a_clear_error(tmp_path):
     policy = tmp_path / "policy"
     LstmPpoAgent(feature_names_of("paper", sim), "per-type", ("S", "M", "L")).save(policy)
     weights = (policy / "policy.pt").read_bytes()
-
     (policy / "policy.pt").write_text("garbage\n")
+    with pytest.raises(ValueError, match=r"policy\.pt: not the policy\.pt metadata\.json was saved with"):
+        load_agent(policy)
+    # the readers themselves, as for a policy saved before saves recorded digests (the shipped ones)
+    meta = json.loads((policy / "metadata.json").read_text())
+    (policy / "metadata.json").write_text(json.dumps({k: v for k, v in meta.items()
+                                                      if k not in ("weights_sha256", "files_sha256")}))
     with pytest.raises(ValueError, match=r"policy\.pt: not a readable PyTorch state dict"):
         load_agent(policy)
     r = CliRunner().invoke(cli, ["evaluate", "--agent", "lstm-ppo", "--policy", str(policy), "--seeds", "1"])

@@ -19,7 +19,6 @@ the same policy with the spaces of an n-node cluster.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -46,7 +45,7 @@ from agents.lra_placement.reinforce import (
     repair,
     rollout,
 )
-from agents.policy import one_line, read_torch_file
+from agents.policy import one_line, read_torch_file, save_torch_policy, saved_weights_path
 from agents.spaces import check_spaces, space_from_json, space_to_json
 
 KIND = "lra-reinforce"
@@ -330,9 +329,8 @@ class PlacementPolicy:
             comps = comps[np.argsort(comps @ ((self.slots + 1) ** np.arange(self.n_apps)))]
             tp = np.asarray(self.predictor.throughput(comps), dtype=np.float32)
             payload["predictor_throughput"] = torch.from_numpy(tp)
-        torch.save(payload, d / WEIGHTS_FILE)
-        (d / METADATA_FILE).write_text(json.dumps(self.metadata(), indent=2))
-        return d
+        # one save: killed part-way, the folder holds the previous policy or this one, whole
+        return save_torch_policy(d, None, self.metadata(), WEIGHTS_FILE, METADATA_FILE, state=payload)
 
     @classmethod
     def load(cls, directory: str | Path, observation_space: spaces.Space | None = None,
@@ -359,7 +357,7 @@ class PlacementPolicy:
             raise ValueError(f"{d / METADATA_FILE}: missing or malformed field ({one_line(e)})") from None
         # the recorded spaces must be the ones this network and cluster imply
         check_spaces(saved_obs, saved_act, *placement_spaces(saved_n, slots, len(app_names)), what=str(d))
-        payload = _read_payload(d / WEIGHTS_FILE)
+        payload = _read_payload(saved_weights_path(d, WEIGHTS_FILE, METADATA_FILE))
         scorer = NodeScorer(config)
         try:
             scorer.load_state_dict(payload["scorer"])

@@ -9,10 +9,10 @@ import torch
 
 from samm.analyze import OBSERVATION_NAMES
 
-from ..base import Agent, Decisions, register
+from ..base import METADATA_FILE, Agent, Decisions, register
 from ..builtin import LoadErrorsNameTheFile, check_action_mode
 from ..params import check_param_keys, number_param
-from ..policy import one_line
+from ..policy import one_line, save_torch_policy, saved_file_path, saved_weights_path
 from .network import LstmActorCritic
 from .normalize import RunningMeanStd
 
@@ -21,6 +21,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 WEIGHTS_FILE = "policy.pt"
+OBS_RMS_FILE = "obs_rms.json"
 #: what a saved policy's "params" may hold: its LSTM's width and the seed of its sampled actions
 PARAMS = ("lstm_hidden", "sample_seed")
 MAX_LSTM_HIDDEN = 1024
@@ -149,15 +150,20 @@ class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
             return Decisions(a[:, 0], probs[:, 0], value), (h, c, np.zeros(len(h), dtype=bool))
         return Decisions(a, probs, value), (h, c, np.zeros(len(h), dtype=bool))
 
-    def _save_weights(self, directory: Path) -> None:
-        torch.save(self.net.state_dict(), directory / WEIGHTS_FILE)
-        if self.obs_rms is not None:
-            (directory / "obs_rms.json").write_text(json.dumps(self.obs_rms.to_dict()))
+    def save(self, directory: str | Path) -> Path:
+        """Weights, normaliser and metadata as one save (`save_torch_policy`): killed part-way, the
+        folder holds the previous policy or this one, never this one's weights under the previous
+        one's normaliser or settings."""
+        rms = {} if self.obs_rms is None else {OBS_RMS_FILE: json.dumps(self.obs_rms.to_dict())}
+        d = save_torch_policy(directory, self.net, self.metadata(), WEIGHTS_FILE, METADATA_FILE, extra_files=rms)
+        if not rms:
+            (d / OBS_RMS_FILE).unlink(missing_ok=True)   # an earlier save's: not this policy's (loaders skip it)
+        return d
 
     @classmethod
     def _from_metadata(cls, meta, directory: Path):
         agent = super()._from_metadata(meta, directory)
-        weights = directory / WEIGHTS_FILE
+        weights = saved_weights_path(directory, WEIGHTS_FILE, METADATA_FILE)
         if not weights.is_file():
             raise FileNotFoundError(f"{directory}: missing {WEIGHTS_FILE}")
         try:
@@ -173,8 +179,8 @@ class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
         bad = [k for k, v in agent.net.state_dict().items() if not torch.isfinite(v).all()]
         if bad:
             raise ValueError(f"{weights}: {bad[0]} holds NaN or inf values")
-        rms = directory / "obs_rms.json"
-        if rms.is_file():
+        rms = saved_file_path(directory, OBS_RMS_FILE, METADATA_FILE)
+        if rms is not None:
             agent.obs_rms = _read_obs_rms(rms, len(agent.feature_names))
         agent.net.eval()
         return agent
