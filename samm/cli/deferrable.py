@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 import sys
 from pathlib import Path
 
 import click
+
+#: the names testbed-microservices takes (samm/testbed/microservices/run.py): no space or "/" in a
+#: Graphite path or a worker's instance name
+RUN_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
 
 
 def _params(values: tuple[str, ...]) -> dict:
@@ -71,6 +76,15 @@ def testbed_deferrable(setting, seed, split, slots, slot_seconds, agent, policy_
         click.echo("error: --slot-seconds and --request-timeout must be finite numbers > 0, --workers, --slots and "
                    "--worker-cores >= 1", err=True)
         sys.exit(2)
+    _check_scale(setting, workers, slot_seconds)
+    if problem := service_url_problem(service_url):
+        click.echo(f"error: {problem}", err=True)
+        sys.exit(2)
+    if run_name is not None and not RUN_NAME.fullmatch(run_name):
+        # it names the Graphite counters: "a b" had carbon refuse every one, the run still ending 0
+        click.echo(f"error: --run-name {run_name!r} must match {RUN_NAME.pattern} (it names the Graphite "
+                   "counters and the Knowledge loop)", err=True)
+        sys.exit(2)
     agent_params = _params(agent_param)
     out_dir = Path(out).resolve()
     try:
@@ -116,6 +130,40 @@ def testbed_deferrable(setting, seed, split, slots, slot_seconds, agent, policy_
                f"{res.knowledge_url} (loop {res.loop})")
     if s.get("interrupted"):
         sys.exit(_interrupted_code(s))
+
+
+def service_url_problem(url: str | None) -> str | None:
+    """Why --service-url cannot reach a `samm serve` (None: it can try). A URL without a scheme or
+    host failed every call of the run, each one counted as an agent error, and the run still ended 0."""
+    from urllib.parse import urlsplit
+
+    if url is None:
+        return None
+    try:
+        parts = urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:      # "http://[::1": an unclosed IPv6 bracket
+        usable = False
+    return None if usable else f"--service-url {url!r} must be an http(s)://HOST[:PORT] URL of a `samm serve`"
+
+
+def _check_scale(setting_name: str, workers: int, slot_seconds: float) -> None:
+    """Refuses a worker count or slot length no replay can mean (exit 2): every worker is a process
+    started before slot 0 (`--workers 100000` forked until the machine ran out, deaf to Ctrl-C), and
+    a slot longer than its workload's own minutes replays slower than real time (a typo of `--slot-seconds`
+    turned a minute's run into days)."""
+    from agents.deferrable_jobs.settings import get_setting
+
+    setting = get_setting(setting_name)
+    if workers > setting.fleet_cores:
+        click.echo(f"error: --workers {workers} is more than the {setting_name} fleet's {setting.fleet_cores:g} "
+                   "cores (a worker is a VM of at least one core)", err=True)
+        sys.exit(2)
+    real_time_s = setting.slot_minutes * 60.0
+    if slot_seconds > real_time_s:
+        click.echo(f"error: --slot-seconds {slot_seconds:g} is slower than real time (a {setting_name} slot is "
+                   f"{real_time_s:g} s of workload)", err=True)
+        sys.exit(2)
 
 
 def _interrupted_code(summary: dict) -> int:

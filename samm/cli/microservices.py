@@ -8,10 +8,15 @@ Separate commands, like `samm testbed-deferrable`; `samm/cli/main.py` registers 
 from __future__ import annotations
 
 import json
+import math
+import signal
 import sys
 from pathlib import Path
 
 import click
+
+#: seconds of load before step 0: an hour is no warm-up, a value past it a typo
+MAX_WARMUP_S = 3600
 
 
 def _params(values: tuple[str, ...]) -> dict:
@@ -93,6 +98,11 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
     if seconds < 1 or users < 1:
         click.echo("error: --seconds and --users must be >= 1", err=True)
         sys.exit(2)
+    if warmup > MAX_WARMUP_S:
+        # the engine, the containers and Locust were started, then step 0 waited for years
+        click.echo(f"error: --warmup {warmup:g} is more than {MAX_WARMUP_S} s of load before step 0", err=True)
+        sys.exit(2)
+    _check_topology(topology)
     out_dir = Path(out).resolve()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,14 +117,22 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
                                    base_port=base_port, knowledge_url=knowledge_url, run_name=run_name,
                                    warmup_s=warmup, initial=initial, seed=seed, plots=not no_plots,
                                    cpu_burst=cpu_burst)
+    # SIGTERM unwinds like Ctrl-C: without it the containers, Locust and the private dockerd were
+    # left running and the seconds already measured were never written
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         res = run_microservices(opts)
     except (ValueError, FileNotFoundError) as exc:
         click.echo(f"error: testbed-microservices: {exc}", err=True)
         sys.exit(2)
+    except (KeyboardInterrupt, SystemExit):
+        click.echo(f"testbed-microservices: interrupted; the seconds run so far are in {out_dir}", err=True)
+        raise
     except Exception as exc:  # noqa: BLE001 - e.g. no root for dockerd, Locust missing
         click.echo(f"error: testbed-microservices: {type(exc).__name__}: {exc}", err=True)
         sys.exit(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     s = res.summary
     if as_json:
         click.echo(json.dumps(s, default=float))
@@ -134,6 +152,24 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
         click.echo(f"step {r['step']}: restarted {' '.join(r['services'])}")
     click.echo(f"wrote {', '.join(str(f) for f in res.files.values())}; {s['decisions']} decisions in "
                f"{res.knowledge_url} (loop {res.loop})")
+
+
+def _check_topology(topology: str) -> None:
+    """Exit 2 with one line naming --topology: a malformed YAML file printed pydantic's report of
+    20-odd lines that named neither the option nor the file."""
+    from pydantic import ValidationError
+
+    from agents.microservice_cores.topology import load_topology
+
+    try:
+        load_topology(topology)
+    except ValidationError as exc:
+        fields = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in exc.errors())
+        click.echo(f"error: testbed-microservices: --topology {topology}: {fields}", err=True)
+        sys.exit(2)
+    except ValueError as exc:
+        click.echo(f"error: testbed-microservices: --topology {topology}: {' '.join(str(exc).split())}", err=True)
+        sys.exit(2)
 
 
 @click.command("reclaimer-ceiling")
@@ -193,6 +229,7 @@ def reclaimer_ceiling(policy_dir, out, recipe, eval_seeds, rule, grid, sqrt_beta
     mean cores and violations; saves the policy with the chosen ceiling to --out."""
     from agents.microservice_cores.ceiling import main as ceiling_main
 
+    _check_ceiling_inputs(eval_seeds, grid)
     argv = ["--policy", policy_dir, "--out", out, "--max-violations", str(max_violations)]
     given = {"--recipe": recipe, "--eval-seeds": eval_seeds, "--rule": rule, "--grid": grid, "--sqrt": sqrt_beta,
              "--max-multiple": max_multiple, "--margin": margin,
@@ -203,3 +240,34 @@ def reclaimer_ceiling(policy_dir, out, recipe, eval_seeds, rule, grid, sqrt_beta
     rc = ceiling_main(argv)
     if rc:
         sys.exit(rc)
+
+
+#: the experiment's seeds (1-5) and its check seeds (6-10): the help's "apart from" (validation.py)
+RESERVED_SEEDS = range(1, 11)
+
+
+def _check_ceiling_inputs(eval_seeds: str | None, grid: str | None) -> None:
+    """Exit 2 naming the option, before any episode runs: validation seeds that are the experiment's
+    ran and chose a ceiling on the very episodes it is then reported on, and a grid value that is not
+    a number said only "could not convert string to float"."""
+    from samm.cli.seeds import parse_seeds
+
+    if eval_seeds is not None:
+        try:
+            seeds = parse_seeds(eval_seeds)
+        except ValueError:
+            seeds = []      # malformed: agents/microservice_cores/ceiling.py names it
+        shared = sorted(set(seeds) & set(RESERVED_SEEDS))
+        if shared:
+            click.echo(f"error: --eval-seeds {eval_seeds!r} holds seed(s) {', '.join(map(str, shared))} of the "
+                       "experiment's 1-5 and check seeds 6-10: the ceiling would be reported on the episodes it "
+                       "was chosen on", err=True)
+            sys.exit(2)
+    for value in (grid or "").split(","):
+        try:
+            number = float(value) if value.strip() else 0.0
+        except ValueError:
+            number = float("nan")
+        if not math.isfinite(number):
+            click.echo(f"error: --grid {grid!r}: {value.strip()!r} is not a finite number", err=True)
+            sys.exit(2)

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import click
 
+#: a step replays one hour of the workload; more wall seconds than that replay it slower than it ran
+SECONDS_PER_EMULATED_HOUR = 3600
+
 
 @click.command("testbed-oversub")
 @click.option("--agent", "agent_spec", default="c2marl", show_default=True,
@@ -42,6 +45,7 @@ def testbed_oversub(agent_spec, setting, pms, steps, seconds_per_step, seed, max
     import logging
     import signal
 
+    from samm.cli.deferrable import service_url_problem
     from samm.knowledge.store import KnowledgeError
     from samm.monitor.local_graphite import GraphiteUnavailable
     from samm.testbed.oversub.cgroups import CgroupError, unavailable_reason
@@ -58,6 +62,12 @@ def testbed_oversub(agent_spec, setting, pms, steps, seconds_per_step, seed, max
         fail("--steps, --pms, --max-vms and --seconds-per-step must be >= 1 and --host-cores > 0")
     if seed < 0:
         fail(f"--seed must be >= 0, got {seed}")
+    if problem := service_url_problem(service_url):
+        fail(problem)
+    if seconds_per_step > SECONDS_PER_EMULATED_HOUR:
+        # slower than real time: a typo (`--seconds-per-step 100000000`) slept through step 0 for years
+        fail(f"--seconds-per-step {seconds_per_step} is slower than real time (a step is an emulated hour, "
+             f"at most {SECONDS_PER_EMULATED_HOUR})")
     agent, _, policy_dir = agent_spec.partition("=")
     out_dir = Path(out).resolve()
     try:
