@@ -117,6 +117,10 @@ def read_metadata(directory, required: tuple[str, ...] = ()) -> dict:
     missing = [k for k in required if k not in meta]
     if missing:
         raise ValueError(f"{meta_path}: missing {missing[0]!r}")
+    version = meta.get("version")
+    # served in every decision's answer and in /v1/agents: a list or a number there broke them
+    if version is not None and not isinstance(version, str):
+        raise ValueError(f"{meta_path}: version must be a string, got {version!r:.80}")
     return meta
 
 

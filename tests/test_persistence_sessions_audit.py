@@ -444,3 +444,34 @@ def test_an_lstm_ppo_save_without_a_normaliser_does_not_inherit_the_last_ones(tm
     _ppo["ppo"]("second", seed=4, normalise=False).save(folder)
     loaded = load_agent(folder)
     assert loaded.version == "second" and loaded.obs_rms is None
+
+
+@pytest.mark.parametrize("version", [["v1"], 3, {"v": 1}])
+def test_a_policy_whose_version_is_not_a_string_is_refused_naming_the_file(tmp_path, version):
+    """Accepted by the Reclaimer, C2MARL, OSDEC and placement loaders; the version goes into every
+    decision's answer."""
+    import json
+    import shutil
+
+    from agents.microservice_cores.policy import ReclaimerPolicy
+
+    d = tmp_path / "p"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "agents/microservice_cores/policies/reclaimer-hotel", d)
+    meta = json.loads((d / "metadata.json").read_text())
+    (d / "metadata.json").write_text(json.dumps({**meta, "version": version}))
+    with pytest.raises(ValueError, match="metadata.json: version must be a string"):
+        ReclaimerPolicy.load(d)
+
+
+def test_an_lstm_ppo_policy_whose_version_is_not_a_string_is_refused(tmp_path):
+    import json
+    import shutil
+
+    from agents.base import load_agent
+
+    d = tmp_path / "p"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "agents/policies/lstm-ppo-default", d)
+    meta = json.loads((d / "metadata.json").read_text())
+    (d / "metadata.json").write_text(json.dumps({**meta, "version": [1]}))
+    with pytest.raises(ValueError, match="metadata.json: version must be a string"):
+        load_agent(d)
