@@ -205,7 +205,7 @@ def test_an_oversubscription_policy_with_a_bad_metadata_field_names_the_file(tmp
     ("deferrable-jobs", lambda m: m.update(config=[1]), "missing or malformed field"),      # an AttributeError
     ("deferrable-jobs", lambda m: m["config"].update(d_model=-1), "network cannot be built"),  # torch's RuntimeError
     ("deferrable-jobs", lambda m: m["config"].update(d_model="x"), "network cannot be built"),  # torch's TypeError
-    ("microservice-cores", lambda m: m["config"].update(hidden=-1), "network cannot be built"),
+    ("microservice-cores", lambda m: m["config"].update(hidden=-1), r"hidden must be a whole number in \[1, 4096\]"),
     ("microservice-cores", lambda m: m.update(app=5), "missing or malformed field"),        # pydantic's many lines
 ])
 def test_a_policy_whose_metadata_describes_no_buildable_network_names_the_file(tmp_path, problem, change, message):
