@@ -80,6 +80,15 @@ class DeferrableLoopConfig(Strict):
     executor: JobQueueExecutor = JobQueueExecutor()
     guard: bool = Field(default=True, description="start jobs at their latest start that still fit")
 
+    @model_validator(mode="after")
+    def _call_fits_a_slot(self) -> "DeferrableLoopConfig":
+        # an HTTP call that may outlast the slot overruns the iteration: the scheduler then skips
+        # the next slot(s) (one instance at a time), whose due jobs are dropped unguarded
+        if self.agent.mode == "http" and self.agent.timeout_s >= self.timing.interval_s:
+            raise ValueError(f"agent.timeout_s ({self.agent.timeout_s:g} s) must be below timing.interval_s "
+                             f"({self.timing.interval_s:g} s, one slot)")
+        return self
+
 
 def graphite_capacity(client, cap: CapacityConfig, now: Callable[[], float]) -> Callable[[], tuple[float | None, str | None]]:
     def read() -> tuple[float | None, str | None]:

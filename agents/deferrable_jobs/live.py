@@ -404,7 +404,11 @@ class DeferrableLoop:
     def _send(self, rec: SlotRecord) -> None:
         if self.sender is None:
             return
-        base = f"{self.p.prefix}.deferrable.{self.p.loop}"
+        from samm.monitor.graphite_client import sanitize
+
+        # the loop name is ONE path component (docs/metric-naming.md): a dot in it would add a
+        # level, a space or a slash would have carbon drop the point
+        base = f"{self.p.prefix}.deferrable.{sanitize(self.p.loop)}"
         ts = time.time()
         try:
             self.sender.send_many([(f"{base}.released", len(rec.released), ts),

@@ -31,6 +31,7 @@ import json
 import logging
 import math
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -72,6 +73,7 @@ class DeferrableRunOptions:
     drain: bool = True                # after the last slot, wait for the released jobs to finish
     duty: float = 0.005               # host-core share a worker burns per held core
     guard: bool = True
+    queue_busy_timeout_s: float = 30.0  # how long a queue call waits for another connection's write
 
 
 @dataclass
@@ -101,6 +103,27 @@ def _make_agent(o: DeferrableRunOptions, session_tag: str):
 def _sleep_until(t: float, stop=lambda: False) -> None:
     while (left := t - time.time()) > 0 and not stop():
         time.sleep(min(left, 0.05))
+
+
+def _play_slot(queue, loop: DeferrableLoop, k: int, rows: list, capacity: float, stop) -> bool:
+    """Submit slot k's jobs and tick the slot. A queue locked past its busy timeout (another
+    connection's long transaction) is retried, not the end of the run: both steps are idempotent
+    (existing ids are left alone; a retried tick finds the slot's recorded decision and the queue
+    releases a job at most once). Any other queue error (a broken file) still ends the run. False
+    when a signal stopped the retries."""
+    while True:
+        try:
+            queue.submit_deferrable(rows)
+            loop.tick(k, capacity)
+            return True
+        except sqlite3.OperationalError as e:
+            if getattr(e, "sqlite_errorcode", sqlite3.SQLITE_BUSY) & 0xFF not in (sqlite3.SQLITE_BUSY,
+                                                                               sqlite3.SQLITE_LOCKED):
+                raise
+            log.warning("slot %d: job queue unavailable (%s); retrying the slot", k, e)
+            if stop():
+                return False
+            time.sleep(0.05)
 
 
 class _Interrupt:
@@ -180,7 +203,7 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     qpath = out / "queue.db"
     for suffix in ("", "-wal", "-shm"):  # a fresh queue per run: the episode is replayed from slot 0
         Path(str(qpath) + suffix).unlink(missing_ok=True)
-    queue = JobQueue(qpath)
+    queue = JobQueue(qpath, busy_timeout_s=o.queue_busy_timeout_s)
     sender = None
     if o.graphite:
         from samm.monitor.collector import parse_host_port
@@ -200,6 +223,8 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     try:
         interrupt.__enter__()
         for i in range(o.workers):
+            if interrupt.requested:  # a signal while spawning: start no more, stop the ones up
+                break
             procs.append(popen_tied([sys.executable, "-m", "samm.testbed.worker", "--queue", str(qpath),
                                      "--group", loop_name, "--instance", f"{run}-w{i}", "--cores", str(worker_cores),
                                      "--compression", repr(compression), "--t0", repr(t0), "--duty", str(o.duty),
@@ -210,11 +235,11 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
             _sleep_until(t0 + k * o.slot_seconds, lambda: interrupt.requested)
             if interrupt.requested:
                 break
-            rows = np.flatnonzero(ep.submit == k)
-            queue.submit_deferrable([(int(r), int(ep.cores[r]), int(ep.duration[r]), int(ep.earliest[r]),
-                                      int(ep.latest[r]), int(ep.submit[r]), float(ep.duration[r]) * slot_workload_s,
-                                      k * slot_workload_s) for r in rows])
-            loop.tick(k, float(ep.capacity[k]))
+            rows = [(int(r), int(ep.cores[r]), int(ep.duration[r]), int(ep.earliest[r]), int(ep.latest[r]),
+                     int(ep.submit[r]), float(ep.duration[r]) * slot_workload_s, k * slot_workload_s)
+                    for r in np.flatnonzero(ep.submit == k)]
+            if not _play_slot(queue, loop, k, rows, float(ep.capacity[k]), lambda: interrupt.requested):
+                break
             late.append(time.time() - (t0 + k * o.slot_seconds))
         if o.drain and not interrupt.requested:
             released = [j for j in queue.deferrable_jobs() if j.released is not None]
@@ -227,8 +252,10 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     except KeyboardInterrupt:  # the second signal: stop now, still write what was done
         interrupt.requested = True
         interrupt.signal = interrupt.signal or "SIGINT"
-    finally:
+    except BaseException:  # no report to write: the caller gets its handlers back with the error
         interrupt.__exit__()
+        raise
+    finally:
         interrupted = interrupt.requested
         for p in procs:
             if p.poll() is None:
@@ -243,69 +270,75 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
         if sender is not None:
             sender.close()
 
-    jobs = queue.deferrable_jobs()
-    runs = queue.runs()
-    stats = {r.id: r for r in queue.stats()}
-    queue.close()
-    decisions = store.decisions(loop=loop_name)
-    store.close()
+    # the handler stays until the report is written: a signal now lets it finish (before, the
+    # default action killed the process during the simulator's comparison, and the report with it)
+    try:
+        jobs = queue.deferrable_jobs()
+        runs = queue.runs()
+        stats = {r.id: r for r in queue.stats()}
+        queue.close()
+        decisions = store.decisions(loop=loop_name)
+        store.close()
 
-    if interrupted:  # compare with the simulator over the slots the live run decided
-        done = len(loop.records)
-        log.warning("run %s interrupted after %d of %d slot(s)", run, done, slots)
-        rows_kept = np.flatnonzero(ep.submit < done)
-        ep = cut_episode(ep, done) if done else None
-        slots = done
-    else:
-        rows_kept = np.arange(ep.n_jobs)
-    n_jobs = len(rows_kept)
-    live = live_result(loop.records, n_jobs)
-    if ep is not None:
-        sim_plain, start_plain = simulate(ep, _make_agent(o, run), guard=False, session=f"{run}-sim")
-        sim_guard, start_guard = simulate(ep, _make_agent(o, run), guard=o.guard, session=f"{run}-simg")
-    else:
-        sim_plain = sim_guard = EpisodeResult(jobs=0)
-        start_plain = start_guard = np.zeros(0, dtype=np.int64)
-    # job id = row of the episode; the i-th simulated job is row rows_kept[i]
-    released_at = {j.id: j.released for j in jobs}
-    live_start = np.asarray([-1 if released_at.get(int(r)) is None else released_at[int(r)] for r in rows_kept],
-                            dtype=np.int64)
-    # physical starts: when a worker leased the job, relative to its release slot's start (wall s)
-    lags = [stats[j.id].first_started_at / compression - j.released * o.slot_seconds
-            for j in jobs if j.released is not None and stats[j.id].first_started_at is not None]
-    released_ids = {j.id for j in jobs if j.released is not None}
-    attempts = [stats[i].attempts for i in released_ids]
-    keys = ("utilisation", "started", "missed", "violation_slots", "total_reward", "delay_penalty")
-    summary = {
-        "run": run, "loop": loop_name, "setting": setting.name, "seed": o.seed, "split": o.split, "slots": slots,
-        "slot_seconds": o.slot_seconds, "agent": o.agent, "via": o.service_url or "in-process",
-        "workers": o.workers, "worker_cores": worker_cores, "fleet_cores": setting.fleet_cores, "jobs": n_jobs,
-        "interrupted": interrupted, "signal": interrupt.signal,
-        "live": live, "sim": sim_plain.as_dict(), "sim_guarded": sim_guard.as_dict(),
-        "live_minus_sim": {k: live[k] - sim_plain.as_dict()[k] for k in keys},
-        "live_minus_sim_guarded": {k: live[k] - sim_guard.as_dict()[k] for k in keys},
-        "same_start_slots_as_sim": int((live_start == start_plain).sum()),
-        "same_start_slots_as_sim_guarded": int((live_start == start_guard).sum()),
-        "physical": {"released": len(released_ids),
-                     "completed": sum(stats[i].state == "done" and stats[i].completed_by is not None
-                                      for i in released_ids),
-                     "max_attempts": max(attempts, default=0), "leases": len(runs),
-                     "start_lag_s_mean": float(np.mean(lags)) if lags else None,
-                     "start_lag_s_max": float(np.max(lags)) if lags else None,
-                     "started_outside_release_slot": int(sum(lag < 0 or lag >= o.slot_seconds for lag in lags)),
-                     "tick_late_s_max": max(late, default=0.0)},
-        "decisions": len(decisions), "decisions_created": sum(r.decision_created for r in loop.records),
-        "knowledge_url": store.url,
-    }
-    files = {"slots": out / "slots.csv", "summary": out / "summary.json"}
-    with open(files["slots"], "w", newline="") as f:
-        if loop.records:
-            w = csv.DictWriter(f, fieldnames=list(loop.records[0].csv_row()))
-            w.writeheader()
-            for r in loop.records:
-                w.writerow(r.csv_row())
-    files["summary"].write_text(json.dumps(summary, indent=2, default=float))
-    return DeferrableRunResult(summary, loop.records, jobs, runs, out, loop_name, store.url, files)
+        # the live slots first: the simulator's comparison below may take a while
+        files = {"slots": out / "slots.csv", "summary": out / "summary.json"}
+        with open(files["slots"], "w", newline="") as f:
+            if loop.records:
+                w = csv.DictWriter(f, fieldnames=list(loop.records[0].csv_row()))
+                w.writeheader()
+                for r in loop.records:
+                    w.writerow(r.csv_row())
+        if interrupted:  # compare with the simulator over the slots the live run decided
+            done = len(loop.records)
+            log.warning("run %s interrupted after %d of %d slot(s)", run, done, slots)
+            rows_kept = np.flatnonzero(ep.submit < done)
+            ep = cut_episode(ep, done) if done else None
+            slots = done
+        else:
+            rows_kept = np.arange(ep.n_jobs)
+        n_jobs = len(rows_kept)
+        live = live_result(loop.records, n_jobs)
+        if ep is not None:
+            sim_plain, start_plain = simulate(ep, _make_agent(o, run), guard=False, session=f"{run}-sim")
+            sim_guard, start_guard = simulate(ep, _make_agent(o, run), guard=o.guard, session=f"{run}-simg")
+        else:
+            sim_plain = sim_guard = EpisodeResult(jobs=0)
+            start_plain = start_guard = np.zeros(0, dtype=np.int64)
+        # job id = row of the episode; the i-th simulated job is row rows_kept[i]
+        released_at = {j.id: j.released for j in jobs}
+        live_start = np.asarray([-1 if released_at.get(int(r)) is None else released_at[int(r)] for r in rows_kept],
+                                dtype=np.int64)
+        # physical starts: when a worker leased the job, relative to its release slot's start (wall s)
+        lags = [stats[j.id].first_started_at / compression - j.released * o.slot_seconds
+                for j in jobs if j.released is not None and stats[j.id].first_started_at is not None]
+        released_ids = {j.id for j in jobs if j.released is not None}
+        attempts = [stats[i].attempts for i in released_ids]
+        keys = ("utilisation", "started", "missed", "violation_slots", "total_reward", "delay_penalty")
+        summary = {
+            "run": run, "loop": loop_name, "setting": setting.name, "seed": o.seed, "split": o.split, "slots": slots,
+            "slot_seconds": o.slot_seconds, "agent": o.agent, "via": o.service_url or "in-process",
+            "workers": o.workers, "worker_cores": worker_cores, "fleet_cores": setting.fleet_cores, "jobs": n_jobs,
+            "interrupted": interrupted, "signal": interrupt.signal,
+            "live": live, "sim": sim_plain.as_dict(), "sim_guarded": sim_guard.as_dict(),
+            "live_minus_sim": {k: live[k] - sim_plain.as_dict()[k] for k in keys},
+            "live_minus_sim_guarded": {k: live[k] - sim_guard.as_dict()[k] for k in keys},
+            "same_start_slots_as_sim": int((live_start == start_plain).sum()),
+            "same_start_slots_as_sim_guarded": int((live_start == start_guard).sum()),
+            "physical": {"released": len(released_ids),
+                         "completed": sum(stats[i].state == "done" and stats[i].completed_by is not None
+                                          for i in released_ids),
+                         "max_attempts": max(attempts, default=0), "leases": len(runs), "workers_started": len(procs),
+                         "start_lag_s_mean": float(np.mean(lags)) if lags else None,
+                         "start_lag_s_max": float(np.max(lags)) if lags else None,
+                         "started_outside_release_slot": int(sum(lag < 0 or lag >= o.slot_seconds for lag in lags)),
+                         "tick_late_s_max": max(late, default=0.0)},
+            "decisions": len(decisions), "decisions_created": sum(r.decision_created for r in loop.records),
+            "knowledge_url": store.url,
+        }
+        files["summary"].write_text(json.dumps(summary, indent=2, default=float))
+        return DeferrableRunResult(summary, loop.records, jobs, runs, out, loop_name, store.url, files)
+    finally:
+        interrupt.__exit__()
 
 
 def options_dict(o: DeferrableRunOptions) -> dict:
