@@ -36,10 +36,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable, Sequence
+
+from samm.cli.seeds import require_apart_from_reported
 
 from .action_map import Ceiling, check_ceiling
 from .validation import evaluate
@@ -128,6 +133,7 @@ def choose_ceiling(policy, topo, seeds: Sequence[int] = CEILING_SEEDS, grid: Seq
         raise ValueError(f"max_violation must lie in [0, 1] (a share of the seconds), not {max_violation!r}")
     if not len(seeds):
         raise ValueError("choose_ceiling needs at least one validation seed")
+    require_apart_from_reported(seeds, "the validation seeds")
     make_ceiling(rule, grid[0], shape)      # a bad shape is refused before any episode runs
     without = evaluate_fn(policy.with_ceiling(None), topo, seeds)
     allowed = max(max_violation, without["violation_rate"]) if no_worse_than_policy else max_violation
@@ -179,6 +185,33 @@ def calibrated(policy, choice: dict, seconds: float | None = None):
 def _line(row: dict) -> str:
     levels = " | ".join(f"{u}: {v['mean_cores']:.2f} / {v['violation_rate']:.2%}" for u, v in row["levels"].items())
     return f"{levels} | mean {row['mean_cores']:.3f} cores, {row['violation_rate']:.4%} violating"
+
+
+def _grid(text: str) -> list[float]:
+    """--grid's values, or a ValueError naming the option: a word said only "could not convert string
+    to float", and nan or inf a Ceiling's whole field list after the policy had loaded."""
+    values = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            value = float("nan")
+        if not math.isfinite(value):
+            raise ValueError(f"--grid {text!r}: {item!r} is not a finite number")
+        values.append(value)
+    return values
+
+
+def _check_writable(out: str) -> None:
+    """ValueError naming --out when the chosen policy could not be saved there: an --out that is a
+    file, or under one, failed only after every validation episode (minutes), the choice lost."""
+    path = Path(out)
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not a directory" if not existing.is_dir() else "is not writable"
+        raise ValueError(f"--out {out}: {existing} {what}; the policy with its ceiling could not be saved there")
 
 
 def main(argv=None) -> int:
@@ -235,12 +268,14 @@ def main(argv=None) -> int:
         except ValueError:
             raise ValueError(f"--eval-seeds must be a list like 101,102 or a range like 101-120, "
                              f"not {o['eval_seeds']!r}") from None
-        grid = None if a.grid is None else [float(x) for x in a.grid.split(",") if x.strip()]
+        require_apart_from_reported(seeds, "--eval-seeds")
+        grid = None if a.grid is None else _grid(a.grid)
         if not 0.0 <= a.max_violations <= 1.0:
             raise ValueError(f"--max-violations must lie in [0, 1], not {a.max_violations}")
         if o["panic"] < 0:
             raise ValueError(f"--panic must be whole seconds >= 0, not {o['panic']}")
         policy = ReclaimerPolicy.load(a.policy)
+        _check_writable(a.out)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -34,7 +34,7 @@ from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 TOPOLOGY_DIR = Path(__file__).parent / "topologies"
 #: the most concurrent calls of one service: the simulator's Erlang C recursion runs to it
@@ -137,6 +137,26 @@ class Topology(_Strict):
             walk(req, name)
         return self
 
+    @model_validator(mode="after")
+    def _no_call_waits_on_its_own_service(self):
+        # a call holds one of its service's workers while it waits for its calls (the testbed's
+        # services, as DeathStarBench's): one that waits, directly or further down, on a call of
+        # its own service waits on its own pool, and with every worker so held none is left to
+        # answer (with workers: 1, every request fails at the timeout); the simulator models no
+        # such wait, so the twin and the testbed part. A detached call is not waited for.
+        def walk(node: CallNode, waiting: tuple[str, ...], where: str):
+            waiting = () if node.detached else waiting      # the services whose calls wait for this one
+            if node.call in waiting:
+                path = " -> ".join(waiting[waiting.index(node.call):] + (node.call,))
+                raise ValueError(f"request {where!r}: {path}: a call of {node.call!r} would wait on a call of "
+                                 "its own service (a cycle in the call graph)")
+            for stage in node.stages:
+                for child in stage:
+                    walk(child, waiting + (node.call,), where)
+        for name, req in self.requests.items():
+            walk(req, (), name)
+        return self
+
     # -- derived, read by the simulator ------------------------------------------------------
     @cached_property
     def service_names(self) -> tuple[str, ...]:
@@ -202,7 +222,7 @@ def load_topology(name_or_path: str | Path, _within: tuple = ()) -> Topology:
     try:
         data = yaml.load(p.read_text(), Loader=_UniqueKeyLoader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{p}: cannot read topology ({exc})") from None
+        raise ValueError(f"{p}: cannot read topology ({' '.join(str(exc).split())})") from None
     except RecursionError:
         raise ValueError(f"{p}: cannot read topology (nested too deeply)") from None
     if not isinstance(data, dict):
@@ -222,6 +242,20 @@ def load_topology(name_or_path: str | Path, _within: tuple = ()) -> Topology:
         return Topology.model_validate(data)
     except RecursionError:
         raise ValueError(f"{p}: a request's calls are nested too deeply") from None
+    except ValidationError as exc:
+        raise ValueError(f"{p}: {validation_problems(exc)}") from None
+
+
+def validation_problems(exc: ValidationError, shown: int = 3) -> str:
+    """pydantic's report as one line, each problem after the field it is in: its own spans two
+    lines per problem plus a link each, and named neither the file nor the option it came from."""
+    problems = []
+    for err in exc.errors():
+        where = ".".join(map(str, err["loc"]))
+        msg = err["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {msg}" if where else msg)
+    more = len(problems) - shown
+    return "; ".join(problems[:shown]) + (f"; and {more} more" if more > 0 else "")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -40,7 +40,7 @@ import torch
 
 from agents.parallel import write_progress
 from agents.train_log import refuse_existing_run
-from samm.cli.seeds import parse_seeds
+from samm.cli.seeds import parse_seeds, require_apart_from_reported
 
 from .action_map import ACTION_SPACES, action_of, check_ceiling, cores_of, scaled_actions
 from .autoscale import autoscale_step
@@ -84,6 +84,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     phase, refit and rate of `cfg.total_steps`' schedule: the full run's start, to the bit."""
     from .policy import ReclaimerPolicy
 
+    if eval_every:      # a checkpoint picked on the experiment's own seeds would be reported on them
+        require_apart_from_reported(eval_seeds, "eval_seeds")
     # one thread: the networks are small, and under load two threads were 12× slower (measured)
     torch.set_num_threads(max(1, threads))
     cfg = cfg or sim_config()
@@ -580,6 +582,12 @@ def check_options(args) -> None:
                                   ("--id-width", args.id_width, args.id_width is None or args.id_width >= 0, ">= 1")):
         if not ok:
             raise ValueError(f"{flag} must be {want}, not {value}")
+    try:
+        eval_seeds = parse_seeds(args.eval_seeds)
+    except ValueError:
+        eval_seeds = []     # malformed: _train_one names it
+    # before the runs: --seeds started one process per seed, each to fail on it after its start
+    require_apart_from_reported(eval_seeds, "--eval-seeds")
 
 
 def _train_one(args) -> int:
@@ -765,3 +773,7 @@ def scaled_schedule(cfg: SacConfig, total: int) -> SacConfig:
     return replace(cfg, total_steps=int(total), autoscale_steps=int(SIM_TRAINING["autoscale_steps"] * f),
                    classifier_steps=int(SIM_TRAINING["classifier_steps"] * f),
                    restandardise_every=max(int(SIM_TRAINING["restandardise_every"] * f), 1))
+
+
+if __name__ == "__main__":     # `python -m agents.microservice_cores.train` ran nothing and exited 0
+    raise SystemExit(main())

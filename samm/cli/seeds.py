@@ -40,3 +40,18 @@ def require_disjoint(evaluated, evaluated_flag: str, selected, selected_flag: st
         shown = ", ".join(map(str, shared[:5])) + (", ..." if len(shared) > 5 else "")
         raise ValueError(f"{evaluated_flag} and {selected_flag} share seed(s) {shown}: the evaluation seeds "
                          f"must be apart from the tuning/validation ones")
+
+
+#: the seeds the microservice experiment reports on (`samm experiment reclaimer`: 1-5) and its check
+#: seeds (6-10): a checkpoint or a ceiling chosen on them is reported on its own selection episodes
+REPORTED_SEEDS = range(1, 11)
+
+
+def require_apart_from_reported(seeds, flag: str) -> None:
+    """ValueError naming `flag` when any of `seeds` (chosen on: validation, tuning) is one of
+    REPORTED_SEEDS; the one rule of `samm reclaimer-ceiling`, its module and `samm train`."""
+    shared = sorted(set(int(s) for s in seeds) & set(REPORTED_SEEDS))
+    if shared:
+        raise ValueError(f"{flag} holds seed(s) {', '.join(map(str, shared))} of the experiment's seeds 1-5 and "
+                         f"check seeds 6-10: what is chosen on them would be reported on the episodes it was "
+                         f"chosen on (use e.g. 101-120)")
