@@ -187,7 +187,7 @@ def _line(row: dict) -> str:
     return f"{levels} | mean {row['mean_cores']:.3f} cores, {row['violation_rate']:.4%} violating"
 
 
-def _grid(text: str) -> list[float]:
+def parse_grid(text: str) -> list[float]:
     """--grid's values, or a ValueError naming the option: a word said only "could not convert string
     to float", and nan or inf a Ceiling's whole field list after the policy had loaded."""
     values = []
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
             raise ValueError(f"--eval-seeds must be a list like 101,102 or a range like 101-120, "
                              f"not {o['eval_seeds']!r}") from None
         require_apart_from_reported(seeds, "--eval-seeds")
-        grid = None if a.grid is None else _grid(a.grid)
+        grid = None if a.grid is None else parse_grid(a.grid)
         if not 0.0 <= a.max_violations <= 1.0:
             raise ValueError(f"--max-violations must lie in [0, 1], not {a.max_violations}")
         if o["panic"] < 0:
