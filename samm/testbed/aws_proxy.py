@@ -102,7 +102,7 @@ class AwsFaultProxy:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 try:
                     status, out_headers, out = proxy._forward(self.command, self.path, headers, body)
-                except OSError as exc:
+                except (OSError, http.client.HTTPException) as exc:  # refused, or cut mid-answer (moto restarting)
                     self._reply(502, [("Content-Type", "text/plain")], f"upstream: {exc}".encode())
                     return
                 self._reply(status, [(k, v) for k, v in out_headers

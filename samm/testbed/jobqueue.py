@@ -304,9 +304,13 @@ class JobQueue:
                 raise ValueError(f"a job row is (job_id, cores, runtime_s, submitted_at[, ram_gb]); got {j!r}")
             job_id, cores, runtime_s, submitted_at = int(j[0]), int(j[1]), float(j[2]), float(j[3])
             ram = float(j[4]) if len(j) == 5 else 0.0
-            if cores < 1 or not runtime_s >= 0 or job_id < 0:
-                raise ValueError(f"job {job_id}: needs id >= 0, cores >= 1 and runtime_s >= 0 (got cores={cores}, "
-                                 f"runtime_s={runtime_s})")
+            # an infinite runtime holds a worker's cores forever; a NaN submission time is never
+            # counted as waiting nor billed; a NaN or negative RAM poisons the reported RAM
+            if (cores < 1 or not 0 <= runtime_s < math.inf or job_id < 0 or not math.isfinite(submitted_at)
+                    or not 0 <= ram < math.inf):
+                raise ValueError(f"job {job_id}: needs id >= 0, cores >= 1, finite runtime_s >= 0, finite "
+                                 f"submitted_at and finite ram_gb >= 0 (got cores={cores}, runtime_s={runtime_s}, "
+                                 f"submitted_at={submitted_at}, ram_gb={ram})")
             rows.append((job_id, cores, runtime_s, ram, submitted_at, submitted_at))
         if not rows:
             return 0

@@ -179,4 +179,12 @@ class Reconciler:
                     try:
                         vm.proc.wait(5)
                     except subprocess.TimeoutExpired:
+                        # a hung (e.g. stopped) worker never ran its SIGTERM hand-back: kill it,
+                        # reap it, and hand its jobs back here
+                        log.warning("reconciler: worker of %s ignored SIGTERM for 5 s; killing it", vm.instance_id)
                         vm.proc.kill()
+                        try:
+                            vm.proc.wait(5)
+                        except subprocess.TimeoutExpired:
+                            log.warning("reconciler: worker of %s did not exit 5 s after SIGKILL", vm.instance_id)
+                        self._release(vm.instance_id)

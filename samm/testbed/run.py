@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +42,10 @@ PAPER_GROUPS = (  # name, cores, RAM GB, $/h, min, max, ASG
     ("L", 8, 32, 0.8, 0, 10, "samm-m5a-2xlarge"),
 )
 PREFIX = "samm"
+
+
+_LIVE: set[int] = set()  # the testbed started (and not closed) in this process, if any
+_LIVE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -193,6 +197,8 @@ class Testbed:
         for k, v in {"AWS_ACCESS_KEY_ID": "testbed", "AWS_SECRET_ACCESS_KEY": "testbed",
                      "AWS_DEFAULT_REGION": "us-east-1"}.items():
             os.environ.setdefault(k, v)
+        self._lock_out_dir()  # before the clean-up below deletes another live run's queue and Graphite
+        self._claim_process()
         for stale in ("queue.db", "queue.db-wal", "queue.db-shm", "knowledge.db", "knowledge.db-wal",
                       "knowledge.db-shm", "summary.partial.json"):
             (self.out / stale).unlink(missing_ok=True)
@@ -281,6 +287,37 @@ class Testbed:
             self._daemon_thread.start()
         self._stack.append(self._stop_daemon)
         return self
+
+    def _lock_out_dir(self) -> None:
+        """Hold `testbed.lock` in the run directory for the testbed's life: a second testbed
+        started there (e.g. two `samm testbed` with the default --out) would delete the first's
+        live queue and Graphite files. The lock dies with the process, so a killed run's stays
+        no obstacle."""
+        import fcntl
+
+        f = open(self.out / "testbed.lock", "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            f.close()
+            raise TestbedOptionsError(f"out_dir {self.out}: another testbed (pid {holder}) is running there; "
+                                      "give each run its own directory", "out_dir") from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        self._stack.append(f.close)
+
+    def _claim_process(self) -> None:
+        """One live testbed per process: moto's AWS state is process-global, so a second one's
+        `reset()` would delete the first's groups and both would then share the same ASGs."""
+        with _LIVE_LOCK:
+            if _LIVE:
+                raise TestbedOptionsError("another testbed is running in this process, and moto's AWS state is "
+                                          "per process; run each testbed in its own process")
+            _LIVE.add(id(self))
+        self._stack.append(lambda: _LIVE.discard(id(self)))
 
     def start_daemon_process(self) -> subprocess.Popen:
         """Start one more `samm run` (the latest is `daemon_proc`; all are in `daemon_procs`)."""
@@ -377,10 +414,15 @@ class Testbed:
         except Exception:  # noqa: BLE001 - e.g. interrupted before the daemon started
             log.warning("testbed: stopping the daemon before the partial summary failed", exc_info=True)
         try:
+            # the queue as the interrupt found it: stopping the fleet hands the running jobs back,
+            # which is no re-queue (counted as one, those jobs also waited until the horizon)
+            jobs, runs = self.queue.stats(), self.queue.runs()
             self.reconciler.stop()
+            stopped = self.clock()
+            runs = [r if r.ended_at is not None else replace(r, ended_at=max(r.started_at, stopped)) for r in runs]
             step = self.opts.step_s
-            end = max(1, math.ceil(max(self.clock(), 0.0) / step)) * step
-            summary = self.summary(end_s=end)
+            end = max(1, math.ceil(max(stopped, 0.0) / step)) * step
+            summary = self.summary(end_s=end, jobs=jobs, runs=runs)
             path = self.out / "summary.partial.json"
             path.write_text(json.dumps({"interrupted": reason, "summary": summary}, indent=2, allow_nan=False))
             return path
@@ -388,7 +430,8 @@ class Testbed:
             log.exception("testbed: could not write the partial summary")
             return None
 
-    def summary(self, end_s: float | None = None) -> dict:
+    def summary(self, end_s: float | None = None, jobs=None, runs=None) -> dict:
+        """Billing of the run; `jobs`/`runs`: a snapshot of the queue's records (default: now)."""
         from .billing import InstanceRecord, summarize
 
         # an instance whose worker never started was billed but never ran: it is not "at once"
@@ -397,7 +440,9 @@ class Testbed:
                                   vm.ready_wall if vm.spawns else float("inf"))
                    for vm in self.reconciler.vms.values()]
         specs = {g[0]: _Spec(g[1], g[3], g[5]) for g in PAPER_GROUPS}
-        return summarize(records, self.queue.stats(), self.queue.runs(), specs, self.opts.compression, self.t0,
+        jobs = self.queue.stats() if jobs is None else jobs
+        runs = self.queue.runs() if runs is None else runs
+        return summarize(records, jobs, runs, specs, self.opts.compression, self.t0,
                          step_s=self.opts.step_s, workload=self.workload.name, end_s=end_s)
 
 
