@@ -213,3 +213,20 @@ def test_the_queue_refuses_non_finite_times_and_ram(tmp_path, row, says):
         assert q.stats() == []
     finally:
         q.close()
+
+
+def test_samm_testbed_in_a_directory_another_run_holds_is_one_line(tmp_path):
+    """The refusal reached `samm testbed` as a traceback."""
+    import fcntl
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / "testbed.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = subprocess.run([str(Path(sys.executable).with_name("samm")), "testbed", "--agent", "noop", "--out",
+                            str(out), "--timeout", "60"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"error: --out {out}: " in r.stderr and "another testbed" in r.stderr and "Traceback" not in r.stderr

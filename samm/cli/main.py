@@ -473,6 +473,8 @@ def testbed_cmd(ctx, agent_kind, params_json, policy_dir, workload, compression,
     partial = out_dir / "summary.partial.json"
     try:
         res, figure = _testbed_run(agent_kind, opts, out_dir / "vms_vs_waiting.png")
+    except TestbedOptionsError as exc:  # another testbed holds --out, or runs in this process
+        _fail(f"--out {out}: {exc}" if exc.option == "out_dir" else f"testbed: {exc}")
     except TimeoutError as exc:
         _fail(f"testbed: {exc}; partial results in {partial if partial.exists() else out_dir} (logs in {out_dir})")
     except KeyboardInterrupt:
