@@ -222,3 +222,12 @@ def test_microservices_refuses_a_warmup_of_years(tmp_path):
                                  f"unix://{tmp_path}/none.sock", "--out", str(tmp_path / "run")])
     assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
     assert "--warmup" in r.output and not (tmp_path / "run").exists()
+
+
+def test_microservices_refuses_users_far_beyond_the_topologys_range(tmp_path):
+    """--users had no bound: Locust spawns every user in the first second (10**6 exhausted memory
+    after the engine and the containers had started). 4x the declared range is still taken."""
+    r = CliRunner().invoke(cli, ["testbed-microservices", "--seconds", "2", "--users", "65", "--docker-host",
+                                 f"unix://{tmp_path}/none.sock", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    assert "--users 65 is more than 4x the 16 users" in r.output and not (tmp_path / "run").exists()

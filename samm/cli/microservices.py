@@ -15,6 +15,8 @@ from pathlib import Path
 import click
 
 #: seconds of load before step 0: an hour is no warm-up, a value past it a typo
+#: how far beyond the topology's declared users range --users may go
+MAX_USERS_OVER_RANGE = 4
 MAX_WARMUP_S = 3600
 
 
@@ -101,7 +103,13 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
         # the engine, the containers and Locust were started, then step 0 waited for years
         click.echo(f"error: --warmup {warmup:g} is more than {MAX_WARMUP_S} s of load before step 0", err=True)
         sys.exit(2)
-    _check_topology(topology)
+    topo = _check_topology(topology)
+    if users > MAX_USERS_OVER_RANGE * topo.users[1]:
+        # Locust spawns every user in the first second: 10**6 exhausted memory after the engine and
+        # the containers had started. A modest overshoot of the declared range is a fair experiment.
+        click.echo(f"error: --users {users} is more than {MAX_USERS_OVER_RANGE}x the {topo.users[1]} users the "
+                   f"topology {topo.name!r} declares as fitting the machine (its `users` range)", err=True)
+        sys.exit(2)
     out_dir = Path(out).resolve()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -153,13 +161,13 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
                f"{res.knowledge_url} (loop {res.loop})")
 
 
-def _check_topology(topology: str) -> None:
-    """Exit 2 with one line naming --topology: a malformed YAML file printed pydantic's report of
-    20-odd lines that named neither the option nor the file."""
+def _check_topology(topology: str):
+    """The topology, or exit 2 with one line naming --topology: a malformed YAML file printed
+    pydantic's report of 20-odd lines that named neither the option nor the file."""
     from agents.microservice_cores.topology import load_topology
 
     try:
-        load_topology(topology)
+        return load_topology(topology)
     except ValueError as exc:   # one line naming the file and the field (load_topology's own)
         click.echo(f"error: testbed-microservices: --topology {topology}: {' '.join(str(exc).split())}", err=True)
         sys.exit(2)
