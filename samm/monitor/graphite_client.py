@@ -243,15 +243,5 @@ class RenderClient:
             return _fetch_bounded(self.session.get, url, self.timeout_s, params=params)
         return _fetch_bounded(self.session.post, url, self.timeout_s, data=params)
 
-    def find(self, query: str) -> list[str]:
-        url = f"{self.base}/metrics/find"
-        try:
-            r = self.session.get(url, params={"query": query}, timeout=self.timeout_s)
-        except requests.RequestException as exc:
-            raise GraphiteError(f"GET {url} failed: {exc}") from exc
-        if r.status_code != 200:
-            raise GraphiteError(f"GET {r.url} answered HTTP {r.status_code}")
-        return [n["id"] for n in r.json()]
-
     def close(self) -> None:
         self.session.close()
