@@ -306,19 +306,23 @@ def test_the_make_targets_the_readme_names_exist():
 # ---- the Grafana dashboard under another prefix ------------------------------------------------------
 
 @pytest.mark.graphite
-def test_dashboard_legends_name_the_series_under_a_loops_prefix(graphite, graphite_prefix):
-    """A loop other than `default` publishes under <prefix>.loops.<loop> (and graphite.prefix may
-    hold dots): typed into the dashboard's prefix box, every aliasByNode legend must still name the
-    group, metric or stage, not a node of the prefix (which made every line read `daemon`)."""
+def test_dashboard_legends_name_the_series_under_a_dotted_prefix(graphite, graphite_prefix):
+    """graphite.prefix may hold dots, and a loop other than `default` publishes its daemon series
+    under <prefix>.loops.<loop> (the collectors and the queue stay under <prefix>): with the prefix
+    typed into the dashboard's box, every legend must still name the group, metric or stage (and
+    the loop, in brackets), not a node of the prefix (which made every line read `daemon`)."""
     import time
 
     from samm.monitor.graphite_client import GraphiteSender, RenderClient
 
     dash = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "samm.json").read_text())
-    prefix = f"{graphite_prefix}.loops.hotel"
-    series = {f"{prefix}.daemon.groups.S.live": "S.live", f"{prefix}.daemon.groups.M.desired": "M.desired",
-              f"{prefix}.daemon.metrics.cpu_mean": "cpu_mean", f"{prefix}.daemon.actions.S.succeeded": "S.succeeded",
-              f"{prefix}.daemon.stage_ms.plan": "plan", f"{prefix}.groups.S.instances.i-01.cpu_percent": "S.i-01",
+    prefix = f"{graphite_prefix}.team.prod"
+    series = {f"{prefix}.loops.hotel.daemon.groups.S.live": "S.live [hotel]",
+              f"{prefix}.daemon.groups.M.desired": "M.desired",
+              f"{prefix}.loops.hotel.daemon.metrics.cpu_mean": "cpu_mean [hotel]",
+              f"{prefix}.daemon.actions.S.succeeded": "S.succeeded",
+              f"{prefix}.loops.hotel.daemon.stage_ms.plan": "plan [hotel]",
+              f"{prefix}.groups.S.instances.i-01.cpu_percent": "S.i-01",
               f"{prefix}.groups.M.instances.i-02.ram_used_gb": "M.i-02"}
     now = int(time.time())
     sender = GraphiteSender(graphite.carbon_host, graphite.carbon_port)
@@ -326,7 +330,7 @@ def test_dashboard_legends_name_the_series_under_a_loops_prefix(graphite, graphi
         sender.send(name, 1.0, now - 30)
     assert sender.flush() == len(series)
     queries = [t["target"].replace("$prefix", prefix) for p in dash["panels"] for t in p["targets"]
-               if t["target"].startswith("aliasByNode(")]
+               if t["target"].startswith(("aliasByNode(", "aliasSub("))]
     assert len(queries) >= 5
     render, want = RenderClient(graphite.render_url), set(series.values())
     legends: set[str] = set()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agents.microservice_cores.topology import load_topology
+from fixtures_reclaimer import tiny_reclaimer_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = "name: t\nqos_ms: 50\nusers: [1, 10]\nrate_per_user: 1\n"
@@ -120,19 +121,7 @@ def test_the_training_module_runs_as_a_program(tmp_path):
 
 @pytest.fixture
 def policy_dir(tmp_path) -> Path:
-    import torch
-
-    from agents.microservice_cores.features import ROW
-    from agents.microservice_cores.policy import ReclaimerPolicy
-    from agents.microservice_cores.sac import Sac
-    from agents.microservice_cores.train import scaled_schedule, sim_config
-
-    topo = load_topology("chain3")
-    cfg = scaled_schedule(sim_config(n_envs=2, hidden=16), 1200)
-    torch.manual_seed(0)
-    sac = Sac(cfg.k * ROW + topo.n_services, cfg.k * ROW, topo.n_services, cfg)
-    ReclaimerPolicy(sac, topo, cfg, version="test-1").save(tmp_path / "p")
-    return tmp_path / "p"
+    return tiny_reclaimer_policy(tmp_path)
 
 
 def _ceiling(policy_dir: Path, out: Path, *extra: str) -> tuple[int, str, str]:

@@ -228,21 +228,26 @@ def test_a_stand_alone_problem_app_resets_its_sessions_too():
 
 # -- the loaders on a folder whose files do not belong together -----------------------------------
 
-def test_a_first_save_cut_short_between_its_renames_loads(tmp_path, monkeypatch):
-    """No earlier policy: the metadata is renamed, the weights still beside it (an OSError here, as
-    a full disk or a kill would leave it)."""
-    from agents.microservice_cores.policy import ReclaimerPolicy
+def _second_rename_fails(monkeypatch) -> None:
+    """A save's second rename (the weights, after the metadata's commit) fails, as a full disk or a
+    kill would leave it."""
+    real_replace, calls = os.replace, []
 
-    real_replace = os.replace
-    calls = []
-
-    def fail_second(src, dst):
+    def replace(src, dst):
         calls.append(dst)
         if len(calls) == 2:
             raise OSError("no space left on device")
         real_replace(src, dst)
 
-    monkeypatch.setattr(os, "replace", fail_second)
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def test_a_first_save_cut_short_between_its_renames_loads(tmp_path, monkeypatch):
+    """No earlier policy: the metadata is renamed, the weights still beside it (an OSError here, as
+    a full disk or a kill would leave it)."""
+    from agents.microservice_cores.policy import ReclaimerPolicy
+
+    _second_rename_fails(monkeypatch)
     with pytest.raises(OSError):
         tiny_policy("first", seed=0).save(tmp_path / "p")
     monkeypatch.undo()
@@ -328,18 +333,9 @@ def test_a_save_after_one_cut_short_keeps_that_policy_if_it_is_cut_short_too(tmp
     one's policy loadable (its pending weights were otherwise overwritten first)."""
     from agents.microservice_cores.policy import ReclaimerPolicy
 
-    real_replace = os.replace
     folder = tmp_path / "p"
     tiny_policy("zeroth", seed=0).save(folder)
-    calls = []
-
-    def second_rename_fails(src, dst):
-        calls.append(dst)
-        if len(calls) == 2:
-            raise OSError("killed")
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", second_rename_fails)
+    _second_rename_fails(monkeypatch)
     with pytest.raises(OSError):
         tiny_policy("first", seed=1).save(folder)             # metadata committed, weights pending
     monkeypatch.undo()

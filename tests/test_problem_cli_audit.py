@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fixtures_reclaimer import tiny_reclaimer_policy
 from samm.cli.main import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,20 +44,7 @@ def _samm(*args: str) -> subprocess.CompletedProcess:
 
 
 def _policy_dir(tmp_path: Path) -> Path:
-    import torch
-
-    from agents.microservice_cores.features import ROW
-    from agents.microservice_cores.policy import ReclaimerPolicy
-    from agents.microservice_cores.sac import Sac
-    from agents.microservice_cores.topology import load_topology
-    from agents.microservice_cores.train import scaled_schedule, sim_config
-
-    topo = load_topology("chain3")
-    cfg = scaled_schedule(sim_config(n_envs=2, hidden=16), 1200)
-    torch.manual_seed(0)
-    sac = Sac(cfg.k * ROW + topo.n_services, cfg.k * ROW, topo.n_services, cfg)
-    ReclaimerPolicy(sac, topo, cfg, version="test-1").save(tmp_path / "p")
-    return tmp_path / "p"
+    return tiny_reclaimer_policy(tmp_path)
 
 
 def test_deferrable_refuses_more_workers_than_the_fleet_has_cores(tmp_path):
