@@ -4,6 +4,7 @@ Real moto server, real SQLite knowledge store."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 import math
 
 import numpy as np
@@ -192,3 +193,24 @@ def test_a_docker_group_belongs_to_one_loop():
     ok = SammConfig.model_validate({"loops": [loop("a", ["web"]), loop("b", ["api"]),
                                               loop("c", ["web"], endpoint="tcp://10.0.0.2:2375")]})
     assert [lp.name for lp in ok.control_loops()] == ["a", "b", "c"]
+
+
+def test_a_private_engine_under_a_deep_folder_gets_socket_paths_containerd_can_use(tmp_path):
+    """A containerd.sock path of 99 bytes (pytest-xdist's popen-gw1 folder, a module fixture named
+    dockerd2) passed the 100-byte guard and containerd never started: every test of the module
+    was skipped in CI."""
+    import shutil
+    import tempfile
+
+    from samm.execute.local_dockerd import LocalDockerd
+
+    base = Path(tempfile.mkdtemp(prefix="sd", dir="/tmp"))
+    try:
+        # a work folder whose engine root puts containerd.sock at 99 bytes, as in that CI run
+        deep = base / ("d" * (99 - len("/dockerd-12345678/exec/containerd/containerd.sock") - len(str(base)) - 1))
+        for workdir in (deep, tmp_path):
+            root = LocalDockerd(workdir)._make_root()
+            assert len(str(root / "exec" / "containerd" / "containerd-debug.sock")) <= 96, root
+            shutil.rmtree(root, ignore_errors=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

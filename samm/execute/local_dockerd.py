@@ -27,8 +27,10 @@ import docker
 import psutil
 
 BUSYBOX_TAG = "local/busybox:samm"
-# AF_UNIX paths are limited to 108 bytes (containerd's socket lives under the exec root too).
-_MAX_SOCKET_PATH = 100
+# AF_UNIX paths are limited to 108 bytes (containerd's socket lives under the exec root too, and
+# containerd derives longer ones from it: a containerd.sock path of 99 bytes under pytest-xdist's
+# popen-gw1 folder failed to start containerd at all)
+_MAX_SOCKET_PATH = 88
 
 
 class DockerdUnavailable(RuntimeError):
