@@ -127,7 +127,9 @@ def instrument(daemon, sw: Stopwatch) -> None:
     sw.wrap(monitor, "read", "monitor")
     sw.wrap(source, "read", "monitor.graphite")
     sw.wrap(render, "render", "monitor.graphite.render")
-    sw.wrap(render.session, "get", "monitor.graphite.render.http")
+    # the whole HTTP exchange, GET or POST, headers and body (the session's get returns at the headers
+    # since the client reads the body itself, bounded)
+    sw.wrap(render, "_fetch", "monitor.graphite.render.http")
     sw.wrap(daemon.executor, "inventory", "monitor.inventory")
     sw.wrap(mon_mod, "assemble_snapshot", "monitor.assemble")
     sw.wrap(daemon.executor, "_call", lambda api, *a, **k: f"aws.{api}")
