@@ -142,13 +142,18 @@ def test_the_session_reset_starts_an_allocate_session_afresh(served_problem_agen
     assert client.post("/v1/agents/reclaimer/sessions/unknown/reset").json()["existed"] is False
 
 
+def _schedule_scores(client, slot: int, session: str, cores: int = 1) -> list[float]:
+    """The sorted scores /schedule answers for one slot of a session."""
+    r = client.post("/v1/agents/osdec/schedule", json=_schedule_body(slot, session, cores))
+    assert r.status_code == 200, r.text
+    return sorted(r.json()["scores"].values())
+
+
 def test_the_session_reset_drops_a_schedule_sessions_slot_history(served_problem_agents):
     client, _, _ = served_problem_agents
 
     def scores(slot, session, cores=1):
-        r = client.post("/v1/agents/osdec/schedule", json=_schedule_body(slot, session, cores))
-        assert r.status_code == 200, r.text
-        return sorted(r.json()["scores"].values())
+        return _schedule_scores(client, slot, session, cores)
 
     fresh = scores(30, "cluster-fresh")
     for session in ("cluster-a", "cluster-b"):
@@ -168,9 +173,7 @@ def test_a_schedule_session_starts_afresh_when_another_policy_is_hosted(served_p
     client, _, registry = served_problem_agents
 
     def scores(slot, session, cores=1):
-        r = client.post("/v1/agents/osdec/schedule", json=_schedule_body(slot, session, cores))
-        assert r.status_code == 200, r.text
-        return sorted(r.json()["scores"].values())
+        return _schedule_scores(client, slot, session, cores)
 
     fresh = scores(30, "swap-fresh")
     for slot in range(20, 30):
