@@ -31,16 +31,17 @@ STEP_TIMEOUT_S = 60.0
 def find_jar() -> Path:
     """`$SAMM_GATEWAY_JAR`, else the Maven build in this checkout (`java/target/`)."""
     env = os.environ.get("SAMM_GATEWAY_JAR")
-    candidates = [Path(env)] if env else []
-    candidates.append(Path(__file__).resolve().parent.parent / "java" / "target" / "samm-gateway.jar")
-    for c in candidates:
-        if c.is_file():
-            return c
+    if env:
+        # an operator who names a jar means that jar: running the checkout's build instead hides a typo
+        if not Path(env).is_file():
+            raise GatewayError(f"SAMM_GATEWAY_JAR names {env}, which is not a file")
+        return Path(env)
+    built = Path(__file__).resolve().parent.parent / "java" / "target" / "samm-gateway.jar"
+    if built.is_file():
+        return built
     raise GatewayError(
-        "the Java gateway jar was not found (looked at: "
-        + ", ".join(str(c) for c in candidates)
-        + "); build it with `make setup` or `cd java && mvn package`, or set SAMM_GATEWAY_JAR"
-    )
+        f"the Java gateway jar was not found (looked at: {built}); build it with `make setup` or "
+        "`cd java && mvn package`, or set SAMM_GATEWAY_JAR")
 
 
 def find_java() -> str:
