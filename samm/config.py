@@ -40,11 +40,14 @@ MAX_VM_CORES = 2**20
 
 # "scheme://user:PASSWORD@": up to the last "@", since a password may hold a raw "@" itself
 _URL_PASSWORD = re.compile(r"^([\w+.-]+://[^:/@]*:)(.*)@")
+# libpq also takes a password (and a client key's passphrase) as query parameters
+_QUERY_PASSWORD = re.compile(r"([?&](?:password|sslpassword)=)[^&#]*", re.IGNORECASE)
 
 
 def url_without_password(url: str) -> str:
-    """The URL with its password (if any) as ***, everything else as written."""
-    return _URL_PASSWORD.sub(r"\1***@", url, count=1)
+    """The URL with its passwords (user info, `?password=`, `?sslpassword=`) as ***, everything
+    else as written."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url, count=1))
 
 
 def _masked_url(self, url: str | None, info: SerializationInfo) -> str | None:
@@ -295,7 +298,7 @@ class SammConfig(Strict):
 
     @model_validator(mode="after")
     def _loops(self) -> "SammConfig":
-        if self.ha.enabled and not self.knowledge.url.startswith("postgresql"):
+        if self.ha.enabled and not re.match(r"postgres(ql)?[+:]", self.knowledge.url):  # the store takes both
             raise ValueError(f"ha.enabled needs a PostgreSQL knowledge store (knowledge.url), got "
                              f"{self.knowledge.url.split(':', 1)[0]}: an SQLite store is single-daemon")
         if self.loops is None:

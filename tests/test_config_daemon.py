@@ -35,6 +35,21 @@ def test_env_overrides_and_secret_is_hidden(tmp_path):
         load_config(EXAMPLE, environ={"SAMM_SERVICE__PORT": "99999"})
 
 
+def test_a_password_given_as_a_url_query_parameter_is_hidden_too():
+    # libpq takes ?password= and ?sslpassword= beside the user-info password
+    env = {"SAMM_KNOWLEDGE__URL": "postgresql://samm@db.example/samm?sslmode=require&password=hunter2&sslpassword=k3y"}
+    dumped = load_config(EXAMPLE, environ=env).model_dump_json()
+    assert "hunter2" not in dumped and "k3y" not in dumped
+    assert "sslmode=require&password=***&sslpassword=***" in dumped
+
+
+def test_ha_takes_the_postgres_alias_the_store_takes():
+    env = {"SAMM_KNOWLEDGE__URL": "postgres://samm@db.example/samm", "SAMM_HA__ENABLED": "true"}
+    assert load_config(EXAMPLE, environ=env).ha.enabled
+    with pytest.raises(ConfigError, match="ha.enabled needs a PostgreSQL"):
+        load_config(EXAMPLE, environ={"SAMM_KNOWLEDGE__URL": "postgresfake.db", "SAMM_HA__ENABLED": "true"})
+
+
 @pytest.mark.parametrize("edit, message", [
     (("min: 1, max: 10, asg_name: samm-m5a-large", "min: 11, max: 10, asg_name: samm-m5a-large"), "min 11 > max 10"),
     ((", asg_name: samm-m5a-xlarge", ""), "asg_name for groups ['M']"),

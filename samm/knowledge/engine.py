@@ -13,16 +13,21 @@ SAMM installs (SQLAlchemy's default would be psycopg2).
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.pool import StaticPool
+
+from samm.config import url_without_password
 
 SUPPORTED_BACKENDS = ("sqlite", "postgresql")
 URL_EXAMPLES = "e.g. sqlite:///var/lib/samm/samm.db or postgresql+psycopg://samm@db.example/samm"
 _BEGIN_MODES = ("DEFERRED", "IMMEDIATE", "EXCLUSIVE")
+_DRIVERS = ("write sqlite:///PATH, or postgresql://... for psycopg 3, the driver SAMM installs "
+            "(postgresql+psycopg://...)")
 _RAW_AT = "knowledge.url (scheme {scheme!r}): an '@' in the user name or password must be written %40"
 
 
@@ -61,12 +66,22 @@ def normalize_url(url: str | URL) -> URL:
                              f"{', '.join(SUPPORTED_BACKENDS)}); {URL_EXAMPLES}")
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
+    if backend == "sqlite" and (parsed.database or "").startswith("~"):
+        # SQLite takes "~" literally: the database went to a directory named "~" under whatever
+        # the working directory was, and a start from another one found an empty store
+        parsed = parsed.set(database=os.path.expanduser(parsed.database))
     return parsed
+
+
+def shown(url: URL) -> str:
+    """`url` as errors and logs show it: every password as ***, the `?password=` that libpq
+    takes too (SQLAlchemy's hide_password leaves it in every error and summary)."""
+    return url_without_password(url.render_as_string(hide_password=True))
 
 
 def redacted(url: str | URL) -> str:
     try:
-        return normalize_url(url).render_as_string(hide_password=True)
+        return shown(normalize_url(url))
     except KnowledgeError:
         return "(invalid URL)"
 
@@ -91,8 +106,10 @@ def make_engine(url: str | URL, *, foreign_keys: bool = True, busy_timeout_s: fl
     u = normalize_url(url)
     if u.get_backend_name() != "sqlite":
         # pre-ping: a daemon outlives database restarts; connect_timeout: a dead host fails
-        # one loop iteration, not the whole daemon
-        return create_engine(u, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+        # one loop iteration, not the whole daemon. connect_args outrank the URL's query, so the
+        # default must not replace an operator's own ?connect_timeout=
+        defaults = {} if "connect_timeout" in u.query else {"connect_timeout": 10}
+        return _create_engine(u, pool_pre_ping=True, connect_args=defaults)
 
     path = sqlite_path(u)
     if path is not None:
@@ -105,7 +122,7 @@ def make_engine(url: str | URL, *, foreign_keys: bool = True, busy_timeout_s: fl
         # every connection to :memory: is a new, empty database: share one (KnowledgeStore
         # serialises its use across threads)
         kwargs.update(poolclass=StaticPool, connect_args={"timeout": busy_timeout_s, "check_same_thread": False})
-    engine = create_engine(u, **kwargs)
+    engine = _create_engine(u, **kwargs)
     busy_ms = int(busy_timeout_s * 1000)
 
     @event.listens_for(engine, "connect")
@@ -127,6 +144,22 @@ def make_engine(url: str | URL, *, foreign_keys: bool = True, busy_timeout_s: fl
             raise ValueError(f"sqlite_begin must be one of {_BEGIN_MODES}, got {mode!r}")
         conn.exec_driver_sql(f"BEGIN {mode}")
 
+    return engine
+
+
+def _create_engine(u: URL, **kwargs) -> Engine:
+    """create_engine, refusing by name a driver SAMM cannot use: URLs copied from elsewhere often
+    say postgresql+psycopg2:// (not installed: a traceback at start) or name an asyncio driver
+    (its first query failed with "greenlet_spawn has not been called")."""
+    try:
+        engine = create_engine(u, **kwargs)
+    except (ImportError, NoSuchModuleError) as exc:
+        raise KnowledgeError(f"knowledge.url: database driver {u.drivername!r} is not available ({exc}); "
+                             f"{_DRIVERS}") from None
+    if engine.dialect.is_async:
+        engine.dispose()
+        raise KnowledgeError(f"knowledge.url: {u.drivername!r} is an asyncio driver, which the knowledge store "
+                             f"cannot use; {_DRIVERS}")
     return engine
 
 

@@ -214,7 +214,13 @@ class LocalPostgres:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> "LocalPostgres":
-        return self.start()
+        # a failed start (its port taken, say) never reaches __exit__: its initdb'd temporary
+        # cluster (tens of MB) stayed until the process exited, for good if initdb itself failed
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.close()

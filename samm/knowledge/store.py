@@ -52,7 +52,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import schema
-from .engine import KnowledgeError, is_memory_sqlite, make_engine, normalize_url, sqlite_path
+from .engine import KnowledgeError, is_memory_sqlite, make_engine, normalize_url, shown, sqlite_path
 from .models import (ACTION_STATUSES, DECISION_SOURCES, DEFAULT_LOOP, DEFAULT_PROBLEM, FINAL_ACTION_STATUSES, OPEN_ACTION_STATUSES,
                      SNAPSHOT_STATUSES, Action, Base, Decision, GroupState, Lease, Observation, PolicyVersion,
                      Snapshot)
@@ -87,7 +87,10 @@ def _to_json(value: Any, where: str, replaced: list[str]) -> Any:
     if isinstance(value, np.ndarray):
         return _to_json(value.tolist(), where, replaced)
     if isinstance(value, np.generic):
-        return _to_json(value.item(), where, replaced)
+        item = value.item()
+        if isinstance(item, np.generic):  # long double and its complex: no Python type holds them
+            item = float(item) if isinstance(item, np.floating) else str(item)
+        return _to_json(item, where, replaced)
     if isinstance(value, Mapping):
         return {str(k): _to_json(v, f"{where}.{k}", replaced) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -263,16 +266,26 @@ def _record(cls: type[R], row: Base) -> R:
     return cls(**{f.name: getattr(row, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
 
+def _cause(exc: BaseException) -> str:
+    """The driver's message on one line: PostgreSQL's span several (a refused connection adds a
+    tab-indented hint, a server error its DETAIL), which broke the one-line error an operator
+    reads, and a log line, into pieces."""
+    message = str(getattr(exc, "orig", None) or exc)
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
 def _sqlite_access_hint(url: URL, exc: BaseException) -> str:
     """Why SQLite could not open or write its file, when the file system says so: its own
     message ("unable to open database file") names neither the file nor the cause. WAL mode
     needs to create `-wal` and `-shm` files next to the database, even to read it."""
     path = sqlite_path(url)
-    message = str(getattr(exc, "orig", None) or exc)
+    message = _cause(exc)
     if path is not None and any(m in message for m in ("disk I/O error", "disk is full")):
         return _free_space_hint(path)
     if path is None or not any(m in message for m in ("unable to open", "readonly", "read-only")):
         return ""
+    if path.is_dir():
+        return f" ({path} is a directory: knowledge.url names the database file, e.g. {path / 'samm.db'})"
     if path.exists() and not os.access(path, os.W_OK):
         return f" (the file {path} is read-only; SAMM needs to write it, even to read it in WAL mode)"
     if not os.access(path.parent, os.W_OK | os.X_OK):
@@ -299,7 +312,7 @@ def _guarded(method: Callable[..., T]) -> Callable[..., T]:
             return method(self, *args, **kwargs)
         except SQLAlchemyError as exc:
             raise KnowledgeError(f"knowledge store {self.url}: {method.__name__} failed: "
-                                 f"{type(exc).__name__}: {getattr(exc, 'orig', None) or exc}"
+                                 f"{type(exc).__name__}: {_cause(exc)}"
                                  f"{_sqlite_access_hint(self._url, exc)}") from exc
 
     return wrapper
@@ -320,7 +333,7 @@ class KnowledgeStore:
     def __init__(self, url: str | URL, *, migrate: bool = True, busy_timeout_s: float = 30.0,
                  clock: Callable[[], float] = time.time):
         self._url = normalize_url(url)
-        self.url = self._url.render_as_string(hide_password=True)
+        self.url = shown(self._url)
         self.clock = clock
         # set by a leading daemon (samm/daemon/leadership.py): decisions and action claims are
         # then written only while its lease holds, in the same transaction that checks it
@@ -350,7 +363,7 @@ class KnowledgeStore:
                                          "open it once with migrate=True (the daemon does)")
         except SQLAlchemyError as exc:
             self.engine.dispose()
-            raise KnowledgeError(f"knowledge store {self.url}: cannot open: {getattr(exc, 'orig', None) or exc}"
+            raise KnowledgeError(f"knowledge store {self.url}: cannot open: {_cause(exc)}"
                                  f"{_sqlite_access_hint(self._url, exc)}") from exc
         except CommandError as exc:  # e.g. a revision this SAMM does not know: a newer SAMM wrote it
             self.engine.dispose()
