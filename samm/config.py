@@ -158,6 +158,11 @@ class SimulationConfig(Strict):
 
 class KnowledgeConfig(Strict):
     url: str = "sqlite:///samm.db"
+    # unbounded by default, as before: an operator chooses how much history to keep
+    retention_days: float | None = Field(default=None, ge=1, le=36_500, description=(
+        "Delete snapshots, observations, decisions and actions older than this many days; the "
+        "daemon prunes once an hour (`samm knowledge prune` does it by hand). Cool-downs, leases "
+        "and policy versions are never pruned. Default: keep everything."))
 
     _url_masked = field_serializer("url", when_used="json")(_masked_url)
 

@@ -133,8 +133,10 @@ class DeferrableControlLoop:
         """At start-up: a decision recorded for the CURRENT slot whose jobs were not all released
         (the process died between the record and the release) is applied now, as recorded (the
         scheduler's first iteration is only at the next slot boundary, too late for it); the
-        queue releases each job at most once. The previous slot's unreleased starts are only
-        reported: that slot is over, its jobs wait for the next decision."""
+        queue releases each job at most once. A current slot with no decision yet (a start or
+        restart within it, a standby taking over) is decided now: left to the next boundary, it
+        was never decided and its due jobs were dropped unseen. The previous slot's unreleased
+        starts are only reported: that slot is over, its jobs wait for the next decision."""
         try:
             notes = self._recover()
         except Exception as e:  # noqa: BLE001 - a store or queue error: apply nothing, say so, start anyway
@@ -164,6 +166,11 @@ class DeferrableControlLoop:
             cap, note = self.capacity()
             rec = inner.tick(slot, 0.0 if cap is None else cap, note)
             notes.append(f"slot {slot}: re-applied its recorded decision after a restart: released {rec.released}"
+                         + (f" ({rec.error})" if rec.error else ""))
+        if inner.store.decision(f"slot{slot}", loop=inner.p.loop) is None:
+            cap, note = self.capacity()
+            rec = inner.tick(slot, 0.0 if cap is None else cap, note)
+            notes.append(f"slot {slot}: not decided yet at start-up, decided now: released {rec.released}"
                          + (f" ({rec.error})" if rec.error else ""))
         return notes
 

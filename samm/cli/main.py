@@ -1458,5 +1458,10 @@ cli.add_command(testbed_microservices)
 testbed_cmd.add_command(testbed_microservices, "microservices")  # the issue's `samm testbed microservices`
 cli.add_command(reclaimer_ceiling)
 
+from samm.cli.knowledge import knowledge_group  # noqa: E402  (samm knowledge stats|prune)
+
+cli.add_command(knowledge_group)
+
 if __name__ == "__main__":  # pragma: no cover
     cli()
+

@@ -26,6 +26,9 @@ class GraphitePublisher:
                     (f"{p}.groups.{sanitize(g)}.live", inv["live"], ts)]
         action = rep.plan.action if rep.plan is not None else None
         pts.append((f"{p}.decision.action", float(action) if isinstance(action, int) else -1.0, ts))
+        # a per-type agent's decision is a change per group, no single index (its action reads -1)
+        for g, delta in (rep.plan.deltas if rep.plan is not None else {}).items():
+            pts.append((f"{p}.groups.{sanitize(g)}.delta", float(delta), ts))
         pts.append((f"{p}.decision.noop", 0.0 if rep.acted else 1.0, ts))
         pts.append((f"{p}.snapshot.stale", 0.0 if rep.status == "ok" else 1.0, ts))
         pts.append((f"{p}.iteration_ms", rep.iteration_ms, ts))

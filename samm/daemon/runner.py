@@ -18,9 +18,10 @@ import logging
 import signal
 import threading
 import time
+from collections import deque
 from datetime import datetime, timezone
 
-from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -40,6 +41,11 @@ STORE_FAILED = 1
 STORE_RETRY_MAX_S = 15.0
 #: a change of the wall clock against the monotonic one by more than this reschedules the loops
 CLOCK_JUMP_S = 2.0
+#: the newest iteration reports kept in memory (`DaemonRunner.reports`): the knowledge store keeps
+#: every decision; a daemon that kept every report grew without bound (a 1 s loop: 86,400 a day)
+REPORTS_KEPT = 10_000
+#: how often the leader deletes history older than knowledge.retention_days
+PRUNE_EVERY_S = 3600
 
 
 class DaemonRunner:
@@ -51,7 +57,8 @@ class DaemonRunner:
         self.max_iterations = max_iterations or getattr(first, "max_iterations", None)
         self.on_iteration = on_iteration
         self.stop_event = threading.Event()
-        self.reports: list[IterationReport] = []
+        self.reports: deque[IterationReport] = deque(maxlen=REPORTS_KEPT)
+        self.iterations: dict[str, int] = {lp.name: 0 for lp in self.loops}  # completed, per loop
         self.errors = 0
         self.finished: set[str] = set()
         for loop in self.loops:
@@ -82,12 +89,12 @@ class DaemonRunner:
                 return
         rep.loop = loop.name
         self.reports.append(rep)
+        self.iterations[loop.name] += 1
         if self.on_iteration is not None:
             self.on_iteration(rep)
         sdnotify.status(f"loop {loop.name} iteration {rep.key}: {rep.status}, "
                         f"{rep.plan.action_name if rep.plan else 'no decision'}")
-        done = [r for r in self.reports if r.loop == loop.name]
-        if rep.finished or (self.max_iterations and len(done) >= self.max_iterations):
+        if rep.finished or (self.max_iterations and self.iterations[loop.name] >= self.max_iterations):
             self.finished.add(loop.name)
         if self.finished >= {lp.name for lp in self.loops}:
             self.stop_event.set()
@@ -146,9 +153,12 @@ class DaemonRunner:
                       "for a standby use PostgreSQL with ha.enabled", self.daemon.store.url, lead.holder_now())
             return False
         sdnotify.ready()
-        log.info("standby: %s leads; polling every %.3g s", lead.holder_now(), lead.ttl_s / 3)
+        # the standby pings at least as often as systemd's watchdog wants: a lease longer than
+        # 3 × WatchdogSec (ha.lease_ttl_s) had it killed and restarted until the unit gave up
+        every = min(lead.ttl_s / 3, sdnotify.watchdog_interval_s() or float("inf"))
+        log.info("standby: %s leads; polling every %.3g s", lead.holder_now(), every)
         sdnotify.status(f"standby ({lead.holder})")
-        while not self.stop_event.wait(lead.ttl_s / 3):
+        while not self.stop_event.wait(every):
             sdnotify.watchdog()
             try:
                 if lead.try_acquire():
@@ -164,9 +174,29 @@ class DaemonRunner:
         log.warning("the wall clock jumped %+.1f s: iterations rescheduled from now", jump)
         for loop in self.loops:
             try:
-                sched.modify_job(f"mape-k-{loop.name}", next_run_time=self._first_run(loop.config))
+                sched.modify_job(f"mape-k-{loop.name}", next_run_time=self._run_after_jump(loop.config, jump))
             except Exception as exc:  # noqa: BLE001 - a job gone at shutdown
                 log.warning("rescheduling loop %s failed: %s", loop.name, exc)
+
+    def _run_after_jump(self, lp, jump: float) -> datetime:
+        """The next run time from the new time; but a run time the clock jumped forward over
+        (a VM paused for seconds, an NTP step) that is still within the misfire grace runs now,
+        as the scheduler itself would: moved to the next one, its interval went undecided (a
+        deferrable slot: its due jobs dropped without the deadline guard)."""
+        upcoming = self._first_run(lp)
+        skipped = upcoming.timestamp() - lp.timing.interval_s
+        now = time.time()
+        if (jump > 0 and lp.executor.kind != "sim" and now - jump < skipped
+                and now - skipped <= _grace_s(lp.timing)):
+            return datetime.fromtimestamp(skipped, timezone.utc)
+        return upcoming
+
+    def _prune(self) -> None:
+        days = self.cfg.knowledge.retention_days
+        try:
+            self.daemon.store.prune(days * 86_400.0)
+        except KnowledgeError as exc:  # history kept a while longer is no reason to stop acting
+            log.warning("pruning the knowledge store failed, tried again in %d s: %s", PRUNE_EVERY_S, exc)
 
     @staticmethod
     def _on_sighup(*_) -> None:
@@ -177,19 +207,30 @@ class DaemonRunner:
         if event.code == EVENT_JOB_ERROR:
             self.errors += 1
             log.error("iteration raised: %r", event.exception, exc_info=event.exception)
-        elif event.code == EVENT_JOB_MISSED:
-            log.warning("iteration missed its run time (the previous one overran)")
+        elif event.code == EVENT_JOB_MISSED:  # run later than the grace: the process or host stalled
+            log.warning("%s: iteration due at %s missed by more than its misfire grace (the process or host "
+                        "was stalled); the next one runs at the next interval", event.job_id,
+                        event.scheduled_run_time)
+        elif event.code == EVENT_JOB_MAX_INSTANCES:  # an overrun: never two iterations of a loop at once
+            log.warning("%s: iteration due at %s skipped: the previous one still runs (it overran its interval)",
+                        event.job_id, ", ".join(str(t) for t in event.scheduled_run_times))
 
     def _first_run(self, lp) -> datetime:
         """Live sources read the last complete interval once `lateness_s` has passed after its
         end, so iterations are phased just after that point (firing earlier would read the
-        interval before, already decided). A simulation advances on demand: start now."""
+        interval before, already decided). A simulation advances on demand: start now.
+        Intervals count from the epoch, or from `timing.slot_zero_unix` where the loop has one
+        (deferrable jobs): phased from the epoch instead, a slot was decided part-way through,
+        or at its very end, where a late start put two iterations in one slot and none in the
+        next."""
         now = time.time()
         if lp.executor.kind == "sim":
             return datetime.fromtimestamp(now, timezone.utc)
         every = lp.timing.interval_s
         phase = self.cfg.graphite.lateness_s + min(0.1 * every, 2.0)
-        first = (now - phase) // every * every + every + phase
+        # the boundaries' offset within an interval: a remainder, exact however far slot zero is from now
+        offset = (getattr(lp.timing, "slot_zero_unix", 0.0) + phase) % every
+        first = (now - offset) // every * every + every + offset
         return datetime.fromtimestamp(first, timezone.utc)
 
     def run(self, install_signals: bool = True) -> int:
@@ -226,15 +267,22 @@ class DaemonRunner:
             self.leadership.release()
             self.daemon.close()
             return STORE_FAILED
-        sched = BackgroundScheduler(timezone=timezone.utc, executors={
-            "default": {"type": "threadpool", "max_workers": max(2, len(self.loops))}},
+        sched = BackgroundScheduler(timezone=timezone.utc, executors={  # a worker for the prune job too
+            "default": {"type": "threadpool", "max_workers": len(self.loops) + 1}},
             job_defaults={"coalesce": True, "max_instances": 1})
-        sched.add_listener(self._on_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED)
+        sched.add_listener(self._on_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         for loop in self.loops:  # one scheduler job per loop
+            # the watchdog counts progress from here: time spent as a standby or in recovery is
+            # no stuck loop (counted from the build, a standby taking over stopped the pings)
+            loop.last_progress = time.monotonic()
             t = loop.config.timing
             sched.add_job(self._iterate, IntervalTrigger(seconds=t.interval_s, timezone=timezone.utc),
                           args=(loop,), id=f"mape-k-{loop.name}", next_run_time=self._first_run(loop.config),
-                          misfire_grace_time=max(1, int(t.misfire_grace_s)))
+                          misfire_grace_time=_grace_s(t))
+        if self.cfg.knowledge.retention_days is not None:  # the leader alone prunes: first now, then hourly
+            sched.add_job(self._prune, IntervalTrigger(seconds=PRUNE_EVERY_S, timezone=timezone.utc),
+                          id="knowledge-prune", next_run_time=datetime.now(timezone.utc),
+                          misfire_grace_time=PRUNE_EVERY_S)
         sched.start()
         wd = sdnotify.watchdog_interval_s()
         if wd:
@@ -258,10 +306,15 @@ class DaemonRunner:
             if not self.lost_leadership:
                 self.leadership.release()  # a standby takes over at once
             self.daemon.close()
-        log.info("samm daemon stopped after %d iterations", len(self.reports))
+        log.info("samm daemon stopped after %d iterations", sum(self.iterations.values()))
         if self.lost_leadership:
             return LOST_LEADERSHIP
         return 0 if self.errors == 0 else 1
+
+
+def _grace_s(timing) -> int:
+    """A loop's misfire grace as the scheduler takes it: whole seconds, at least 1."""
+    return max(1, int(timing.misfire_grace_s))
 
 
 def _store_unreachable(exc: KnowledgeError, url: str) -> bool:

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from alembic.util.exc import CommandError
-from sqlalchemy import func, select, text, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -60,6 +60,10 @@ from .models import (ACTION_STATUSES, DECISION_SOURCES, DEFAULT_LOOP, DEFAULT_PR
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _PG_POLICY_LOCK_SPACE = 0x53414D50  # "SAMP": advisory locks (space, agent) serialising activations
+#: the shortest history `prune` may keep: a decision younger than this may still be replayed
+#: (a restarted iteration finds its decision by key), and an operator reading yesterday's
+#: incident needs it
+MIN_RETENTION_S = 86_400.0
 
 
 # --- JSON -----------------------------------------------------------------------------------
@@ -768,6 +772,47 @@ class KnowledgeStore:
             q = q.where(Action.decision_id == decision_id)
         with self._read() as s:
             return [_record(ActionRecord, r) for r in s.scalars(q)]
+
+    @_guarded
+    def prune(self, older_than_s: float, *, now: float | None = None, batch: int = 2000) -> dict[str, int]:
+        """Delete the history older than `now - older_than_s` and return the rows deleted per
+        table: decisions with their actions, observations, snapshots. Kept whatever their age: a
+        decision with an open action (recovery reads it) and what a kept row refers to; never
+        touched: cool-downs, leases, policy versions (the state a restart needs). Deletes in
+        transactions of `batch` decisions or rows, so a running daemon waits for one short lock,
+        not for the whole history (SQLite reuses the freed pages; its file does not shrink)."""
+        older_than_s = float(older_than_s)
+        if not older_than_s >= MIN_RETENTION_S:  # NaN fails too
+            raise ValueError(f"prune keeps at least {MIN_RETENTION_S:.0f} s of history, not {older_than_s}")
+        if not 1 <= batch <= 100_000:
+            raise ValueError(f"prune batch must be in [1, 100000], not {batch}")
+        cutoff = self._now(now) - older_than_s
+        deleted = {"decisions": 0, "actions": 0, "observations": 0, "snapshots": 0}
+        open_action = select(Action.id).where(Action.decision_id == Decision.id,
+                                              Action.status.in_(OPEN_ACTION_STATUSES)).exists()
+        kept_observations = select(Decision.observation_id).where(Decision.observation_id.is_not(None))
+        stages = [
+            (Decision, select(Decision.id).where(Decision.created_at < cutoff, ~open_action)),
+            (Observation, select(Observation.id).where(Observation.created_at < cutoff,
+                                                       Observation.id.not_in(kept_observations))),
+            # by when each row was written (a simulated loop's windows start at 0): a snapshot
+            # recorded just now, its observation not yet, is young and stays
+            (Snapshot, select(Snapshot.id).where(Snapshot.created_at < cutoff,
+                                                 Snapshot.id.not_in(select(Observation.snapshot_id)))),
+        ]
+        for model, doomed in stages:
+            while True:
+                with self._write() as s:
+                    ids = list(s.scalars(doomed.order_by(model.id).limit(batch)))
+                    if not ids:
+                        break
+                    if model is Decision:
+                        deleted["actions"] += s.execute(delete(Action).where(Action.decision_id.in_(ids))).rowcount
+                    deleted[model.__tablename__] += s.execute(delete(model).where(model.id.in_(ids))).rowcount
+        if any(deleted.values()):
+            log.info("knowledge store %s: pruned history before %.0f: %s", self.url, cutoff,
+                     ", ".join(f"{n} {t}" for t, n in deleted.items()))
+        return deleted
 
     @_guarded
     def counts(self) -> dict[str, int]:

@@ -356,7 +356,7 @@ class Testbed:
                 return store.counts()["decisions"]
             finally:
                 store.close()
-        return len(self.runner.reports)
+        return sum(self.runner.iterations.values())
 
     # --- running ------------------------------------------------------------------------------
     def clock(self) -> float:
