@@ -23,7 +23,7 @@ def make_policy(agent: str, policy_dir=None, **params):
             raise ValueError(f"{agent} is a rule: it takes parameters (--agent-param), not a policy directory")
         _check_rule_keys(agent, params)
         _check_rule_params(agent, params)
-        return RulePolicy(agent, **params)
+        return RulePolicy(agent, **_whole_window(params))
     raise ValueError(f"oversubscription hosts {KIND!r} or a rule {sorted(HOSTED_RULES)}, not {agent!r}")
 
 
@@ -67,3 +67,12 @@ def _check_rule_params(agent: str, params: dict) -> None:
             raise ValueError(f"{agent}: window must be a whole number of past steps >= 1, got {value!r}")
         if key == "n" and x < 0:   # fewer than 0 sigmas forecasts below the mean: overcommits in silence
             raise ValueError(f"{agent}: n must be >= 0 (standard deviations above the mean), got {value!r}")
+
+
+def _whole_window(params: dict) -> dict:
+    """A window checked whole (`_check_rule_params`) as an int: RulePolicy's int() refused "24.0"
+    or "1e2" as "parameters must be numbers". A value that is no number is left for it to name."""
+    try:
+        return {**params, "window": int(float(params["window"]))}
+    except (KeyError, TypeError, ValueError):
+        return params

@@ -61,6 +61,7 @@ from agents.oversubscription.workload import Workload
 from samm.localproc import popen_tied
 from samm.monitor.graphite_client import GraphiteError, GraphiteSender, RenderClient, post_event
 
+from ..options import number_problem
 from .cgroups import PmCgroups
 from .collector import pm_metric
 
@@ -101,6 +102,12 @@ class LiveParams:
             raise ValueError("host_cores_per_pm_core must be positive")
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be positive, got {self.request_timeout_s}")
+        # a NaN deadline never passed: the end-of-run read of a step Graphite never had waited forever;
+        # a zero or NaN slice made every worker exit at its first step
+        for name, strict in (("read_deadline_s", False), ("reread_s", False), ("min_call_s", False),
+                             ("slice_s", True), ("worker_start_timeout_s", True)):
+            if problem := number_problem(name, getattr(self, name), strict=strict):
+                raise ValueError(problem)
 
 
 @dataclass
@@ -317,7 +324,8 @@ class AdmissionExecutor:
 
     def _decide(self, rows: np.ndarray, hour: int, state: dict, deadline: float | None = None):
         """Rate, error and policy version per request (rate 1.0 where the call failed), and in
-        per-vm mode the placements too (each request sees the state the ones before it left).
+        per-vm mode the placements and the state each request was sent too (each request sees
+        the state the ones before it left; batch: None, every request saw `state`).
         No call waits past `deadline` (the step's start)."""
         n = len(rows)
         if self.p.admit_mode == "batch":
@@ -328,13 +336,14 @@ class AdmissionExecutor:
                     rates = [float(d["rate"]) for d in reply["decisions"]]
                     if len(rates) != n or not all(0 < r <= 1 for r in rates):
                         raise ValueError(f"{len(rates)} rates for {n} requests: {rates}")
-                    return rates, [None] * n, [_version_of(reply)] * n, None
+                    return rates, [None] * n, [_version_of(reply)] * n, None, None
                 except (KeyError, TypeError, ValueError) as exc:
                     err = f"admit/batch reply not understood: {exc}"
-            return [1.0] * n, [err] * n, [None] * n, None
-        rates, errs, versions, placements = [], [], [], []
+            return [1.0] * n, [err] * n, [None] * n, None, None
+        rates, errs, versions, placements, states = [], [], [], [], []
         for i, v in enumerate(rows):
-            reply, err = self._post("admit", (state if i == 0 else self._state(hour)) | self._request(v), deadline)
+            states.append(state if i == 0 else self._state(hour))
+            reply, err = self._post("admit", states[-1] | self._request(v), deadline)
             rate, version = 1.0, None
             if reply is not None:
                 try:
@@ -347,7 +356,7 @@ class AdmissionExecutor:
             errs.append(err)
             versions.append(version)
             placements.append(self._place(v, rate))
-        return rates, errs, versions, placements
+        return rates, errs, versions, placements, states
 
     def _place(self, v: int, rate: float) -> int:
         """Best fit through the simulator's own `place_vm`."""
@@ -369,10 +378,10 @@ class AdmissionExecutor:
         self._depart(k)
         rows = self._arrivals[k]
         rec = StepRecord(step=k, hour=hour, start=self.step_start(k), requests=len(rows))
-        pre_state = self._state(hour)  # what a batch decision saw: recorded with each decision
+        pre_state = self._state(hour)  # what a batch decision saw (and per-vm's first request)
         started = time.perf_counter()
-        rates, errors, versions, placements = (self._decide(rows, hour, pre_state, deadline=rec.start) if len(rows)
-                                               else ([], [], [], []))
+        rates, errors, versions, placements, states = (self._decide(rows, hour, pre_state, deadline=rec.start)
+                                                       if len(rows) else ([], [], [], [], None))
         rec.admit_ms = (time.perf_counter() - started) * 1e3
         if placements is None:  # batch: place in arrival order once the step's rates are known
             placements = [self._place(v, r) for v, r in zip(rows, rates)]
@@ -389,7 +398,7 @@ class AdmissionExecutor:
         rec.pm_reserved = (self.cluster.capacity[0] - self.cluster.free[:, 0]).tolist()
         rec.pm_sim = pm_usage(self.pm_of[live], w.usage[live, k] * w.cores[live], s.n_pms).tolist()
         self.records.append(rec)
-        self._record_decisions(rec, rows, rates, errors, versions, pre_state)
+        self._record_decisions(rec, rows, rates, errors, versions, pre_state, states)
         for j, reserved in enumerate(rec.pm_reserved):
             self.sender.send(pm_metric(self.p.prefix, self.run_name, j, "reserved_cores"), reserved, rec.start)
         self.sender.flush()
@@ -399,18 +408,26 @@ class AdmissionExecutor:
                         k, rec.late_s, self.p.lead_s)
         return rec
 
-    def _record_decisions(self, rec: StepRecord, rows, rates, errors, versions, state: dict) -> None:
-        s = self.setting
-        n = s.n_subscribers
+    def _features(self, rec: StepRecord, state: dict, rows) -> list[float]:
+        """The paper's observation of `state` with the requests of `rows`: what a call decided on."""
+        n = self.setting.n_subscribers
         req = np.zeros((n, 3))
         for v in rows:
             req[self.w.sub[v]] += (self.w.cores[v], self.w.mem[v], self.w.net[v])
         view = View(t=rec.step, hour=rec.hour, request=req, has_request=req[:, 0] > 0,
                     allocated=np.asarray(state["allocated"]), requested_live=np.asarray(state["requested_live"]),
                     usage_history=np.zeros((0, n)), vm_rows=np.asarray(rows))
-        features = observation(view, s).tolist()
-        for v, rate, err, version, pm in zip(rows, rates, errors, versions, rec.placements):
+        return observation(view, self.setting).tolist()
+
+    def _record_decisions(self, rec: StepRecord, rows, rates, errors, versions, state: dict,
+                          states: list[dict] | None = None) -> None:
+        """One decision per request, with the observation its call was sent: the step's (batch)
+        or, per-vm (`states`), its own request on the state the requests before it left (before,
+        every per-vm request was recorded with the batch's view, which no call had seen)."""
+        batch = self._features(rec, state, rows) if states is None else None
+        for i, (v, rate, err, version, pm) in enumerate(zip(rows, rates, errors, versions, rec.placements)):
             v = int(v)
+            features = batch if states is None else self._features(rec, states[i], [v])
             placed = pm != NO_PM
             reason = err
             if not placed:
@@ -566,7 +583,7 @@ class AdmissionExecutor:
 
     def stop_all(self) -> None:
         for vp in list(self.procs.values()) + self.leaving:
-            self.cg.release(vp.proc.pid)
+            _release(self.cg, vp.proc)
             _stop(vp.proc)
         self.procs.clear()
         self.leaving.clear()
@@ -578,7 +595,7 @@ class AdmissionExecutor:
         step's base."""
         rows, used_ns, since = [], [], []
         for vp in list(self.procs.values()) + self.leaving:
-            ns = proc_cpu_ns(vp.proc.pid)
+            ns = None if _reaped(vp.proc) else proc_cpu_ns(vp.proc.pid)
             if ns is None:
                 continue
             if self.w.arrive[vp.row] <= step:  # VMs admitted for the next step are not in it yet
@@ -604,7 +621,7 @@ class AdmissionExecutor:
                 vp.cpu_ns_at_step, vp.t_at_step = proc_cpu_ns(vp.proc.pid) or 0, now
         self._check_workers(k)
         for vp in self.leaving:
-            self.cg.release(vp.proc.pid)  # it has left its PM: its exit is not the PM's CPU
+            _release(self.cg, vp.proc)  # it has left its PM: its exit is not the PM's CPU
             _stop(vp.proc)
         self.leaving.clear()
 
@@ -648,9 +665,10 @@ class AdmissionExecutor:
             series = []
         points: dict[int, list[float]] = {}
         for sr in series:
-            parts = sr.target.split(".")
+            # the PM is the second-to-last component (`pm_metric`): a search for "pm" from the
+            # left found the run name instead when the run was named "pm", and every step read stale
             try:
-                pm = int(parts[parts.index("pm") + 1])
+                pm = int(sr.target.split(".")[-2])
             except (ValueError, IndexError):
                 continue
             # a non-finite or negative point is no measurement (Graphite keeps and renders an inf
@@ -703,6 +721,19 @@ def _version_of(reply: dict) -> str | None:
     object there failed the write and, before, the whole run)."""
     v = reply.get("policy_version")
     return None if v is None else v if isinstance(v, str) else str(v)
+
+
+def _reaped(p: subprocess.Popen) -> bool:
+    """The worker has been waited for (`poll` found it exited): its pid is free for any new
+    process (pid_max is 32768 on many hosts), so nothing may be read from or done to it."""
+    return p.returncode is not None
+
+
+def _release(cg: PmCgroups, p: subprocess.Popen) -> None:
+    """Move a worker out of its PM, unless it was reaped: before, a dead worker's pid, taken by
+    an unrelated process, had that process moved into the emulated cluster's cgroup."""
+    if not _reaped(p):
+        cg.release(p.pid)
 
 
 def _stop(p: subprocess.Popen) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import re
 import weakref
@@ -34,6 +35,7 @@ CPUACCT_ROOT = Path("/sys/fs/cgroup/cpuacct")
 PREFIX = "samm-oversub-"
 PERIOD_US = 100_000  # the kernel's default CFS period
 MIN_QUOTA_US = 1000  # the kernel's smallest cpu.cfs_quota_us
+MIN_PERIOD_US, MAX_PERIOD_US = 1000, 1_000_000  # the kernel's cpu.cfs_period_us range (1 ms to 1 s)
 # The emulated cluster's weight against everything else on the host (a process in the root
 # group weighs 1024). Its quotas cap it anyway (e.g. 1.2 host cores in all), so a high weight
 # cannot starve the host; it keeps other work from stealing the PMs' CPU, which the
@@ -127,8 +129,11 @@ class PmCgroups:
                  cpu_root: Path = CPU_ROOT, cpuacct_root: Path = CPUACCT_ROOT, parent_shares: int = PARENT_SHARES):
         if n_pms < 1:
             raise ValueError(f"n_pms must be >= 1, got {n_pms}")
-        if not 0 < quota_host_cores:
-            raise ValueError(f"quota_host_cores must be positive, got {quota_host_cores}")
+        if not 0 < quota_host_cores < math.inf:  # inf was an OverflowError in round() below
+            raise ValueError(f"quota_host_cores must be a finite positive number, got {quota_host_cores}")
+        if not MIN_PERIOD_US <= period_us <= MAX_PERIOD_US:  # the kernel refuses others with a bare EINVAL
+            raise ValueError(f"period_us must be in [{MIN_PERIOD_US}, {MAX_PERIOD_US}] (the kernel's CFS "
+                             f"period range), got {period_us}")
         self.n_pms = int(n_pms)
         self.quota_host_cores = float(quota_host_cores)
         self.period_us = int(period_us)

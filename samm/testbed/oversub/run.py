@@ -182,6 +182,35 @@ def resolve_policy(agent: str, policy_dir: str | None, setting: Setting):
     return policy
 
 
+def check_service(url: str, agent: str, setting: Setting, timeout_s: float = 5.0) -> None:
+    """A ValueError when the service at `url` answers that it can never decide for this run: it
+    hosts no admit routes for `agent` (404) or refuses the run's cluster (422: its agent decides
+    for another number of subscribers). Before, each such run replayed every step admitting at
+    rate 1 after a failed call and ended 0. One empty-cluster batch call, no state kept by the
+    service; a service not reachable yet is left to the run (its steps fall back, as recorded)."""
+    import requests
+
+    n = setting.n_subscribers
+    body = {"hour": 0, "allocated": [[0.0, 0.0, 0.0]] * n, "requested_live": [0.0] * n,
+            "requests": [{"subscriber": 0, "cores": 1.0}]}
+    where = f"{url.rstrip('/')}/v1/agents/{agent}/admit/batch"
+    try:
+        r = requests.post(where, json=body, timeout=timeout_s)
+    except requests.RequestException as exc:
+        log.warning("oversub testbed: cannot reach %s before the run (%s); its steps will fall back", where, exc)
+        return
+    if r.status_code == 404:
+        raise ValueError(f"--service-url {url} hosts no oversubscription agent {agent!r} (POST {where}: 404)")
+    if r.status_code == 422:
+        try:
+            answer = r.json()
+        except ValueError:
+            answer = r.text[:300]
+        detail = answer.get("detail", answer) if isinstance(answer, dict) else answer
+        raise ValueError(f"agent {agent!r} at {url} refuses setting {setting.name!r}'s cluster of {n} "
+                         f"subscribers ({detail}): name the setting it was made for (--setting)")
+
+
 class InProcessService(AppInThread):
     """The admit routes (`agents.oversubscription.service.create_app`) on uvicorn in a thread,
     on a free loopback port."""
@@ -223,9 +252,12 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
     if len(run) > 48:
         raise ValueError("run_name must be at most 48 characters (it names the Knowledge loop)")
     if workload is None:
-        workload = live_workload(base_workload(base_setting, opts.seed, opts.steps), opts.steps,
-                                 keep_fraction=min(1.0, opts.pms / base_setting.n_pms), max_vms=opts.max_vms,
-                                 seed=opts.seed)
+        base = base_workload(base_setting, opts.seed, opts.steps)
+        if opts.steps > base.steps:  # before, cut to the workload's length without a word
+            raise ValueError(f"steps must be at most {base.steps} (setting {base_setting.name!r}'s workload has "
+                             f"{base.steps} steps), got {opts.steps}")
+        workload = live_workload(base, opts.steps, keep_fraction=min(1.0, opts.pms / base_setting.n_pms),
+                                 max_vms=opts.max_vms, seed=opts.seed)
     if workload.n_subscribers != setting.n_subscribers:
         raise ValueError(f"the workload has {workload.n_subscribers} subscribers, setting {setting.name!r} has "
                          f"{setting.n_subscribers}")
@@ -238,6 +270,8 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
                          f"({MIN_QUOTA_US / PERIOD_US:g}): use fewer PMs (--pms) or more host cores (--host-cores)")
     params = LiveParams(seconds_per_step=opts.seconds_per_step, host_cores_per_pm_core=scale,
                         admit_mode=opts.admit_mode)
+    if opts.service_url is not None:
+        check_service(opts.service_url, opts.agent, setting)
     knowledge_url = opts.knowledge_url or f"sqlite:///{out / 'knowledge.db'}"
 
     cleanup: list[Callable[[], None]] = []
@@ -335,7 +369,9 @@ def sim_replay(setting: Setting, workload: Workload, records: list[StepRecord]) 
 
 def summarise(setting: Setting, workload: Workload, records: list[StepRecord], executor: AdmissionExecutor) -> dict:
     k = setting.n_pms
-    used = np.array([r.pm_used if r.pm_used else [math.nan] * k for r in records], dtype=float)  # [T, K]
+    # [T, K] even for T = 0: a run interrupted before its first step broadcast (0,) against (0, K)
+    # here, and the CLI printed that ValueError instead of "interrupted" (exit 2, not 143)
+    used = np.array([r.pm_used if r.pm_used else [math.nan] * k for r in records], dtype=float).reshape(-1, k)
     sim = np.array([r.pm_sim for r in records], dtype=float).reshape(len(records), k)
     capped = np.minimum(sim, setting.pm_cores)
     have = np.isfinite(used)
@@ -345,7 +381,7 @@ def summarise(setting: Setting, workload: Workload, records: list[StepRecord], e
     busy = have & (reserved > 0)
     requested = sum(r.requested_cores for r in records)
     assigned = sum(r.assigned_cores for r in records)
-    hot_live = np.array([r.pm_hot if r.pm_hot else [False] * k for r in records], dtype=bool)
+    hot_live = np.array([r.pm_hot if r.pm_hot else [False] * k for r in records], dtype=bool).reshape(-1, k)
     hot_sim = hot(sim, setting.pm_cores, setting.beta) if len(records) else np.zeros((0, k), bool)
     admit_ms = [r.admit_ms for r in records if r.requests]
     return {
@@ -359,7 +395,9 @@ def summarise(setting: Setting, workload: Workload, records: list[StepRecord], e
         "s_cores": 1.0 - assigned / requested if requested > 0 else 0.0,
         "hot_steps_per_pm": hot_live.sum(axis=0).tolist(),
         "hot_steps_per_pm_sim": hot_sim.sum(axis=0).tolist(),
-        "hot_agreement": float((hot_live == hot_sim).mean()) if len(records) else None,
+        # over the PM-steps Graphite measured (gap.pm_steps_missing counts the others): one without a
+        # point is not known cold (a run whose Graphite was down agreed with every cold simulated step)
+        "hot_agreement": float((hot_live == hot_sim)[have].mean()) if have.any() else None,
         "gap": {
             "pm_steps_measured": int(have.sum()),
             "pm_steps_missing": int((~have).sum()),
@@ -417,7 +455,8 @@ def write_outputs(out: Path, setting: Setting, records: list[StepRecord], summar
             for j in range(k):
                 used = r.pm_used[j] if r.pm_used else math.nan
                 row += [f"{r.pm_reserved[j]:.3f}", "" if math.isnan(used) else f"{used:.3f}", f"{r.pm_sim[j]:.3f}",
-                        int(r.pm_hot[j]) if r.pm_hot else "", r.pm_points[j] if r.pm_points else 0]
+                        int(r.pm_hot[j]) if r.pm_points and r.pm_points[j] else "",  # no point: hotness unknown
+                        r.pm_points[j] if r.pm_points else 0]
             wr.writerow(row)
     summary_path = out / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=2, default=str))
