@@ -20,25 +20,27 @@ def standalone_app(title: str, name: str, policy_or_registry: Any,
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
-    from samm.plan.schemas import validation_detail
+    from samm.plan.schemas import add_problem_routes, document_errors, validation_detail
     from samm.plan.service import SESSION_PATTERN
 
     app = FastAPI(title=title)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
-        return JSONResponse(status_code=422, content={"detail": validation_detail(exc.errors())})
+        return JSONResponse(status_code=422, content={"detail": validation_detail(
+            exc.errors(), content_type=request.headers.get("content-type"))})
 
     @app.get("/healthz")
     async def healthz() -> dict:
-        return {"status": "ok", "agent": name}
+        return {"status": "ok", "agent": name, "sessions": sum(problem_session_counts(app).values())}
 
     @app.post(f"/v1/agents/{name}/sessions/{{session_id}}/reset", response_model=dict,
               summary=f"Start a session of {name} afresh")
     async def reset_session(session_id: str = Path(pattern=SESSION_PATTERN)) -> dict:
         return {"session_id": session_id, "existed": reset_problem_sessions(app, name, session_id)}
 
-    add_routes(app, name, policy_or_registry)
+    add_problem_routes(app, add_routes, name, policy_or_registry)
+    document_errors(app, body_limit=False)  # the problem routes' 422s are one line, as the service's
     return app
 
 
@@ -54,6 +56,18 @@ def problem_sessions(app: FastAPI, name: str):
         registered = app.state.problem_sessions = {}
     registered.setdefault(name, []).append(cache)
     return cache
+
+
+def problem_session_counts(app: FastAPI) -> dict[str, int]:
+    """Live sessions held by each agent's problem routes on `app` (those idle past the TTL dropped
+    first): each route's cache has its own cap, so /healthz counting only the decide routes' store
+    under-counted the memory held by a service whose callers use /allocate or /schedule."""
+    counts = {}
+    for name, caches in getattr(app.state, "problem_sessions", {}).items():
+        for cache in caches:
+            cache.expire()
+        counts[name] = sum(len(cache) for cache in caches)
+    return counts
 
 
 def reset_problem_sessions(app: FastAPI, name: str, session_id: str) -> bool:

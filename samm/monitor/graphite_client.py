@@ -19,7 +19,8 @@ from typing import Iterable, Sequence
 
 import graphyte
 import requests
-import urllib3
+
+from samm.httpio import fetch_bounded, one_line_page
 
 log = logging.getLogger(__name__)
 
@@ -117,41 +118,8 @@ class GraphiteSender:
         self.close()
 
 
-def _one_line(body: bytes, limit: int = 300) -> str:
-    """The start of an error page as one line: a proxy's HTML page spans many, and a reason
-    (the log, the knowledge store's record) must stay one line."""
-    return " ".join(body.decode("utf-8", "replace").split())[:limit]
-
-
 class GraphiteError(RuntimeError):
     """A Graphite HTTP call failed; the message names the URL and the status or error."""
-
-
-def _fetch_bounded(send, url: str, timeout_s: float, **kwargs) -> tuple[int, bytes, str]:
-    """(status, body, URL sent) of `send(url, ...)` (a requests verb): its headers within
-    `timeout_s` (requests' timeout), then its whole body within `timeout_s` more. requests'
-    timeout bounds each socket read only, so a server or proxy that trickles its answer a byte
-    at a time would hold the loop for hours. Raises `requests.RequestException`."""
-    with send(url, timeout=timeout_s, stream=True, **kwargs) as r:
-        # counted from the headers: a large answer that graphite-web took a while to compute
-        # still has its own `timeout_s` to arrive
-        deadline = time.monotonic() + timeout_s
-        # read1 returns what has arrived (urllib3 2); a sized read would wait for the whole size
-        read = getattr(r.raw, "read1", None) or r.raw.read
-        chunks, size = [], 0
-        while True:
-            try:
-                chunk = read(64 * 1024, decode_content=True)  # a proxy may gzip it
-            except (urllib3.exceptions.HTTPError, OSError) as exc:  # what requests' own reads wrap
-                raise requests.ConnectionError(f"reading the answer failed after {size} bytes: {exc}") from exc
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if time.monotonic() > deadline:
-                raise requests.Timeout(f"the answer's body did not arrive within {timeout_s:g} s of its headers "
-                                       f"({size} bytes so far, still arriving)")
-        return r.status_code, b"".join(chunks), r.url
 
 
 def post_event(render_url: str, what: str, tags: Sequence[str] | str, data: str = "",
@@ -163,13 +131,13 @@ def post_event(render_url: str, what: str, tags: Sequence[str] | str, data: str 
         body["when"] = float(when)
     url = render_url.rstrip("/") + "/events/"
     try:
-        status, answer, _ = _fetch_bounded(requests.post, url, timeout_s, data=json.dumps(body),
+        status, answer, _ = fetch_bounded(requests.post, url, timeout_s, data=json.dumps(body),
                                            headers={"Content-Type": "application/json"})
     except requests.RequestException as exc:
         log.warning("graphite: event %r not posted to %s: %s", what, url, exc)
         return False
     if status >= 300:
-        log.warning("graphite: event %r not posted to %s: HTTP %d %s", what, url, status, _one_line(answer, 200))
+        log.warning("graphite: event %r not posted to %s: HTTP %d %s", what, url, status, one_line_page(answer, 200))
         return False
     return True
 
@@ -216,7 +184,7 @@ class RenderClient:
         if method == "GET":
             where = sent_url
         if status != 200:
-            raise GraphiteError(f"{method} {where} answered HTTP {status}: {_one_line(body)}")
+            raise GraphiteError(f"{method} {where} answered HTTP {status}: {one_line_page(body)}")
         try:
             data = json.loads(body)
         except ValueError as exc:
@@ -240,8 +208,8 @@ class RenderClient:
 
     def _fetch(self, method: str, url: str, params: list[tuple[str, str]]) -> tuple[int, bytes, str]:
         if method == "GET":
-            return _fetch_bounded(self.session.get, url, self.timeout_s, params=params)
-        return _fetch_bounded(self.session.post, url, self.timeout_s, data=params)
+            return fetch_bounded(self.session.get, url, self.timeout_s, params=params)
+        return fetch_bounded(self.session.post, url, self.timeout_s, data=params)
 
     def close(self) -> None:
         self.session.close()

@@ -5,6 +5,7 @@ Service over HTTP. Either way a failure never stops the loop: the configured saf
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import re
@@ -16,6 +17,7 @@ import requests
 
 from agents.base import Agent
 from samm.config import url_without_password
+from samm.httpio import fetch_bounded, one_line_page
 from sim_bridge.actions import to_deltas
 
 log = logging.getLogger(__name__)
@@ -105,9 +107,12 @@ class HttpPlanner:
         if self.spec is not None:
             return
         try:
-            r = self.http.get(f"{self.url}/v1/agents", timeout=self.timeout_s)
-            r.raise_for_status()
-            listed = r.json()
+            status, body, _ = fetch_bounded(self.http.get, f"{self.url}/v1/agents", self.timeout_s)
+            if status != 200:  # named: "unreachable: HTTPError" hid a 503 or a proxy's 404
+                self.spec_error = f"service {self.shown_url}: agent list answered HTTP {status}: {one_line_page(body, 200)}"
+                log.warning("plan: cannot read agent list: %s", self.spec_error)
+                return
+            listed = json.loads(body)
             agents = listed.get("agents") if isinstance(listed, dict) else None
             if not isinstance(agents, list):
                 raise ValueError("the reply has no list 'agents'")
@@ -124,8 +129,8 @@ class HttpPlanner:
 
     def reset(self) -> None:
         try:
-            self.http.post(f"{self.url}/v1/agents/{self.agent_name}/sessions/{self.session_id}/reset",
-                           timeout=self.timeout_s)
+            fetch_bounded(self.http.post, f"{self.url}/v1/agents/{self.agent_name}/sessions/{self.session_id}/reset",
+                           self.timeout_s)
         except requests.RequestException as exc:
             log.warning("plan: session reset failed: %s", exc)
 
@@ -142,15 +147,19 @@ class HttpPlanner:
         body = {"session_id": self.session_id, "observation": dict(zip(names, map(float, x))),
                 "deterministic": self.deterministic}
         try:
-            r = self.http.post(f"{self.url}/v1/agents/{self.agent_name}/decide", json=body, timeout=self.timeout_s)
+            # bounded as a whole: requests' timeout bounds each read only, and a service (or a proxy)
+            # trickling its answer held the daemon's iteration for as long as it trickled
+            status, reply, _ = fetch_bounded(self.http.post, f"{self.url}/v1/agents/{self.agent_name}/decide",
+                                              self.timeout_s, json=body)
         except requests.RequestException as exc:
             return fallback(f"service {self.shown_url} unreachable: {type(exc).__name__}", started)
-        if r.status_code != 200:
-            if r.status_code in (404, 422):  # the service may host another policy under this name now
-                self.spec = None             # (a restart): read its features again on the next call
-            return fallback(f"service answered HTTP {r.status_code}: {r.text[:200]}", started)
+        if status != 200:
+            if status in (404, 422):  # the service may host another policy under this name now
+                self.spec = None      # (a restart): read its features again on the next call
+            # one line: a proxy's HTML error page spans many, and the reason is a record's field
+            return fallback(f"service answered HTTP {status}: {one_line_page(reply, 200)}", started)
         try:
-            d = r.json()
+            d = json.loads(reply)
             if not isinstance(d, dict):
                 raise ValueError(f"expected a JSON object, got {type(d).__name__}")
             action = _checked_action(d.get("action"), self.spec["action_mode"], len(self.spec["type_names"]))
@@ -159,8 +168,7 @@ class HttpPlanner:
             self.spec = None  # perhaps another action space now: read the agent list again next time
             return fallback(f"service reply not understood: {exc}", started)
         # what the decision record keeps: anything but the expected types is dropped, not stored
-        value = d.get("value")
-        value = float(value) if _is_number(value) and math.isfinite(value) else None
+        value = _finite(d.get("value"))
         probs = d.get("probabilities")
         version = d.get("policy_version")
         return PlanOutcome(deltas, action, str(d.get("action_name") or action),
@@ -188,6 +196,18 @@ def service_session_id(name: str) -> str:
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finite(v) -> float | None:
+    """A reply's number as a finite float, else None: math.isfinite raised OverflowError on an
+    integer past any float (JSON has no limit), out of the daemon's iteration."""
+    if not _is_number(v):
+        return None
+    try:
+        x = float(v)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
 
 
 def _autoscaling_spec(agent: dict) -> dict:

@@ -18,6 +18,7 @@ the element; the generated types carry the overall bounds for the schema.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -32,18 +33,99 @@ from agents.spaces import BoundedSet, NamedBox
 MAX_ERRORS_NAMED = 20
 
 
-def validation_detail(errors: list[dict], limit: int = MAX_ERRORS_NAMED) -> str:
+def validation_detail(errors: list[dict], limit: int = MAX_ERRORS_NAMED, content_type: str | None = None) -> str:
     """pydantic's errors as one line naming each field ("body.cores: Input should be ..."), at most
     `limit` of them plus how many more; never the input itself (a NaN could not be written back as
-    JSON). A body that is not JSON has an empty location: it is named "body"."""
+    JSON). A body that is not JSON has an empty location: it is named "body". With the request's
+    `content_type`, a body refused because it was not declared JSON says so."""
     parts = [f"{'.'.join(str(x) for x in e.get('loc', ())) or 'body'}: {e.get('msg')}" for e in errors[:limit]]
     if len(errors) > limit:
         parts.append(f"... and {len(errors) - limit} more error(s)")
+    if content_type and not _declares_json(content_type) and any(tuple(e.get("loc", ()))[:1] == ("body",)
+                                                                 for e in errors):
+        # FastAPI reads a body as JSON only when its Content-Type says so: `curl -d` sends a form
+        # type, and a valid request was refused as "Input should be a valid dictionary"
+        parts.insert(0, f"body: not read as JSON, its Content-Type is {content_type[:80]!r} (send application/json)")
     return "; ".join(parts) or "invalid request"
+
+
+def _declares_json(content_type: str) -> bool:
+    """As FastAPI decides to parse a body as JSON: application/json or application/*+json."""
+    kind = content_type.split(";")[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
+def first_names(names: list[str], limit: int = MAX_ERRORS_NAMED) -> str:
+    """At most `limit` of `names`, then how many more (as `validation_detail` names errors)."""
+    shown = repr(list(names[:limit]))
+    return shown if len(names) <= limit else f"{shown[:-1]}, ... and {len(names) - limit} more]"
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class Problem(BaseModel):
+    """Every error answer: one line naming the field or the cause."""
+    detail: str
+
+
+_PROBLEM_REF = "#/components/schemas/Problem"
+_FASTAPI_422_REF = "#/components/schemas/HTTPValidationError"
+
+
+def document_errors(app, body_limit: bool) -> None:
+    """Make `app`'s /openapi.json say what its errors are: FastAPI documents a route's 422 as its
+    own list of error objects, while the app's handler (and every route's own 422) answers one
+    line in `detail`, so a client generated from the schema failed on every 422 of the problem
+    routes; with `body_limit`, every operation with a body may also answer 413."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        done = app.openapi_schema is not None
+        schema = generate()
+        if not done:
+            _problem_errors(schema, body_limit)
+        return schema
+
+    app.openapi = openapi
+
+
+#: how every route deciding with a hosted policy answers when the policy fails
+AGENT_FAILED = {500: {"model": Problem, "description": "The agent failed: the detail names it and the error"}}
+
+
+def add_problem_routes(app, add_routes, name: str, source) -> None:
+    """`add_routes(app, name, source)` (a problem's extra routes), each documented as answering a
+    500 naming the agent when its policy fails, as they all do (only /schedule said so)."""
+    from fastapi.routing import APIRoute
+
+    before = len(app.router.routes)
+    add_routes(app, name, source)
+    for route in app.router.routes[before:]:
+        if isinstance(route, APIRoute):
+            for code, response in AGENT_FAILED.items():
+                route.responses.setdefault(code, response)
+
+
+def _problem_errors(schema: dict, body_limit: bool) -> None:
+    problem = {"application/json": {"schema": {"$ref": _PROBLEM_REF}}}
+    for operations in schema.get("paths", {}).values():
+        for op in operations.values():
+            responses = op.setdefault("responses", {})
+            r422 = responses.get("422", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            if r422.get("$ref") == _FASTAPI_422_REF:
+                responses["422"] = {"description": "Invalid request: the detail names the field", "content": problem}
+            for code, response in responses.items():   # a route's own error, documented without a body
+                if code[0] in "45" and "content" not in response:
+                    response["content"] = problem
+            if body_limit and "requestBody" in op and "413" not in responses:
+                responses["413"] = {"description": "Request body over the service's --max-body-mb", "content": problem}
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.setdefault("Problem", Problem.model_json_schema())
+    if _FASTAPI_422_REF not in json.dumps(schema["paths"]):  # no route answers FastAPI's own shape
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
 
 
 def _camel(name: str) -> str:

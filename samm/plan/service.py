@@ -20,12 +20,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.routing import Match
 
 from samm import __version__
 
 from . import dataplane
 from .registry import PolicyRegistry, PolicyRejected, _is_autoscaler
-from .schemas import decide_models, validation_detail
+from .schemas import (AGENT_FAILED, Problem, add_problem_routes, decide_models, document_errors, first_names,
+                      validation_detail)
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionStore
 
 log = logging.getLogger(__name__)
@@ -89,11 +91,11 @@ class Health(BaseModel):
     status: str
     version: str
     agents: int
-    sessions: int
-
-
-class Problem(BaseModel):
-    detail: str
+    sessions: int = Field(description="Live sessions held by every route: the decide routes' and each problem "
+                                      "route's (every store has its own --max-sessions cap).")
+    decide_sessions: int = Field(description="Of which the decide routes' (their one shared store).")
+    problem_sessions: dict[str, int] = Field(description="Of which each agent's problem routes' (/allocate, "
+                                                         "/schedule), by agent.")
 
 
 def create_app(registry: PolicyRegistry, token: str | None = None,
@@ -133,10 +135,7 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
             try:
                 await self.inner(scope, receive, send_wrapper)
             finally:
-                route = scope.get("route")
-                # a refused upload never reaches the router: name its endpoint from the path
-                endpoint = getattr(route, "path", None) or _policy_endpoint(scope["path"]) or "unmatched"
-                requests.labels(endpoint, str(status["code"])).inc()
+                requests.labels(_endpoint_of(app, scope), str(status["code"])).inc()
 
     class AuthenticateFirst:
         """Policy uploads and rollbacks check the bearer token before the body is read or
@@ -191,7 +190,8 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         # name the field: "body.observation.cpu_mean: Input should be a valid number"
-        return JSONResponse(status_code=422, content={"detail": validation_detail(exc.errors())})
+        return JSONResponse(status_code=422, content={"detail": validation_detail(
+            exc.errors(), content_type=request.headers.get("content-type"))})
 
     def agent_or_404(name: str):
         agent = registry.get(name)
@@ -213,7 +213,11 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
-        return Health(status="ok", version=__version__, agents=len(registry.names()), sessions=len(sessions))
+        from agents.problem_service import problem_session_counts
+
+        decide, problem = len(sessions), problem_session_counts(app)
+        return Health(status="ok", version=__version__, agents=len(registry.names()),
+                      sessions=decide + sum(problem.values()), decide_sessions=decide, problem_sessions=problem)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def prometheus() -> PlainTextResponse:
@@ -233,9 +237,9 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
     for hosted in registry.names():
         policy = registry.get(hosted)
         if not _is_autoscaler(policy):
-            _add_space_routes(app, hosted, registry, sessions, latency, errors)
+            _add_space_routes(app, hosted, registry, sessions, latency, errors | AGENT_FAILED)
 
-    @app.post("/v1/agents/{agent}/decide", response_model=DecideResponse, responses=errors,
+    @app.post("/v1/agents/{agent}/decide", response_model=DecideResponse, responses=errors | AGENT_FAILED,
               summary="Decide (autoscaling agents: named features)")
     async def decide(req: DecideRequest, agent: str = Path(pattern=AGENT_PATTERN)) -> Response:
         # async on purpose: a decision is ~1 ms of CPU; a threadpool hop would cost as much
@@ -246,8 +250,10 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
         missing = [f for f in a.feature_names if f not in obs]
         unknown = [f for f in obs if f not in a.feature_names]
         if missing or unknown:
+            # the first names only: 200,000 unknown ones were a 422 of 3.4 MB
             raise HTTPException(422, "observation: " + "; ".join(
-                ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else []))
+                ([f"missing {first_names(missing)}"] if missing else [])
+                + ([f"unknown {first_names(unknown)}"] if unknown else []))
                 + f" (expected exactly {list(a.feature_names)})")
         space = a.observation_space  # the bounds are the agent's, not the service's
         for i, name in enumerate(a.feature_names):
@@ -298,7 +304,7 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
         policy = registry.get(hosted)
         spec = get_problem(policy.problem)
         if spec.routes:
-            entry(spec, "routes")(app, hosted, registry)
+            add_problem_routes(app, entry(spec, "routes"), hosted, registry)
 
     @app.put("/v1/agents/{agent}/policy", response_model=PolicyVersion,
              responses={**errors, **{code: {"model": Problem} for code in (401, 403, 413, 503)}})
@@ -335,6 +341,7 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
                                      f"{registry.describe(agent)['policy_version']} kept") from None
         return _policy_version(agent, swapped)
 
+    document_errors(app, body_limit=True)
     return app
 
 
@@ -353,12 +360,21 @@ def _is_policy_path(path: str) -> bool:
     return len(parts) >= 4 and parts[:2] == ["v1", "agents"] and parts[3] == "policy"
 
 
-def _policy_endpoint(path: str) -> str | None:
-    """The route template of an upload or rollback path (for the request counter), else None."""
-    parts = path.strip("/").split("/")
-    if _is_policy_path(path) and parts[4:] in ([], ["rollback"]):
-        return "/v1/agents/{agent}/policy" + ("/rollback" if parts[4:] else "")
-    return None
+def _endpoint_of(app: FastAPI, scope) -> str:
+    """The route template a request was for (the request counter's label), also for one refused
+    before it reached the router: a refused upload (401, 403), and any body over the limit (413),
+    which was counted as "unmatched" whatever route it was sent to."""
+    route = scope.get("route")
+    if route is None:
+        route = next((r for r in app.router.routes if r.matches(scope)[0] == Match.FULL), None)
+    return getattr(route, "path", None) or "unmatched"
+
+
+def _space_route_errors(errors: dict) -> dict:
+    """What the route of one named agent answers: never a 404 (it exists while its agent is hosted),
+    a 501 for a policy that answers only its problem's own route."""
+    return {**{code: r for code, r in errors.items() if code != 404},
+            501: {"model": Problem, "description": "This agent decides only through its problem's own route"}}
 
 
 def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, sessions: SessionStore, latency,
@@ -402,6 +418,6 @@ def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, session
     # the module has postponed annotations: give FastAPI the generated classes themselves
     decide_any.__annotations__ = {"req": Request_, "return": Response_}
     app.add_api_route(f"/v1/agents/{name}/decide", decide_any, methods=["POST"], response_model=Response_,
-                      responses=errors, summary=f"Decide ({policy.problem}: {name})",
+                      responses=_space_route_errors(errors), summary=f"Decide ({policy.problem}: {name})",
                       description=f"One decision of the hosted `{name}` agent ({policy.problem}, {policy.kind}). "
                                   "The observation must be an element of the agent's observation space.")
