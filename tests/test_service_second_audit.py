@@ -246,3 +246,24 @@ def test_a_body_over_the_limit_is_counted_under_its_route(tmp_path):
     assert 'samm_service_requests_total{endpoint="/v1/agents/{agent}/decide",status="413"} 1.0' in text
     assert 'samm_service_requests_total{endpoint="/v1/agents/osdec/schedule",status="413"} 1.0' in text
     assert 'samm_service_requests_total{endpoint="unmatched",status="404"} 1.0' in text   # a path no route serves
+
+
+def test_a_service_that_is_down_costs_an_iteration_one_timeout_not_two():
+    """The loop reads the features, then decides: each read the agent list, so a service that
+    never answers held the iteration for two timeouts."""
+    import socket
+    import time as _time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts, never answers
+    try:
+        planner = HttpPlanner(f"http://127.0.0.1:{silent.getsockname()[1]}", "lstm-ppo", "s", timeout_s=0.5)
+        t0 = _time.monotonic()
+        assert planner.feature_names is None
+        out = planner.decide(np.zeros(7))
+        took = _time.monotonic() - t0
+        assert out.source == "fallback" and "unreachable" in out.reason
+        assert took < 0.9, took  # one 0.5-s timeout, not two
+    finally:
+        silent.close()

@@ -82,6 +82,10 @@ class InProcessPlanner:
             return fallback(f"agent {self.agent.kind} failed: {type(exc).__name__}: {exc}", started)
 
 
+#: how soon the agent list is read again after reading it failed
+SPEC_RETRY_S = 1.0
+
+
 class HttpPlanner:
     """Calls `POST /v1/agents/{agent}/decide` of a Policy Evaluation Service."""
 
@@ -97,6 +101,7 @@ class HttpPlanner:
         self.http = http or requests.Session()
         self.spec: dict | None = None
         self.spec_error: str | None = None  # why the agent list gave no usable spec
+        self._spec_failed_at = -float("inf")  # monotonic time the last reading of it failed
 
     @property
     def feature_names(self) -> tuple[str, ...] | None:
@@ -105,6 +110,10 @@ class HttpPlanner:
 
     def _load_spec(self) -> None:
         if self.spec is not None:
+            return
+        # an iteration reads the features, then decides: a service that is down cost it two
+        # timeouts, one per call; a failure just now is the answer for the second
+        if self.spec_error is not None and time.monotonic() - self._spec_failed_at < SPEC_RETRY_S:
             return
         try:
             status, body, _ = fetch_bounded(self.http.get, f"{self.url}/v1/agents", self.timeout_s)
@@ -126,6 +135,9 @@ class HttpPlanner:
         except ValueError as exc:  # not JSON, or not the service's schema
             self.spec_error = f"service {self.shown_url}: agent list not understood: {str(exc)[:200]}"
             log.warning("plan: cannot read agent list from %s: %s", self.shown_url, exc)
+        finally:
+            if self.spec is None:
+                self._spec_failed_at = time.monotonic()
 
     def reset(self) -> None:
         try:
