@@ -65,10 +65,11 @@ def composition_count(n_apps: int, slots: int) -> int:
     return math.comb(slots + n_apps, n_apps)
 
 
-def max_tabulated_slots(n_apps: int) -> int:
-    """The most slots per node whose compositions of `n_apps` apps can still be tabulated."""
+def max_tabulated_slots(n_apps: int, limit: int = MAX_TABULATED_COMPOSITIONS) -> int:
+    """The most slots per node whose compositions of `n_apps` apps can still be tabulated (at most
+    `limit` of them; the learned planners' own table takes fewer, `network.MAX_COMPOSITIONS`)."""
     slots = 1
-    while composition_count(n_apps, slots + 1) <= MAX_TABULATED_COMPOSITIONS:
+    while composition_count(n_apps, slots + 1) <= limit:
         slots += 1
     return slots
 

@@ -42,8 +42,32 @@ def _additions(change, n_apps: int) -> list[int] | None:
     return add
 
 
+def _snapshot(cluster: Cluster, constraints: Constraints, placement) -> np.ndarray:
+    """The cluster's containers per node and app as (nodes, apps) int64, or a one-line ValueError
+    naming what is wrong. Checked because the step trusts it: a NaN became int64's minimum and a
+    negative count freed slots, so a 3-slot node took 5 more containers; a snapshot of another
+    shape failed with an IndexError on the first wish for a node or app it lacks."""
+    try:
+        p = np.asarray(placement, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"placement: not an array of container counts: {placement!r}"[:200]) from None
+    want = (cluster.n_nodes, constraints.n_apps)
+    if p.shape != want:
+        raise ValueError(f"placement: shape {p.shape} is not the cluster's nodes x the rules' apps {want}")
+    bad = np.argwhere(~(np.isfinite(p) & (p >= 0) & (p <= 2**53) & (p == np.floor(p))))
+    if len(bad):
+        n, a = bad[0]
+        raise ValueError(f"placement[{n}, {a}]: {p[n, a]} is not a whole number of containers >= 0")
+    outside = [r for r in constraints.rules if not (0 <= r.a < want[1] and 0 <= r.b < want[1])]
+    if outside:
+        raise ValueError(f"constraints: rule {outside[0]} names an app outside 0..{want[1] - 1}")
+    return p.astype(np.int64)
+
+
 def fits_node(cluster: Cluster, constraints: Constraints, placement: np.ndarray) -> Step:
-    current = np.array(placement, dtype=np.int64, copy=True)  # admitted so far in this decision
+    """The step, over `placement` (the cluster's containers now); ValueError for a snapshot that
+    does not fit the cluster and rules (see `_snapshot`)."""
+    current = _snapshot(cluster, constraints, placement)  # admitted so far in this decision
     index = {n: i for i, n in enumerate(cluster.node_names)}
 
     def step(w: Wish, ctx: GuardContext) -> Wish | Skip:

@@ -3,6 +3,8 @@ bound to the cluster size the service answers for (`--agent-param lra-reinforce:
 network is shared over nodes, so any size works), and the predictor its `/plan` uses."""
 from __future__ import annotations
 
+import threading
+
 from agents.params import check_param_keys
 
 #: what `--agent-param lra-reinforce:KEY=VALUE` may set
@@ -33,11 +35,21 @@ def _node_count(nodes: int | str) -> int:
     return int(text)
 
 
+# /plan runs in the server's thread pool: without a lock, every request for a slot count not yet
+# loaded fit its own forest at once (4 requests: 4 fits, 4x the time and memory; 1.2 GB each at
+# 20 slots) and each got a different copy. One lock per slot count: other counts are not held up.
+_FOREST_LOCKS: dict[int, threading.Lock] = {}
+_FOREST_LOCKS_LOCK = threading.Lock()
+
+
 def predictor_for(policy, slots: int):
     """The policy's own predictor when it has one for this slot count, else the default forest
-    (fit once on Metis's measurements and cached)."""
+    (fit once on Metis's measurements and cached, also when requests ask for it together)."""
     if getattr(policy, "predictor", None) is not None and getattr(policy, "slots", None) == slots:
         return policy.predictor
     from .predictor import predictor_by_name
 
-    return predictor_by_name("forest", slots=slots)
+    with _FOREST_LOCKS_LOCK:
+        lock = _FOREST_LOCKS.setdefault(slots, threading.Lock())
+    with lock:
+        return predictor_by_name("forest", slots=slots)

@@ -359,14 +359,25 @@ class PositionalPredictor:
         return np.where(comps > 0, tp, 0.0)
 
 
+def cache_problem(cache_dir: Path, slots: int, exc: OSError) -> str:
+    """One line: the forest's table for `slots` was fit but cannot be cached in `cache_dir`."""
+    return (f"{cache_dir}: cannot cache the interference model for {slots} slots per node there "
+            f"({exc.strerror or exc}); point HOME at a writable folder")
+
+
 def resolve_predictor(predictor: Predictor | str | None, app_names: tuple[str, ...], slots: int,
                       warnings: list[str]) -> tuple[Predictor, str, dict[str, Optional[str]]]:
     """The predictor to plan with (adapted to the file's apps), its description, and the mapping
     file app -> predictor app (None for an app the predictor does not model)."""
     if predictor is None:
-        from agents.lra_placement.predictor import default_predictor  # fits or loads the forest: lazy
+        from agents.lra_placement.predictor import default_cache_dir, default_predictor  # fits the forest: lazy
 
-        inner = default_predictor(slots=slots)  # tabulates every composition a node of `slots` can hold
+        try:
+            inner = default_predictor(slots=slots)  # tabulates every composition a node of `slots` can hold
+        except FileNotFoundError:  # the Metis data: its own message says where to put it
+            raise
+        except OSError as exc:  # a HOME that is not a writable folder was a traceback
+            raise ValueError(cache_problem(default_cache_dir(), slots, exc)) from None
     elif isinstance(predictor, str):
         if predictor != "synthetic":
             raise ValueError(
@@ -395,24 +406,44 @@ _TABULATING_PLANNERS = ("lra-reinforce", "lra-reinforce-per-batch")
 
 def _check_tabulation(spec: "ClusterFile", predictor: Predictor | str | None, planner: str | Callable) -> None:
     """Refuse, before fitting or planning anything, a slot count whose compositions the forest
-    predictor or a learned planner would have to tabulate past `MAX_TABULATED_COMPOSITIONS`
-    (`slots: 64` would otherwise run out of memory)."""
+    predictor or a learned planner would have to tabulate past its limit (`slots: 64` would
+    otherwise run out of memory; a learned planner's own table stops at `network.MAX_COMPOSITIONS`,
+    and 18 slots failed only after the forest was fit, with an error naming no file or key)."""
     from agents.lra_placement.data import APP_NAMES
 
-    tabulated = []
+    tabulated = []  # (apps, most compositions)
     if predictor is None:
-        tabulated.append(len(APP_NAMES))  # the forest's apps, whatever the file's
+        tabulated.append((len(APP_NAMES), MAX_TABULATED_COMPOSITIONS))  # the forest's apps, whatever the file's
     if isinstance(planner, str) and planner in _TABULATING_PLANNERS:
-        tabulated.append(len(spec.apps))
+        from agents.lra_placement.network import MAX_COMPOSITIONS
+
+        tabulated.append((len(spec.apps), MAX_COMPOSITIONS))
     slots = spec.cluster.slots
-    for n_apps in tabulated:
+    for n_apps, limit in tabulated:
         n = composition_count(n_apps, slots)
-        if n > MAX_TABULATED_COMPOSITIONS:
+        if n > limit:
             raise ValueError(
                 f"{spec.path}: slots: {slots} slots per node make {n:,} compositions of {n_apps} apps to tabulate,"
-                f" more than {MAX_TABULATED_COMPOSITIONS:,}; use at most {max_tabulated_slots(n_apps)} slots"
+                f" more than {limit:,}; use at most {max_tabulated_slots(n_apps, limit)} slots"
                 " (or the synthetic predictor with a baseline planner)"
             )
+
+
+def _check_planner_apps(spec: "ClusterFile", plan_fn: Callable, planner_name: str) -> None:
+    """A learned policy places exactly its own apps: a cluster file with another number of apps
+    failed only after the forest was fit, with "the batch has 2 apps, the policy 7" (and
+    `lra-reinforce` is the CLI's default planner)."""
+    policy = getattr(plan_fn, "__self__", None)
+    if policy is None:
+        return
+    from agents.lra_placement.policy import PlacementPolicy
+
+    if isinstance(policy, PlacementPolicy) and policy.n_apps != len(spec.apps):
+        raise ValueError(
+            f"{spec.path}: apps: planner {planner_name} is a policy for exactly {policy.n_apps} apps, the file lists"
+            f" {len(spec.apps)}; list {policy.n_apps} apps (the batch may leave some at 0) or use a baseline planner"
+            " such as greedy-ls"
+        )
 
 
 def resolve_planner(planner: str | Callable) -> tuple[Callable, str]:
@@ -503,6 +534,7 @@ def run_place(
         raise ValueError(f"{constraints_path}: constraints file not found")
     rules = Constraints.from_csv(constraints_path, app_names) if constraints_path else Constraints.none(len(app_names))
     plan_fn, planner_name = resolve_planner(planner)
+    _check_planner_apps(spec, plan_fn, planner_name)  # before the forest is fit
     warnings: list[str] = []
     model, model_name, mapping = resolve_predictor(predictor, app_names, cluster.slots, warnings)
     for w in warnings:
@@ -514,6 +546,8 @@ def run_place(
         placement = np.asarray(plan_fn(cluster, batch, rules, model, rng), dtype=np.int64)
     except Infeasible as exc:
         raise ValueError(f"no placement of the batch satisfies the slots and rules: {exc}") from exc
+    except TimeoutError as exc:  # the exact optimum's time limit: was a traceback, not the CLI's error line
+        raise ValueError(f"planner {planner_name!r} gave up: {exc}; try greedy-ls") from None
     seconds = time.perf_counter() - start
     problems = check_plan(placement, batch, cluster, rules)
     if problems:  # a planner bug, not bad input

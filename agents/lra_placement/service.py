@@ -7,10 +7,11 @@
     -> {"placement": [{"node": "w1", "app": "Redis", "count": 2}, ...], "score": 0.93, ...}
 
 `planner` is `policy` (the hosted policy) or any planner of `baselines.PLANNERS` (the exact
-`optimum` included). Apps are the predictor's (`GET /v1/agents/{name}` lists them under
-`apps`); an unknown app, a batch larger than the cluster, or an impossible batch is a 4xx naming
-the field. The plan is checked (`check_plan`) before it is returned: never a full node or a
-broken rule.
+`optimum` included). Apps are the predictor's, by name (the 422 for an unknown app lists them;
+`GET /v1/agents/{name}` does not); an unknown app, a batch larger than the cluster, an impossible
+batch, more slots than the planner can tabulate (the policy: 17 for 7 apps) or a batch too large
+for the exact `optimum` is a 422 naming the field. The plan is checked (`check_plan`) before it is
+returned: never a full node or a broken rule.
 """
 from __future__ import annotations
 
@@ -96,26 +97,51 @@ def build_problem(req: PlanRequest, app_names: tuple[str, ...]) -> tuple[Cluster
     return cluster, Batch(counts), Constraints(len(app_names), tuple(rules))
 
 
-def check_slots(slots: int, n_apps: int) -> None:
+def check_slots(slots: int, n_apps: int, limit: int = MAX_TABULATED_COMPOSITIONS, who: str = "") -> None:
     """HTTPException(422) for a slot count whose compositions the predictor and the policy would
-    tabulate past `MAX_TABULATED_COMPOSITIONS` (64 slots: 1.3e9 rows, the service out of memory)."""
+    tabulate past `limit` (64 slots: 1.3e9 rows, the service out of memory); `who` names a
+    planner whose own limit is lower."""
     n = composition_count(n_apps, slots)
-    if n > MAX_TABULATED_COMPOSITIONS:
+    if n > limit:
         raise HTTPException(422, f"slots: {slots} slots per node make {n:,} compositions of {n_apps} apps, more than "
-                                 f"{MAX_TABULATED_COMPOSITIONS:,}; at most {max_tabulated_slots(n_apps)} slots")
+                                 f"{limit:,}{who}; at most {max_tabulated_slots(n_apps, limit)} slots")
+
+
+def check_optimum_size(cluster: Cluster, batch: Batch) -> None:
+    """HTTPException(422) for a batch whose exact optimum would need more node compositions than
+    its integer program takes (`OptimumParams.max_compositions`; 20 slots and 20 of each of 7 apps
+    make 888,030): the planner's ValueError reached the caller as a bare 500."""
+    from .optimum import OptimumParams, count_compositions
+
+    n, limit = count_compositions(cluster.slots, batch.counts), OptimumParams.max_compositions
+    if n > limit:
+        raise HTTPException(422, f"planner: optimum would solve over {n:,} node compositions of this batch on "
+                                 f"{cluster.slots} slots, more than its {limit:,}; use greedy-ls or policy, or "
+                                 "fewer slots")
 
 
 def add_routes(app: FastAPI, name: str, registry) -> None:
     def plan(req: PlanRequest) -> PlanResponse:
         policy = registry.get(name)
         check_slots(req.slots, len(policy.app_names))  # before the predictor tabulates them
+        if req.planner == "policy":  # its table is smaller: 18 slots passed, fit a forest, then a bare 500
+            from .network import MAX_COMPOSITIONS
+
+            check_slots(req.slots, len(policy.app_names), MAX_COMPOSITIONS, " (the policy's table)")
         try:
             predictor = predictor_for(policy, req.slots)
         except FileNotFoundError:  # the forest for another slot count needs the Metis data
             raise HTTPException(422, f"slots: this service has no interference model for {req.slots} slots per node "
                                      f"(the hosted policy's is for {getattr(policy, 'slots', None)}; other counts "
                                      "need the Metis data, which is not installed here)") from None
+        except OSError as exc:  # the table cache (a HOME that is not a writable folder): was a bare 500
+            from .place import cache_problem
+            from .predictor import default_cache_dir
+
+            raise HTTPException(500, cache_problem(default_cache_dir(), req.slots, exc)) from None
         cluster, batch, constraints = build_problem(req, tuple(predictor.app_names))
+        if req.planner == "optimum":
+            check_optimum_size(cluster, batch)
         rng = np.random.default_rng(req.seed)
         started = time.perf_counter()
         try:

@@ -12,9 +12,13 @@ Run: python -m agents.lra_placement.validation [--data PATH] [--out fig.png] [--
 from __future__ import annotations
 
 import argparse
+import pickle
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
+
+from agents.policy import one_line
 
 from .data import MetisData, load_metis
 from .predictor import ForestParams, ForestPredictor
@@ -120,7 +124,11 @@ def main(argv=None) -> None:
     parser.add_argument("--trees", type=int, default=ForestParams().n_estimators)
     parser.add_argument("--single-forest", action="store_true", help="one multi-output forest, not one per app")
     args = parser.parse_args(argv)
-    data = load_metis(args.data)
+    _check_args(parser, args)
+    try:
+        data = load_metis(args.data)
+    except (OSError, ValueError, KeyError, pickle.UnpicklingError) as exc:  # a missing or not-a-Metis file
+        parser.error(f"--data: {one_line(exc)}")
     params = replace(ForestParams(), n_estimators=args.trees, per_app=not args.single_forest)
     print(f"{data.source}: {data.n_rows} rows kept, {data.dropped_failed} failed-run rows and "
           f"{data.dropped_empty} empty rows dropped")
@@ -135,6 +143,20 @@ def main(argv=None) -> None:
     if args.out:
         plot_accuracy(rows, args.out)
         print(f"figure: {args.out}")
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Bad arguments as one-line usage errors before any work: each was a traceback, `--trees 0`
+    after the data loaded, `--per-app-ratio nan`, `--seed -1` or an `--out` in a missing folder after
+    the whole study ran."""
+    if args.trees < 1:
+        parser.error(f"--trees must be >= 1, got {args.trees}")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0 (numpy's seeds), got {args.seed}")
+    if not 0 <= args.per_app_ratio <= 1:  # NaN fails this too
+        parser.error(f"--per-app-ratio must be a training fraction between 0 and 1, got {args.per_app_ratio}")
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        parser.error(f"--out: folder {Path(args.out).resolve().parent} does not exist")
 
 
 if __name__ == "__main__":
