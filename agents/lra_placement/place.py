@@ -359,10 +359,10 @@ class PositionalPredictor:
         return np.where(comps > 0, tp, 0.0)
 
 
-def cache_problem(cache_dir: Path, slots: int, exc: OSError) -> str:
-    """One line: the forest's table for `slots` was fit but cannot be cached in `cache_dir`."""
-    return (f"{cache_dir}: cannot cache the interference model for {slots} slots per node there "
-            f"({exc.strerror or exc}); point HOME at a writable folder")
+def model_problem(slots: int, exc: OSError) -> str:
+    """One line: the interference model for `slots` could not be read (its data, say, unreadable);
+    an unwritable cache is no problem (`default_predictor` keeps the table in memory)."""
+    return f"cannot load the interference model for {slots} slots per node: {exc}"
 
 
 def resolve_predictor(predictor: Predictor | str | None, app_names: tuple[str, ...], slots: int,
@@ -370,14 +370,14 @@ def resolve_predictor(predictor: Predictor | str | None, app_names: tuple[str, .
     """The predictor to plan with (adapted to the file's apps), its description, and the mapping
     file app -> predictor app (None for an app the predictor does not model)."""
     if predictor is None:
-        from agents.lra_placement.predictor import default_cache_dir, default_predictor  # fits the forest: lazy
+        from agents.lra_placement.predictor import default_predictor  # fits the forest: lazy
 
         try:
             inner = default_predictor(slots=slots)  # tabulates every composition a node of `slots` can hold
         except FileNotFoundError:  # the Metis data: its own message says where to put it
             raise
-        except OSError as exc:  # a HOME that is not a writable folder was a traceback
-            raise ValueError(cache_problem(default_cache_dir(), slots, exc)) from None
+        except OSError as exc:  # was a traceback
+            raise ValueError(model_problem(slots, exc)) from None
     elif isinstance(predictor, str):
         if predictor != "synthetic":
             raise ValueError(

@@ -14,13 +14,17 @@ Two implementations of the `Predictor` protocol of `cluster.py`:
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class SyntheticInterference:
@@ -278,8 +282,16 @@ def default_predictor(cache_dir: str | Path | None = None, seed: int = 0, path: 
     data = load_metis(path)
     fitted = ForestPredictor(app_names=data.app_names, slots=slots, params=params).fit(data.alloc, data.rps, seed=seed)
     fitted.meta["source_sha256"] = file_sha256(path)
-    fitted.save(cached)
-    return ForestPredictor.load(cached)
+    try:
+        fitted.save(cached)
+        return ForestPredictor.load(cached)
+    except OSError as exc:
+        # a HOME that is not a writable folder (a hardened unit, HOME=/dev/null): the table is
+        # still served, fit again by the next process, rather than every /plan failing after a fit
+        log.warning("cannot cache the interference model in %s (%s): kept in memory only", cached.parent,
+                    exc.strerror or exc)
+        with tempfile.TemporaryDirectory() as tmp:  # the same table-only form as a warm cache's
+            return ForestPredictor.load(fitted.save(Path(tmp) / key))
 
 
 _FOREST_BY_SLOTS: dict[int, "ForestPredictor"] = {}

@@ -134,11 +134,10 @@ def add_routes(app: FastAPI, name: str, registry) -> None:
             raise HTTPException(422, f"slots: this service has no interference model for {req.slots} slots per node "
                                      f"(the hosted policy's is for {getattr(policy, 'slots', None)}; other counts "
                                      "need the Metis data, which is not installed here)") from None
-        except OSError as exc:  # the table cache (a HOME that is not a writable folder): was a bare 500
-            from .place import cache_problem
-            from .predictor import default_cache_dir
+        except OSError as exc:  # was a bare 500
+            from .place import model_problem
 
-            raise HTTPException(500, cache_problem(default_cache_dir(), req.slots, exc)) from None
+            raise HTTPException(500, model_problem(req.slots, exc)) from None
         cluster, batch, constraints = build_problem(req, tuple(predictor.app_names))
         if req.planner == "optimum":
             check_optimum_size(cluster, batch)
