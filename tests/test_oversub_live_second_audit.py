@@ -372,3 +372,26 @@ def test_cli_more_steps_than_the_workload_has_is_a_clear_error(tmp_path):
     assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
     assert "steps must be at most 48" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o" / "graphite").exists()
+
+
+def test_a_collector_whose_first_reading_fails_keeps_collecting(graphite, graphite_prefix):
+    """The very first reading raised outside the loop's guard: the thread died, no error counted,
+    and every PM read as unmeasured for the whole run."""
+    import time as _time
+
+    from samm.monitor.graphite_client import GraphiteSender
+    from samm.testbed.oversub.collector import PmCollector
+
+    calls = {"n": 0}
+
+    def read_ns():
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("cgroup not there yet")
+        return [calls["n"] * 10**8]
+
+    col = PmCollector(read_ns, GraphiteSender(graphite.carbon_host, graphite.carbon_port), "first",
+                      host_cores_per_pm_core=0.5, prefix=graphite_prefix).start()
+    _time.sleep(3.3)
+    col.stop()
+    assert col.errors == 1 and col.reports >= 1 and col._thread is not None and not col._thread.is_alive()

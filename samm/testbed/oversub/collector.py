@@ -70,7 +70,12 @@ class PmCollector:
         self.sender.flush()
 
     def _loop(self) -> None:
-        prev_ns, prev_t = self.read_ns(), self.clock()
+        try:
+            prev_ns, prev_t = self.read_ns(), self.clock()
+        except Exception as exc:  # noqa: BLE001 - raised here, it ended the thread without a count
+            self.errors += 1
+            log.warning("oversub collector: cannot read PM CPU: %s", exc)
+            prev_ns, prev_t = None, self.clock()
         prev_slot: int | None = None
         while not self._stop.is_set():
             now = self.clock()
@@ -82,6 +87,9 @@ class PmCollector:
             except Exception as exc:  # noqa: BLE001 - a missed point, not a dead collector
                 self.errors += 1
                 log.warning("oversub collector: cannot read PM CPU: %s", exc)
+                continue
+            if prev_ns is None:  # the first reading failed: this one is the baseline
+                prev_ns, prev_t = ns, t
                 continue
             span = t - prev_t
             if span <= 0:
