@@ -161,3 +161,17 @@ def test_a_connect_timeout_in_the_url_is_honoured():
         with pytest.raises(KnowledgeError, match="cannot open"):
             KnowledgeStore(f"postgresql://samm@127.0.0.1:{port}/samm?connect_timeout=2")
         assert time.monotonic() - started < 6
+
+
+def test_postgres_connections_find_a_dead_peer_within_about_a_minute(pg_url):
+    """libpq's keep-alives wait two hours by default: a server gone mid-query held the call."""
+    with KnowledgeStore(pg_url) as s, s.engine.connect() as conn:
+        params = conn.connection.dbapi_connection.info.get_parameters()
+    assert params["keepalives_idle"] == "30" and params["tcp_user_timeout"] == "60000"
+    assert params["connect_timeout"] == "10"
+
+
+def test_a_keepalive_setting_in_the_url_wins(pg_url):
+    with KnowledgeStore(pg_url + "&keepalives_idle=5") as s, s.engine.connect() as conn:
+        params = conn.connection.dbapi_connection.info.get_parameters()
+    assert params["keepalives_idle"] == "5" and params["keepalives_count"] == "3"

@@ -28,6 +28,13 @@ URL_EXAMPLES = "e.g. sqlite:///var/lib/samm/samm.db or postgresql+psycopg://samm
 _BEGIN_MODES = ("DEFERRED", "IMMEDIATE", "EXCLUSIVE")
 _DRIVERS = ("write sqlite:///PATH, or postgresql://... for psycopg 3, the driver SAMM installs "
             "(postgresql+psycopg://...)")
+#: libpq settings for a daemon's connections unless its URL sets them. A server that vanished
+#: mid-query (a partition, a host frozen) otherwise held a call until the kernel gave up on the
+#: socket: libpq's keep-alives wait two hours by default, and unacknowledged data ~15 minutes.
+#: With these a dead peer is found within about a minute and the call fails (the loop does nothing
+#: that iteration, as with any store error)
+PG_CONNECT_DEFAULTS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                       "keepalives_count": 3, "tcp_user_timeout": 60_000}
 _RAW_AT = "knowledge.url (scheme {scheme!r}): an '@' in the user name or password must be written %40"
 
 
@@ -107,8 +114,8 @@ def make_engine(url: str | URL, *, foreign_keys: bool = True, busy_timeout_s: fl
     if u.get_backend_name() != "sqlite":
         # pre-ping: a daemon outlives database restarts; connect_timeout: a dead host fails
         # one loop iteration, not the whole daemon. connect_args outrank the URL's query, so the
-        # default must not replace an operator's own ?connect_timeout=
-        defaults = {} if "connect_timeout" in u.query else {"connect_timeout": 10}
+        # defaults must not replace an operator's own ?connect_timeout= (or the others)
+        defaults = {k: v for k, v in PG_CONNECT_DEFAULTS.items() if k not in u.query}
         return _create_engine(u, pool_pre_ping=True, connect_args=defaults)
 
     path = sqlite_path(u)
