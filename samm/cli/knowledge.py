@@ -1,8 +1,12 @@
-"""`samm knowledge`: look after the daemon's Knowledge store (its size, its history)."""
+"""`samm knowledge`: look after the daemon's Knowledge store: what it decided lately and why, the
+cool-downs a restart honours, its size, and its history's retention."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import time
+from datetime import datetime, timezone
 
 import click
 
@@ -81,3 +85,64 @@ def knowledge_prune(config_path, url, older_than_days) -> None:
         except KnowledgeError as exc:
             _fail(str(exc), code=1)
     click.echo(json.dumps(deleted, sort_keys=True))
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@knowledge_group.command("decisions")
+@_source
+@click.option("--loop", default=None, help="Only this loop's decisions (default: every loop's).")
+@click.option("--since-minutes", type=float, default=60.0, show_default=True, help="How far back to look.")
+@click.option("--limit", type=int, default=50, show_default=True, help="The newest this many.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line: the decision and its actions.")
+def knowledge_decisions(config_path, url, loop, since_minutes, limit, as_json) -> None:
+    """What the daemon decided lately and what became of it, newest first: when, loop, the
+    agent's choice, its source (agent, fallback, none) and reason, and each action's target and
+    status (succeeded, blocked by the guard, failed, dry_run, still in flight)."""
+    from samm.cli.main import _fail
+
+    if not (math.isfinite(since_minutes) and since_minutes > 0):
+        _fail(f"--since-minutes must be a positive number, not {since_minutes}")
+    if not 1 <= limit <= 100_000:
+        _fail(f"--limit must be in [1, 100000], not {limit}")
+    _, store = _open(config_path, url)
+    with store:
+        decisions = store.decisions(since=time.time() - since_minutes * 60, limit=limit, loop=loop, newest_first=True)
+        rows = [(d, store.actions(d.id)) for d in decisions]
+    for d, actions in rows:
+        if as_json:
+            click.echo(json.dumps({**dataclasses.asdict(d), "actions": [dataclasses.asdict(a) for a in actions]},
+                                  sort_keys=True, default=str))
+            continue
+        done = "; ".join(f"{a.group_name} {a.status}" + (f" ({_short(a.error)})" if a.error else "") for a in actions)
+        why = f" [{_short(d.reason)}]" if d.reason else ""
+        click.echo(f"{_when(d.created_at)}  {d.loop}  {d.iteration_key}  {d.agent}: {d.action_name or d.action} "
+                   f"({d.source}){why}  -> {done or 'no action'}")
+    if not rows and not as_json:
+        click.echo(f"no decisions in the last {since_minutes:g} minutes" + (f" for loop {loop!r}" if loop else ""))
+
+
+@knowledge_group.command("cooldowns")
+@_source
+@click.option("--loop", default="default", show_default=True, help="The loop whose targets to show.")
+def knowledge_cooldowns(config_path, url, loop) -> None:
+    """Each target's cool-down as the daemon will honour it after a restart: until when, how long
+    is left, and the action that set it."""
+    _, store = _open(config_path, url)
+    with store:
+        states = store.group_states(loop=loop)
+    now = time.time()
+    for name, st in sorted(states.items()):
+        left = st.cooldown_until - now
+        click.echo(f"{name}  until {_when(st.cooldown_until) if math.isfinite(st.cooldown_until) else 'never'}  "
+                   + (f"{left:.0f} s left" if left > 0 else "over")
+                   + f"  last action {_when(st.last_action_at)} {st.last_action_key or ''}".rstrip())
+    if not states:
+        click.echo(f"no cool-downs recorded for loop {loop!r}")
+
+
+def _short(text: str, limit: int = 160) -> str:
+    one = " ".join(str(text).split())
+    return one if len(one) <= limit else one[:limit - 3] + "..."

@@ -753,9 +753,11 @@ class KnowledgeStore:
 
     @_guarded
     def decisions(self, since: float | None = None, limit: int | None = None,
-                  loop: str | None = None) -> list[DecisionRecord]:
-        """Decisions created at or after `since` (epoch seconds), of one loop or all, oldest first."""
-        q = select(Decision).order_by(Decision.created_at, Decision.id)
+                  loop: str | None = None, newest_first: bool = False) -> list[DecisionRecord]:
+        """Decisions created at or after `since` (epoch seconds), of one loop or all, oldest first
+        (`limit` keeps the oldest), or newest first (`limit` keeps the newest)."""
+        q = select(Decision).order_by(Decision.created_at.desc(), Decision.id.desc()) if newest_first \
+            else select(Decision).order_by(Decision.created_at, Decision.id)
         if loop is not None:
             q = q.where(Decision.loop == loop)
         if since is not None:

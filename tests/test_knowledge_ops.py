@@ -1,5 +1,6 @@
-"""History retention: `KnowledgeStore.prune`, `samm knowledge prune|stats` and the daemon's hourly
-prune. What a restart needs (cool-downs, leases, policy versions, open actions) is never deleted."""
+"""Operating the Knowledge store: history retention (`KnowledgeStore.prune`, `samm knowledge
+prune|stats`, the daemon's hourly prune: what a restart needs, cool-downs, leases, policy versions
+and open actions, is never deleted) and inspection (`samm knowledge decisions|cooldowns`)."""
 import json
 import time
 
@@ -154,3 +155,53 @@ def test_the_daemon_prunes_at_start_when_the_config_keeps_n_days(tmp_path):
     assert old is not None and recent is not None
     old, recent = run(7)
     assert old is None and recent is not None
+
+
+def test_cli_decisions_show_the_newest_with_what_became_of_them(tmp_path):
+    url = f"sqlite:///{tmp_path}/k.db"
+    now = time.time()
+    with KnowledgeStore(url) as s:
+        _iteration(s, now - 7200, "two-hours-ago")
+        _iteration(s, now - 120, "two-minutes-ago", status="blocked")
+        _iteration(s, now - 60, "a-minute-ago")
+        dec, _ = s.record_decision("fallback", agent="a", action=None, source="fallback",
+                                   reason="service http://x unreachable:\nTimeout", now=now - 30)
+    run = CliRunner().invoke
+    res = run(cli, ["knowledge", "decisions", "--url", url, "--limit", "2"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert len(lines) == 2 and " fallback " in lines[0] and "[service http://x unreachable: Timeout]" in lines[0]
+    assert "no action" in lines[0] and " a-minute-ago " in lines[1] and "S succeeded" in lines[1]
+    res = run(cli, ["knowledge", "decisions", "--url", url, "--json"])  # the last hour: three
+    rows = [json.loads(line) for line in res.output.splitlines()]
+    assert [r["iteration_key"] for r in rows] == ["fallback", "a-minute-ago", "two-minutes-ago"]
+    assert rows[2]["actions"][0]["status"] == "blocked"
+    res = run(cli, ["knowledge", "decisions", "--url", url, "--loop", "other"])
+    assert res.exit_code == 0 and "no decisions in the last 60 minutes for loop 'other'" in res.output
+
+
+@pytest.mark.parametrize("args", [["--since-minutes", "0"], ["--since-minutes", "nan"], ["--limit", "0"]])
+def test_cli_decisions_refuse_bad_windows(tmp_path, args):
+    url = f"sqlite:///{tmp_path}/k.db"
+    KnowledgeStore(url).close()
+    res = CliRunner().invoke(cli, ["knowledge", "decisions", "--url", url, *args])
+    assert res.exit_code == 2 and "must be" in res.output
+
+
+def test_cli_cooldowns_show_what_a_restart_honours(tmp_path):
+    url = f"sqlite:///{tmp_path}/k.db"
+    now = time.time()
+    with KnowledgeStore(url) as s:
+        _iteration(s, now - 10, "acted", cooldown_until=now + 290)
+    res = CliRunner().invoke(cli, ["knowledge", "cooldowns", "--url", url])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("S  until ") and " s left" in res.output and "acted:S" in res.output
+    left = int(res.output.split(" s left")[0].split()[-1])
+    assert 280 <= left <= 290
+    res = CliRunner().invoke(cli, ["knowledge", "cooldowns", "--url", url, "--loop", "none"])
+    assert "no cool-downs recorded for loop 'none'" in res.output
+
+
+def test_cli_needs_exactly_one_source(tmp_path):
+    res = CliRunner().invoke(cli, ["knowledge", "stats"])
+    assert res.exit_code == 2 and "exactly one of --config and --url" in res.output
