@@ -267,3 +267,24 @@ def test_a_service_that_is_down_costs_an_iteration_one_timeout_not_two():
         assert took < 0.9, took  # one 0.5-s timeout, not two
     finally:
         silent.close()
+
+
+def test_a_redirected_decide_names_the_redirect():
+    """A proxy's 301 turns the POST into a GET of another URL: the reason said only "HTTP 404" (or
+    405), which sent operators to look at the service."""
+    from fastapi.responses import RedirectResponse
+
+    app = FastAPI()
+
+    @app.get("/v1/agents")
+    def agents():
+        return {"agents": [AGENT]}
+
+    @app.post("/v1/agents/{name}/decide")
+    def decide(name: str):
+        return RedirectResponse("/elsewhere/decide", status_code=301)
+
+    with AppInThread(app) as srv:
+        out = HttpPlanner(srv.url, "a", session_id="s", timeout_s=5).decide(np.zeros(2))
+    assert out.source == "fallback", out
+    assert out.reason.startswith(f"service answered HTTP 404 (redirected to {srv.url}/elsewhere/decide): "), out.reason

@@ -161,15 +161,17 @@ class HttpPlanner:
         try:
             # bounded as a whole: requests' timeout bounds each read only, and a service (or a proxy)
             # trickling its answer held the daemon's iteration for as long as it trickled
-            status, reply, _ = fetch_bounded(self.http.post, f"{self.url}/v1/agents/{self.agent_name}/decide",
-                                              self.timeout_s, json=body)
+            asked = f"{self.url}/v1/agents/{self.agent_name}/decide"
+            status, reply, answered = fetch_bounded(self.http.post, asked, self.timeout_s, json=body)
         except requests.RequestException as exc:
             return fallback(f"service {self.shown_url} unreachable: {type(exc).__name__}", started)
         if status != 200:
             if status in (404, 422):  # the service may host another policy under this name now
                 self.spec = None      # (a restart): read its features again on the next call
+            # a proxy's 301/302 turns the POST into a GET: "HTTP 405" alone sent operators to the service
+            moved = f" (redirected to {url_without_password(answered)})" if answered != asked else ""
             # one line: a proxy's HTML error page spans many, and the reason is a record's field
-            return fallback(f"service answered HTTP {status}: {one_line_page(reply, 200)}", started)
+            return fallback(f"service answered HTTP {status}{moved}: {one_line_page(reply, 200)}", started)
         try:
             d = json.loads(reply)
             if not isinstance(d, dict):
