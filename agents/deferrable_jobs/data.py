@@ -83,6 +83,8 @@ CAPACITY_SOURCES = {
     "alibaba2018": ("alibaba2018/machine_usage_days_1_to_8_grouped_300_seconds.csv", "cpu_util_percent"),
 }
 BATCH_TASK_FILE = "alibaba-2017-batch-task/batch_task.csv.gz"
+#: a series' time column, where it has one (azure_v2; the other two are in time order without one)
+TIME_COLUMN = "timestamp"
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,15 @@ def _cpu_readings(source: str) -> np.ndarray:
         if header is None or column not in header:
             raise ValueError(f"{path}: header must name a {column!r} column, got {header}")
         col = header.index(column)
-        values = np.array([_number(row, col, path, reader.line_num) for row in reader if row], dtype=np.float64)
+        when = header.index(TIME_COLUMN) if TIME_COLUMN in header else None
+        values, last = [], None
+        for row in reader:
+            if not row:
+                continue
+            if when is not None:
+                last = _later(_number(row, when, path, reader.line_num), last, path, reader.line_num)
+            values.append(_reading(row, col, path, reader.line_num))
+        values = np.array(values, dtype=np.float64)
     if len(values) < 2 or not np.isfinite(values).all() or values.max() <= values.min():
         raise ValueError(f"{name}: column {column} must be finite and not constant")
     values.setflags(write=False)
@@ -146,6 +156,27 @@ def _number(row: list, col: int, path: Path, line: int) -> float:
         return float(row[col])
     except ValueError:
         raise ValueError(f"{path}:{line}: field {col + 1} is not a number: {row[col]!r}") from None
+
+
+def _reading(row: list, col: int, path: Path, line: int) -> float:
+    """A CPU reading, finite and not negative: a negative one (a -1 for "no data") became the
+    min-max scale's minimum and squeezed every other slot's capacity in silence, and a NaN was
+    refused without the line that held it."""
+    value = _number(row, col, path, line)
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{path}:{line}: a CPU reading must be a finite number >= 0, got {row[col]!r}")
+    return value
+
+
+def _later(time: float, previous: float | None, path: Path, line: int) -> float:
+    """A reading's time, refused unless after the previous one: the series is read in file order,
+    so an unsorted or repeated timestamp silently scrambled the capacity days and the split."""
+    if not np.isfinite(time):
+        raise ValueError(f"{path}:{line}: {TIME_COLUMN} must be a finite number, got {time}")
+    if previous is not None and time <= previous:
+        raise ValueError(f"{path}:{line}: {TIME_COLUMN} {time:g} is not after the previous reading's "
+                         f"{previous:g}: the readings must be in time order")
+    return time
 
 
 def _task(row: list, path: Path, line: int) -> tuple[float, float, float]:

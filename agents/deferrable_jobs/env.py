@@ -70,7 +70,13 @@ class DeferrableJobsEnv(gym.Env):
             raise RuntimeError("call reset() first")
         if self.sim.done:
             raise RuntimeError("the episode is over: call reset() first")
-        scores = np.asarray(action, dtype=np.float64).reshape(-1)[: len(self._eligible)]
+        scores = np.asarray(action, dtype=np.float64).reshape(-1)
+        if scores.size < self.action_space.shape[0]:
+            # refused in every slot: it failed only in a slot with more eligible jobs than scores,
+            # mid-episode and naming neither the action nor its size
+            raise ValueError(f"action must hold {self.action_space.shape[0]} scores (one per eligible token "
+                             f"shown), got {scores.size}")
+        scores = scores[: len(self._eligible)]
         view_free = self.sim.view().free
         rows = self._eligible[select_by_scores(scores, self.sim.ep.cores[self._eligible], view_free, self.mapping)]
         res = self.sim.step(rows)

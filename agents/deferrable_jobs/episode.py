@@ -8,6 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
+ROW_FIELDS = ("cores", "duration", "earliest", "latest", "submit")
+
+
 def _whole_numbers(name: str, values) -> np.ndarray:
     """`values` as a 1-D int64 array. A NaN passed every range check below (comparisons with NaN
     are false) and a fractional duration crashed the simulator mid-episode, so both are refused."""
@@ -68,6 +71,11 @@ class Episode:
     @classmethod
     def from_rows(cls, rows, capacity) -> "Episode":
         """rows of (cores, duration, earliest, latest, submit), in any order."""
+        rows = list(rows)
+        bad = next((r for r in rows if np.ndim(r) != 1 or len(r) != len(ROW_FIELDS)), None)
+        if bad is not None:
+            # six-field rows were reshaped into other jobs in silence, four-field ones an IndexError
+            raise ValueError(f"episode: each row needs the {len(ROW_FIELDS)} fields {ROW_FIELDS}, got {bad!r}")
         # float, not int64: a NaN or fractional field is then named by the checks instead of
         # failing the cast or being truncated silently
         a = np.asarray(sorted(rows, key=lambda r: (r[4], r[2])), dtype=np.float64).reshape(-1, 5)

@@ -95,9 +95,26 @@ class SummaryHistory:
 
     def __init__(self, size: int = HISTORY):
         self.buf = np.zeros((size, len(SUMMARY_FEATURES)), dtype=np.float32)
+        self.slot: int | None = None     # the slot the last push was for, where the caller said (`seek`)
+        self._before = self.buf.copy()   # the window before that push
 
     def reset(self) -> None:
         self.buf[:] = 0.0
+        self.slot = None
+
+    def seek(self, slot: int) -> None:
+        """Make the next push the summary of `slot`. The same slot again (a caller's retry, or two
+        processes deciding one slot through one session) replaces the summary pushed for it: it
+        took a second place in the window, shifting the auxiliary inputs off the ones trained on,
+        and the retry got another answer. An earlier slot starts the window afresh, as the
+        simulator does at a new episode: a session reused for another run carried the last run's
+        slots into its first ones."""
+        if self.slot is not None and slot == self.slot:
+            self.buf[:] = self._before
+        elif self.slot is not None and slot < self.slot:
+            self.buf[:] = 0.0
+        self._before = self.buf.copy()
+        self.slot = slot
 
     def push(self, summary: np.ndarray) -> np.ndarray:
         self.buf[:-1] = self.buf[1:]

@@ -162,6 +162,7 @@ def schedule(policy, req: ScheduleRequest, history: SummaryHistory) -> tuple[lis
     """(ids to start, scores by id, free cores) for one request: the one path the REST route and
     the in-process live loop share."""
     view, ids = build_view(req, policy.setting.slots)
+    history.seek(req.slot)
     shown, scores = (policy.scores(view, history) if hasattr(policy, "scores")
                      else (np.zeros(0, np.int64), np.zeros(0)))
     if hasattr(policy, "scores"):

@@ -77,6 +77,10 @@ class Setting:
         if self.ondemand_high > 1:
             raise ValueError(f"setting {self.name!r}: ondemand_high is a share of the fleet (<= 1), got "
                              f"{self.ondemand_high!r}")
+        if self.ondemand_low > self.ondemand_high:
+            # the capacity series was mapped upside down: the busiest hours had the most capacity
+            raise ValueError(f"setting {self.name!r}: ondemand_low {self.ondemand_low!r} is above ondemand_high "
+                             f"{self.ondemand_high!r}")
         for name in ("core_probs", "duration_probs"):
             probs = getattr(self, name)
             if probs is not None and (any(not math.isfinite(p) or p < 0 for p in probs) or sum(probs) <= 0):
