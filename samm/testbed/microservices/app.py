@@ -22,7 +22,8 @@ service checks that the node calls it, then:
   3. makes the node's calls: stages one after another, the nodes of a stage in parallel, a node
      with `p` < 1 called only with probability p (the caller draws the cache miss);
   4. answers 200 with a JSON trace of the services visited (502 when a downstream call failed,
-     503 when it could not get a worker slot within the timeout).
+     503 when it could not get a worker slot within the timeout, 500 when its own work raised,
+     e.g. the db's "database is locked").
 
 Kinds: `cache` keeps a dict of recently read keys; `db` serves reads from a real SQLite file
 (in the container's writable layer: real file IO) and writes one row in 10 % of the calls.
@@ -239,7 +240,12 @@ def make_handler(svc: Service):
             if self.path == "/health":
                 code, body = 200, {"service": svc.name, "kind": svc.kind}
             elif len(parts) == 4 and parts[1] == "r":
-                code, body = svc.handle(parts[2], parts[3])
+                try:
+                    code, body = svc.handle(parts[2], parts[3])
+                except Exception as exc:  # noqa: BLE001 - e.g. the db's "database is locked"
+                    # an answer, not a dropped connection: the caller would take that for a stale
+                    # keep-alive and send the whole call again, and the failure went uncounted
+                    code, body = 500, {"error": f"{svc.name}: {type(exc).__name__}: {exc}"[:300]}
             else:
                 code, body = 404, {"error": f"unknown path {self.path}"}
             data = json.dumps(body).encode()

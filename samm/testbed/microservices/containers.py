@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[3]
 APP = Path(__file__).resolve().with_name("app.py")
 LABEL_TESTBED = "samm.testbed"
+LABEL_BASE_PORT = "samm.base_port"   # whose port block the containers belong to (a live owner holds it)
 MEM_LIMIT = "256m"
 
 
@@ -149,9 +150,38 @@ class PortBlock:
         for fd in fds:
             os.close(fd)
 
+    @staticmethod
+    def held(base: int, n: int) -> bool:
+        """Whether a live process holds any port of base .. base+n-1 (its lock, not its socket:
+        the services of a run whose process died still listen)."""
+        for port in range(base, base + n):
+            try:
+                fd = os.open(PORT_LOCK_DIR / f"{port}.lock", os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            finally:
+                os.close(fd)
+        return False
+
+    @staticmethod
+    def range_problem(base: int, n: int) -> str | None:
+        """Why base .. base+n-1 are not all port numbers, or None (a block past 65535 made
+        `bind` raise OverflowError, after the engine had started)."""
+        if base < 1 or base + n - 1 > 65535:
+            return f"ports {base}..{base + n - 1} for {n} services are not all in 1..65535 (choose a lower base port)"
+        return None
+
     @classmethod
     def try_hold(cls, base: int, n: int) -> "PortBlock | None":
-        """The block, if no other holder has any of its ports and each is free; else None."""
+        """The block, if no other holder has any of its ports and each is free; else None.
+        ValueError when the block is not all port numbers."""
+        problem = cls.range_problem(base, n)
+        if problem:
+            raise ValueError(problem)
         fds: list[int] = []
         block = cls(base, n, fds)
         try:
@@ -253,6 +283,10 @@ class AppContainers:
         self.conf_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state_dir, 0o777)
+        owner = self._live_owner()
+        if owner is not None:
+            raise RuntimeError(f"namespace {self.namespace!r} is in use by a live testbed on ports {owner}.."
+                               f"{owner + len(self.services) - 1} (choose another run name / namespace)")
         (self.conf_dir / "topology.json").write_text(json.dumps(self.topology.model_dump(mode="json"), indent=1))
         self.remove()  # leftovers of an earlier run with the same namespace
         self.seed = seed
@@ -265,11 +299,23 @@ class AppContainers:
                 if res.status != "succeeded" or "cpu_burst_error" in res.detail:
                     raise RuntimeError(f"service {s}: the CPU burst was not set: {res.error or res.detail.get('cpu_burst_error')}")
 
+    def _live_owner(self) -> int | None:
+        """The base port of another live testbed whose running containers carry this namespace
+        (removing them as leftovers would pull its services from under its run), else None."""
+        for c in self.client.containers.list(filters={"label": f"{LABEL_NAMESPACE}={self.namespace}"}):
+            base = str(c.labels.get(LABEL_BASE_PORT, ""))
+            if base.isdigit() and int(base) != self.base_port and PortBlock.held(int(base), len(self.services)):
+                return int(base)
+        return None
+
     def _run(self, s: str, cores: float) -> None:
         i = self.services.index(s)
-        # a host directory may appear twice (the path the loader asks for and its real path)
-        binds = [f"{h}:{c}:ro" for c, h in self.python.binds.items()]
-        binds += [f"{REPO_ROOT}:{REPO_ROOT}:ro", f"{self.conf_dir}:/conf:ro", f"{self.state_dir}:/state:rw"]
+        # a host directory may appear twice (the path the loader asks for and its real path);
+        # mounts, not "host:container:mode" binds: a ':' in the run's path (a time in --out) split those
+        binds = [(h, c, True) for c, h in self.python.binds.items()]
+        binds += [(str(REPO_ROOT), str(REPO_ROOT), True), (str(self.conf_dir), "/conf", True),
+                  (str(self.state_dir), "/state", False)]
+        mounts = [docker.types.Mount(target=c, source=h, type="bind", read_only=ro) for h, c, ro in binds]
         cmd = [self.python.executable, "-I", "-u", str(APP), "--service", s, "--topology", "/conf/topology.json",
                "--base-port", str(self.base_port), "--state-dir", "/state"]
         if self.seed is not None:
@@ -277,8 +323,8 @@ class AppContainers:
         self.client.containers.run(
             self.image, cmd, name=self.names[s], detach=True, init=True, network_mode="host",
             labels={LABEL_NAMESPACE: self.namespace, LABEL_GROUP: s, LABEL_TESTBED: "microservices",
-                    "samm.app": self.topology.name},
-            volumes=binds, environment={"LD_LIBRARY_PATH": self.python.library_path, "PYTHONHASHSEED": "0"},
+                    "samm.app": self.topology.name, LABEL_BASE_PORT: str(self.base_port)},
+            mounts=mounts, environment={"LD_LIBRARY_PATH": self.python.library_path, "PYTHONHASHSEED": "0"},
             cpu_period=CPU_PERIOD_US, cpu_quota=cpu_quota_for(cores), mem_limit=MEM_LIMIT)
         self.last_limit[s] = cores
 

@@ -42,8 +42,8 @@ def _number(x) -> bool:
 
 def record_problem(rec) -> str | None:
     """Why `rec` (a parsed line) is not a load record of locustfile.py's format, or None: a JSON
-    object with a whole `second`, a `t_end` (epoch s, not far in the future), numeric
-    `requests_per_s` / `failures_per_s` and `latency_ms` null or the PERCENTILES as numbers."""
+    object with a whole `second`, its `t_end` = second + 1 (epoch s, not far in the future), numeric
+    `requests_per_s` / `failures_per_s` and `latency_ms` null or the PERCENTILES as numbers >= 0."""
     if not isinstance(rec, dict):
         return f"not a JSON object but {type(rec).__name__}"
     if not _number(rec.get("second")) or rec["second"] != int(rec["second"]):
@@ -52,14 +52,17 @@ def record_problem(rec) -> str | None:
         return f"t_end {rec.get('t_end')!r} is not a number"
     if rec["t_end"] > time.time() + MAX_AHEAD_S:
         return f"t_end {rec['t_end']!r} is more than {MAX_AHEAD_S:g} s in the future"
+    # `second` orders the records (`latest` takes the largest): one not ending at its t_end would
+    # stay "the newest second" past every real line, and the load would look stale for good
+    if abs(rec["t_end"] - rec["second"] - 1) > 1e-6:
+        return f"t_end {rec['t_end']!r} is not second {rec['second']!r} + 1"
     for k in ("requests_per_s", "failures_per_s"):
         if not _number(rec.get(k)) or rec[k] < 0:
             return f"{k} {rec.get(k)!r} is not a number >= 0"
     lat = rec.get("latency_ms")
     if lat is not None and lat != [] and (not isinstance(lat, list) or len(lat) != len(PERCENTILES)
-                                          or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                     for x in lat)):
-        return f"latency_ms is not null nor {len(PERCENTILES)} numbers"
+                                          or not all(_number(x) and x >= 0 for x in lat)):
+        return f"latency_ms is not null nor {len(PERCENTILES)} numbers >= 0"
     return None
 
 

@@ -29,9 +29,10 @@ included); a stopped container (killed, or the engine down) has no cgroup, so it
 that second; on cgroup v1 buffered writes are charged to the root cgroup at writeback, so io_* of
 the db service mostly shows its reads and fsyncs (often 0 with a warm page cache).
 
-Counters that restart (a container restarted) count from zero: the delta of that second is the
-new counter's value. When the engine cannot be read, cpu_limit keeps the last value read and the
-error is listed in `extra["engine_errors"]`.
+Counters that restart (a container restarted: another id or start time in the engine, or a
+counter smaller than before) count from zero: the delta of that second is the new counter's
+value. When the engine cannot be read, cpu_limit keeps the last value read and the error is
+listed in `extra["engine_errors"]`.
 
 Application level: the newest second of the load generator. When its newest line ended more than
 `stale_s` (2 s) ago, the load data is stale: every latency percentile, requests/s and failures/s
@@ -189,6 +190,7 @@ class Measurer:
         self._paths: dict[str, tuple[str, dict]] = {}    # service -> (container id, cgroup paths)
         self._prev: dict[str, dict] = {}
         self._prev_t: float | None = None
+        self._started: dict[str, tuple] = {}              # service -> (container id, StartedAt) last seen running
         self._limit = {s: float(topology.services[s].cap) for s in self.services}
 
     def _inspect(self, s: str) -> dict:
@@ -230,6 +232,10 @@ class Measurer:
                     cur = None
             net = self._net(s)
             prev = self._prev.get(s, {})
+            if info is not None and running[s] and self._restarted(s, info):
+                # a new cgroup: its counters start at zero, whatever the old container had reached
+                # (comparing sizes alone took a young service's restart for a tiny delta)
+                prev = dict(prev) | {k: 0 for k in _CG if k in prev}
             row = rows[i]
             row[FIELD["cpu_limit"]] = self._limit[s]
             if cur is not None:
@@ -282,6 +288,13 @@ class Measurer:
                  "users": None if rec is None else rec.get("users")}
         return StepMeasurement(services=self.services, per_service=rows, latency_ms=lat, requests_per_s=rps,
                                failures_per_s=fps, qos_ms=float(self.topology.qos_ms), t=t, extra=extra)
+
+    def _restarted(self, s: str, info: dict) -> bool:
+        """Whether the running container of `s` is another one, or started again, since the last
+        measurement that saw it running (updates the memory)."""
+        ident = (info.get("Id"), (info.get("State") or {}).get("StartedAt"))
+        old, self._started[s] = self._started.get(s), ident
+        return old is not None and old != ident
 
     def _net(self, s: str) -> dict | None:
         """The service's own counters, or None (zeros this second, the previous counters kept) when

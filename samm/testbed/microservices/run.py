@@ -160,6 +160,21 @@ def check_options(o: MicroservicesRunOptions) -> None:
         burst_us(100_000, o.cpu_burst)   # ValueError naming it
 
 
+def _refuse_a_used_loop(store, loop_name: str) -> None:
+    """A loop that already has decisions (a second run with the same --run-name and --out or
+    Knowledge URL) would replay them: each step k re-applies run one's step k and never asks the
+    controller. Refused (the store closed) before anything starts."""
+    try:
+        used = bool(store.decisions(loop=loop_name, limit=1))
+    except BaseException:
+        store.close()
+        raise
+    if used:
+        store.close()
+        raise ValueError(f"loop {loop_name} already has decisions in {store.url}: a run there would replay them "
+                         "instead of asking the controller (choose another --run-name, --out or --knowledge-url)")
+
+
 def _default_fault_at(o: MicroservicesRunOptions) -> int:
     return int(round(o.fault_at if o.fault_at is not None else o.seconds / 2))
 
@@ -167,11 +182,12 @@ def _default_fault_at(o: MicroservicesRunOptions) -> int:
 def run_microservices(o: MicroservicesRunOptions, controller=None) -> MicroservicesRunResult:
     """One run. `controller`: a Controller object to use instead of making `o.agent`."""
     import docker
+    from sqlalchemy.engine import URL
 
     from samm.execute.local_dockerd import ensure_busybox_image
     from samm.knowledge.store import KnowledgeStore
 
-    from .containers import AppContainers, PrivateDockerd
+    from .containers import AppContainers, PortBlock, PrivateDockerd
     from .load import LoadGenerator
     from .measure import Measurer
 
@@ -184,6 +200,8 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
     victim = o.fault_service or ("rate" if "rate" in topo.services else topo.service_names[min(1, topo.n_services - 1)])
     if victim not in topo.services:
         raise ValueError(f"--fault-service {victim!r} is not a service of {topo.name}")
+    if o.base_port is not None and (problem := PortBlock.range_problem(o.base_port, topo.n_services)):
+        raise ValueError(f"base_port: {problem}")   # before the engine starts
     if controller is None:
         controller = make_controller(o.agent, topo, **o.agent_params)  # first: a bad agent fails early
     controller.reset(limits)
@@ -192,8 +210,11 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
     out.mkdir(parents=True, exist_ok=True)
     run = o.run_name or uuid.uuid4().hex[:8]
     loop_name = f"microservices-{run}"
-    knowledge_url = o.knowledge_url or f"sqlite:///{out / 'knowledge.db'}"
+    # a URL made from parts, not pasted into one: a '?' or '%' in the out path would otherwise be
+    # read as the URL's query or an escape, and the store would open a file outside the run
+    knowledge_url = o.knowledge_url or URL.create("sqlite", database=str(out / "knowledge.db"))
     store = KnowledgeStore(knowledge_url)
+    _refuse_a_used_loop(store, loop_name)
 
     engine = None
     app = load = None
