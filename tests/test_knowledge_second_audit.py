@@ -175,3 +175,15 @@ def test_a_keepalive_setting_in_the_url_wins(pg_url):
     with KnowledgeStore(pg_url + "&keepalives_idle=5") as s, s.engine.connect() as conn:
         params = conn.connection.dbapi_connection.info.get_parameters()
     assert params["keepalives_idle"] == "5" and params["keepalives_count"] == "3"
+
+
+@pytest.mark.parametrize("name", ["run?1", "c%41d", "14:30 ü"])
+def test_sqlite_url_keeps_the_store_in_any_folder(tmp_path, name):
+    """The testbeds pasted their run folder into "sqlite:///{path}": a `?` began a query and the
+    store went to another file, a `%41` was decoded to another folder."""
+    from samm.knowledge.engine import sqlite_url
+
+    folder = tmp_path / name
+    folder.mkdir()
+    KnowledgeStore(sqlite_url(folder / "k.db")).close()
+    assert (folder / "k.db").is_file() and sorted(p.name for p in tmp_path.iterdir()) == [name]

@@ -80,6 +80,13 @@ def normalize_url(url: str | URL) -> URL:
     return parsed
 
 
+def sqlite_url(path: str | Path) -> str:
+    """The URL of the SQLite file at `path`, whatever characters the path holds: pasted into
+    "sqlite:///{path}", a `?` began a query (the store went to another file) and a `%41` was
+    decoded (to another directory)."""
+    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+
+
 def shown(url: URL) -> str:
     """`url` as errors and logs show it: every password as ***, the `?password=` that libpq
     takes too (SQLAlchemy's hide_password leaves it in every error and summary)."""

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from samm.config import SammConfig
+from samm.knowledge.engine import sqlite_url
 from samm.localproc import popen_tied
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ class Testbed:
         self.queue = JobQueue(self.out / "queue.db")
         self._stack.append(self.queue.close)
         self.sender = GraphiteSender(self.graphite.carbon_host, self.graphite.carbon_port)
-        self.knowledge_url = o.knowledge_url or f"sqlite:///{self.out / 'knowledge.db'}"
+        self.knowledge_url = o.knowledge_url or sqlite_url(self.out / "knowledge.db")
         self.config = daemon_config(o, self.graphite, daemon_aws_url, self.knowledge_url)
         self.interval_wall = self.config.timing.interval_s
 

@@ -159,6 +159,7 @@ class _Interrupt:
 
 
 def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
+    from samm.knowledge.engine import sqlite_url
     from samm.knowledge.store import KnowledgeStore
     from samm.localproc import popen_tied
     from samm.testbed.jobqueue import JobQueue
@@ -187,7 +188,7 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
         raise ValueError(f"worker_cores {worker_cores} is below the widest job of the episode ({widest} cores)")
 
     agent = _make_agent(o, run)  # first: a missing policy fails before anything starts
-    knowledge_url = o.knowledge_url or f"sqlite:///{out / 'knowledge.db'}"
+    knowledge_url = o.knowledge_url or sqlite_url(out / "knowledge.db")
     store = KnowledgeStore(knowledge_url)
     # the queue is fresh per run, so the Knowledge loop must be too: decisions already recorded
     # under this loop name would be replayed (slot k's job ids) onto this run's episode

@@ -182,9 +182,8 @@ def _default_fault_at(o: MicroservicesRunOptions) -> int:
 def run_microservices(o: MicroservicesRunOptions, controller=None) -> MicroservicesRunResult:
     """One run. `controller`: a Controller object to use instead of making `o.agent`."""
     import docker
-    from sqlalchemy.engine import URL
-
     from samm.execute.local_dockerd import ensure_busybox_image
+    from samm.knowledge.engine import sqlite_url
     from samm.knowledge.store import KnowledgeStore
 
     from .containers import AppContainers, PortBlock, PrivateDockerd
@@ -212,7 +211,7 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
     loop_name = f"microservices-{run}"
     # a URL made from parts, not pasted into one: a '?' or '%' in the out path would otherwise be
     # read as the URL's query or an escape, and the store would open a file outside the run
-    knowledge_url = o.knowledge_url or URL.create("sqlite", database=str(out / "knowledge.db"))
+    knowledge_url = o.knowledge_url or sqlite_url(out / "knowledge.db")
     store = KnowledgeStore(knowledge_url)
     _refuse_a_used_loop(store, loop_name)
 

@@ -230,6 +230,7 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
     """One live run. `policy` (an object with `setting`, `rates(view)`, `metadata()`) overrides
     `opts.agent`'s; `workload` is used as given (not cut); `graphite` is a running
     `LocalGraphite` (else one is started under `out/graphite` and stopped at the end)."""
+    from samm.knowledge.engine import sqlite_url
     from samm.knowledge.store import KnowledgeStore
     from samm.monitor.graphite_client import GraphiteSender, RenderClient
 
@@ -272,7 +273,7 @@ def run_oversub(opts: OversubRunOptions, *, policy=None, workload: Workload | No
                         admit_mode=opts.admit_mode)
     if opts.service_url is not None:
         check_service(opts.service_url, opts.agent, setting)
-    knowledge_url = opts.knowledge_url or f"sqlite:///{out / 'knowledge.db'}"
+    knowledge_url = opts.knowledge_url or sqlite_url(out / "knowledge.db")
 
     cleanup: list[Callable[[], None]] = []
     try:
