@@ -26,6 +26,7 @@ def summarise(episodes: list[dict]) -> dict:
 
 def evaluate(agent, sim: SimConfig, workload: Workload, seeds, deterministic: bool = True,
              traces: bool = False) -> dict:
+    seeds = list(seeds)  # an iterator, once run, left the report's "seeds" empty
     episodes = run_episodes(sim, workload, agent, seeds, deterministic=deterministic, traces=traces)
     return {
         "agent": agent.kind,

@@ -136,16 +136,39 @@ def _(space: BoundedSet) -> dict:
     return {"type": "BoundedSet", "row": space_to_json(space.row), "max_size": space.max_size}
 
 
+#: the most components a Box read from JSON may have (the shipped policies' largest has ~2,000): the
+#: bounds are allocated whole, so an uploaded metadata.json declaring [100000, 100000] took 37 GB
+MAX_BOX_ELEMENTS = 10_000_000
+
+
+def _box_shape(shape) -> tuple[int, ...]:
+    whole = isinstance(shape, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) for n in shape)
+    if not whole or min(shape, default=0) < 0:
+        raise ValueError(f"Box shape must be a list of whole numbers >= 0, got {shape!r:.80}")
+    if int(np.prod(shape, dtype=object)) > MAX_BOX_ELEMENTS:
+        raise ValueError(f"Box shape {shape} has more than {MAX_BOX_ELEMENTS:,} components")
+    return tuple(shape)
+
+
+def _members(d: dict, kind: type):
+    """A Dict's or Tuple's member descriptions, of the JSON type they must have."""
+    members = d.get("spaces")
+    if not isinstance(members, kind):   # a list where a mapping goes was an AttributeError
+        raise ValueError(f"{d['type']} spaces must be a JSON {'object' if kind is dict else 'list'}, "
+                         f"got {members!r:.80}")
+    return members
+
+
 def space_from_json(d: dict) -> spaces.Space:
     if not isinstance(d, dict) or "type" not in d:
         raise ValueError(f"not a space description: {d!r}")
     t = d["type"]
     if t == "NamedBox":
         dtype = np.dtype(d.get("dtype", "float32"))
-        n = (len(d["names"]),)
+        n = _box_shape([len(d["names"])])
         return NamedBox(d["names"], _unbound(d["low"], n, dtype), _unbound(d["high"], n, dtype), dtype=dtype)
     if t == "Box":
-        shape, dtype = tuple(d["shape"]), np.dtype(d["dtype"])
+        shape, dtype = _box_shape(d["shape"]), np.dtype(d["dtype"])
         return spaces.Box(_unbound(d["low"], shape, dtype), _unbound(d["high"], shape, dtype), shape=shape, dtype=dtype)
     if t == "Discrete":
         return spaces.Discrete(int(d["n"]), start=int(d.get("start", 0)))
@@ -154,9 +177,9 @@ def space_from_json(d: dict) -> spaces.Space:
     if t == "MultiBinary":
         return spaces.MultiBinary(d["n"])
     if t == "Dict":
-        return spaces.Dict({k: space_from_json(v) for k, v in d["spaces"].items()})
+        return spaces.Dict({k: space_from_json(v) for k, v in _members(d, dict).items()})
     if t == "Tuple":
-        return spaces.Tuple([space_from_json(v) for v in d["spaces"]])
+        return spaces.Tuple([space_from_json(v) for v in _members(d, list)])
     if t == "BoundedSet":
         return BoundedSet(space_from_json(d["row"]), int(d["max_size"]))
     raise ValueError(f"unknown space type {t!r}")

@@ -38,6 +38,11 @@ def _read_obs_rms(path: Path, n_features: int) -> RunningMeanStd:
         raise ValueError(f"{path}: normalises {rms.mean.size} features, the policy reads {n_features}")
     if not (np.isfinite(rms.mean).all() and np.isfinite(rms.var).all() and (rms.var >= 0).all()):
         raise ValueError(f"{path}: mean or var holds NaN, inf or a negative variance")
+    # fine-tuning goes on counting from it: a string was a TypeError traceback at the first
+    # training step, a negative or NaN one turned every later normalised observation into NaN
+    count = rms.count
+    if isinstance(count, bool) or not isinstance(count, (int, float)) or not 0 < count < float("inf"):
+        raise ValueError(f"{path}: count must be a finite number > 0, got {count!r:.40}")
     return rms
 
 
@@ -96,8 +101,10 @@ class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
     def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
         """The Policy protocol's one decision, refusing a vector act() cannot use: one NaN would
         make every later decision of this session NaN too (the LSTM state keeps it), and the
-        argmax of NaN probabilities is action 0, "remove" of every type in per-type mode."""
-        from samm.plan.dataplane import InvalidInput
+        argmax of NaN probabilities is action 0, "remove" of every type in per-type mode.
+        `mask` (the paper mode's Discrete actions only, Gymnasium's action_mask): the most likely
+        allowed action, or a sample among them."""
+        from samm.plan.dataplane import InvalidInput, check_mask
 
         if not isinstance(observation, dict):
             x = np.asarray(observation, dtype=np.float64).reshape(-1)
@@ -115,7 +122,28 @@ class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
                 finite = False
             if not finite:
                 raise InvalidInput(f"observation.{name}", f"must be a finite number, got {observation[name]!r}")
-        return super().decide(observation, state, mask=mask, deterministic=deterministic)
+        allowed = check_mask(self.action_space, mask)
+        before = self.initial_state(1) if state is None else state
+        decision, after = super().decide(observation, before, deterministic=deterministic)
+        if allowed is not None and not allowed[decision.action]:
+            # the protocol's mask (paper mode) was once ignored: a forbidden action came back
+            decision = self._masked(observation, before, allowed, deterministic, decision.info)
+        return decision, after
+
+    def _masked(self, observation: dict, state, allowed: np.ndarray, deterministic: bool, info: dict):
+        """The decision among the allowed actions, from the same state. Reached only when the
+        unmasked choice is forbidden: a sample then drawn again from the renormalised allowed
+        probabilities has, overall, exactly the masked distribution (rejection sampling)."""
+        from ..policy import Decision
+
+        x = np.asarray([[observation[f] for f in self.feature_names]], dtype=np.float32)
+        probs = self.act(x, state, deterministic=True)[0].probabilities[0]
+        p = np.where(allowed > 0, probs, 0.0)
+        if p.sum() <= 0:   # every allowed action's probability underflowed to 0: none is preferred
+            p = (allowed > 0).astype(np.float64)
+        p = p / p.sum()
+        a = int(p.argmax()) if deterministic else int(self.np_rng.choice(len(p), p=p))
+        return Decision(a, self.describe_action(a), info)
 
     def _prep(self, features) -> np.ndarray:
         x = np.asarray(features, dtype=np.float64)

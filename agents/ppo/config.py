@@ -87,10 +87,11 @@ class PPOConfig:
     def validate(self) -> "PPOConfig":
         # first: a zero here would be a ZeroDivisionError below, a negative one a run of nothing
         for name in ("num_envs", "num_steps", "total_timesteps", "max_episode_steps", "update_epochs",
-                     "num_minibatches", "bptt_chunk", "lstm_hidden"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+                     "num_minibatches", "bptt_chunk", "lstm_hidden", "checkpoint_every", "eval_every"):
+            value, low = getattr(self, name), 0 if name == "eval_every" else 1   # eval_every 0: off
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
+        self._check_coefficients()
         from .agent import MAX_LSTM_HIDDEN
 
         if self.lstm_hidden > MAX_LSTM_HIDDEN:  # a policy no service would load (agent.py bounds it)
@@ -99,15 +100,55 @@ class PPOConfig:
             raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}")
         if not (self.device in ("auto", "cpu", "cuda", "mps") or self.device.startswith("cuda:")):
             raise ValueError(f"device must be auto, cpu, cuda, cuda:N or mps, got {self.device!r}")
+        _check_device_present(self.device)
         if self.num_steps % self.bptt_chunk:
             raise ValueError(f"num_steps ({self.num_steps}) must be a multiple of bptt_chunk ({self.bptt_chunk})")
         chunks = self.num_envs * self.num_steps // self.bptt_chunk
         if chunks % self.num_minibatches:
             raise ValueError(f"{chunks} BPTT chunks do not split into {self.num_minibatches} minibatches")
+        if self.norm_adv and self.batch_size // self.num_minibatches < 2:
+            # the advantages' std over one sample is 0/0: every update's loss was NaN
+            raise ValueError(f"a minibatch of {self.batch_size // self.num_minibatches} step cannot normalise "
+                             "advantages (norm_adv): use fewer num_minibatches")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")
         return self
 
+    def _check_coefficients(self) -> None:
+        """checkpoint_every 0 was a ZeroDivisionError after the first update; a reward_clip of 0 or
+        below set every reward to it, a max_grad_norm of 0 zeroed every step, a negative
+        clip_coef inverted the clipping, an initial_noop_prob of 1 started uniform: all silently."""
+        def number(name: str, low: float, *, above: bool) -> None:
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not value < float("inf")
+                    or not (value > low if above else value >= low)):
+                raise ValueError(f"{name} must be a finite number {'>' if above else '>='} {low:g}, got {value!r}")
+
+        for name in ("clip_coef", "max_grad_norm", "reward_clip"):
+            number(name, 0.0, above=True)
+        for name in ("vf_coef", "ent_coef", "initial_noop_prob"):
+            number(name, 0.0, above=False)
+        if not self.initial_noop_prob < 1.0:
+            raise ValueError(f"initial_noop_prob must be below 1 (0: uniform), got {self.initial_noop_prob!r}")
+        if self.target_kl is not None:
+            number("target_kl", 0.0, above=True)
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_device_present(device: str) -> None:
+    """A GPU this machine lacks is named here, before any simulator starts: torch's own error
+    came as a traceback once the environments' JVMs were already running."""
+    import torch
+
+    if device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = device.partition(":")[2]
+        if device != "cuda" and not index.isdigit():
+            raise ValueError(f"device {device!r}: N of cuda:N must be a whole number")
+        if int(index or 0) >= count:
+            raise ValueError(f"device {device!r}: this machine has {count} CUDA GPU(s) PyTorch can use")
+    elif device == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device 'mps': Apple's Metal backend is not available on this machine")

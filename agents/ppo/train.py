@@ -322,140 +322,140 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
         return obs, zeros, zeros.copy(), np.ones(cfg.num_envs, dtype=np.float32)
 
     # ---- the loop ------------------------------------------------------------------------
-    raw_obs, h, c, episode_start = fresh_start(cfg.seed + 1000 * start_update)
-    disc_return = np.zeros(cfg.num_envs)  # for reward scaling
-    ep_return = np.zeros(cfg.num_envs)
-    ep_len = np.zeros(cfg.num_envs, dtype=np.int64)
-    ep_vm_cost = np.zeros(cfg.num_envs)
-    ep_wait = np.zeros(cfg.num_envs)
-    episodes: list[dict] = []
-    discarded = 0  # rollouts thrown away because a rollout worker died
-    started = time.perf_counter()
     bar = None
-    if progress:
-        from tqdm import tqdm
+    try:
+        raw_obs, h, c, episode_start = fresh_start(cfg.seed + 1000 * start_update)
+        disc_return = np.zeros(cfg.num_envs)  # for reward scaling
+        ep_return = np.zeros(cfg.num_envs)
+        ep_len = np.zeros(cfg.num_envs, dtype=np.int64)
+        ep_vm_cost = np.zeros(cfg.num_envs)
+        ep_wait = np.zeros(cfg.num_envs)
+        episodes: list[dict] = []
+        discarded = 0  # rollouts thrown away because a rollout worker died
+        started = time.perf_counter()
+        if progress:
+            from tqdm import tqdm
 
-        bar = tqdm(total=cfg.num_updates * cfg.batch_size, initial=start_update * cfg.batch_size,
-                   unit="step", desc="training", dynamic_ncols=True)
+            bar = tqdm(total=cfg.num_updates * cfg.batch_size, initial=start_update * cfg.batch_size,
+                       unit="step", desc="training", dynamic_ncols=True)
 
-    for update in range(start_update, cfg.num_updates):
-        t_update = time.perf_counter()
-        if cfg.anneal_lr:
-            opt.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / cfg.num_updates)
+        for update in range(start_update, cfg.num_updates):
+            t_update = time.perf_counter()
+            if cfg.anneal_lr:
+                opt.param_groups[0]["lr"] = cfg.learning_rate * (1.0 - update / cfg.num_updates)
 
-        # -- collect a rollout (NumPy forward with the current weights) -----------------------
-        policy.sync(net)
-        for attempt in range(MAX_ROLLOUT_ATTEMPTS + 1):
-            at_start = (global_step, obs_rms.to_dict() if obs_rms else None, ret_rms.to_dict() if ret_rms else None)
-            try:
-                for t in range(cfg.num_steps):
-                    if obs_rms is not None:
-                        obs_rms.update(np.asarray(raw_obs, dtype=np.float64))
-                    obs = norm_obs(raw_obs)
-                    action, logprob, value, new_h, new_c = policy.step(obs, h, c, episode_start)
-                    raw_obs, reward, term, trunc, info = envs.step(action[:, 0] if discrete else action)
-                    global_step += cfg.num_envs
-                    reward = np.asarray(reward, dtype=np.float64)
-                    done = np.logical_or(term, trunc)
+            # -- collect a rollout (NumPy forward with the current weights) -----------------------
+            policy.sync(net)
+            for attempt in range(MAX_ROLLOUT_ATTEMPTS + 1):
+                at_start = (global_step, obs_rms.to_dict() if obs_rms else None, ret_rms.to_dict() if ret_rms else None)
+                ended: list[dict] = []  # logged once the rollout is kept: a discarded one's steps are run again
+                try:
+                    for t in range(cfg.num_steps):
+                        if obs_rms is not None:
+                            obs_rms.update(np.asarray(raw_obs, dtype=np.float64))
+                        obs = norm_obs(raw_obs)
+                        action, logprob, value, new_h, new_c = policy.step(obs, h, c, episode_start)
+                        raw_obs, reward, term, trunc, info = envs.step(action[:, 0] if discrete else action)
+                        global_step += cfg.num_envs
+                        reward = np.asarray(reward, dtype=np.float64)
+                        done = np.logical_or(term, trunc)
 
-                    # episode statistics in the environment's own units (before any scaling)
-                    ep_return += reward
-                    ep_len += 1
-                    ep_vm_cost += np.asarray(info.get("vm_cost", 0.0))
-                    ep_wait += np.asarray(info.get("wait_penalty", 0.0))
-                    if done.any():
-                        for i in np.nonzero(done)[0]:
-                            row = {"global_step": global_step, "return": ep_return[i], "length": int(ep_len[i]),
-                                   "vm_cost": ep_vm_cost[i], "wait_penalty": ep_wait[i], "terminated": bool(term[i])}
-                            episodes.append(row)
-                            logger.episode(row)
-                            ep_return[i] = ep_len[i] = ep_vm_cost[i] = ep_wait[i] = 0
+                        # episode statistics in the environment's own units (before any scaling)
+                        ep_return += reward
+                        ep_len += 1
+                        ep_vm_cost += np.asarray(info.get("vm_cost", 0.0))
+                        ep_wait += np.asarray(info.get("wait_penalty", 0.0))
+                        if done.any():
+                            for i in np.nonzero(done)[0]:
+                                row = {"global_step": global_step, "return": ep_return[i], "length": int(ep_len[i]),
+                                       "vm_cost": ep_vm_cost[i], "wait_penalty": ep_wait[i], "terminated": bool(term[i])}
+                                ended.append(row)
+                                ep_return[i] = ep_len[i] = ep_vm_cost[i] = ep_wait[i] = 0
 
-                    # reward scaling by the running std of the discounted return (as VecNormalize)
-                    if ret_rms is not None:
-                        disc_return = disc_return * cfg.gamma + reward
-                        ret_rms.update(disc_return)
-                        reward = np.clip(reward / np.sqrt(ret_rms.var + 1e-8), -cfg.reward_clip, cfg.reward_clip)
-                        disc_return[done] = 0.0
-                    reward = reward.astype(np.float32)
+                        # reward scaling by the running std of the discounted return (as VecNormalize)
+                        if ret_rms is not None:
+                            disc_return = disc_return * cfg.gamma + reward
+                            ret_rms.update(disc_return)
+                            reward = np.clip(reward / np.sqrt(ret_rms.var + 1e-8), -cfg.reward_clip, cfg.reward_clip)
+                            disc_return[done] = 0.0
+                        reward = reward.astype(np.float32)
 
-                    # truncation is not termination: bootstrap from the real final observation
-                    if np.any(trunc):
-                        idx = np.nonzero(trunc)[0]
-                        final = norm_obs(np.asarray(info["final_obs"])[idx])
-                        v_final = policy.value(final, new_h[idx], new_c[idx], np.zeros(len(idx), dtype=np.float32))
-                        reward[idx] += cfg.gamma * v_final
+                        # truncation is not termination: bootstrap from the real final observation
+                        # (not where the episode also terminated, which Gymnasium allows in one step)
+                        cut = np.logical_and(trunc, np.logical_not(term))
+                        if cut.any():
+                            idx = np.nonzero(cut)[0]
+                            final = norm_obs(np.asarray(info["final_obs"])[idx])
+                            v_final = policy.value(final, new_h[idx], new_c[idx], np.zeros(len(idx), dtype=np.float32))
+                            reward[idx] += cfg.gamma * v_final
 
-                    buf.add(t, obs, action, logprob, reward, value, episode_start, (h, c))
-                    h, c = new_h, new_c
-                    episode_start = done.astype(np.float32)
+                        buf.add(t, obs, action, logprob, reward, value, episode_start, (h, c))
+                        h, c = new_h, new_c
+                        episode_start = done.astype(np.float32)
 
-                break
-            except RolloutWorkerLost as exc:
-                # a rollout worker died: nothing of this rollout is kept, not even what the
-                # normalisers saw; it is collected again from reset envs
-                if attempt == MAX_ROLLOUT_ATTEMPTS:
-                    raise RuntimeError(f"update {update + 1}: {attempt + 1} rollouts in a row lost a worker") from exc
-                discarded += 1
-                global_step = at_start[0]
-                obs_rms = RunningMeanStd.from_dict(at_start[1]) if at_start[1] else None
-                ret_rms = RunningMeanStd.from_dict(at_start[2]) if at_start[2] else None
-                raw_obs, h, c, episode_start = fresh_start(cfg.seed + 1000 * update + 7919 * (attempt + 1))
-                for acc in (disc_return, ep_return, ep_len, ep_vm_cost, ep_wait):
-                    acc[:] = 0
+                    episodes.extend(ended)
+                    for row in ended:
+                        logger.episode(row)
+                    break
+                except RolloutWorkerLost as exc:
+                    # a rollout worker died: nothing of this rollout is kept, not even what the
+                    # normalisers saw; it is collected again from reset envs
+                    if attempt == MAX_ROLLOUT_ATTEMPTS:
+                        raise RuntimeError(f"update {update + 1}: {attempt + 1} rollouts in a row lost a worker") from exc
+                    discarded += 1
+                    global_step = at_start[0]
+                    obs_rms = RunningMeanStd.from_dict(at_start[1]) if at_start[1] else None
+                    ret_rms = RunningMeanStd.from_dict(at_start[2]) if at_start[2] else None
+                    raw_obs, h, c, episode_start = fresh_start(cfg.seed + 1000 * update + 7919 * (attempt + 1))
+                    for acc in (disc_return, ep_return, ep_len, ep_vm_cost, ep_wait):
+                        acc[:] = 0
 
-        next_value = policy.value(norm_obs(raw_obs), h, c, episode_start)
-        buf.finish(next_value, episode_start, cfg.gamma, cfg.gae_lambda)
+            next_value = policy.value(norm_obs(raw_obs), h, c, episode_start)
+            buf.finish(next_value, episode_start, cfg.gamma, cfg.gae_lambda)
 
-        # -- learn from it: epochs over minibatches of BPTT chunks ---------------------------
-        stats = ppo_update(net, opt, buf, cfg, sample_gen, flat)
-        try:
+            # -- learn from it: epochs over minibatches of BPTT chunks ---------------------------
+            stats = ppo_update(net, opt, buf, cfg, sample_gen, flat)
             check_finite(update + 1, stats, net)
-        except ValueError:
-            logger.close()
-            if hasattr(envs, "close"):  # the JVMs of this run: not left to the end of the process
-                envs.close()
-            raise
 
-        # -- log, checkpoint, callbacks ------------------------------------------------------
-        y_pred, y_true = buf.values.ravel(), buf.returns.ravel()
-        var_y = np.var(y_true)
-        recent = episodes[-20:]
-        elapsed = time.perf_counter() - started
-        row = {
-            "update": update + 1,
-            "episodes": len(episodes),
-            "episode_return": float(np.mean([e["return"] for e in recent])) if recent else float("nan"),
-            "episode_length": float(np.mean([e["length"] for e in recent])) if recent else float("nan"),
-            "episode_vm_cost": float(np.mean([e["vm_cost"] for e in recent])) if recent else float("nan"),
-            "episode_wait_penalty": float(np.mean([e["wait_penalty"] for e in recent])) if recent else float("nan"),
-            **{k: float(np.mean(v)) for k, v in stats.items()},
-            "explained_variance": float(1 - np.var(y_true - y_pred) / var_y) if var_y > 0 else float("nan"),
-            "learning_rate": opt.param_groups[0]["lr"],
-            "steps_per_second": cfg.batch_size / (time.perf_counter() - t_update),
-            "rollouts_discarded": discarded,
-            "wall_seconds": elapsed,
-        }
-        logger.log(global_step, row)
+            # -- log, checkpoint, callbacks ------------------------------------------------------
+            y_pred, y_true = buf.values.ravel(), buf.returns.ravel()
+            var_y = np.var(y_true)
+            recent = episodes[-20:]
+            elapsed = time.perf_counter() - started
+            row = {
+                "update": update + 1,
+                "episodes": len(episodes),
+                "episode_return": float(np.mean([e["return"] for e in recent])) if recent else float("nan"),
+                "episode_length": float(np.mean([e["length"] for e in recent])) if recent else float("nan"),
+                "episode_vm_cost": float(np.mean([e["vm_cost"] for e in recent])) if recent else float("nan"),
+                "episode_wait_penalty": float(np.mean([e["wait_penalty"] for e in recent])) if recent else float("nan"),
+                **{k: float(np.mean(v)) for k, v in stats.items()},
+                "explained_variance": float(1 - np.var(y_true - y_pred) / var_y) if var_y > 0 else float("nan"),
+                "learning_rate": opt.param_groups[0]["lr"],
+                "steps_per_second": cfg.batch_size / (time.perf_counter() - t_update),
+                "rollouts_discarded": discarded,
+                "wall_seconds": elapsed,
+            }
+            logger.log(global_step, row)
+            if bar:
+                bar.update(cfg.batch_size)
+                bar.set_postfix(ret=f"{row['episode_return']:.2f}", len=f"{row['episode_length']:.0f}")
+            # the callback first, so that the checkpoint holds what it recorded for this update
+            stop = on_update is not None and on_update(update + 1, net, obs_rms)
+            if ckpt_path and ((update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.num_updates):
+                save_checkpoint(ckpt_path, {
+                    "model": net.state_dict(), "optimizer": opt.state_dict(), "update": update + 1,
+                    "global_step": global_step, "obs_rms": obs_rms.to_dict() if obs_rms else None,
+                    "ret_rms": ret_rms.to_dict() if ret_rms else None, "torch_rng": torch.get_rng_state(),
+                    "sample_rng": sample_gen.get_state(),
+                    "action_rng": sample_rng.bit_generator.state, "config": cfg.to_dict(), "carry": carry})
+            if stop:
+                break
+    finally:  # whatever ends the run (a lost worker too often, a NaN, Ctrl-C): its JVMs and logs are closed
         if bar:
-            bar.update(cfg.batch_size)
-            bar.set_postfix(ret=f"{row['episode_return']:.2f}", len=f"{row['episode_length']:.0f}")
-        # the callback first, so that the checkpoint holds what it recorded for this update
-        stop = on_update is not None and on_update(update + 1, net, obs_rms)
-        if ckpt_path and ((update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.num_updates):
-            save_checkpoint(ckpt_path, {
-                "model": net.state_dict(), "optimizer": opt.state_dict(), "update": update + 1,
-                "global_step": global_step, "obs_rms": obs_rms.to_dict() if obs_rms else None,
-                "ret_rms": ret_rms.to_dict() if ret_rms else None, "torch_rng": torch.get_rng_state(),
-                "sample_rng": sample_gen.get_state(),
-                "action_rng": sample_rng.bit_generator.state, "config": cfg.to_dict(), "carry": carry})
-        if stop:
-            break
-
-    if bar:
-        bar.close()
-    logger.close()
-    if hasattr(envs, "close"):
-        envs.close()
+            bar.close()
+        logger.close()
+        if hasattr(envs, "close"):
+            envs.close()
     return TrainResult(net=net, obs_rms=obs_rms, global_step=global_step, episodes=episodes,
                        history=logger.rows, wall_seconds=time.perf_counter() - started)
