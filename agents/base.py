@@ -111,9 +111,14 @@ class Agent(ABC):
         return spaces.MultiDiscrete([3] * self.n_types)
 
     def decide(self, observation, state=None, *, mask=None, deterministic: bool = True):
-        """observation: {feature: value} or a vector in `feature_names` order."""
+        """observation: {feature: value} or a vector in `feature_names` order. `mask` (paper mode's
+        Discrete actions only, Gymnasium's action_mask): a forbidden choice is replaced by an
+        allowed one (`_allowed_action`); it was once ignored, and a forbidden action came back."""
+        from samm.plan.dataplane import check_mask
+
         from .policy import Decision
 
+        allowed = check_mask(self.action_space, mask)
         if isinstance(observation, dict):
             observation = [observation[f] for f in self.feature_names]
         x = np.asarray(observation, dtype=np.float32).reshape(1, -1)
@@ -121,10 +126,27 @@ class Agent(ABC):
             state = self.initial_state(1)
         d, state = self.act(x, state, deterministic=deterministic)
         act = np.asarray(d.actions)[0]
+        probs = None if d.probabilities is None else np.asarray(d.probabilities, dtype=np.float64)[0]
+        if allowed is not None and not allowed[int(act)]:
+            act = np.asarray(self._allowed_action(probs, allowed, deterministic))
         action = int(act) if self.action_mode == "paper" else [int(v) for v in act]
-        info = {"probabilities": None if d.probabilities is None else np.asarray(d.probabilities)[0].round(6).tolist(),
+        info = {"probabilities": None if probs is None else probs.round(6).tolist(),
                 "value": None if d.values is None else float(np.asarray(d.values)[0])}
         return Decision(action, self.describe_action(act), info), state
+
+    def _allowed_action(self, probs: np.ndarray | None, allowed: np.ndarray, deterministic: bool) -> int:
+        """An allowed action in place of a forbidden choice. A policy's probabilities renormalised
+        over the allowed actions: the most likely, or a sample (drawn only after a forbidden
+        sample, it gives exactly the masked distribution: rejection sampling). A rule without
+        probabilities: the first allowed action (0, do nothing, where it is allowed)."""
+        if probs is None:
+            return int(np.flatnonzero(allowed)[0])
+        p = np.where(allowed > 0, probs, 0.0)
+        if p.sum() <= 0:   # every allowed action's probability underflowed to 0: none is preferred
+            p = (allowed > 0).astype(np.float64)
+        p = p / p.sum()
+        rng = getattr(self, "np_rng", None)
+        return int(p.argmax()) if deterministic or rng is None else int(rng.choice(len(p), p=p))
 
     # -- persistence -------------------------------------------------------------------------
     def metadata(self) -> dict:

@@ -305,3 +305,21 @@ def test_every_shipped_policy_still_loads_with_its_recorded_spaces():
     for meta in sorted(REPO.glob("agents/**/policies/*/metadata.json")):
         policy = load_policy(meta.parent)
         assert policy.observation_space is not None and policy.action_space is not None, meta
+
+
+def test_rule_agents_honour_the_mask_too():
+    """Every paper-mode agent went through `Agent.decide`, which dropped the mask: a rule returned
+    the action the caller had masked out."""
+    from agents.builtin import NoopAgent, RandomAgent
+    from samm.plan.dataplane import InvalidInput
+
+    noop = NoopAgent()
+    assert noop.decide({})[0].action == 0
+    assert noop.decide({}, mask=[0, 1, 1, 1, 1, 1, 1])[0].action == 1  # the first allowed action
+    rnd = RandomAgent(params={"seed": 3})
+    chosen = rnd.decide({})[0].action   # the same seed's first draw each time (no state passed)
+    mask = np.ones(7, np.int8)
+    mask[chosen] = 0
+    assert rnd.decide({}, mask=mask)[0].action == (0 if chosen else 1)
+    with pytest.raises(InvalidInput, match="only defined for Discrete"):
+        NoopAgent(action_mode="per-type").decide({}, mask=[1, 1, 1])

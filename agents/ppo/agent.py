@@ -102,9 +102,8 @@ class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
         """The Policy protocol's one decision, refusing a vector act() cannot use: one NaN would
         make every later decision of this session NaN too (the LSTM state keeps it), and the
         argmax of NaN probabilities is action 0, "remove" of every type in per-type mode.
-        `mask` (the paper mode's Discrete actions only, Gymnasium's action_mask): the most likely
-        allowed action, or a sample among them."""
-        from samm.plan.dataplane import InvalidInput, check_mask
+        `mask`: see `Agent.decide`."""
+        from samm.plan.dataplane import InvalidInput
 
         if not isinstance(observation, dict):
             x = np.asarray(observation, dtype=np.float64).reshape(-1)
@@ -122,28 +121,7 @@ class LstmPpoAgent(LoadErrorsNameTheFile, Agent):
                 finite = False
             if not finite:
                 raise InvalidInput(f"observation.{name}", f"must be a finite number, got {observation[name]!r}")
-        allowed = check_mask(self.action_space, mask)
-        before = self.initial_state(1) if state is None else state
-        decision, after = super().decide(observation, before, deterministic=deterministic)
-        if allowed is not None and not allowed[decision.action]:
-            # the protocol's mask (paper mode) was once ignored: a forbidden action came back
-            decision = self._masked(observation, before, allowed, deterministic, decision.info)
-        return decision, after
-
-    def _masked(self, observation: dict, state, allowed: np.ndarray, deterministic: bool, info: dict):
-        """The decision among the allowed actions, from the same state. Reached only when the
-        unmasked choice is forbidden: a sample then drawn again from the renormalised allowed
-        probabilities has, overall, exactly the masked distribution (rejection sampling)."""
-        from ..policy import Decision
-
-        x = np.asarray([[observation[f] for f in self.feature_names]], dtype=np.float32)
-        probs = self.act(x, state, deterministic=True)[0].probabilities[0]
-        p = np.where(allowed > 0, probs, 0.0)
-        if p.sum() <= 0:   # every allowed action's probability underflowed to 0: none is preferred
-            p = (allowed > 0).astype(np.float64)
-        p = p / p.sum()
-        a = int(p.argmax()) if deterministic else int(self.np_rng.choice(len(p), p=p))
-        return Decision(a, self.describe_action(a), info)
+        return super().decide(observation, state, mask=mask, deterministic=deterministic)
 
     def _prep(self, features) -> np.ndarray:
         x = np.asarray(features, dtype=np.float64)
