@@ -193,7 +193,8 @@ def train_lstm_ppo(sim: SimConfig, workload: Workload, ppo: PPOConfig, out_dir: 
         else:
             res = evaluate(agent, sim, workload, eval_seeds)
             row = {"update": update, "total_cost": res["summary"]["total_cost"]["mean"],
-                   "makespan_s": res["summary"]["makespan_s"]["mean"]}
+                   # absent when no evaluation episode finished a job (an early policy that never adds a VM)
+                   "makespan_s": res["summary"].get("makespan_s", {}).get("mean")}
             row["score"] = row["total_cost"]
         net.train()
         evals.append(row)
