@@ -18,7 +18,7 @@ from sim_bridge.workloads import seed_1551
 
 from .evaluate import evaluate
 from .factory import make_agent
-from .report import Target, experiment_summary, write_summary
+from .report import Target, experiment_summary, prepare_out, refuse_repeats, write_summary
 from .tune import tune
 
 
@@ -153,22 +153,26 @@ def run_paper_experiment(out_dir: str | Path, policy_dir: str | Path | None = No
 
     # the baselines are tuned, and the trained policy's snapshot chosen, on tune_seeds: before any work
     require_disjoint(seeds, "--seeds", tune_seeds, "--tune-seeds")
+    refuse_repeats(seeds, "--seeds")
+    refuse_repeats(tune_seeds, "--tune-seeds")
     started = time.perf_counter()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    sim = SimConfig(action_mode="per-type")
-    workload = seed_1551()
-    summary: dict = {"workload": workload.name, "seeds": list(seeds), "tune_seeds": list(tune_seeds)}
-
-    # 1. the LSTM-PPO policy: load it, or train it from scratch
-    train_dir = None
-    if policy_dir is None:
-        train_dir = out / "train"
+    train_dir = None if policy_dir is not None else out / "train"
+    if train_dir is not None:
         from .ppo.train import CHECKPOINT_FILE, LOG_FILES
         from .train_log import refuse_existing_run
 
         refuse_existing_run(train_dir, (CHECKPOINT_FILE, *LOG_FILES),
                             hint=f"choose another --out, or pass --policy {train_dir / 'policy'} to evaluate its policy")
+    # after the checks, before the work: an --out that cannot take a file failed only at the end, after
+    # the tuning and the evaluations (hours with the suite), and an earlier run's summary stayed as if its own
+    out = prepare_out(out)
+    sim = SimConfig(action_mode="per-type")
+    workload = seed_1551()
+    summary: dict = {"workload": workload.name, "seeds": list(seeds), "tune_seeds": list(tune_seeds)}
+
+    # 1. the LSTM-PPO policy: load it, or train it from scratch
+    if train_dir is not None:
         ppo = PPOConfig(total_timesteps=timesteps, seed=train_seed, eval_every=20, **(ppo_overrides or {}))
         _, train_summary = train_lstm_ppo(sim, workload, ppo, train_dir, progress=progress, eval_seeds=tune_seeds)
         summary["training"] = train_summary

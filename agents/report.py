@@ -79,6 +79,8 @@ def experiment_summary(problem: str, paper: Mapping, setting: Mapping, methods: 
 
 def validate_summary(summary: Mapping) -> list[str]:
     """Problems with a summary's shape ([] when it follows the schema)."""
+    if not isinstance(summary, Mapping):     # e.g. a JSON list read back: `in` passed, summary[...] raised
+        return [f"summary: want a JSON object, got {type(summary).__name__}"]
     problems = []
     for key in ("schema", "problem", "paper", "setting", "methods", "paper_figures", "targets", "figures"):
         if key not in summary:
@@ -87,6 +89,14 @@ def validate_summary(summary: Mapping) -> list[str]:
         return problems
     if summary["schema"] != SCHEMA:
         problems.append(f"schema {summary['schema']!r} != {SCHEMA!r}")
+    if not isinstance(summary["problem"], str):
+        problems.append(f"problem: want a name, got {summary['problem']!r}")
+    for key in ("paper", "setting", "paper_figures"):
+        if not isinstance(summary[key], Mapping):
+            problems.append(f"{key}: want an object, got {type(summary[key]).__name__}")
+    figures = summary["figures"]
+    if not isinstance(figures, (list, tuple)) or not all(isinstance(f, str) for f in figures):
+        problems.append(f"figures: want a list of file names, got {figures!r}")
     # a wrong container is reported like any other shape problem, not raised from .items()
     if not isinstance(summary["methods"], Mapping):
         problems.append(f"methods: want method -> metric -> stats, got {type(summary['methods']).__name__}")
@@ -96,33 +106,57 @@ def validate_summary(summary: Mapping) -> list[str]:
                 problems.append(f"methods.{m}: want metric -> {{mean, std, n}}, got {type(metrics).__name__}")
                 continue
             for k, st in metrics.items():
-                if not isinstance(st, Mapping) or set(st) != {"mean", "std", "n"}:
+                if not _is_stats(st):
                     problems.append(f"methods.{m}.{k}: want {{mean, std, n}}, got {st!r}")
     if not isinstance(summary["targets"], (list, tuple)):
         problems.append(f"targets: want a list, got {type(summary['targets']).__name__}")
         return problems
     for i, t in enumerate(summary["targets"]):
-        if not isinstance(t, Mapping) or set(t) != {"name", "value", "goal", "met"} or not isinstance(t.get("met"), bool):
-            problems.append(f"targets[{i}]: want {{name, value, goal, met}} with a boolean met, got {t!r}")
+        if (not isinstance(t, Mapping) or set(t) != {"name", "value", "goal", "met"} or not isinstance(t["met"], bool)
+                or not isinstance(t["name"], str) or not isinstance(t["goal"], str)):
+            problems.append(f"targets[{i}]: want {{name, value, goal, met}} with text name and goal and a boolean "
+                            f"met, got {t!r}")
     return problems
+
+
+def _is_stats(st) -> bool:
+    """{mean, std, n} as `stats` writes them: numbers (null where not finite) and a whole n >= 0; a
+    string or a list there passed the key check and broke `fmt` and every reader's arithmetic."""
+    def number(x):
+        return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+    return (isinstance(st, Mapping) and set(st) == {"mean", "std", "n"} and number(st["mean"]) and number(st["std"])
+            and isinstance(st["n"], int) and not isinstance(st["n"], bool) and st["n"] >= 0)
+
+
+def refuse_repeats(values, what: str) -> None:
+    """ValueError naming a value given twice (`--seeds 1,1`, `--variants osdec,osdec`): each was run
+    again and counted again, so a row of one seed read n = 2 with a std of 0, as if measured twice."""
+    seen: set = set()
+    twice = [v for v in values if v in seen or seen.add(v)]
+    if twice:
+        raise ValueError(f"{what} names {twice[0]!r} more than once")
 
 
 def prepare_out(out) -> Path:
     """The experiment's output folder, made and proved writable before any work: an --out that
     cannot take a file would otherwise fail only at the end, losing the whole run's results. An
-    earlier run's summary.json is moved aside to summary.previous.json: a run that stops part-way
-    (interrupted, failed) then leaves no summary that looks like its own beside its partial files."""
+    earlier run's summary.json and report.md are moved aside to summary.previous.json and
+    report.previous.md: a run that stops part-way (interrupted, failed) then leaves no summary or
+    report that looks like its own beside its partial files."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):   # "[Errno 17] File exists" named no option
+        raise OSError(f"output folder {out} is a file (or lies under one): choose a folder") from None
     probe = out / f".write-test-{os.getpid()}"
     try:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
         raise OSError(f"output folder {out} is not writable: {exc.strerror or exc}") from None
-    earlier = out / "summary.json"
-    if earlier.is_file():
-        os.replace(earlier, out / "summary.previous.json")
+    for name, aside in (("summary.json", "summary.previous.json"), ("report.md", "report.previous.md")):
+        if (out / name).is_file():
+            os.replace(out / name, out / aside)
     return out
 
 

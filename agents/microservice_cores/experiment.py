@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from agents.parallel import map_runs
-from agents.report import prepare_out, write_json
+from agents.report import Target, experiment_summary, prepare_out, refuse_repeats, write_summary
 from samm.cli.seeds import require_disjoint
 
 from .episode import EPISODE_S, EpisodeResult, StaticController, run_episodes
@@ -152,6 +152,11 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
     changes = {"seeds": tuple(int(s) for s in seeds) if seeds else None, "apps": tuple(apps) if apps else None,
                "train_steps": train_steps}
     budget = replace(budget, **{k: v for k, v in changes.items() if v})
+    refuse_repeats(budget.seeds, "seeds")
+    refuse_repeats(budget.apps, "apps")
+    stems = [Path(a).stem for a in budget.apps]
+    if len(set(stems)) < len(stems):    # one's figures would be drawn over the other's
+        raise ValueError(f"applications {list(budget.apps)} share a file name: give each its own")
     stray = sorted(set(policy_dirs or {}) - set(budget.apps))
     if stray:       # a misspelt app would silently leave its run on the shipped policy
         raise ValueError(f"a policy is given for {stray}, not among the applications run {list(budget.apps)}")
@@ -174,7 +179,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, apps: Sequ
         for k, v in log.items():    # every cell of an app logs the same policy; each its own static search
             logs[job.app][k] = {**logs[job.app].get(k, {}), **v} if k == "static_best" else v
     summary = _summarise(results, logs, budget, time.perf_counter() - started)
-    write_json(out / "summary.json", summary, default=float)    # strict JSON (no NaN), renamed over whole
+    write_summary(out, summary)    # checked against the schema; strict JSON (no NaN), renamed over whole
     _figures(series, out)
     (out / "report.md").write_text(_report(summary))
     return summary
@@ -288,7 +293,10 @@ def _aggregate(eps: list[EpisodeResult]) -> dict:
             # the count beside the rate: at these rates one second is the difference between met and not
             "violating_seconds": int(sum(int(e.violations.sum()) for e in eps)),
             "seconds": int(sum(len(e.p99_ms) for e in eps)),
-            "episodes": len(eps)}
+            "episodes": len(eps),
+            # each seed's figure, for summary.json's `methods` (mean, std and n over seeds, the schema's)
+            "per_seed": {"mean_cores": [float(e.mean_cores) for e in eps],
+                         "violation_rate": [float(e.violation_rate) for e in eps]}}
 
 
 def _mean_known(values) -> float | None:
@@ -298,8 +306,10 @@ def _mean_known(values) -> float | None:
     return float(np.mean(known)) if known else None
 
 
-def _pct(a: float, b: float) -> float:
-    return 100.0 * (a - b) / b if b else float("nan")
+def _pct(a: float, b: float) -> float | None:
+    """a relative to b in %, None where b gives no scale (0 or not finite): NaN printed "+nan %" in
+    report.md and crossed the targets as a number."""
+    return 100.0 * (a - b) / b if b and np.isfinite(b) else None
 
 
 def _summarise(results: dict, logs: dict, budget: Budget, seconds: float) -> dict:
@@ -328,14 +338,32 @@ def _summarise(results: dict, logs: dict, budget: Budget, seconds: float) -> dic
             for name, label in (("autoscale", "AutoScale"), ("sinan", "Sinan-style")):
                 key = f"mean_vs_{name}"
                 if key in rel:
-                    targets.append({"name": f"{app}: mean cores vs {label} <= {paper[key]} %", "value": rel[key],
-                                    "met": rel[key] <= paper[key]})
+                    targets.append(Target(f"{app}: mean cores vs {label} <= {paper[key]} %", rel[key],
+                                          f"<= {paper[key]} %", rel[key] is not None and rel[key] <= paper[key]))
             if rc and au and si:
                 viol_ok = rc["violation_rate"] <= min(au["violation_rate"], si["violation_rate"], VIOLATION_CAP) + 1e-12
-                targets.append({"name": f"{app}: violation rate <= both baselines' and <= 1 %",
-                                "value": rc["violation_rate"], "met": bool(viol_ok)})
-    return {"problem": "microservice-cores", "experiment": "reclaimer", "seeds": list(budget.seeds),
-            "steps": budget.steps, "seconds": round(seconds, 1), "apps": per_app, "targets": targets}
+                targets.append(Target(f"{app}: violation rate <= both baselines' and <= 1 %", rc["violation_rate"],
+                                      "<= min(AutoScale's, Sinan-style's, 0.01)", bool(viol_ok)))
+    # the shared schema (docs/experiment-summary.md), which this summary alone did not follow: no
+    # `schema`, `methods`, `paper_figures`, `figures` nor a target's `goal`; its own keys stay as they were
+    methods = {f"{app}/{lv}/{m}": r["per_seed"] for app, by_level in results.items()
+               for lv, row in by_level.items() for m, r in row.items()}
+    return experiment_summary(
+        "microservice-cores", {"title": "Reclaimer: dynamic resource allocation for cloud microservices",
+                               "file": "reclaimer-microservice-cores.txt"},
+        {"apps": list(results), "seeds": list(budget.seeds), "steps": budget.steps,
+         "level_fractions": list(budget.level_fractions), "train_steps": budget.train_steps, "quick": budget.quick},
+        methods, {f"{app}/reclaimer": v for app, v in PAPER.items()}, targets,
+        # the wall time stays under its own `seconds` only (one key for a reader to drop when comparing runs)
+        [_figure(kind, app) for app in results for kind in ("cores", "latency-cdf")], None,
+        experiment="reclaimer", seeds=list(budget.seeds), steps=budget.steps, seconds=round(seconds, 1),
+        apps=per_app)
+
+
+def _figure(kind: str, app: str) -> str:
+    """A figure's file name: an application given as a topology file (`--apps my/app.yaml`) is named
+    by its stem; its path in the name failed the run at its end (no such folder `cores-my`)."""
+    return f"{kind}-{Path(app).stem}.png"
 
 
 def _figures(series: dict, out: Path) -> None:
@@ -354,7 +382,7 @@ def _figures(series: dict, out: Path) -> None:
         ax.set_title(f"{app}, {lv} users (seed {first.seed})")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / f"cores-{app}.png", dpi=100)
+        fig.savefig(out / _figure("cores", app), dpi=100)
         plt.close(fig)
         fig, ax = plt.subplots(figsize=(6, 4))
         for method in by_level[lv]:
@@ -369,7 +397,7 @@ def _figures(series: dict, out: Path) -> None:
         ax.set_title(f"{app}: latency, all levels (QoS {qos:g} ms dashed)")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / f"latency-cdf-{app}.png", dpi=100)
+        fig.savefig(out / _figure("latency-cdf", app), dpi=100)
         plt.close(fig)
 
 
@@ -393,13 +421,18 @@ def _report(summary: dict) -> str:
                            ("max_vs_autoscale", "AutoScale, max cores"), ("max_vs_sinan", "Sinan, max cores")):
             if key in rel:
                 pv = paper.get(key)
-                lines.append(f"| {label} | {rel[key]:+.1f} % | {'' if pv is None else f'{pv:+.1f} %'} |")
+                lines.append(f"| {label} | {_num(rel[key], '+.1f', ' %')} | {'' if pv is None else f'{pv:+.1f} %'} |")
         if paper:
             lines.append("| violating seconds | " + ", ".join(
                 f"{m} {o['violating_seconds']} of {o['seconds']:,}" for m, o in d["overall"].items())
                 + f" | {paper['violations']} |")
-        lines += ["", f"![cores](cores-{app}.png) ![latency](latency-cdf-{app}.png)", ""]
+        lines += ["", f"![cores]({_figure('cores', app)}) ![latency]({_figure('latency-cdf', app)})", ""]
     lines += ["## Targets", "", "| target | value | met |", "|---|---|---|"]
     for t in summary["targets"]:
-        lines.append(f"| {t['name']} | {t['value']:.3f} | {'yes' if t['met'] else 'NO'} |")
+        lines.append(f"| {t['name']} | {_num(t['value'], '.3f')} | {'yes' if t['met'] else 'NO'} |")
     return "\n".join(lines) + "\n"
+
+
+def _num(value, spec: str, unit: str = "") -> str:
+    """A figure of the report, '–' where it is unknown (None, or NaN read back)."""
+    return "–" if value is None or not np.isfinite(value) else f"{format(value, spec)}{unit}"

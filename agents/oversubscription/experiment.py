@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from agents.parallel import map_runs
-from agents.report import Target, experiment_summary, markdown_table, prepare_out, write_summary
+from agents.report import Target, experiment_summary, markdown_table, prepare_out, refuse_repeats, write_summary
 
 from .c2marl import DUAL_ESTIMATES, C2MarlConfig, anchor_level, check_budget_margin
 from .settings import ALPHAS, RATES, get_setting, rate_grid
@@ -410,6 +410,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     budget = QUICK if quick else FULL
     if seeds:
         budget = replace(budget, seeds=tuple(int(s) for s in seeds))
+        refuse_repeats(budget.seeds, "seeds")
     if alphas:
         wanted = {float(a) for a in alphas}
         if wanted - set(ALPHAS):
@@ -577,7 +578,8 @@ def _report(out: Path, results: list[dict], summary: dict) -> None:
         lines += ["Tuned baseline parameters (training days only, alpha = 0.95): "
                   + json.dumps({k: v["params"] for k, v in res["tuned"].items()}, default=str), ""]
     lines += ["## Targets", "", markdown_table(["target", "value", "goal", "met"],
-                                               [[t["name"], t["value"], t["goal"], "yes" if t["met"] else "NO"]
+                                               [[t["name"], "–" if t["value"] is None else t["value"], t["goal"],
+                                                 "yes" if t["met"] else "NO"]
                                                 for t in summary["targets"]]), ""]
     lines += [f"![{f}]({f})" for f in summary["figures"]]
     (out / "report.md").write_text("\n".join(lines) + "\n")
