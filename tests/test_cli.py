@@ -47,6 +47,16 @@ def test_seed_lists_parse_as_ranges_or_commas_and_bad_ones_are_clear_errors():
         assert r.exit_code == 2 and "--seeds must be a list" in r.output, (bad, r.output)
 
 
+def test_a_seed_given_twice_is_refused_by_every_verb():
+    """`--seeds 1,1` ran one seed twice: a row of n = 2 with a std of 0, as if measured twice."""
+    from samm.cli.seeds import parse_seeds
+
+    with pytest.raises(ValueError, match="'3,1,3' names 3 more than once"):
+        parse_seeds("3,1,3")
+    r = CliRunner().invoke(cli, ["tune", "--agent", "threshold", "--seeds", "1,1"])
+    assert r.exit_code == 2 and "names 1 more than once" in r.output, r.output
+
+
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "samm.cli.main", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and "samm" in out.stdout

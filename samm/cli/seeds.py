@@ -9,7 +9,8 @@ MAX_SEEDS = 100_000
 
 
 class SeedsOutOfBounds(ValueError):
-    """A well-formed seed list the runs cannot take (too many seeds, or one outside the seed space)."""
+    """A well-formed seed list the runs cannot take (too many seeds, one outside the seed space, or
+    one given twice)."""
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -29,6 +30,12 @@ def parse_seeds(text: str) -> list[int]:
     outside = [s for s in seeds if not 0 <= s <= MAX_SEED]
     if outside:
         raise SeedsOutOfBounds(f"seed {outside[0]} is outside 0..{MAX_SEED}")
+    from agents.report import refuse_repeats  # "1,1" ran one seed twice: n = 2 with a std of 0
+
+    try:
+        refuse_repeats(seeds, repr(text))
+    except ValueError as exc:
+        raise SeedsOutOfBounds(str(exc)) from None
     return seeds
 
 
