@@ -289,13 +289,13 @@ def test_reclaimer_experiment_of_an_application_given_as_a_topology_file(tmp_pat
 
 # --- a value given twice ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("verb, args, words", [
-    ("osdec", ["--seeds", "1,1", "--variants", "osdec"], "seeds names 1 more than once"),
+    ("osdec", ["--seeds", "1,1", "--variants", "osdec"], "names 1 more than once"),
     ("osdec", ["--seeds", "1", "--variants", "osdec,ppo,osdec"], "variants names 'osdec' more than once"),
     ("osdec", ["--seeds", "1", "--variants", "osdec", "--settings", "tiny,tiny"], "settings names 'tiny' more"),
-    ("reclaimer", ["--seeds", "2,1,2", "--methods", "autoscale"], "seeds names 2 more than once"),
+    ("reclaimer", ["--seeds", "2,1,2", "--methods", "autoscale"], "names 2 more than once"),
     ("reclaimer", ["--seeds", "1", "--apps", "chain3,chain3", "--methods", "autoscale"], "apps names 'chain3' more"),
     ("c2marl", ["--seeds", "1,1", "--episodes", "2", "--test-episodes", "1", "--held-apart-only"],
-     "seeds names 1 more than once"),
+     "names 1 more than once"),
 ])
 def test_a_seed_variant_setting_or_app_given_twice_is_refused_before_the_work(tmp_path, verb, args, words):
     """`--seeds 1,1` trained (or ran) seed 1 twice and reported the row as n = 2 with std 0; a setting
@@ -313,8 +313,8 @@ def test_paper_experiment_refuses_a_seed_given_twice(tmp_path, monkeypatch):
         raise AssertionError("the baselines were tuned")
 
     monkeypatch.setattr(paper, "tune", tuning_ran)
-    for flags, words in ((["--seeds", "1,2,1"], "--seeds names 1 more than once"),
-                         (["--tune-seeds", "101,101"], "--tune-seeds names 101 more than once")):
+    for flags, words in ((["--seeds", "1,2,1"], "--seeds: '1,2,1' names 1 more than once"),
+                         (["--tune-seeds", "101,101"], "--tune-seeds: '101,101' names 101 more than once")):
         res = _experiment("paper", "--out", str(tmp_path / "out"), "--policy", "agents/policies/lstm-ppo-paper",
                           "--no-swf", "--quiet", *flags)
         assert res.exit_code == 2 and words in res.output, res.output
