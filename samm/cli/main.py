@@ -70,6 +70,8 @@ def _sim_config(config_path: str | None, preset: str, initial: str | None, actio
     return cfg
 
 
+#: the parameters of workload_options (a run that reads no workload refuses them)
+SWF_OPTIONS_PARAMS = ("workload", "window", "time_compression", "mips_per_core", "max_jobs")
 SWF_OPTIONS = {"window_start_s": "--window", "window_end_s": "--window", "time_compression": "--time-compression",
                "mips_per_core": "--mips-per-core", "max_jobs": "--max-jobs"}
 
@@ -265,7 +267,8 @@ def _sim_results(workload: str, seed: int, runs) -> list[tuple[str, dict]]:
 @click.option("--sim", "sim_only", is_flag=True, help="Only the CloudSim Plus comparison (seconds), no testbed.")
 @click.option("--workload", default=None,
               help="Workload (default: seed-1551-short on the testbed, the full seed-1551 with --sim).")
-@click.option("--compression", type=float, default=30.0, show_default=True, help="Workload seconds per wall second.")
+@click.option("--compression", type=float, default=30.0, show_default=True,
+              help="Testbed: workload seconds per wall second (not with --sim).")
 @click.option("--seed", type=click.IntRange(0, 2**62 - 1), default=1, show_default=True,
               help="Seeds the boot delays (the simulator's seed space).")
 @click.option("--out", type=click.Path(file_okay=False), default="demo-report", show_default=True,
@@ -283,8 +286,11 @@ def demo(sim_only, workload, compression, seed, out) -> None:
 
     from samm.testbed.report import table, write_report
     from sim_bridge.config import SimConfig
+    from sim_bridge.errors import BridgeError
     from sim_bridge.workloads import load_workload
 
+    if sim_only:  # the simulator steps a minute at a time: `--sim --compression 60` changed nothing
+        _refuse_given(click.get_current_context(), {"compression"}, "applies to the testbed, not --sim")
     runs = _demo_agents()
     if not (math.isfinite(compression) and compression > 0):
         _fail(f"--compression must be a finite number > 0, got {compression}")
@@ -311,7 +317,14 @@ def demo(sim_only, workload, compression, seed, out) -> None:
     if sim_only:
         click.echo(f"SAMM demo (CloudSim Plus only): {workload}, one-minute steps, S/M/L = 2/4/8 cores at "
                    "$0.2/0.4/0.8 per hour, penalty $0.036 per waiting job-hour.")
-        rows = _sim_results(workload, seed, tqdm(runs, desc="simulating", unit="policy"))
+        _clear_last_report(out_dir)
+        try:
+            rows = _sim_results(workload, seed, tqdm(runs, desc="simulating", unit="policy"))
+        except KeyboardInterrupt:  # was click's bare "Aborted!" (exit 1), unlike the testbed's 130
+            click.echo("error: demo: interrupted; nothing written", err=True)
+            sys.exit(130)
+        except BridgeError as exc:  # e.g. the JVM, in Ctrl-C's process group, gone first
+            _fail(f"demo: the simulator: {exc}", code=1)
         click.echo(table(rows))
         (out_dir / "summary.json").write_text(json.dumps({"workload": workload, "sim": dict(rows)}, indent=2))
         click.echo(f"wrote {out_dir / 'summary.json'}")
@@ -330,6 +343,7 @@ def demo(sim_only, workload, compression, seed, out) -> None:
         except TestbedOptionsError as exc:
             _fail(f"demo: {label}: {exc}")
         planned.append((label, kind, opts))
+    _clear_last_report(out_dir)
     # the daemon's and the testbed's logs go to a file; the terminal shows progress
     logging.basicConfig(filename=str(out_dir / "demo.log"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -349,20 +363,23 @@ def demo(sim_only, workload, compression, seed, out) -> None:
             try:
                 res, figure = _testbed_run(label, opts, out_dir / f"vms_vs_waiting_{kind}.png")
             except TimeoutError as exc:
-                _fail(f"demo: {label}: {exc}; partial results in {opts.out_dir}")
+                _fail(f"demo: {label}: {exc}; partial results in {opts.out_dir}", code=1)  # the work failed
             tb_rows.append((label, res.summary))
             results[label] = {"summary": res.summary, "wall_s": round(res.wall_s, 1),
                               "daemon_iterations": res.daemon_iterations}
             figures.append(figure)
+        click.echo("\nTestbed (the daemon managing moto ASGs and real worker processes):")
+        click.echo(table(tb_rows))
+        # inside the try: a Ctrl-C here was "Aborted!" with the testbed's minutes unnamed
+        sim_rows = _sim_results(workload, seed, runs)
     except KeyboardInterrupt:
         click.echo(f"error: demo: interrupted; partial results in {out_dir}", err=True)
         sys.exit(130)
+    except BridgeError as exc:
+        _fail(f"demo: the simulator: {exc}; the testbed's results in {out_dir}", code=1)
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
-    click.echo("\nTestbed (the daemon managing moto ASGs and real worker processes):")
-    click.echo(table(tb_rows))
-    sim_rows = _sim_results(workload, seed, runs)
     click.echo("\nThe same in CloudSim Plus:")
     click.echo(table(sim_rows))
     notes = [f"compression {compression:g}x; collectors report every wall second ({compression:g} workload s)",
@@ -372,6 +389,13 @@ def demo(sim_only, workload, compression, seed, out) -> None:
     (out_dir / "summary.json").write_text(json.dumps({"workload": workload, "testbed": results,
                                                        "sim": dict(sim_rows)}, indent=2))
     click.echo(f"\nwrote {report} and {len(figures)} figure(s) in {out_dir}")
+
+
+def _clear_last_report(out_dir: Path) -> None:
+    """A re-run into the same --out that stops early must not leave the last run's summary and
+    report beside its partial results, to be read as this run's (as `samm testbed` does)."""
+    for name in ("summary.json", "report.md"):
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def _testbed_run(label: str, opts, figure_path: Path):
@@ -476,7 +500,8 @@ def testbed_cmd(ctx, agent_kind, params_json, policy_dir, workload, compression,
     except TestbedOptionsError as exc:  # another testbed holds --out, or runs in this process
         _fail(f"--out {out}: {exc}" if exc.option == "out_dir" else f"testbed: {exc}")
     except TimeoutError as exc:
-        _fail(f"testbed: {exc}; partial results in {partial if partial.exists() else out_dir} (logs in {out_dir})")
+        _fail(f"testbed: {exc}; partial results in {partial if partial.exists() else out_dir} (logs in {out_dir})",
+              code=1)  # the work failed, not its usage
     except KeyboardInterrupt:
         click.echo(f"error: testbed: interrupted; partial results in {partial if partial.exists() else out_dir}",
                    err=True)
@@ -549,6 +574,16 @@ def _given_options(ctx: click.Context, skip: set[str]) -> list[str]:
     return out
 
 
+def _refuse_given(ctx: click.Context, names: set[str], why: str) -> None:
+    """Exit 2 naming the first option of `names` typed on the command line: an option the run
+    would ignore must not look as if it had been applied."""
+    from click.core import ParameterSource
+
+    for p in ctx.command.params:
+        if p.name in names and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE:
+            _fail(f"{max(p.opts, key=len)} {why}")
+
+
 @cli.command("train", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True,
               help="Other problems take their own options after these, passed to their trainer, e.g. "
@@ -588,7 +623,7 @@ def _given_options(ctx: click.Context, skip: set[str]) -> list[str]:
 @click.option("--init-policy", type=click.Path(exists=True, file_okay=False), default=None,
               help="Start from this lstm-ppo policy (fine-tuning, e.g. the shipped one on your own trace) instead of scratch.")
 @click.option("--validation", "n_validation", type=int, default=12, show_default=True,
-              help="With a mix or trace windows: training-split workloads that pick the saved snapshot.")
+              help="With a mix or trace windows: training-split workloads (at least 1) that pick the saved snapshot.")
 @click.option("--ray", "ray_address", default=None, metavar="local|auto|ADDRESS",
               help="Run the simulations on Ray rollout workers (pip install samm[ray]): `local` starts a cluster in "
                    "this process, `auto` joins the one `ray start --head` runs, else a cluster address. The learner "
@@ -631,8 +666,14 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
                                                                           "episodes", "quiet"}) + list(ctx.args)))
     if ctx.args:
         _fail(f"unknown options for problem autoscaling: {' '.join(ctx.args)}")
+    # each of these once went unread: `--episodes 50` trained the full --timesteps
+    _refuse_given(ctx, {"episodes", "predictor"}, "applies to problem lra-placement, not autoscaling")
+    if ray_address is None:
+        _refuse_given(ctx, {"rollout_workers"}, "applies only with --ray")
+    if n_validation < 1:  # fine-tuning picked its snapshot by the mean of no windows (NaN)
+        _fail(f"--validation must be at least 1, got {n_validation}")
     from agents.ppo.config import PPOConfig
-    from agents.ppo.train import refuse_existing_run
+    from agents.ppo.train import CHECKPOINT_FILE, refuse_existing_run
     from agents.training import train_lstm_ppo
 
     if not resume:
@@ -640,6 +681,7 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
             refuse_existing_run(Path(out))
         except ValueError as exc:
             _fail(str(exc))
+    eval_seed_list = _seeds(eval_seeds, "--eval-seeds")  # before --out is made and the plan is built
 
     cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
     overrides = _params(ppo_json, "--ppo") or {}
@@ -656,10 +698,14 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
         _fail(f"--out {out}: {exc}")
     try:
         _, summary = train_lstm_ppo(cfg, plan.workload, ppo, out, resume=resume, progress=not quiet,
-                                    eval_seeds=_seeds(eval_seeds, "--eval-seeds"), features=plan.features,
+                                    eval_seeds=eval_seed_list, features=plan.features,
                                     sampler_factory=plan.sampler_factory, reward_scale=plan.reward_scale,
                                     reward=plan.reward, validation=plan.validation, init_policy=init_policy,
                                     training_info=plan.info, ray_address=ray_address, rollout_workers=rollout_workers)
+    except KeyboardInterrupt:  # click's bare "Aborted!" named neither what was kept nor how to go on
+        kept = "its logs and checkpoint" if (Path(out) / CHECKPOINT_FILE).exists() else "its logs (no checkpoint yet)"
+        click.echo(f"error: train: interrupted; {out} keeps {kept}; `--resume` continues the run", err=True)
+        sys.exit(130)
     except ImportError as exc:
         _fail(f"--ray needs the ray package (pip install samm[ray]): {exc}")
     except ValueError as exc:
@@ -701,7 +747,8 @@ def _training_plan(cfg, workload, window, time_compression, mips_per_core, max_j
                    "lra-placement: lra-reinforce, lra-reinforce-per-batch, optimum, greedy-ls, greedy, k8s-default, "
                    "least-loaded, round-robin or random.")
 @click.option("--nodes", type=int, default=9, show_default=True, help="lra-placement: nodes (8 slots each).")
-@click.option("--containers", default="15-48", show_default=True, help="lra-placement: batch size range LO-HI.")
+@click.option("--containers", default="15-48", show_default=True,
+              help="lra-placement: batch size range LO-HI (1 <= LO <= HI), or one size N.")
 @click.option("--predictor", type=click.Choice(["forest", "synthetic"]), default="forest", show_default=True,
               help="lra-placement: the interference model.")
 @click.option("--policy", "policy_dir", type=click.Path(exists=True, file_okay=False), default=None,
@@ -720,21 +767,28 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
     generalisation`). Placement: mean normalised throughput per seeded batch beside the batch's
     exact optimum. Deferrable jobs (`--agent osdec` or a heuristic, e.g. tetris): total reward and
     its parts on held-apart test episodes."""
+    ctx = click.get_current_context()
     if suite is not None:
         if problem != "autoscaling":
             _fail("--suite applies to problem autoscaling")
+        # the suite fixes its agents, windows and seeds: `--suite ... --seeds 1-10` ran 3 seeds
+        _refuse_given(ctx, {"agent_kind", "params_json", "seeds", "stochastic", "nodes", "containers", "predictor",
+                            *SWF_OPTIONS_PARAMS},
+                      "does not apply to --suite (it runs its own agents, windows and seeds)")
         _suite_cmd(_sim_config(config_path, preset, initial, action_mode or "per-type", max_steps), policy_dir,
                    rules_path, retune, out_dir, as_json)
         return
     if agent_kind is None:
         _fail("--agent is required (or --suite)")
+    # without --suite these were read by nothing: `--out DIR` wrote no file and said nothing
+    _refuse_given(ctx, {"rules_path", "retune", "out_dir"}, "applies only with --suite")
     if problem == "lra-placement":
         from agents.lra_placement.evaluate import evaluate as evaluate_placement
 
+        size_range = _containers_range(containers)
         try:
-            lo, _, hi = containers.partition("-")
             res = evaluate_placement(agent_kind, _seeds(seeds), policy_dir=policy_dir, n_nodes=nodes,
-                                     size_range=(int(lo), int(hi or lo)), predictor=predictor)
+                                     size_range=size_range, predictor=predictor)
         except (ValueError, FileNotFoundError) as exc:
             _fail(str(exc))
         if as_json:
@@ -793,6 +847,19 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
                                           if isinstance(v, dict) and k in ("total_cost", "vm_cost", "wait_penalty", "makespan_s")))
 
 
+def _containers_range(text: str) -> tuple[int, int]:
+    """--containers LO-HI (or N): "48-15" once placed batches of 15 silently, and "abc" was an
+    error that named no option."""
+    lo, sep, hi = text.partition("-")
+    try:
+        bounds = (int(lo), int(hi if sep else lo))
+    except ValueError:
+        bounds = (0, -1)
+    if not 1 <= bounds[0] <= bounds[1]:
+        _fail(f"--containers must be LO-HI (or N) with 1 <= LO <= HI, got {text!r}")
+    return bounds
+
+
 def _suite_cmd(cfg, policy_dir, rules_path, retune, out_dir, as_json) -> None:
     from agents.generalisation import run_suite, suite_json, suite_markdown, suite_workloads
     from agents.generalisation_agents import suite_agents
@@ -800,7 +867,10 @@ def _suite_cmd(cfg, policy_dir, rules_path, retune, out_dir, as_json) -> None:
 
     out = Path(out_dir) if out_dir else None
     if out:
-        out.mkdir(parents=True, exist_ok=True)
+        try:  # before the suite's minutes: a path under a file was a NotADirectoryError traceback
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail(f"--out {out_dir}: cannot write there: {exc.strerror or exc}")
     try:
         agents, provenance = suite_agents(cfg, policy_dir, rules_path=rules_path, retune=retune,
                                           write_to=out / "rules.json" if (out and retune) else None,
@@ -1183,10 +1253,23 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
     """Evaluate candidate and incumbent on the same workloads and seeds; promote only if the
     candidate is cheaper by the margin on paired episodes (one workload, or the generalisation
     suite's windows with --suite). Prints the evidence; exit status 0 when promoted, 3 when not."""
+    import math
     import os
 
     from agents.promote import compare, compare_on_suite, install
 
+    # NaN failed every comparison: minutes of episodes, then "not promoted" (exit 3) for a typo
+    if not (math.isfinite(margin) and -1 < margin < 1):
+        _fail(f"--margin must be a fraction of the cost in (-1, 1), got {margin}")
+    if not 0 <= max_p <= 1:
+        _fail(f"--max-p must be a p-value in [0, 1], got {max_p}")
+    if not (math.isfinite(window_tolerance) and window_tolerance > 0):
+        _fail(f"--window-tolerance must be a finite ratio > 0, got {window_tolerance}")
+    ctx = click.get_current_context()
+    if suite:  # the suite pairs on its own windows: `--suite ... --workload MINE.swf` gated on others
+        _refuse_given(ctx, set(SWF_OPTIONS_PARAMS), "does not apply to --suite (it pairs on the suite's own windows)")
+    else:
+        _refuse_given(ctx, {"window_tolerance"}, "applies only with --suite")
     if install_to:  # checked before the evaluation, which takes minutes, not after it
         parent = Path(install_to).absolute().parent
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
@@ -1196,7 +1279,7 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
             from agents.generalisation import suite_workloads
 
             cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
-            given = click.get_current_context().get_parameter_source
+            given = ctx.get_parameter_source
             seed_list = _seeds(seeds) if given("seeds").name != "DEFAULT" else None
             # the suite's sign test is weak evidence with few windows: required only when --max-p is given
             res = compare_on_suite(candidate, incumbent, cfg, suite_workloads(cfg), seed_list, margin=margin,
@@ -1213,7 +1296,8 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
             install(candidate, install_to)
         except OSError as exc:
             click.echo(json.dumps(res, indent=2))
-            _fail(f"--install {install_to}: promoted but not installed ({exc.strerror or exc}: {exc.filename})")
+            _fail(f"--install {install_to}: promoted but not installed ({exc.strerror or exc}: {exc.filename})",
+                  code=1)  # the evidence is printed; the work, not its usage, failed
         res["installed_to"] = install_to
     click.echo(json.dumps(res, indent=2))
     sys.exit(0 if res["promote"] else 3)
@@ -1260,6 +1344,10 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
         _fail(f"--session-ttl must be a positive number of seconds, got {session_ttl}")
     if not 0 < max_body_mb <= 4096:  # as --session-ttl: NaN passes the FloatRange
         _fail(f"--max-body-mb must be a number of megabytes in (0, 4096], got {max_body_mb}")
+    for spec in agents:  # `--agent lstm-ppo=$POLICY` with $POLICY unset served the shipped policy
+        name, sep, policy_dir = spec.partition("=")
+        if not name or (sep and not policy_dir):
+            _fail(f"--agent {spec!r}: expected NAME or NAME=POLICY_DIR")
     hosted = [spec.partition("=")[0] for spec in agents]
     twice = sorted({n for n in hosted if hosted.count(n) > 1})
     if twice:
@@ -1267,6 +1355,7 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
     unhosted = sorted(set(params) - set(hosted))
     if unhosted:
         _fail(f"--agent-param {unhosted[0]}:...: no --agent {unhosted[0]} is hosted (hosted: {', '.join(hosted)})")
+    _check_listen(host, port)
     try:
         registry = PolicyRegistry(store)
     except OSError as exc:
@@ -1296,6 +1385,24 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
     gc.collect()
     gc.freeze()
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Exit 2 naming --host/--port when the service could not listen there. uvicorn found out only
+    after the policies were loaded and "serving on ..." was printed, then exited 3 (the status
+    `samm policy promote` gives "not promoted")."""
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        _fail(f"--host {host}: cannot resolve it ({getattr(exc, 'strerror', None) or exc})")
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(addr)
+        except OSError as exc:
+            _fail(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})")
 
 
 @cli.command("collect")
@@ -1338,8 +1445,8 @@ def collect(graphite_addr, prefix, group, instance, interval, cores, pid, once, 
         _fail(f"--group: {exc}")
     try:
         sampler = HostSampler(cores=cores, pid=pid)
-    except ValueError as exc:
-        _fail(str(exc))
+    except ValueError as exc:  # "cores must be ..." (ours) or "pid must be ..." (psutil's): name the option
+        _fail(f"{'--pid' if str(exc).startswith('pid') else '--cores'}: {exc}")
     except psutil.NoSuchProcess:
         _fail(f"--pid {pid}: no such process")
     except (OSError, psutil.Error) as exc:  # /proc not mounted, or the process not ours to read
