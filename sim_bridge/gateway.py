@@ -71,6 +71,10 @@ class Gateway:
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 # undecodable bytes must not kill the reader threads: an undrained stderr pipe blocks the JVM
                 encoding="utf-8", errors="replace", bufsize=1,
+                # out of the terminal's process group: a Ctrl-C meant for Python killed the JVM too, and
+                # closing the environments then logged py4j tracebacks before the clean stop (the JVM
+                # still exits with us: stdin EOF and --parent-pid)
+                start_new_session=True,
             )
         except OSError as exc:  # e.g. a `java` that is not executable
             raise GatewayError(f"cannot start the Java gateway with {cmd[0]} ({exc})") from None

@@ -35,3 +35,16 @@ def test_without_the_variable_the_checkouts_build_is_found(monkeypatch):
             find_jar()
     else:
         assert find_jar() == built
+
+
+@pytest.mark.jvm
+def test_the_jvm_leads_its_own_session_so_a_terminals_ctrl_c_reaches_python_alone():
+    import os
+
+    from sim_bridge.gateway import Gateway
+
+    gw = Gateway()
+    try:
+        assert os.getsid(gw.proc.pid) == gw.proc.pid != os.getsid(0)
+    finally:
+        gw.close()
