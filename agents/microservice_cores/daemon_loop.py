@@ -35,7 +35,9 @@ unreachable", the lookup's message in the step's errors); the first iteration on
 
 `executor.dry_run` (or `samm run --dry-run`): every decision is recorded, each limit change the
 loop would have made is an Action with status `dry_run`, no limit is changed. The agent
-sinan-explore is refused in a dry run (its samples need its allocations applied).
+sinan-explore is refused in a dry run (its samples need its allocations applied), and
+reclaimer-online when `timing.interval_s` is not below its `max_gap_s` (1.5 s by default): every
+step would break its chain, and it would never learn.
 
 At the daemon's shutdown the controller's `close()` runs (once a step ran), as a testbed run's end
 calls it: reclaimer-online saves its policy, sinan-explore writes its samples.
@@ -428,6 +430,23 @@ def _controller_closer(controller, inner: ControlLoop) -> Callable[[], None]:
     return close
 
 
+def _refuse_a_chain_the_steps_break(lp: MicroserviceLoopConfig, controller) -> None:
+    """The online learner pairs two measurements at most its max_gap_s apart: steps further apart
+    than that broke every pair, and it acted for good without learning anything, silently."""
+    from samm.daemon.build import ConfigurationProblem
+
+    from .online import OnlineReclaimer
+
+    inner = controller
+    while hasattr(inner, "inner"):          # under scale_down_window, headroom_floor, throttle_guard
+        inner = inner.inner
+    gap = inner.cfg.max_gap_s if isinstance(inner, OnlineReclaimer) else None
+    if gap is not None and lp.timing.interval_s >= gap:
+        raise ConfigurationProblem(
+            f"loop {lp.name!r}: agent {lp.agent.name!r} learns from steps at most max_gap_s = {gap:g} s apart, but "
+            f"timing.interval_s is {lp.timing.interval_s:g} s: it would never learn (raise max_gap_s above it)")
+
+
 def build_loop(cfg, lp: MicroserviceLoopConfig, store, closers: list, clock: Callable[[], float] | None = None):
     from samm.daemon.build import ConfigurationProblem
 
@@ -441,12 +460,15 @@ def build_loop(cfg, lp: MicroserviceLoopConfig, store, closers: list, clock: Cal
         # its samples pair each allocation with the latency under it: a dry run applies none
         raise ConfigurationProblem(f"loop {lp.name!r}: agent 'sinan-explore' cannot collect samples in a dry run "
                                    "(its allocations would never be applied)")
+    limits = AppLimits(services=topo.service_names, caps=topo.caps, qos_ms=topo.qos_ms)
     try:
         controller = make_controller(a.name, topo, policy_dir=a.policy_dir, **dict(a.params))
+        # in the try: a policy of another application (policy_dir, or what reclaimer-online saved
+        # under `out`) is refused here, and was a traceback out of `samm run`
+        controller.reset(limits)
     except (ValueError, FileNotFoundError, TypeError) as exc:
         raise ConfigurationProblem(f"loop {lp.name!r}: agent {a.name!r} for {topo.name}: {exc}") from None
-    limits = AppLimits(services=topo.service_names, caps=topo.caps, qos_ms=topo.qos_ms)
-    controller.reset(limits)
+    _refuse_a_chain_the_steps_break(lp, controller)
     from samm.execute.cfs_burst import chosen_burst
 
     containers = EngineContainers(topo.service_names, lp.containers,

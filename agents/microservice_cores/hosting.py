@@ -70,6 +70,9 @@ def make_controller(name: str, topo: Topology | str, policy_dir=None, **params):
         from .policy import ReclaimerPolicy, shipped_policy
 
         out = params.pop("out", None)
+        if out is not None and not (isinstance(out, (str, Path)) and str(out).strip()):
+            # "" was Path("") = ".": the policy and online.csv went into the daemon's working folder
+            raise ValueError(f"reclaimer-online: out must be a folder (or left out: nothing saved), got {out!r}")
         cfg = _online_config(params)
         earlier = Path(out) / "policy" if out is not None else None
         if earlier is not None and (earlier / "metadata.json").is_file():

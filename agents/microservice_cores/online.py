@@ -17,8 +17,12 @@ policy (every weight is saved with it); the optimisers start fresh. A gap of mor
 between two measurements (the loop's guard skipped seconds of stale or unknown latency) ends the
 chain: no transition spans it; so does a measurement not later than the one before. `close()`
 (called by the testbed run at its end) and every `save_every` steps write the policy and
-`online.csv` (one row per second) under `out`; a periodic save that fails is logged and tried
-again at the next, never costing the second's decision.
+`online.csv` (one row per second) under `out`; saved only at close (`save_every` 0, or far apart),
+the rows still go to `online.csv` every `rows_kept` (3,600) steps, so a daemon's learner does not
+hold them all in memory. A periodic save that fails is logged and tried again at the next, never
+costing the second's decision. A restarted learner continues the policy it saved: the saved
+record counts steps, transitions and updates since the base policy, whose version it keeps
+(`<base>+online<transitions>`, one suffix however many restarts).
 
 Pure decision and learning code: no I/O but the optional save.
 """
@@ -72,6 +76,19 @@ class OnlineConfig:
             raise ValueError(f"online max_gap_s must be a number of seconds > 0, got {gap!r}")
 
 
+def _earlier_tuning(policy: ReclaimerPolicy) -> dict:
+    """What an earlier online run recorded in the policy it saved (a restarted learner continues
+    it): its counts, and the version it started from; none for a policy not tuned online."""
+    rec = policy.training.get("online")
+    rec = rec if isinstance(rec, dict) else {}
+    out = {k: v if _whole(v, 0) else 0 for k in ("steps", "transitions", "updates") for v in [rec.get(k)]}
+    sec = rec.get("seconds")
+    out["seconds"] = float(sec) if _whole(sec, 0) or (isinstance(sec, float) and 0 <= sec < np.inf) else 0.0
+    base = rec.get("base_version")
+    out["base_version"] = base if isinstance(base, str) and base else policy.version
+    return out
+
+
 def _whole(v, least: int) -> bool:
     """An int >= least (a bool is not a count; a float would reach numpy's array sizes)."""
     return not isinstance(v, bool) and isinstance(v, int) and v >= least
@@ -79,7 +96,7 @@ def _whole(v, least: int) -> bool:
 
 class OnlineReclaimer:
     name = "reclaimer-online"
-    rows_kept = 3600    # without `out`, the newest seconds' rows kept in memory
+    rows_kept = 3600    # rows in memory at most: without `out` the newest, with it written every so many steps
 
     def __init__(self, policy: ReclaimerPolicy, cfg: OnlineConfig = OnlineConfig(), out=None):
         self.policy = policy
@@ -103,6 +120,7 @@ class OnlineReclaimer:
         # a restarted learner appends to its earlier log (writing it afresh lost the earlier seconds)
         self._csv_started = self.out is not None and (self.out / "online.csv").is_file()
         self._t0 = time.perf_counter()
+        self._earlier = _earlier_tuning(policy)
 
     # -- Controller ----------------------------------------------------------------------------
     def reset(self, limits: AppLimits) -> None:
@@ -154,31 +172,41 @@ class OnlineReclaimer:
         if self.out is None and len(self.rows) > self.rows_kept:
             # nowhere to write them: a daemon's learner kept one row a second for good
             del self.rows[:-self.rows_kept]
+        elif self.out is not None and len(self.rows) >= self.rows_kept and self.steps % self.rows_kept == 0:
+            # saved only at close (save_every 0, or far apart): the log goes out on its own, else a
+            # daemon's learner held every second's row in memory until it stopped
+            self._periodic(self._write_rows, "the log")
         self._base = self.policy.base_use(obs[0])
         cores_next = clip_cores(self.policy.cores(a, obs[0]), self.limits)
         if self.out is not None and self.cfg.save_every and self.steps % self.cfg.save_every == 0:
-            self._periodic_save()
+            self._periodic(self.save, "the policy and its log")
         return cores_next
 
-    def _periodic_save(self) -> None:
+    def _periodic(self, write, what: str) -> None:
         """A save between seconds: one that fails (a full disk, an unwritable `out`) is logged and
         its rows kept for the next; the decision of this second stands (the caller's loop would
         otherwise take no action every `save_every` seconds). `close()` still raises."""
         try:
-            self.save()
+            write()
         except (OSError, RuntimeError) as exc:   # torch.save reports a failed write as RuntimeError
             self.save_errors += 1
-            log.warning("reclaimer-online: saving under %s failed (%s: %s); tried again in %d steps",
-                        self.out, type(exc).__name__, exc, self.cfg.save_every)
+            log.warning("reclaimer-online: saving under %s failed (%s: %s); %s tried again later",
+                        self.out, type(exc).__name__, exc, what)
 
     # -- saving --------------------------------------------------------------------------------
     def fine_tuned_policy(self) -> ReclaimerPolicy:
         training = dict(self.policy.training)
-        training["online"] = {"steps": self.steps, "transitions": self.transitions, "updates": self.updates,
-                              "seconds": round(time.perf_counter() - self._t0, 1), "config": asdict(self.cfg),
-                              "base_version": self.policy.version}
+        # counted since the base policy, across restarts: a restarted learner's version grew by
+        # "+online<n>" with every restart and its record counted only the seconds since the last
+        before = self._earlier
+        base = before["base_version"]
+        training["online"] = {"steps": before["steps"] + self.steps,
+                              "transitions": before["transitions"] + self.transitions,
+                              "updates": before["updates"] + self.updates,
+                              "seconds": round(before["seconds"] + time.perf_counter() - self._t0, 1),
+                              "config": asdict(self.cfg), "base_version": base}
         return ReclaimerPolicy(self.agent, self.topo, self.policy.cfg, training,
-                               version=f"{self.policy.version}+online{self.transitions}",
+                               version=f"{base}+online{training['online']['transitions']}",
                                ceiling=self.policy.ceiling)
 
     def save(self) -> Path | None:
@@ -186,15 +214,22 @@ class OnlineReclaimer:
             return None
         self.out.mkdir(parents=True, exist_ok=True)
         d = self.fine_tuned_policy().save(self.out / "policy")
-        if self.rows:   # appended, so a long-running learner does not rewrite its whole history
-            with open(self.out / "online.csv", "a" if self._csv_started else "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(self.rows[0]))
-                if not self._csv_started:
-                    w.writeheader()
-                w.writerows(self.rows)
-            self._csv_started = True
-            self.rows.clear()
+        self._write_rows()
         return d
+
+    def _write_rows(self) -> None:
+        """The rows not yet in online.csv, appended (a long-running learner does not rewrite its
+        whole history), then dropped from memory."""
+        if not self.rows:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        with open(self.out / "online.csv", "a" if self._csv_started else "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(self.rows[0]))
+            if not self._csv_started:
+                w.writeheader()
+            w.writerows(self.rows)
+        self._csv_started = True
+        self.rows.clear()
 
     def close(self) -> None:
         self.save()

@@ -2,6 +2,7 @@
 
     POST /v1/agents/{name}/allocate
     {"session": "hotel-prod",                       # the caller's application; its frames are kept
+                                                    # (letters, digits, . _ : -, at most 128: the reset route's)
      "services": ["frontend", ...],                 # in the policy's order (checked)
      "per_service": [[rx_packets, tx_packets, rx_bytes, tx_bytes, rss_bytes, cache_bytes,
                       page_faults, cpu_used, cpu_limit, io_bytes, io_ops], ...one row per service],
@@ -13,7 +14,8 @@
 The policy stacks the last k = 5 seconds per session (a session is one application's control
 loop), so callers send every second, in order. Sessions live in the service's shared store
 (`samm.plan.sessions`): idle ones expire after its TTL and the least recently used go past its cap,
-both O(1); POST /v1/agents/{name}/sessions/{session}/reset starts one afresh.
+both O(1); POST /v1/agents/{name}/sessions/{session}/reset starts one afresh. A cpu_limit of 0
+is Docker's "no limit": it reads as the service's cap, on a held answer and on a decided one.
 
 Unknown latency (null, or any NaN) means the load generator is stale: the answer holds the
 current limits (`action: "hold"`, with the reason; each within [floor, cap] like every answer's
@@ -31,10 +33,11 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.problem_service import hosted_policy, problem_sessions
+from samm.plan.service import SESSION_PATTERN
 from samm.plan.sessions import _policy_tag, _tagged_by
 
 from .control import AppLimits, clip_cores
-from .observation import PERCENTILES, SERVICE_FIELDS, StepMeasurement
+from .observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
 
 # Far above any real counter (a petabyte per second), far below where the float32 features
 # overflow to inf: a larger value is a broken exporter, answered with a 422 naming it.
@@ -44,7 +47,9 @@ NonNegative = Annotated[float, Field(ge=0, le=LARGEST, allow_inf_nan=False)]
 
 class AllocateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    session: str = Field(min_length=1, max_length=200, description="The caller's application (its frame stack).")
+    # the reset route's pattern: a name it refuses (a space, a slash, past 128 characters) made a
+    # frame stack that no reset could reach
+    session: str = Field(pattern=SESSION_PATTERN, description="The caller's application (its frame stack).")
     services: list[str] = Field(min_length=1, max_length=512, description="Service names, in the policy's order.")
     per_service: list[Annotated[list[NonNegative], Field(min_length=len(SERVICE_FIELDS), max_length=len(SERVICE_FIELDS))]] = Field(
         max_length=512, description=f"One row per service: {', '.join(SERVICE_FIELDS)} over the last second.")
@@ -83,6 +88,10 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
             if v is not None and (v < 0 or LARGEST < v < np.inf):
                 raise HTTPException(422, detail=f"latency_ms[{i}]: must be in [0, {LARGEST:g}], got {v}")
         rows = np.asarray(req.per_service, dtype=np.float64)
+        # a limit of 0 is Docker's "none": what is in force is the cap, on either answer. The policy
+        # read a 0 as a service without CPU (its previous action 0) and set lower limits for it
+        limit = rows[:, FIELD["cpu_limit"]]
+        rows[:, FIELD["cpu_limit"]] = np.where(limit > 0, limit, topo.caps)
         version = str(getattr(policy, "version", "unversioned"))
         lat = None if req.latency_ms is None else np.array([np.nan if v is None else v for v in req.latency_ms], float)
         started = time.perf_counter()
@@ -90,9 +99,7 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
             # the limits in force, within [floor, cap] as every answer's: a container without a
             # limit (0 as Docker reports it, or the host's CPUs) gets its cap, the safe side, never
             # 0 cores or more than its cap
-            limit = rows[:, SERVICE_FIELDS.index("cpu_limit")]
-            current = clip_cores(np.where(limit > 0, limit, np.nan), AppLimits(topo.service_names, topo.caps,
-                                                                               topo.qos_ms))
+            current = clip_cores(rows[:, FIELD["cpu_limit"]], AppLimits(topo.service_names, topo.caps, topo.qos_ms))
             return AllocateResponse(cores=current.tolist(), total_cores=float(current.sum()), action="hold",
                                     reason="latency unknown (stale load data): limits held", agent=name,
                                     policy_version=version, latency_ms=0.0)
