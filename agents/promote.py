@@ -63,11 +63,23 @@ def install(candidate_dir, target_dir) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     previous = target.with_name(target.name + ".previous")
-    if previous.exists():
-        shutil.rmtree(previous)
-    if target.exists():
-        os.replace(target, previous)
-    os.replace(tmp, target)
+    moved = False
+    try:
+        if previous.is_symlink() or previous.is_file():
+            previous.unlink()
+        elif previous.exists():
+            shutil.rmtree(previous)
+        if target.exists():
+            os.replace(target, previous)
+            moved = True
+        os.replace(tmp, target)
+    except BaseException:
+        # the copy left beside the target was never cleaned up, and a failed last rename left no
+        # policy at the target at all: the installed one goes back
+        if moved and not target.exists():
+            os.replace(previous, target)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 # -- gating on the generalisation suite (paired windows and seeds) ---------------------------------

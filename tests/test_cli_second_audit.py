@@ -242,22 +242,27 @@ def test_a_testbed_that_runs_out_of_time_is_a_failure_of_the_work_not_of_usage(t
     assert "unfinished after 3 s" in line and "partial results in" in line and "Traceback" not in r.stderr, line
 
 
-def test_promote_that_cannot_install_is_a_failure_of_the_work(tmp_path):
+def test_promote_that_cannot_install_is_a_failure_of_the_work(tmp_path, monkeypatch):
     """A promotion whose install failed exited 2, the status of a typo."""
+    import agents.promote
     from agents.factory import make_agent
     from sim_bridge.config import SimConfig
 
     pol = tmp_path / "pol"
     make_agent("threshold", SimConfig()).save(pol)
     live = tmp_path / "live"
-    (tmp_path / "live.previous").write_text("a file where the previous policy goes")
+
+    def disk_full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(agents.promote.shutil, "copytree", disk_full)  # the fault: a disk that fills up
     # the same policy on both sides, a gate it passes: promoted, then the install fails
     res = CliRunner().invoke(cli, ["policy", "promote", "--candidate", str(pol), "--incumbent", str(pol),
                                    "--seeds", "1", "--max-steps", "5", "--margin", "-0.5", "--max-p", "1",
                                    "--install", str(live)])
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit), (res.output, res.exception)
     assert "promoted but not installed" in res.output.strip().splitlines()[-1], res.output
-    assert not live.exists()
+    assert not live.exists() and not list(tmp_path.glob(".incoming-*"))
 
 
 @pytest.mark.parametrize("spec", ["threshold=", "lstm-ppo="])
@@ -280,3 +285,35 @@ def test_demo_sim_refuses_the_testbeds_compression(tmp_path):
                                    "--out", str(tmp_path / "d")])
     _one_error_line(res, "--compression", "--sim")
     assert not (tmp_path / "d").exists()
+
+
+def test_install_replaces_whatever_holds_the_previous_slot_and_never_leaves_the_target_empty(tmp_path, monkeypatch):
+    """A file at `<target>.previous` failed the install after the copy, leaving `.incoming-*` beside
+    the target; a failed last rename left no policy at the target at all."""
+    import os
+
+    import agents.promote as promote
+
+    cand, live = tmp_path / "cand", tmp_path / "live"
+    cand.mkdir()
+    (cand / "metadata.json").write_text('{"version": "new"}')
+    live.mkdir()
+    (live / "metadata.json").write_text('{"version": "old"}')
+    (tmp_path / "live.previous").write_text("a stray file")
+    promote.install(cand, live)
+    assert (live / "metadata.json").read_text() == '{"version": "new"}'
+    assert (tmp_path / "live.previous" / "metadata.json").read_text() == '{"version": "old"}'
+
+    real = os.replace
+
+    def last_rename_fails(src, dst):
+        if os.path.basename(str(src)).startswith(".incoming-"):
+            raise OSError(5, "Input/output error")
+        return real(src, dst)
+
+    monkeypatch.setattr(promote.os, "replace", last_rename_fails)
+    (cand / "metadata.json").write_text('{"version": "newer"}')
+    with pytest.raises(OSError):
+        promote.install(cand, live)
+    assert (live / "metadata.json").read_text() == '{"version": "new"}'  # the installed one is back
+    assert not list(tmp_path.glob(".incoming-*"))
