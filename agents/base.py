@@ -207,6 +207,10 @@ def load_agent(directory: str | Path) -> Agent:
     from .registry import read_metadata
 
     d = Path(directory)
+    problem = read_metadata(d).get("problem", "autoscaling")
+    if problem != "autoscaling":  # was "missing 'feature_names'", which sent users to repair the file
+        raise ValueError(f"{d / 'metadata.json'}: a policy of the {problem!r} problem, not an autoscaling agent "
+                         f"(give --problem {problem})")
     meta = read_metadata(d, ("kind", "feature_names", "action_mode", "type_names"))
     kind = meta["kind"]
     try:

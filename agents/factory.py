@@ -20,6 +20,9 @@ def make_agent(kind: str, sim: SimConfig, params: dict | None = None, policy_dir
     if kind.startswith("static:"):
         from .builtin import make_builtin_policy
 
+        if policy_dir is not None:  # was ignored: the run said nothing of the policy it did not use
+            raise ValueError(f"{kind} takes its counts from its name, not a saved policy ({policy_dir})")
+
         return make_builtin_policy(kind, action_mode or "per-type", type_names)
     if policy_dir is not None:
         agent = load_agent(policy_dir)

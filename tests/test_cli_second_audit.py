@@ -317,3 +317,19 @@ def test_install_replaces_whatever_holds_the_previous_slot_and_never_leaves_the_
         promote.install(cand, live)
     assert (live / "metadata.json").read_text() == '{"version": "new"}'  # the installed one is back
     assert not list(tmp_path.glob(".incoming-*"))
+
+
+def test_a_static_agent_refuses_a_policy_it_would_not_read():
+    """`--agent static:1,1,1 --policy DIR` ran the static counts and said nothing of DIR."""
+    res = CliRunner().invoke(cli, ["evaluate", "--agent", "static:1,1,1", "--policy", "agents/policies/lstm-ppo-default",
+                                   "--seeds", "1", "--max-steps", "3"])
+    assert res.exit_code == 2 and "takes its counts from its name, not a saved policy" in res.output, res.output
+
+
+def test_a_policy_of_another_problem_is_named_as_such():
+    """It said "metadata.json: missing 'feature_names'", as if the file needed repair."""
+    res = CliRunner().invoke(cli, ["evaluate", "--agent", "lstm-ppo", "--policy",
+                                   "agents/deferrable_jobs/policies/osdec-default", "--seeds", "1", "--max-steps", "3"])
+    assert res.exit_code == 2, res.output
+    assert "a policy of the 'deferrable-jobs' problem, not an autoscaling agent (give --problem deferrable-jobs)" \
+        in res.output, res.output
