@@ -338,6 +338,16 @@ class SammConfig(Strict):
                 raise ValueError(f"Docker group {g.name!r} ({ex.endpoint_url or 'the default engine'}) is managed by "
                                  f"loops {owner[target]!r} and {lp.name!r}: its containers would be scaled by both; "
                                  "name the groups apart or give each engine's group to one loop")
+        # an agent's `out` (an online learner's policy and log, an explorer's samples) is written
+        # as that loop's own: two loops on one folder overwrote each other's files
+        outs: dict[str, str] = {}
+        for lp in self.loops:
+            out = getattr(getattr(lp, "agent", None), "params", {}).get("out")
+            if isinstance(out, str) and out:
+                key = os.path.normpath(os.path.abspath(os.path.expanduser(out)))
+                if outs.setdefault(key, lp.name) != lp.name:
+                    raise ValueError(f"loops {outs[key]!r} and {lp.name!r} both write their agent's files to {out!r} "
+                                     "(agent.params.out): give each loop its own folder")
         return self
 
     def control_loops(self) -> list[LoopConfig]:

@@ -145,3 +145,25 @@ def test_a_problem_loops_interval_is_bounded_too():
     loop["timing"] = {"interval_s": 1e30}
     with pytest.raises(ValueError, match="less than or equal"):
         SammConfig.model_validate({"loops": [loop]})
+
+
+def test_two_loops_writing_their_agents_files_to_one_folder_are_refused():
+    """An online learner's policy and log (or an explorer's samples) under one `out` for two loops:
+    each overwrote the other's files."""
+    import copy
+
+    import yaml
+
+    from samm.config import SammConfig
+
+    d = yaml.safe_load((EXAMPLE.parent / "microservices.yaml").read_text())
+    one = d["loops"][0]
+    two = copy.deepcopy(one)
+    two["name"], two["containers"]["name_prefix"] = "other", "other-"
+    one["agent"] = {"name": "reclaimer-online", "params": {"out": "/srv/learn"}}
+    two["agent"] = {"name": "sinan-explore", "params": {"out": "/srv/learn/"}}
+    d["loops"] = [one, two]
+    with pytest.raises(ValueError, match="loops 'hotel' and 'other' both write their agent's files to '/srv/learn/'"):
+        SammConfig.model_validate(d)
+    two["agent"]["params"]["out"] = "/srv/explore"
+    assert len(SammConfig.model_validate(d).loops) == 2
