@@ -162,10 +162,8 @@ class SimConfig(StrictModel):
     def with_initial(self, counts: list[int] | tuple[int, ...]) -> "SimConfig":
         if len(counts) != self.n_types:
             raise ValueError(f"expected {self.n_types} initial counts, got {len(counts)}")
-        types = []
-        for t, n in zip(self.vm_types, counts):
-            types.append(t.model_copy(update={"initial": int(n)}))
-            VmType.model_validate(types[-1].model_dump())  # re-run the bounds check
+        # validated as given: `int(n)` made 1.7 one VM and 0.9 none, another fleet than asked for
+        types = [VmType.model_validate({**t.model_dump(), "initial": n}) for t, n in zip(self.vm_types, counts)]
         return self.model_copy(update={"vm_types": tuple(types)})
 
 

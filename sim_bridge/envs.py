@@ -217,7 +217,12 @@ class CloudSimEnv(gym.Env):
         return self._decoder.info(s, 0, self._decoder.masks(s))
 
     def job_stats(self) -> np.ndarray:
-        return self.batch.job_stats(0)
+        # `self.batch` would build a fresh batch in the JVM for a closed env (left there until GC)
+        # only for the JVM to answer "env 0 was never reset"
+        if self._batch is None:
+            raise RuntimeError("call reset() before job_stats(): this environment has no episode "
+                               "(never reset, or closed)")
+        return self._batch.job_stats(0)
 
     def close(self) -> None:
         # a step after close would otherwise build a fresh, never-reset batch behind the caller's back

@@ -38,14 +38,36 @@ class EpisodeTrace:
     reward: list[float] = field(default_factory=list)
 
 
+def _whole(x) -> int | None:
+    """`x` as a Python int when it is a whole number (an int, a NumPy integer, an integral float such
+    as 20000.0 read from JSON), else None (bools are not numbers here)."""
+    value = x.item() if isinstance(x, np.generic) else x
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value
+
+
 def _episode_seed(seed) -> int:
     """A seed as the simulator's Java long: `int()` truncated 1.5 to 1 (another episode than asked,
     reported as seed 1), and 2**63 failed later with NumPy's OverflowError naming no seed."""
-    value = seed.item() if isinstance(seed, np.generic) else seed
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not -2**63 <= value < 2**63:
+    value = _whole(seed)
+    if value is None or not -2**63 <= value < 2**63:
         raise ValueError(f"an episode seed must be a whole number in [-2**63, 2**63), got {seed!r}")
+    return value
+
+
+def _step_cap(max_steps, config: SimConfig) -> int:
+    """The episodes' step limit: `max_steps`, or the config's when None. `max_steps or ...` took 0
+    for "the config's" (5000 steps) and a negative cap ended every episode after one step,
+    reported as an ordinary truncated run."""
+    if max_steps is None:
+        return config.max_steps
+    value = _whole(max_steps)
+    if value is None or value < 1:
+        raise ValueError(f"max_steps must be a whole number >= 1 (or None for the config's "
+                         f"{config.max_steps}), got {max_steps!r}")
     return value
 
 
@@ -55,10 +77,12 @@ def run_episodes(config: SimConfig, workload: Workload | list[Workload], agent, 
     seed (episode i replays workload i), so many workloads run in one batched pass."""
     seeds = [_episode_seed(s) for s in seeds]
     n = len(seeds)
+    if n == 0:  # else the batch's "n_envs must be at least 1", which names no seed
+        raise ValueError("run_episodes needs at least one seed (one episode per seed), got none")
     workloads = list(workload) if isinstance(workload, (list, tuple)) else [workload] * n
     if len(workloads) != n:
         raise ValueError(f"{len(workloads)} workloads for {n} seeds: give one per seed")
-    cap = max_steps or config.max_steps
+    cap = _step_cap(max_steps, config)
     started = time.perf_counter()
     batch = SimBatch(config, workloads[0], n, gateway=gateway)
     # an agent that samples (stochastic policies, the random agent) draws row i's numbers from a stream
@@ -125,7 +149,9 @@ def run_episodes(config: SimConfig, workload: Workload | list[Workload], agent, 
     for i in range(n):
         j = jobs[i]
         finished = j[:, 2] >= 0
-        arrived = j[:, 0] <= steps[i] * config.step_seconds
+        # an arrival at exactly the last step's end belongs to the next step: that job never arrived
+        # (wait 0), and `<=` counted it, halving the mean wait of a run cut at a batch's arrival
+        arrived = j[:, 0] < steps[i] * config.step_seconds
         waits = j[arrived, 3]
         r = {
             "workload": workloads[i].name,
