@@ -18,7 +18,7 @@ from samm.analyze.metrics import allocated_cores
 from samm.plan.liveness import guard_head_of_line
 
 from .actions import to_deltas
-from .batch import H_REQUEUED, H_STEP, SimBatch
+from .batch import H_REQUEUED, H_STEP, SimBatch, _episode_seed, _whole
 from .config import SimConfig
 from .gateway import Gateway
 from .workloads import Workload
@@ -36,26 +36,6 @@ class EpisodeTrace:
     observation: list[list[float]] = field(default_factory=list)
     action: list = field(default_factory=list)
     reward: list[float] = field(default_factory=list)
-
-
-def _whole(x) -> int | None:
-    """`x` as a Python int when it is a whole number (an int, a NumPy integer, an integral float such
-    as 20000.0 read from JSON), else None (bools are not numbers here)."""
-    value = x.item() if isinstance(x, np.generic) else x
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-def _episode_seed(seed) -> int:
-    """A seed as the simulator's Java long: `int()` truncated 1.5 to 1 (another episode than asked,
-    reported as seed 1), and 2**63 failed later with NumPy's OverflowError naming no seed."""
-    value = _whole(seed)
-    if value is None or not -2**63 <= value < 2**63:
-        raise ValueError(f"an episode seed must be a whole number in [-2**63, 2**63), got {seed!r}")
-    return value
 
 
 def _step_cap(max_steps, config: SimConfig) -> int:

@@ -127,3 +127,17 @@ def test_initial_fleet_counts_of_any_whole_type_still_work_and_bounds_are_checke
         SimConfig().with_initial([11, 0, 0])
     with pytest.raises(ValueError, match="expected 3 initial counts"):
         SimConfig().with_initial([1, 1])
+
+
+@pytest.mark.parametrize("seed", [1.7, 2**63, "3", True])
+def test_a_batch_reset_refuses_a_seed_the_simulator_cannot_take(gw, seed):
+    """The int64 cast ran seed 1 for 1.7 (another episode than asked) and raised NumPy's
+    OverflowError, naming no seed, for 2**63."""
+    b = SimBatch(SimConfig(), seed_1551(), 1, gateway=gw)
+    try:
+        with pytest.raises(ValueError, match="an episode seed must be a whole number"):
+            b.reset([0], [seed])
+        b.reset([0], [np.int64(7)])  # NumPy ints and whole floats still go
+        b.reset([0], [7.0])
+    finally:
+        b.close()
