@@ -223,3 +223,10 @@ def test_counting_compositions_on_a_huge_node_is_bounded_by_the_caps():
     caps = np.array([3, 2, 4])
     assert count_compositions(10**12, caps) == count_compositions(9, caps) == len(enumerate_compositions(3, 9, caps))
     assert count_compositions(10**12, np.array([0, 0])) == 1  # only the empty composition
+
+
+@pytest.mark.parametrize("nodes", [["a", ""], ["a", "  "]])
+def test_plan_refuses_a_blank_node_name(client20, nodes):
+    """A placement onto "" names no node a caller can act on."""
+    r = client20.post("/v1/agents/lra/plan", json={"nodes": nodes, "slots": 8, "batch": {"Redis": 1}})
+    assert r.status_code == 422 and r.json()["detail"] == "nodes: a node name may not be empty or blank", r.text

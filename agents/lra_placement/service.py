@@ -71,6 +71,8 @@ def build_problem(req: PlanRequest, app_names: tuple[str, ...]) -> tuple[Cluster
     """Request -> the problem objects, or HTTPException(422) naming the field."""
     if len(set(req.nodes)) != len(req.nodes):
         raise HTTPException(422, "nodes: node names must be unique")
+    if not all(n.strip() for n in req.nodes):  # a placement onto "" names no node a caller can act on
+        raise HTTPException(422, "nodes: a node name may not be empty or blank")
     index = {a: i for i, a in enumerate(app_names)}
     counts = np.zeros(len(app_names), dtype=np.int64)
     cluster = Cluster(len(req.nodes), req.slots, tuple(req.nodes))
