@@ -4,7 +4,7 @@ The paper (Deng et al. 2023) publishes no data; we use the Metis LRA profiling f
 Apache-2.0, copied unmodified to `<shared>/data/metis-lra/`; see SOURCE.txt there). Each row is one
 machine: `alloc[r, a]` containers of app a, and `rps[r, a]` the per-container throughput of app a
 normalised to its solo run (NaN where a is absent). The 7-app files keep the apps in columns 0..6
-(columns 7 and 8 are always 0), in the order of `APP_NAMES`.
+(columns 7 and 8 are always 0; a file with containers there is refused), in the order of `APP_NAMES`.
 
 Some rows record failed runs: an app is present but its throughput is 0 or NaN. They would teach the
 predictor that co-location kills an app, so they are dropped (and counted), as are empty machines.
@@ -55,6 +55,31 @@ def default_path() -> Path:
     return data_dir() / DEFAULT_FILE
 
 
+def _read_columns(path: Path, n_apps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The file's alloc and rps as (R, n_apps) floats, or a ValueError naming the file: a 1-D array
+    or a missing key raised a bare IndexError or KeyError, an rps with fewer rows broadcast silently
+    over alloc's, and a 9-app file (Metis's early profiles) lost its apps 8 and 9 silently, training
+    the forest on compositions that leave out co-runners."""
+    import zipfile
+
+    # The rps/rt arrays may be object arrays of Python floats (old pickles): allow_pickle is required;
+    # SOURCE.txt records that the embedded pickles reference only numpy reconstruction functions.
+    try:
+        with np.load(path, allow_pickle=True) as npz:
+            alloc = np.asarray(npz["alloc"], dtype=np.float64)
+            rps = np.asarray(npz["rps"], dtype=np.float64)
+    except (EOFError, KeyError, ValueError, TypeError, zipfile.BadZipFile) as exc:  # OSError, UnpicklingError: as is
+        raise ValueError(f"{path}: not a Metis co-location file ({type(exc).__name__}: {exc})") from None
+    if alloc.ndim != 2 or rps.shape != alloc.shape or alloc.shape[1] < n_apps:
+        raise ValueError(f"{path}: alloc and rps must be (rows, >= {n_apps} apps) of one shape, "
+                         f"got {alloc.shape} and {rps.shape}")
+    extra = (alloc[:, n_apps:] != 0).any(axis=1)
+    if extra.any():
+        raise ValueError(f"{path}: {int(extra.sum())} rows hold containers of apps past the first {n_apps} "
+                         f"(columns {n_apps}..{alloc.shape[1] - 1}): not a {n_apps}-app file")
+    return alloc[:, :n_apps], rps[:, :n_apps]
+
+
 def load_metis(path: str | Path | None = None, n_apps: int = len(APP_NAMES)) -> MetisData:
     """Load one Metis .npz (default: the complete 6,435-row file) as clean float arrays."""
     path = Path(path) if path is not None else default_path()
@@ -64,11 +89,7 @@ def load_metis(path: str | Path | None = None, n_apps: int = len(APP_NAMES)) -> 
             f"<shared>/data/metis-lra/ and point the environment variable {SHARED_DIR_ENV} at <shared> "
             f"(currently {os.environ.get(SHARED_DIR_ENV, 'unset')})"
         )
-    # The rps/rt arrays may be object arrays of Python floats (old pickles): allow_pickle is required;
-    # SOURCE.txt records that the embedded pickles reference only numpy reconstruction functions.
-    with np.load(path, allow_pickle=True) as npz:
-        alloc_raw = np.asarray(npz["alloc"], dtype=np.float64)[:, :n_apps]
-        rps = np.asarray(npz["rps"], dtype=np.float64)[:, :n_apps]
+    alloc_raw, rps = _read_columns(path, n_apps)
     if (alloc_raw < 0).any() or not np.array_equal(alloc_raw, np.round(alloc_raw)):
         raise ValueError(f"{path}: alloc must hold non-negative whole container counts")
     alloc = alloc_raw.astype(np.int64)

@@ -31,7 +31,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from agents.report import Target, experiment_summary, fmt, markdown_table, prepare_out, stats, write_summary
+from agents.report import (Target, experiment_summary, fmt, markdown_table, prepare_out, refuse_repeats, stats,
+                           write_summary)
 
 from .baselines import PLANNERS
 from .cluster import Batch, Cluster, Constraints, Predictor, Rule, check_plan, per_app_score, score
@@ -667,6 +668,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] = (1, 2, 3, 4, 5), predic
     seeds = [int(s) for s in seeds]
     if not seeds:
         raise ValueError("need at least one seed")
+    refuse_repeats(seeds, "seeds")   # as every other experiment: a repeated seed counted one run twice
     cases = QUICK_CASES if quick else FULL_CASES
     budgets = QUICK_BUDGETS if quick else FULL_BUDGETS
     run_seeds = seeds[:2] if quick else seeds

@@ -57,6 +57,11 @@ class CompositionTable:
     "no such composition" (a full node), so transitions never need a branch."""
 
     def __init__(self, predictor: Predictor, n_apps: int, slots: int):
+        # a predictor for another app count failed deep in its matmul ("core dimension 0") or
+        # silently read the wrong columns
+        names = getattr(predictor, "app_names", None)
+        if names is not None and len(names) != n_apps:
+            raise ValueError(f"the predictor covers {len(names)} apps, the placement {n_apps}")
         n = _n_compositions(n_apps, slots)
         if n > MAX_COMPOSITIONS:
             raise ValueError(f"{n} compositions of {n_apps} apps in {slots} slots is too many to tabulate "

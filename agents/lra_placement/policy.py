@@ -107,6 +107,8 @@ class PlacementPolicy:
             raise ValueError(f"the network is for {scorer.config.n_apps} apps, got {len(app_names)} names")
         if scorer.config.predictor_features and predictor is None:
             raise ValueError("this network reads the predictor: give one")
+        if predictor is not None and len(predictor.app_names) != len(app_names):
+            raise ValueError(f"the predictor covers {len(predictor.app_names)} apps, the policy {len(app_names)}")
         self.scorer = scorer.eval()
         self.app_names = tuple(app_names)
         self.n_nodes, self.slots = int(n_nodes), int(slots)
@@ -250,6 +252,10 @@ class PlacementPolicy:
             raise ValueError(f"the batch has {len(batch.counts)} apps, the policy {self.n_apps}")
         if batch.size > cluster.capacity:
             raise Infeasible(f"{batch.size} containers do not fit in {cluster.capacity} slots")
+        if isinstance(predictor, TabulatedPredictor) and cluster.slots > predictor.slots:
+            # its table scores every fuller node 0: the plan was chosen by garbage, silently
+            raise ValueError(f"the policy's stored predictor covers nodes of at most {predictor.slots} slots, "
+                             f"the cluster has {cluster.slots}: pass a predictor for {cluster.slots} slots")
         details = {}
         table = composition_table(predictor, self.n_apps, cluster.slots)
         problem = PlacementProblem(cluster, batch, constraints, predictor, self.scorer.config, table)

@@ -121,7 +121,11 @@ class ForestPredictor:
         """alloc (R, A) counts, rps (R, A) per-container throughput (NaN or anything where absent)."""
         from sklearn.ensemble import RandomForestRegressor
 
-        alloc = np.asarray(alloc, dtype=np.int64)
+        raw = np.asarray(alloc, dtype=np.float64)
+        # a NaN count cast to int64 became -2**63 and was blamed on "negative counts"
+        if not np.isfinite(raw).all() or not np.array_equal(raw, np.round(raw)):
+            raise ValueError("alloc must hold whole, finite container counts (it holds NaN, inf or fractions)")
+        alloc = raw.astype(np.int64)
         if alloc.ndim != 2 or alloc.shape[1] != self.n_apps:
             raise ValueError(f"alloc must be (R, {self.n_apps}), got {alloc.shape}")
         target = self._targets(alloc, rps)

@@ -26,7 +26,7 @@ from agents.lra_placement.cluster import Batch, Cluster, Constraints, Predictor,
 from agents.lra_placement.network import ScorerConfig, composition_table, single_thread_blas
 from agents.lra_placement.policy import PlacementPolicy
 from agents.lra_placement.reinforce import PlacementProblem, accumulate_policy_gradient, new_scorer, rollout
-from agents.train_log import first_non_finite, refuse_existing_run
+from agents.train_log import TrainingDiverged, first_non_finite, refuse_existing_run
 
 
 @dataclass(frozen=True)
@@ -272,8 +272,8 @@ def check_finite(scorer: torch.nn.Module, update: int) -> None:
     garbage scores): a learning rate far too large diverges this way."""
     bad = first_non_finite(scorer)
     if bad:
-        raise ValueError(f"update {update}: the network's {bad} is not finite (NaN or inf); training stopped "
-                         "without saving it (lower --lr)")
+        raise TrainingDiverged(f"update {update}: the network's {bad} is not finite (NaN or inf); training "
+                               "stopped without saving it (lower --lr)")
 
 
 #: what a run writes into its --out: one there means an earlier run, which a new one would replace
@@ -303,6 +303,20 @@ def check_options(args) -> None:
                                   ("--lr", args.lr, 0 < args.lr < float("inf"), "a positive number")):
         if not ok:
             raise ValueError(f"{flag} must be {want}, not {value}")
+
+
+def check_outputs(out: Path, log: Path | None) -> None:
+    """--out made and proved writable, and --log's folder present, before training: an --out that is
+    a file (or under one) and a --log in a missing folder failed with a traceback only after the
+    whole run (minutes), the trained policy or its log lost."""
+    from agents.report import prepare_out
+
+    if log is not None and not log.parent.is_dir():
+        raise ValueError(f"--log {log}: folder {log.parent} does not exist")
+    try:
+        prepare_out(out)
+    except OSError as exc:
+        raise ValueError(f"--out: {exc}") from None
 
 
 def write_log(rows: list[dict], path: Path) -> None:
@@ -358,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             predictor, name = make_predictor(args.predictor)
         except ValueError as exc:
             raise ValueError(f"--predictor {args.predictor!r}: {exc}") from None
+        check_outputs(Path(args.out), Path(args.log) if args.log else None)   # last: it makes --out
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -371,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                                   progress=not args.quiet, command=command, predictor_name=name, log_path=args.log)
     except ValueError as exc:   # the network diverged: nothing was saved
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, TrainingDiverged) else 2
     tail = result.log[-200:]
     print(f"trained {result.episodes} episodes in {result.seconds:.0f} s; mean reward of the last "
           f"{len(tail)} updates {np.mean([r['mean_reward'] for r in tail]):.4f}; saved to {args.out}")
