@@ -6,6 +6,11 @@ from pathlib import Path
 from typing import Iterable
 
 
+class TrainingDiverged(ValueError):
+    """A trainer stopped on a NaN or inf before saving anything: a failure of the work (exit 1),
+    not of its usage (exit 2). A ValueError, so callers that only knew that still catch it."""
+
+
 def tensorboard_writer(out):
     """A SummaryWriter writing to `<out>/tb`, or None without an output folder or TensorBoard."""
     if out is None:

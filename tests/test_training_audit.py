@@ -258,7 +258,8 @@ def test_an_unusable_out_is_a_clear_error_before_any_work(tmp_path):
     # a policy of another problem: its metadata named, not a traceback
     r = CliRunner().invoke(cli, ["experiment", "paper", "--out", str(tmp_path / "y"), "--no-swf", "--quiet",
                                  "--policy", str(REPO / "agents/deferrable_jobs/policies/osdec-default")])
-    assert r.exit_code == 2 and isinstance(r.exception, SystemExit) and "missing 'feature_names'" in r.output, r.output
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit) and "a policy of the 'deferrable-jobs' problem" \
+        in r.output, r.output
 
 
 # ---- parallel runs ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agents.train_log import first_non_finite, refuse_existing_run, tensorboard_writer
+from agents.train_log import TrainingDiverged, first_non_finite, refuse_existing_run, tensorboard_writer
 
 from .data import episodes as make_episodes
 from .env import DeferrableJobsEnv
@@ -147,8 +147,8 @@ def train(setting="default", cfg: OsdecConfig | None = None, *, out=None, progre
                 stats["aux_mse"] = _aux_update(model, aux_opt, cfg, b, gen)
             bad = first_non_finite(model)
             if bad:  # a diverged update: stop before a NaN policy can be kept or saved
-                raise ValueError(f"iteration {it + 1}: the network's {bad} is not finite (NaN or inf); "
-                                 "training stopped without saving it")
+                raise TrainingDiverged(f"iteration {it + 1}: the network's {bad} is not finite (NaN or inf); "
+                                       "training stopped without saving it")
             row = {"iteration": it + 1, "steps": (it + 1) * S * E, "seconds": round(time.time() - t0, 1),
                    "train_reward": float(np.mean(ep_returns[-E:])) if ep_returns else float("nan"), **stats}
             if cfg.eval_every and ((it + 1) % cfg.eval_every == 0 or it + 1 == iters):
@@ -331,7 +331,7 @@ def main(argv=None) -> int:
         model, logs = train(args.setting, cfg, out=args.out, progress=not args.quiet, threads=args.threads)
     except ValueError as e:  # a diverged network: named, nothing saved
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, TrainingDiverged) else 2
     if args.out:
         from .policy import OsdecPolicy
 

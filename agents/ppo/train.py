@@ -27,6 +27,7 @@ import torch
 from gymnasium import spaces
 from torch import nn, optim
 
+from agents.train_log import TrainingDiverged
 from agents.train_log import refuse_existing_run as refuse_run_over
 from sim_bridge.errors import RolloutWorkerLost
 
@@ -141,8 +142,8 @@ def check_finite(update: int, stats: dict[str, list[float]], net: nn.Module) -> 
     bad = [k for k, v in stats.items() if not np.all(np.isfinite(v))]
     bad += [name for name, p in net.named_parameters() if not torch.isfinite(p).all()]
     if bad:
-        raise ValueError(f"update {update}: {bad[0]} is not finite (NaN or inf); training stopped without saving it "
-                         "(lower the learning_rate, or check the observations and the initial policy)")
+        raise TrainingDiverged(f"update {update}: {bad[0]} is not finite (NaN or inf); training stopped without "
+                               "saving it (lower the learning_rate, or check the observations and the initial policy)")
 
 
 class TrainLogger:

@@ -674,6 +674,7 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
         _fail(f"--validation must be at least 1, got {n_validation}")
     from agents.ppo.config import PPOConfig
     from agents.ppo.train import CHECKPOINT_FILE, refuse_existing_run
+    from agents.train_log import TrainingDiverged
     from agents.training import train_lstm_ppo
 
     if not resume:
@@ -708,6 +709,8 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
         sys.exit(130)
     except ImportError as exc:
         _fail(f"--ray needs the ray package (pip install samm[ray]): {exc}")
+    except TrainingDiverged as exc:  # a failure of the work, not of its usage
+        _fail(str(exc), code=1)
     except ValueError as exc:
         _fail(str(exc))
     except BridgeError as exc:  # the simulator refused the config, or (--ray) a rollout worker could not start
