@@ -11,7 +11,7 @@ paper's sigmoid output times the hand-set cap u), floored at control.MIN_CORES; 
 Reward of step(a): the second in which `a` was in force scores it (the paper's "the reward at t
 is for the action of t−1": the action chosen after second t−1 runs during second t):
     −1 if that second's end-to-end p99 > QoS, else α (1 − Σ cores / Σ caps), α = 1.
-Each reset draws U ~ U[users] (or `options={"users": U}`), runs the W = 60 s warm-up at caps,
+Each reset draws U ~ U[users] (or takes `options={"users": U}`; a U of None draws), runs the W = 60 s warm-up at caps,
 and the episode ends after e_time = 300 steps (truncated, not terminated: the application goes on).
 """
 from __future__ import annotations
@@ -127,8 +127,11 @@ class MicroserviceCoresEnv(gym.Env):
         sim_seed = int(self.np_random.integers(2**31))
         self.sim = MicroserviceSim(self.topo, n_envs=1, seed=sim_seed)
         lo, hi = self.topo.users
-        users = (options or {}).get("users", self.np_random.uniform(lo, hi))
-        self.sim.reset(float(users))
+        drawn = self.np_random.uniform(lo, hi)   # drawn either way, so a seed's later draws stay put
+        users = (options or {}).get("users")
+        # None (an unset option passed on) draws as no count does; a bad count is named by the sim
+        self.sim.reset(drawn if users is None else users)
+        users = float(self.sim.users[0])
         caps = self.topo.caps[None]
         st = None
         for _ in range(self.warmup):

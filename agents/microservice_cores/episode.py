@@ -99,8 +99,8 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
     E = len(seeds)
     kwargs = {"samples": samples} if samples else {}
     sim = MicroserviceSim(topo, n_envs=E, seed=int(np.random.SeedSequence(seeds).generate_state(1)[0]), **kwargs)
-    users_arr = np.broadcast_to(np.asarray(users, dtype=np.float64), (E,)).copy()
-    sim.reset(users_arr)
+    sim.reset(users)                 # refuses a bad count by name
+    users_arr = sim.users.copy()
     limits = app_limits(topo)
     ctls = [make_controller(i) for i in range(E)] if batch is None else []
     for c in ctls:

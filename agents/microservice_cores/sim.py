@@ -112,6 +112,10 @@ class MicroserviceSim:
     def __init__(self, topology: Topology, n_envs: int = 1, seed: int | None = None,
                  samples: int = DEFAULT_SAMPLES):
         self.topo = topology
+        if isinstance(n_envs, bool) or not isinstance(n_envs, (int, float, np.integer)) \
+                or not 1 <= n_envs < 2**31 or n_envs != int(n_envs):
+            # 2.5 ran 2 copies in silence, 0 stepped nothing, -1 failed in NumPy's allocation
+            raise ValueError(f"n_envs must be a whole number of copies >= 1, not {n_envs!r}")
         self.E = int(n_envs)
         self.M = topology.n_services
         self.K = int(samples)
@@ -180,17 +184,22 @@ class MicroserviceSim:
     def _checked_users(self, users) -> np.ndarray:
         """Each copy's users (E,): a negative, NaN or infinite count would only fail later, deep in
         the Poisson draw ("lam value too large"), so it is refused here by name."""
-        out = np.broadcast_to(np.asarray(users, dtype=np.float64), (self.E,)).copy()
+        try:
+            out = np.broadcast_to(np.asarray(users, dtype=np.float64), (self.E,)).copy()
+        except (TypeError, ValueError):   # None, a word, or a list of the wrong length
+            out = np.array([np.nan])
         if not np.all(np.isfinite(out) & (out >= 0)):
-            raise ValueError(f"users must be finite and >= 0, not {np.asarray(users).tolist()!r}")
+            raise ValueError(f"users must be finite and >= 0 (one count, or one per copy), not {users!r}")
         return out
 
     def _limits_of(self, cores) -> np.ndarray:
-        """The CPU limits (E, M) of a second: a NaN core count (a controller that could not decide)
-        keeps the limit in force, since one NaN would turn the backlog, the latency and the next
-        second's load into NaN for the rest of the episode; floored at 1e-3 core."""
+        """The CPU limits (E, M) of a second: a NaN or infinite core count (a controller that could
+        not decide) keeps the limit in force, since one NaN would turn the backlog, the latency and
+        the next second's load into NaN for the rest of the episode, and an infinite one put an
+        infinite cpu_limit into the features (and kept it there through any later NaN); floored at
+        1e-3 core."""
         cores = np.asarray(cores, dtype=np.float64).reshape(self.E, self.M)
-        return np.clip(np.where(np.isnan(cores), self.limit, cores), 1e-3, None)
+        return np.clip(np.where(np.isfinite(cores), cores, self.limit), 1e-3, None)
 
     # -- one second --------------------------------------------------------------------------
     def step(self, cores: np.ndarray) -> "SimStep":

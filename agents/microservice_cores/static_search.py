@@ -67,9 +67,17 @@ class StaticSearchParams:
         number_param(kind, "max_violation", self.max_violation, low=0, high=1)
         if isinstance(self.seeds, (str, bytes)) or not hasattr(self.seeds, "__len__") or not len(self.seeds):
             raise ValueError(f"{kind}: seeds must be a non-empty list of seeds, got {self.seeds!r}")
+        for i, seed in enumerate(self.seeds):
+            # NumPy's own refusal ("expected non-negative integer") came from deep in the first run
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+                raise ValueError(f"{kind}: seeds[{i}] must be a whole number >= 0, got {seed!r}")
         number_param(kind, "steps", self.steps, low=1, whole=True)
-        number_param(kind, "warmup", self.warmup, low=0, whole=True)
+        # run_episodes needs a warm-up second for the first decision to see (it refused 0 only later)
+        number_param(kind, "warmup", self.warmup, low=1, whole=True)
         number_param(kind, "measure_s", self.measure_s, low=1, whole=True)
+        if isinstance(self.floors, (str, bytes)) or not hasattr(self.floors, "__len__") or not len(self.floors):
+            # with no floor to try nothing was searched, and the caps came back marked feasible
+            raise ValueError(f"{kind}: floors must be a non-empty list of cores, got {self.floors!r}")
         for i, f in enumerate(self.floors):
             number_param(kind, f"floors[{i}]", f, low=0)
         number_param(kind, "m_low", self.m_low, low=0, low_open=True)

@@ -22,9 +22,10 @@ its simulated twin cannot drift apart.
 A node's latency = its own service's sojourn + the sum over its stages of the slowest node of
 the stage. `p` is the probability that the call happens at all (a cache miss to the database).
 `detached: true` marks an asynchronous call (through a message queue): it loads its service and
-its own calls, but the caller does not wait for it. `cpu_ms` is the mean CPU time of one call (exponentially distributed), `workers` its concurrency
-(threads) and `cap` the paper's hand-set per-service maximum u^(i) (cores). Unknown keys are
-rejected.
+its own calls, but the caller does not wait for it. Both belong on calls under a request: its own
+first call is always made. `cpu_ms` is the mean CPU time of one call (exponentially distributed), `workers` its concurrency
+(threads) and `cap` the paper's hand-set per-service maximum u^(i) (cores, at least
+control.MIN_CORES, the smallest CPU quota). Unknown keys are rejected.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from typing import Literal
 import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .control import MIN_CORES
 
 TOPOLOGY_DIR = Path(__file__).parent / "topologies"
 #: the most concurrent calls of one service: the simulator's Erlang C recursion runs to it
@@ -62,6 +65,16 @@ class ServiceSpec(_Strict):
     faults_per_call: float = Field(default=0.5, ge=0, description="page faults per call")
     faults_per_s: float = Field(default=0.0, ge=0, description="page faults per second whatever the load")
 
+    @field_validator("cap")
+    @classmethod
+    def _cap_at_least_the_floor(cls, v):
+        # a cap under the floor every controller keeps clipped each limit to the cap, below the
+        # kernel's smallest quota: the live loop found the engine's limit a quota step off and sent
+        # the same limit again every second
+        if v < MIN_CORES:
+            raise ValueError(f"must be at least {MIN_CORES:g} core (the smallest CPU quota), not {v:g}")
+        return v
+
 
 class CallNode(_Strict):
     call: str
@@ -73,6 +86,15 @@ class CallNode(_Strict):
 
 class RequestType(CallNode):
     weight: float = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _always_sent(self):
+        # a request reaches its first service every time: a root `p` made the missed share of the
+        # requests count with a latency of 0 ms (a p50 of 0), a detached root waited for nothing
+        if self.p < 1.0 or self.detached:
+            raise ValueError(f"a request type's own call ({self.call!r}) is always made: p and detached "
+                             "belong on the calls under it (use weight for how often it is sent)")
+        return self
 
 
 class Topology(_Strict):
