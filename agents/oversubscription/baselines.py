@@ -317,6 +317,19 @@ class BrownDESRule(_HistoryRule):
         return (2 * s1 - s2) + a / (1 - a) * (s1 - s2)
 
 
+def check_sigmas(n) -> float:
+    """N-sigma's n: a finite number >= 0 (the shield and the hosted rules refuse the same). NaN or inf
+    made every forecast non-finite, so every rate 1.0 in silence; fewer than 0 sigmas forecasts below
+    the mean."""
+    try:
+        x = float(n)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not 0.0 <= x < float("inf"):
+        raise ValueError(f"n must be a finite number of standard deviations >= 0, got {n!r}")
+    return x
+
+
 def check_window(window) -> int:
     """A window counts past observations: a whole number >= 1 (0 or less gave rate 1.0 in silence,
     or an IndexError in the percentile)."""
@@ -358,7 +371,7 @@ class NSigmaRule(_HistoryRule):
                  headroom: float = DEFAULTS.headroom, lo: float = DEFAULTS.lo,
                  prior: np.ndarray | None = None):
         super().__init__(n_subscribers, headroom, lo, prior)
-        self.n_sigma, self.window = float(n), check_window(window)
+        self.n_sigma, self.window = check_sigmas(n), check_window(window)
         self.name = f"NSigma(n={n:g},w={window},h={headroom:g})"
 
     def forecast(self, view: View | None = None) -> np.ndarray:
@@ -392,7 +405,7 @@ class MaxRule(_HistoryRule):
         if not 0.0 <= p <= 100.0:   # above 100 every full window indexed past its end
             raise ValueError(f"p (a percentile) must lie in [0, 100], got {p!r}")
         super().__init__(n_subscribers, headroom, lo, prior)
-        self.n_sigma, self.p, self.window = float(n), float(p), check_window(window)
+        self.n_sigma, self.p, self.window = check_sigmas(n), float(p), check_window(window)
         self.name = f"Max(n={n:g},p={p:g},w={window},h={headroom:g})"
 
     def forecast(self, view: View | None = None) -> np.ndarray:

@@ -995,10 +995,16 @@ def _number(row: list[str], column: int, path, what: str, finite: bool = True) -
 
 
 def _bucket(row: list[str], column: int, path, kind: str) -> float:
+    """A size bucket's value, refused with its row when it is no label, or a size no VM has (a core
+    count of 0, NaN or inf, a negative memory): the Workload would refuse the whole table without
+    saying which of its rows is bad."""
     try:
-        return bucket_value(row[column], kind)
+        value = bucket_value(row[column], kind)
     except ValueError:
         raise ValueError(f"{path}: {VMTABLE_COLUMNS[column]} {row[column]!r} is not a bucket label: {row!r}") from None
+    if not math.isfinite(value) or value < 0 or (kind == "cores" and value == 0):
+        raise ValueError(f"{path}: {VMTABLE_COLUMNS[column]} {row[column]!r} is not a size a VM can request: {row!r}")
+    return value
 
 
 def _vmtable(path) -> Iterable[list[str]]:
@@ -1018,7 +1024,8 @@ def load_azure_trace(vmtable_path, cpu_readings_paths: Sequence = (), *, setting
       by id), or `top_subscribers` in the given order (index = position);
     * steps: hourly from `start_s` (trace seconds); a VM created at c and deleted at d arrives at
       floor((c - start_s) / 3600) and is gone from ceil((d - start_s) / 3600) (at least one step);
-      VMs running at start_s are kept with arrive < 0 (warm start);
+      VMs running at start_s are kept with arrive < 0 (warm start); a row deleted before it was
+      created, or a vm id on two rows, is refused by name (readings find a VM by its id);
     * cores / memory: `bucket_value` (OPEN_BUCKETS); network = cores x net_gbps_per_core;
     * usage per VM-hour: the hour's MAX of the 5-min "max cpu" readings / 100; a live hour with no
       reading (or a VM with none at all) takes the VM's "p95 max cpu" / 100; zero outside its life.
@@ -1048,12 +1055,23 @@ def load_azure_trace(vmtable_path, cpu_readings_paths: Sequence = (), *, setting
         if row[1] not in index:
             continue
         created = _number(row, 3, vmtable_path, "timestamp vm created")
-        if created < end_s and _number(row, 4, vmtable_path, "timestamp vm deleted") > start_s:
+        if created >= end_s:
+            continue
+        deleted = _number(row, 4, vmtable_path, "timestamp vm deleted")
+        if deleted > start_s:
+            if deleted < created:   # a corrupt row, not a short-lived VM: it would run one hour as if real
+                raise ValueError(f"{vmtable_path}: timestamp vm deleted {row[4]!r} precedes timestamp vm "
+                                 f"created {row[3]!r}: {row!r}")
             _number(row, 7, vmtable_path, "p95 max cpu")
             keep.append(row)
     keep.sort(key=lambda r: (float(r[3]), r[0]))
     vm_ids = [r[0] for r in keep]
     row_of = {v: i for i, v in enumerate(vm_ids)}
+    if len(row_of) < len(vm_ids):
+        # readings name a VM by id: all of a repeated id's would go to one of its rows and the other
+        # would silently run on its p95 instead
+        repeated = next(v for i, v in enumerate(vm_ids) if row_of[v] != i)
+        raise ValueError(f"{vmtable_path}: vm id {repeated!r} appears on more than one row")
     created = np.array([float(r[3]) for r in keep])
     deleted = np.array([float(r[4]) for r in keep])
     arrive = np.floor((created - start_s) / SECONDS_PER_STEP).astype(np.int64)

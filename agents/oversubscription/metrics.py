@@ -52,6 +52,7 @@ def summarise(records: list[EpisodeRecord], delta: int, alphas: Iterable[float] 
         "satisfied": {f"{a:.2f}": satisfied(ph, a) for a in alphas},
         "rejected": int(sum(r.rejected for r in records)),
         "placed": int(sum(r.placed for r in records)),
+        "warm_rejected": int(sum(r.warm_rejected for r in records)),
         "mean_cluster_hot_steps": float(np.mean([r.cluster_hot_steps for r in records])) if records else 0.0,
         "episodes": len(records),
     }

@@ -59,6 +59,9 @@ class EpisodeRecord:
     rejected: int = 0
     placed: int = 0
     steps: int = 0
+    # warm start: VMs running before step 0 that no PM could take (they are in no other count; the
+    # shipped settings place them all, a smaller cluster may not)
+    warm_rejected: int = 0
     saved_by_step: list = field(default_factory=list)
     hot_by_step: list = field(default_factory=list)
 
@@ -109,7 +112,8 @@ class OversubSim:
         self.blame = np.zeros(self.w.n_vms)
         if self.warm_start:
             for v in self._pre:
-                self._place(v, self.warm_rate)
+                if self._place(v, self.warm_rate) == NO_PM:
+                    self.record.warm_rejected += 1
         return self.view()
 
     @property

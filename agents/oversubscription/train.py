@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agents.train_log import refuse_existing_run, tensorboard_writer
+from agents.train_log import TrainingDiverged, refuse_existing_run, tensorboard_writer
 
 from .c2marl import (DUAL_ESTIMATES, C2Marl, C2MarlConfig, EpisodeLog, anchor_level, check_budget_margin,
                      run_training_episode)
@@ -213,8 +213,8 @@ def check_finite(agent: C2Marl, log: EpisodeLog) -> None:
     bad = [k for k in ("loss", "lam") if not np.isfinite(getattr(log, k))]
     bad += [name for name, p in agent.net.named_parameters() if not torch.isfinite(p).all()]
     if bad:
-        raise ValueError(f"episode {log.episode + 1}: {bad[0]} is not finite (NaN or inf); training stopped without "
-                         "saving it (lower --lr or --dual-lr)")
+        raise TrainingDiverged(f"episode {log.episode + 1}: {bad[0]} is not finite (NaN or inf); training stopped "
+                               "without saving it (lower --lr or --dual-lr)")
 
 
 #: what a run writes into its --out: one there means an earlier run, whose policy and logs a new
@@ -553,6 +553,8 @@ def main(argv=None) -> int:
     for flag, value, ok in (("--ensemble", args.ensemble, lambda v: v >= 0),
                             ("--ensemble-every", args.ensemble_every, lambda v: v >= 1),
                             ("--updates-per-episode", args.updates_per_episode, lambda v: v >= 1),
+                            # 0 kept every episode (a [-0:] slice), -k dropped the first k: NaN lambda
+                            ("--dual-window", args.dual_window, lambda v: v >= 1),
                             ("--hidden", args.hidden, lambda v: v >= 1),
                             ("--eps-decay-frac", args.eps_decay_frac, lambda v: 0.0 < v <= 1.0),
                             ("--threads", args.threads, lambda v: v >= 1),
@@ -607,7 +609,7 @@ def main(argv=None) -> int:
                              ensemble_every=args.ensemble_every, ensemble_vote=args.ensemble_vote)
     except ValueError as e:     # the networks diverged, or a setting the trainer refuses: nothing was saved
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, TrainingDiverged) else 2
     if policy.training.get("checkpoint") == "validation":
         h = {r["episode"]: r for r in policy.training["validation"]["history"]}[policy.training["checkpoint_episode"]]
         print(f"kept the checkpoint of episode {h['episode']}: validation PM-Hot-R {h['pm_hot_r']:.3f}, "

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -148,6 +149,8 @@ def tune(rule_name: str, setting: Setting | str, trace, alpha: float, episodes: 
     ctx = ctx or training_context(setting, trace, warm=warm, seed=seed,
                                   sl_histories=SL_REDRAWN_HISTORIES if rule_name == "SL" else 0)
     sims = sims if sims is not None else tuning_sims(setting, trace, episodes, seed, warm)
+    if not sims:   # else every combination "runs" on nothing and the summary fails on an empty stack
+        raise ValueError(f"tuning needs at least one training episode, not {episodes}")
     table = []
     for group in _combinations(grid, scan):
         for params in group:
@@ -203,6 +206,23 @@ def evaluate_rule(rule: RateRule, setting: Setting | str, workloads: list, warm:
     return out
 
 
+def check_args(args) -> None:
+    """The flags a tuning run needs to mean anything, each refused with its name before minutes of work:
+    an unknown rule or setting failed with a traceback after the prior was replayed, --episodes 0 on an
+    empty stack, an --alpha outside (0, 1) ran every rule to "unsafe", and --test-episodes 0 printed
+    "yes" (satisfied) for every rule from no test episode at all."""
+    get_setting(args.setting)
+    unknown = sorted(set(args.rules or ()) - set(PARAM_GRIDS))
+    if unknown:
+        raise ValueError(f"--rules: unknown baseline {unknown[0]!r}; choose from {sorted(PARAM_GRIDS)}")
+    for flag, value, ok, want in (("--alpha", args.alpha, 0.0 < args.alpha < 1.0, "a safety level in (0, 1)"),
+                                  ("--episodes", args.episodes, args.episodes >= 1, ">= 1"),
+                                  ("--test-episodes", args.test_episodes, args.test_episodes >= 1, ">= 1"),
+                                  ("--trace-seed", args.trace_seed, args.trace_seed >= 0, ">= 0")):
+        if not ok:
+            raise ValueError(f"{flag} must be {want}, not {value}")
+
+
 def main(argv=None) -> int:
     """Tune every baseline on one setting's training days and evaluate the tuned rules on test days."""
     ap = argparse.ArgumentParser(prog="python -m agents.oversubscription.tuning", description=main.__doc__)
@@ -217,6 +237,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rules", nargs="*", default=None)
     ap.add_argument("--json", default=None, help="write the full results here")
     args = ap.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     from .data import generate_trace
 
