@@ -139,8 +139,10 @@ class ExecutorConfig(Strict):
 
 class TimingConfig(Strict):
     interval_s: float = Field(default=60.0, gt=0, le=MAX_PERIOD_S)
-    warmup_s: float = Field(default=120.0, ge=0)
-    cooldown_s: float = Field(default=300.0, ge=0)
+    # bounded as the intervals are: an infinite warm-up measured no VM ever, so every CPU and RAM
+    # metric read 0, an idle fleet a rule scales in; an infinite cool-down acted once, then never
+    warmup_s: float = Field(default=120.0, ge=0, le=MAX_PERIOD_S)
+    cooldown_s: float = Field(default=300.0, ge=0, le=MAX_PERIOD_S)
     misfire_grace_s: float = Field(default=30.0, ge=0, le=MAX_PERIOD_S)
 
 

@@ -167,3 +167,11 @@ def test_two_loops_writing_their_agents_files_to_one_folder_are_refused():
         SammConfig.model_validate(d)
     two["agent"]["params"]["out"] = "/srv/explore"
     assert len(SammConfig.model_validate(d).loops) == 2
+
+
+@pytest.mark.parametrize("key", ["WARMUP_S", "COOLDOWN_S"])
+@pytest.mark.parametrize("value", ["inf", "1e9"])
+def test_a_warm_up_or_cool_down_past_a_week_is_refused(key, value):
+    """An infinite warm-up measured no VM ever: CPU and RAM read 0, an idle fleet a rule scales in."""
+    with pytest.raises(ConfigError, match=key.lower()):
+        load_config(EXAMPLE, environ={f"SAMM_TIMING__{key}": value})

@@ -117,6 +117,8 @@ def compute_features(snap: RawSnapshot, fleet: FleetSpec, names, warmup_s: float
     """float32 array of shape ``batch_shape + (len(names),)``. Pass `metrics` when the caller
     already computed `compute_metrics` for this snapshot."""
     validate_feature_names(names, fleet)
+    if not 0 < step_seconds < np.inf:  # 0 made steps_since_action NaN (or inf) and numpy only warned
+        raise ValueError(f"step_seconds must be positive and finite, got {step_seconds}")
     if metrics is None:
         metrics = compute_metrics(snap, fleet, warmup_s)
     vm_type = np.asarray(snap.vm_type)

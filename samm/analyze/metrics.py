@@ -68,14 +68,22 @@ def _ratio(num, den):
     return num / den if den > 0.0 else 0.0
 
 
+_BAD_CAPACITY, _BAD_TYPE, _BAD_RAM = 1, 2, 3
+
+
 @njit(cache=True, nogil=True)
 def _metrics_kernel(vm_type, vm_state, cpu, ram, running_for, warmup_s, type_cores, type_ram, type_max,
                     waiting_now, submitted_total, waiting_int, submitted_int, out):
-    """One pass per snapshot row over its VM slots: the seven metrics of the module docstring."""
+    """One pass per snapshot row over its VM slots: the seven metrics of the module docstring.
+    Returns 0, or a `_BAD_*` code for `compute_metrics` to name (compiled code neither checks
+    indices nor names values in its errors)."""
     n_rows, n_slots = vm_type.shape
+    n_types = type_cores.shape[0]
     max_fleet_cores = 0.0
-    for t in range(type_cores.shape[0]):
+    for t in range(n_types):
         max_fleet_cores += type_cores[t] * type_max[t]
+    if not max_fleet_cores > 0.0:
+        return _BAD_CAPACITY
     cpu_m = np.empty(n_slots)
     ram_m = np.empty(n_slots)
     for r in range(n_rows):
@@ -85,8 +93,12 @@ def _metrics_kernel(vm_type, vm_state, cpu, ram, running_for, warmup_s, type_cor
             t = vm_type[r, v]
             if t < 0:
                 continue
+            if t >= n_types:  # an unchecked index would read whatever memory lies past the fleet's arrays
+                return _BAD_TYPE
             cores += type_cores[t]
             if vm_state[r, v] == VM_RUNNING and running_for[r, v] >= warmup_s:
+                if not type_ram[t] > 0.0:
+                    return _BAD_RAM
                 cpu_m[k] = _clip01(cpu[r, v])
                 ram_m[k] = _clip01(ram[r, v] / type_ram[t])
                 k += 1
@@ -101,6 +113,7 @@ def _metrics_kernel(vm_type, vm_state, cpu, ram, running_for, warmup_s, type_cor
         out[r, 6] = _ratio(waiting_int[r], submitted_int[r])
         for j in range(N_METRICS):
             out[r, j] = _clip01(out[r, j])
+    return 0
 
 
 def safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -130,13 +143,26 @@ def compute_metrics(snap: RawSnapshot, fleet: FleetSpec, warmup_s: float = 0.0) 
         return np.asarray(x, dtype=dtype).reshape(n_rows, n_slots)
 
     out = np.empty((n_rows, N_METRICS), dtype=np.float64)
-    _metrics_kernel(slots(vm_type, np.int64), slots(snap.vm_state, np.int64), slots(snap.vm_cpu_busy, np.float64),
+    bad = _metrics_kernel(slots(vm_type, np.int64), slots(snap.vm_state, np.int64), slots(snap.vm_cpu_busy, np.float64),
                     slots(snap.vm_ram_used_gb, np.float64), slots(snap.vm_running_for_s, np.float64),
                     float(warmup_s), fleet.cores, fleet.ram_gb, fleet.max_count,
                     _rows(snap.jobs_waiting_now, batch_shape, n_rows), _rows(snap.jobs_submitted_total, batch_shape, n_rows),
                     _rows(snap.jobs_waiting_interval, batch_shape, n_rows),
                     _rows(snap.jobs_submitted_interval, batch_shape, n_rows), out)
+    if bad:
+        raise ValueError(_problem(bad, vm_type, fleet))
     return out.astype(np.float32).reshape(batch_shape + (N_METRICS,))
+
+
+def _problem(code: int, vm_type: np.ndarray, fleet: FleetSpec) -> str:
+    """The one-line error for a kernel's `_BAD_*` code: a snapshot and a fleet that do not fit."""
+    if code == _BAD_CAPACITY:
+        return (f"the fleet {list(fleet.names)} has no capacity (cores x max_count sum to "
+                f"{fleet.max_fleet_cores:g}): allocated_cores_ratio has no denominator")
+    if code == _BAD_TYPE:
+        return (f"the snapshot has vm_type {int(vm_type.max())} but the fleet has {fleet.n_types} type(s) "
+                f"{list(fleet.names)}: a snapshot of another fleet?")
+    return f"the fleet {list(fleet.names)} has a type with no RAM ({fleet.ram_gb.tolist()} GB): ram_mean has no denominator"
 
 
 def allocated_cores(snap: RawSnapshot, fleet: FleetSpec) -> np.ndarray:

@@ -24,8 +24,9 @@ Mapping (one snapshot, batch shape ``()``):
   series of the same names at the window's end; None when the exporter sends none.
 
 Status: the reading's, made ``partial`` when an inventory instance that reported before went
-silent (it is counted as booting: its load is unknown), when the inventory lacks a group, or
-when an instance reports under another group than the inventory's. Reports from instances
+silent (it is counted as booting: its load is unknown), when the inventory lacks a group, when
+an instance reports under another group than the inventory's, or when two instances of a group
+have names that sanitise to the same series (their reports cannot be told apart). Reports from instances
 not in the inventory (terminated VMs whose collector still ran) are ignored and only noted.
 An instance launched more than `boot_grace_s` ago that the reading does not know at all (its
 collector never started, or went silent before the source's history) is noted too, and still
@@ -90,6 +91,15 @@ def _predecessor(r: InstanceReading, launched_at: float | None) -> bool:
     return launched_at is not None and r.last_seen is not None and r.last_seen < launched_at
 
 
+def _same_series(gname: str, live: list) -> list[str]:
+    """The group's instances whose sanitised names collide (`web.1` and `web_1`, as Docker allows):
+    both would read the one series, so one's load would be counted twice and the other's never."""
+    by_name: dict[str, list[str]] = {}
+    for inst in live:
+        by_name.setdefault(sanitize(inst.instance_id), []).append(inst.instance_id)
+    return [f"{gname}/{' and '.join(ids)} as {name}" for name, ids in by_name.items() if len(ids) > 1]
+
+
 # Longer than any boot seen here (the emulated testbed: seconds; EC2: 1-3 minutes).
 BOOT_GRACE_S = 600.0
 
@@ -110,7 +120,7 @@ def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStat
     slots: list[Slot] = []
     cpu, ram, age = [], [], []
     matched: set[tuple[str, str]] = set()
-    silent, misgrouped, unheard = [], [], []
+    silent, misgrouped, unheard, clashes = [], [], [], []
     for t, gname in enumerate(group_order):
         gs = inventory.get(gname)
         if gs is None:
@@ -119,6 +129,7 @@ def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStat
             continue
         live = [i for i in gs.instances if i.state in ("pending", "running")]
         live.sort(key=lambda i: (i.launched_at if i.launched_at is not None else math.inf, i.instance_id))
+        clashes.extend(_same_series(gname, live))
         for inst in live:
             iid = sanitize(inst.instance_id)
             candidates = by_id.get(iid, [])
@@ -163,6 +174,10 @@ def assemble_snapshot(reading: MonitorReading, inventory: Mapping[str, GroupStat
     if unheard:
         reasons.append(f"instance(s) {_short(unheard)} launched over {boot_grace_s:g} s ago but not heard from "
                        f"recently: counted as booting (a collector that never started or stopped?)")
+    if clashes:
+        status = worst(status, "partial")
+        reasons.append(f"instances whose names share one Graphite series (names are sanitised): {_short(clashes)}; "
+                       "each would be counted with the other's load")
     if misgrouped:
         status = worst(status, "partial")
         reasons.append(f"instance(s) reporting under another group: {_short(misgrouped)}")

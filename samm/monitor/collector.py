@@ -111,10 +111,13 @@ class Sample:
 class HostSampler:
     """CPU busy share and RAM in use of this host, or of one process tree (`pid`).
 
-    CPU is expressed as a share of `cores` when given (an instance type's cores, e.g. a
-    container limited to 2 of the host's 16 CPUs), else of every online CPU; capped at 100.
-    RAM is the host's total − available, or the tree's resident set. The first `sample()`
-    measures since construction.
+    CPU is expressed as a share of `cores` when given (an instance type's cores), else of every
+    online CPU; capped at 100. RAM is the host's total − available, or the tree's resident set.
+    The first `sample()` measures since construction.
+
+    Without `pid` the counters are /proc's, which a container shares with its host (cgroup v1
+    or v2 alike: only the cgroup files are the container's): inside a container this measures
+    the whole host, so a container's collector measures its own processes with `pid=1`.
     """
 
     def __init__(self, cores: float | None = None, pid: int | None = None):
