@@ -216,13 +216,49 @@ def write_rules_json(path: str | Path, tuned: Mapping[str, dict], sim: SimConfig
 
 def rules_from_json(path: str | Path, sim: SimConfig, check_config: bool = True) -> dict[str, Agent]:
     """{kind: agent with the tuned parameters} from a `write_rules_json` file. Refuses a file
-    tuned for another simulation config (its parameters would be tuned for other dynamics)."""
+    tuned for another simulation config (its parameters would be tuned for other dynamics), one
+    tuned on the suite's test data, and a malformed one (one line naming the file)."""
     doc = json.loads(Path(path).read_text())
-    if doc.get("schema") != RULES_SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") != RULES_SCHEMA:
         raise ValueError(f"{path}: not a tuned-rules file ({RULES_SCHEMA})")
     if check_config and doc.get("sim_config_hash") != sim.config_hash():
         raise ValueError(f"{path}: tuned for sim config {doc.get('sim_config_hash')}, this one is {sim.config_hash()}")
-    return {kind: make_agent(kind, sim, r["params"]) for kind, r in doc["rules"].items()}
+    rules = _checked_rules(path, doc)
+    try:
+        return {kind: make_agent(kind, sim, r["params"]) for kind, r in rules.items()}
+    except ValueError as exc:  # which file: the suite's message alone named only the rule
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _checked_rules(path, doc: Mapping) -> Mapping[str, dict]:
+    """The file's {kind: {"params": {...}}}, once the file is shown to be tuned on training data
+    only and to hold tunable rules: a hand-edited file with no rules failed only in the suite, and a
+    rule named `lstm-ppo` silently took the place of the policy under test (`suite_agents` merges
+    the rules into the agents by name)."""
+    if not isinstance(doc.get("workloads"), dict):  # what it was tuned on is what makes it fair to use
+        raise ValueError(f"{path}: no \"workloads\" object (the training workloads the rules were tuned on)")
+    leaked = _test_workloads(doc["workloads"])
+    if leaked:  # tuned on the windows it would be scored on: the bar would be set on the test data
+        raise ValueError(f"{path}: tuned on the suite's test data ({', '.join(leaked)}); tune on the training split")
+    rules = doc.get("rules")
+    if not isinstance(rules, dict) or not rules:
+        raise ValueError(f"{path}: \"rules\" must be a non-empty object {{kind: {{\"params\": {{...}}}}}}")
+    for kind, r in rules.items():
+        if kind not in BASELINE_KINDS:
+            raise ValueError(f"{path}: rule {kind!r} is not a tunable rule ({', '.join(BASELINE_KINDS)})")
+        if not isinstance(r, dict) or not isinstance(r.get("params"), dict):
+            raise ValueError(f"{path}: rule {kind!r} has no \"params\" object")
+    return rules
+
+
+def _test_workloads(names) -> list[str]:
+    """The names among `names` that are suite windows or windows of a test-split trace (workload
+    names start with the trace's label: `KTH-SP2 day 10`, `KTH-SP2@d134+24h/...`)."""
+    from sim_bridge.workloads.mix import TEST_TRACES, TEST_WINDOWS, trace_label
+
+    labels = {trace_label(t) for t in TEST_TRACES}
+    suite = {w.name for w in TEST_WINDOWS} | set(SEPARATE_WINDOWS)
+    return [n for n in names if n in suite or str(n).split("@")[0].split(" ")[0] in labels]
 
 
 # -- the suite ---------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ def tuned_rules(sim: SimConfig, rules_path: str | Path | None = None, retune: bo
                 write_to: str | Path | None = None, n_workloads: int = TUNE_WORKLOADS,
                 progress: bool = True) -> tuple[dict[str, Agent], str]:
     """({rule kind: tuned agent}, where the parameters came from)."""
+    if retune and rules_path:  # before minutes of tuning: the file given was read by nothing
+        raise ValueError(f"re-tuning ignores the tuned-rules file {rules_path}: give one or the other (--rules, --retune)")
     path = Path(rules_path) if rules_path else SHIPPED_RULES
     if not retune and path.is_file():
         return rules_from_json(path, sim), str(path)

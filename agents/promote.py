@@ -15,6 +15,7 @@ from sim_bridge.workloads import Workload
 
 from .base import load_agent
 from .evaluate import evaluate
+from .report import refuse_repeats
 
 
 def sign_test_p(wins: int, losses: int) -> float:
@@ -27,6 +28,9 @@ def sign_test_p(wins: int, losses: int) -> float:
 
 def compare(candidate_dir, incumbent_dir, sim: SimConfig, workload: Workload, seeds, margin: float = 0.02,
             max_p: float = 0.1) -> dict:
+    # listed once: a generator was spent by the candidate's run, the incumbent's then ran no seeds
+    seeds = [int(s) for s in seeds]
+    refuse_repeats(seeds, "seeds")  # a repeated seed is one pair counted twice in the sign test
     cand, inc = load_agent(candidate_dir), load_agent(incumbent_dir)
     rc = evaluate(cand, sim, workload, seeds)
     ri = evaluate(inc, sim, workload, seeds)
@@ -100,6 +104,9 @@ def suite_gate(pairs: list[dict], margin: float = 0.0, tolerance: float = SUITE_
     only when `max_p` is given): with a handful of windows it is weak evidence either way."""
     if not pairs:
         raise ValueError("no pairs to compare")
+    # one episode listed twice is one piece of evidence counted twice: the sign test and the
+    # geometric mean would weigh a repeated (window, seed) as if it were another draw
+    refuse_repeats([(p["window"], int(p["seed"])) for p in pairs], "the pairs' (window, seed)")
     rows, by_window = [], {}
     for p in pairs:
         c, i = float(p["candidate"]), float(p["incumbent"])
