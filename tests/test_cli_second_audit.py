@@ -333,3 +333,13 @@ def test_a_policy_of_another_problem_is_named_as_such():
     assert res.exit_code == 2, res.output
     assert "a policy of the 'deferrable-jobs' problem, not an autoscaling agent (give --problem deferrable-jobs)" \
         in res.output, res.output
+
+
+@pytest.mark.parametrize("verb", [["evaluate", "--suite", "generalisation"],
+                                  ["policy", "promote", "--suite", "generalisation", "--candidate",
+                                   "agents/policies/lstm-ppo-default", "--incumbent", "agents/policies/lstm-ppo-paper"]])
+def test_the_suite_refuses_a_step_cap_it_would_not_use(verb):
+    """promote ran the suite's 20,000-step episodes whatever --max-steps said; evaluate failed with a
+    config-hash mismatch naming no option."""
+    res = CliRunner().invoke(cli, [*verb, "--max-steps", "100"])
+    assert res.exit_code == 2 and "--max-steps" in res.output and "does not apply to --suite" in res.output, res.output

@@ -776,7 +776,7 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
             _fail("--suite applies to problem autoscaling")
         # the suite fixes its agents, windows and seeds: `--suite ... --seeds 1-10` ran 3 seeds
         _refuse_given(ctx, {"agent_kind", "params_json", "seeds", "stochastic", "nodes", "containers", "predictor",
-                            *SWF_OPTIONS_PARAMS},
+                            "max_steps", *SWF_OPTIONS_PARAMS},
                       "does not apply to --suite (it runs its own agents, windows and seeds)")
         _suite_cmd(_sim_config(config_path, preset, initial, action_mode or "per-type", max_steps), policy_dir,
                    rules_path, retune, out_dir, as_json)
@@ -879,9 +879,9 @@ def _suite_cmd(cfg, policy_dir, rules_path, retune, out_dir, as_json) -> None:
                                           write_to=out / "rules.json" if (out and retune) else None,
                                           progress=not as_json)
         workloads = suite_workloads(cfg)
+        result = run_suite(agents, cfg, workloads, progress=not as_json)  # its arithmetic's refusals are one line too
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
-    result = run_suite(agents, cfg, workloads, progress=not as_json)
     result["provenance"] = provenance
     result["targets"] = check_targets(result)
     if out:
@@ -907,7 +907,8 @@ def _suite_cmd(cfg, policy_dir, rules_path, retune, out_dir, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def tune_cmd(problem, agent_kind, workload, window, time_compression, mips_per_core, max_jobs, config_path, preset, initial,
              action_mode, max_steps, seeds, out, as_json) -> None:
-    """Grid-search a baseline's parameters in simulation (lowest mean total cost)."""
+    """Grid-search a baseline's parameters in simulation: fewest episodes cut at the step cap with
+    jobs queued, then lowest mean total cost."""
     if problem != "autoscaling":
         _fail(f"problem {problem!r} has no tunable baselines (its planners take no parameters to fit)")
     from agents.tune import tune
@@ -1270,7 +1271,9 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
         _fail(f"--window-tolerance must be a finite ratio > 0, got {window_tolerance}")
     ctx = click.get_current_context()
     if suite:  # the suite pairs on its own windows: `--suite ... --workload MINE.swf` gated on others
-        _refuse_given(ctx, set(SWF_OPTIONS_PARAMS), "does not apply to --suite (it pairs on the suite's own windows)")
+        # --max-steps too: the suite's episodes run its own 20,000-step cap whatever was asked
+        _refuse_given(ctx, {"max_steps", *SWF_OPTIONS_PARAMS},
+                      "does not apply to --suite (it pairs on the suite's own windows and episodes)")
     else:
         _refuse_given(ctx, {"window_tolerance"}, "applies only with --suite")
     if install_to:  # checked before the evaluation, which takes minutes, not after it
