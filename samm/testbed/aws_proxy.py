@@ -87,7 +87,13 @@ class AwsFaultProxy:
 
         class Handler(BaseHTTPRequestHandler):
             def _serve(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                length = (self.headers.get("Content-Length") or "0").strip()
+                if not length.isdigit():
+                    # int() of garbage was a traceback on the testbed's stderr and no answer; a
+                    # negative length read until the client hung up
+                    self._reply(400, [("Content-Type", "text/plain")], f"bad Content-Length {length!r}".encode())
+                    return
+                body = self.rfile.read(int(length))
                 form = parse_qs(body.decode("utf-8", "replace")) if body else {}
                 form.update(parse_qs(urlsplit(self.path).query))
                 action = (form.get("Action") or ["?"])[0]

@@ -20,7 +20,7 @@ converted to workload seconds, (wall - t0) x compression, and reported under the
   cores held by jobs during the part of the step they were running, averaged over steps (the
   simulator's `cpu_mean` observation averaged, as `run_episodes` reports it);
   `busy_core_ratio` = busy core-seconds / allocated core-seconds over the horizon;
-* `mean_wait_s`, `p95_wait_s` over jobs submitted within the horizon; `makespan_s` = last
+* `mean_wait_s`, `p95_wait_s` over jobs submitted before the horizon (as `run_episodes`); `makespan_s` = last
   finish. Busy time counts every attempt, including work lost to a killed instance.
 
 Runs are matched to instances by id: the worker's `--instance` must be the instance id.
@@ -135,7 +135,9 @@ def summarize(instances: Sequence[InstanceRecord], jobs: Sequence[JobRecord], ru
     allocated_core_s = float(np.sum(life * cores))
 
     # ---- job waits
-    arrived = [j for j in jobs if j.submitted_at <= end]
+    # an arrival at exactly the horizon belongs to the next step, as in `run_episodes`: counted,
+    # it waited 0 s and pulled the mean wait of a run cut at a batch's arrival down
+    arrived = [j for j in jobs if j.submitted_at < end]
     waits = np.array([j.total_wait(end) for j in arrived], dtype=float)
     wait_job_s = float(waits.sum()) if len(waits) else 0.0
     wait_penalty = penalty_per_job_second * wait_job_s

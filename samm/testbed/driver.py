@@ -24,11 +24,20 @@ from samm.monitor.collector import QueueReporter
 from samm.monitor.graphite_client import GraphiteSender
 from sim_bridge.workloads import Workload
 
-from .jobqueue import JobQueue, QueueCounters
+from .jobqueue import JobQueue, QueueCounters, _check_clock
+from .options import number_problem
 
 log = logging.getLogger(__name__)
 
 PAPER_HOST_MIPS = 4400.0
+
+
+def _check_positive(**values: float) -> None:
+    # `not v > 0` let inf through: an infinite interval made the publisher's wait overflow and
+    # end its thread, an infinite compression submitted the whole workload at once
+    for name, v in values.items():
+        if problem := number_problem(name, v, strict=True):
+            raise ValueError(problem)
 
 
 class Driver:
@@ -37,10 +46,8 @@ class Driver:
 
     def __init__(self, queue: JobQueue, workload: Workload, compression: float, t0: float,
                  host_mips: float = PAPER_HOST_MIPS, clock=time.time):
-        if not compression > 0:
-            raise ValueError(f"compression must be positive, got {compression}")
-        if not host_mips > 0:
-            raise ValueError(f"host_mips must be positive, got {host_mips}")
+        _check_positive(host_mips=host_mips)
+        _check_clock(t0, compression)
         self.queue, self.workload = queue, workload
         self.compression, self.t0, self.clock = float(compression), float(t0), clock
         self.runtime_s = workload.runtime_s(host_mips)
@@ -126,9 +133,8 @@ class QueuePublisher:
 
     def __init__(self, queue: JobQueue, sender: GraphiteSender | None, prefix: str, compression: float, t0: float,
                  interval_s: float, every_s: float, clock=time.time):
-        for name, v in (("compression", compression), ("interval_s", interval_s), ("every_s", every_s)):
-            if not v > 0:
-                raise ValueError(f"{name} must be positive, got {v}")
+        _check_positive(interval_s=interval_s, every_s=every_s)
+        _check_clock(t0, compression)
         self.queue = queue
         self.reporter = QueueReporter(sender, prefix) if sender is not None else None
         self.compression, self.t0 = float(compression), float(t0)

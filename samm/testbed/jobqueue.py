@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .options import number_problem
+
 log = logging.getLogger(__name__)
 
 WAITING, LEASED, DONE = "waiting", "leased", "done"
@@ -99,6 +101,15 @@ def _check_lease(now_wall: float, lease_s: float) -> None:
     # worker that dies would never expire, and its jobs would be lost
     if not (math.isfinite(lease_s) and lease_s > 0 and math.isfinite(now_wall)):
         raise ValueError(f"lease_s must be a finite number > 0 and now_wall finite, got {lease_s!r}, {now_wall!r}")
+
+
+def _check_clock(t0: float, compression: float) -> None:
+    """The testbed's clock, (wall - t0) x compression, as every process must share it."""
+    problem = number_problem("compression", compression, strict=True)
+    if problem is None and not (isinstance(t0, (int, float)) and math.isfinite(t0)):
+        problem = f"t0 must be a finite wall time, got {t0!r}"
+    if problem:
+        raise ValueError(problem)
 
 
 @dataclass(frozen=True)
@@ -201,6 +212,9 @@ class JobQueue:
     """
 
     def __init__(self, path: str | os.PathLike, busy_timeout_s: float = 30.0):
+        # NaN or inf failed as "cannot convert float NaN to integer" or an OverflowError
+        if problem := number_problem("busy_timeout_s", busy_timeout_s):
+            raise ValueError(f"job queue {path}: {problem}")
         self.path = Path(path)
         if self.path.is_dir():
             raise ValueError(f"job queue path {self.path} is a directory; expected a SQLite file")
@@ -209,6 +223,17 @@ class JobQueue:
         # autocommit mode: every write below opens its own BEGIN IMMEDIATE
         self._db = sqlite3.connect(str(self.path), timeout=busy_timeout_s, isolation_level=None,
                                    check_same_thread=False)
+        self._warned_no_clock = False
+        try:
+            self._open(busy_timeout_s)
+        except BaseException as exc:  # a failed open kept its connection (a file descriptor) forever
+            self._db.close()
+            if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+                # e.g. "file is not a database": a wrong --queue, not a busy file worth retrying
+                raise ValueError(f"job queue {self.path} is not a usable SQLite file: {exc}") from None
+            raise
+
+    def _open(self, busy_timeout_s: float) -> None:
         self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         mode = self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
@@ -219,7 +244,6 @@ class JobQueue:
         with self._lock:  # several processes may create the schema at once: one transaction each
             self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
         self._upgrade_schema()
-        self._warned_no_clock = False
 
     def _upgrade_schema(self) -> None:
         """Add the deferrable-job columns to a file made before them (checked inside the write
@@ -273,8 +297,9 @@ class JobQueue:
     def set_clock(self, t0: float, compression: float) -> None:
         """Record the testbed's clock (workload time = (wall - t0) x compression) so that calls
         given only wall time (`requeue_expired`, `release_worker`) can date the re-queue."""
-        if not compression > 0:
-            raise ValueError(f"compression must be positive, got {compression}")
+        # `not > 0` let inf through, and a NaN t0 failed as "NOT NULL constraint failed": either
+        # dated every re-queue at infinity or never, and the re-queued jobs' waits were lost
+        _check_clock(t0, compression)
         with self._write() as db:
             db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                            [("t0", float(t0)), ("compression", float(compression))])

@@ -70,6 +70,10 @@ class Reconciler:
             return
         present: set[str] = set()
         with self._lock:
+            if self._stop.is_set():
+                # a describe that outlived stop()'s join: its answer would start workers (and
+                # bill VMs) that nothing stops any more
+                return
             for asg in sorted(asgs, key=lambda a: a["AutoScalingGroupName"]):
                 group, cores = self.groups[asg["AutoScalingGroupName"]]
                 for inst in sorted(asg.get("Instances", []), key=lambda i: i["InstanceId"]):

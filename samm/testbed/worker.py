@@ -48,7 +48,7 @@ _BUF = bytes(range(256)) * 256  # 64 KiB: ~30 us of SHA-256, fine-grained enough
 class WorkerStats:
     completed: int = 0
     ignored: int = 0  # completions refused: the lease had been re-queued meanwhile
-    lost: int = 0  # jobs dropped because the lease was gone at a heartbeat
+    lost: int = 0  # attempts dropped: the lease was gone at a heartbeat, or expired and came back
     leased: int = 0
     reports: int = 0
     burn_s: float = 0.0  # CPU seconds spent hashing
@@ -143,6 +143,13 @@ def run_worker(queue: str | JobQueue, group: str, instance: str, cores: int, com
                     if got:
                         account(now)
                         for job in got:
+                            # after a stall past its lease this worker may get its own job back:
+                            # the old attempt is lost, and its cores must not stay counted busy
+                            old = running.pop(job.id, None)
+                            if old is not None:
+                                busy -= old[0].cores
+                                stats.lost += 1
+                                log.warning("worker %s: lease of job %d expired; running it again", instance, job.id)
                             running[job.id] = (job, now + job.runtime_s / compression)
                             busy += job.cores
                         stats.leased += len(got)
@@ -244,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                            lease_s=args.lease_s, duty=args.duty, poll_s=args.poll_s, stop=stop)
     except ValueError as exc:
         print(f"worker: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.Error, RuntimeError) as exc:  # the queue file cannot be created or opened
+        print(f"worker: job queue {args.queue}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     log.info("stopped: %d completed, %d ignored, %d lost", stats.completed, stats.ignored, stats.lost)
     return 0
