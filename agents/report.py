@@ -137,23 +137,32 @@ def refuse_repeats(values, what: str) -> None:
         raise ValueError(f"{what} names {twice[0]!r} more than once")
 
 
-def prepare_out(out) -> Path:
-    """The experiment's output folder, made and proved writable before any work: an --out that
-    cannot take a file would otherwise fail only at the end, losing the whole run's results. An
-    earlier run's summary.json and report.md are moved aside to summary.previous.json and
-    report.previous.md: a run that stops part-way (interrupted, failed) then leaves no summary or
-    report that looks like its own beside its partial files."""
+def writable_folder(out) -> Path:
+    """`out` made and proved writable (OSError naming it otherwise), before any work: an --out
+    that cannot take a file would otherwise fail only at the end, losing the whole run's results.
+    Adds nothing to the folder: a trainer's --out may hold an experiment's files."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):   # "[Errno 17] File exists" named no option
         raise OSError(f"output folder {out} is a file (or lies under one): choose a folder") from None
+    except OSError as exc:
+        raise OSError(f"cannot make output folder {out}: {exc.strerror or exc}") from None
     probe = out / f".write-test-{os.getpid()}"
     try:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
         raise OSError(f"output folder {out} is not writable: {exc.strerror or exc}") from None
+    return out
+
+
+def prepare_out(out) -> Path:
+    """The experiment's output folder (`writable_folder`). An earlier run's summary.json and
+    report.md are moved aside to summary.previous.json and report.previous.md: a run that stops
+    part-way (interrupted, failed) then leaves no summary or report that looks like its own
+    beside its partial files."""
+    out = writable_folder(out)
     for name, aside in (("summary.json", "summary.previous.json"), ("report.md", "report.previous.md")):
         if (out / name).is_file():
             os.replace(out / name, out / aside)

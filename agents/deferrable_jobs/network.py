@@ -13,7 +13,8 @@
 * `MlpNet` (the "PPO" row): the padded token matrix flattened into a fixed-length vector.
 * `PointerNet` (the "PointerNet" row): an LSTM encoder over the job sequence and an additive
   attention "pointer" from a pooled query to every job, whose logit is the job's mean score (a
-  one-step pointer: the prefix rule needs scores, not a decoded sequence; our reading).
+  one-step pointer: the prefix rule needs scores, not a decoded sequence; our reading), plus a
+  fixed offset, 0 under the paper's mapping and osdec.SKIP_INIT_BIAS under "skip".
 Every net returns (mu [B, M], sigma [B, M], value [B]) for the first M = max_eligible tokens.
 """
 from __future__ import annotations
@@ -102,6 +103,10 @@ class PointerNet(nn.Module):
         self.v = nn.Linear(hidden, 1, bias=False)
         self.sigma = nn.Linear(hidden, 1)
         self.value = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+        # the score's offset: `v` has no bias, so the "skip" mapping's start-what-fits offset
+        # (osdec.SKIP_INIT_BIAS) goes here; 0 under "prefix". Not saved: `OsdecModel.build` sets
+        # it from the mapping in the metadata, and policies saved without it still load
+        self.register_buffer("mu_bias", torch.zeros(()), persistent=False)
 
     def forward(self, tokens, mask, extra=None):
         x = tokens if extra is None else torch.cat([tokens, extra.unsqueeze(1).expand(-1, tokens.shape[1], -1)], -1)
@@ -109,6 +114,6 @@ class PointerNet(nn.Module):
         m = mask.float().unsqueeze(-1)
         query = (h * m).sum(1) / m.sum(1).clamp(min=1.0)
         logits = self.v(torch.tanh(self.w_ref(h) + self.w_query(query).unsqueeze(1))).squeeze(-1)
-        mu = torch.tanh(logits[:, : self.M])
+        mu = torch.tanh(logits[:, : self.M] + self.mu_bias)
         sigma = _std(self.sigma(h[:, : self.M]).squeeze(-1))
         return mu, sigma, self.value(query).squeeze(-1)

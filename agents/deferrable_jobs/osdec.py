@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,13 @@ class OsdecConfig:
             raise ValueError(f"unknown variant {self.variant!r}; choose from {sorted(VARIANTS)}")
         if self.mapping not in ("prefix", "skip"):
             raise ValueError(f"unknown action mapping {self.mapping!r}; choose 'prefix' or 'skip'")
+        # each a count the trainer divides or loops by: n_envs 0 failed "integer modulo by zero" (also
+        # when a policy's metadata held it), minibatch 0 deep in range(), eval_episodes 0 at the first
+        # evaluation, and total_steps 0 or less ran a whole iteration
+        for name in ("total_steps", "n_envs", "batch_size", "minibatch", "epochs", "eval_episodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, not {value!r}")
         if self.batch_size % self.n_envs:
             raise ValueError("batch_size must be a multiple of n_envs")
 
@@ -101,10 +109,12 @@ class OsdecModel(nn.Module):
             net = PointerNet(F, M, extra)
         if cfg.mapping == "skip":
             # under "skip" a negative score waits: start from a policy that starts what fits (ours)
-            head = net.mu[-1] if isinstance(net.mu, nn.Sequential) else net.mu if isinstance(net.mu, nn.Linear) else None
-            if head is not None:
-                with torch.no_grad():
-                    head.bias.fill_(SKIP_INIT_BIAS)
+            # (PointerNet has no mu head: `--variant pointer --mapping skip` failed with an AttributeError)
+            with torch.no_grad():
+                if isinstance(net, PointerNet):
+                    net.mu_bias.fill_(SKIP_INIT_BIAS)
+                else:
+                    (net.mu[-1] if isinstance(net.mu, nn.Sequential) else net.mu).bias.fill_(SKIP_INIT_BIAS)
         return cls(net, aux, cfg.aux, cfg.aux_coef_low, cfg.aux_coef_high)
 
     @torch.no_grad()

@@ -303,17 +303,34 @@ def check_options(args) -> None:
             raise ValueError(f"{flag} must be {want}, not {value}")
 
 
+def check_out(out: Path) -> None:
+    """--out made and proved writable before training: an --out that is a file (or under one) failed
+    with a traceback from TensorBoard, or, without TensorBoard, only after the whole run, losing
+    the trained policy and its log. Not report.prepare_out: it would rename an experiment's
+    summary.json and report.md aside in a folder that a training run only adds to."""
+    from agents.report import writable_folder
+
+    try:
+        writable_folder(out)
+    except OSError as exc:
+        raise ValueError(f"--out: {exc}") from None
+
+
 def main(argv=None) -> int:
     from .osdec import VARIANTS
 
     p = argparse.ArgumentParser(description="Train OSDEC (or a Table 1 variant) on the deferrable-jobs simulator.")
     p.add_argument("--setting", default="default", choices=sorted(SETTINGS))
     p.add_argument("--variant", default="osdec", choices=sorted(VARIANTS))
-    p.add_argument("--steps", type=int, default=None, help="slots of experience (default: OsdecConfig.total_steps)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="slots of experience (default: OsdecConfig.total_steps), rounded down to whole iterations "
+                        f"of {OsdecConfig().batch_size} slots (REINFORCE: one day per env), at least one")
     p.add_argument("--mapping", choices=("prefix", "skip"), default="prefix",
                    help="action mapping: prefix (the paper's) or skip (ours; what the shipped policy uses)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads; a --seed repeats its run exactly only at the same --threads "
+                        "(sums in another order round otherwise)")
     p.add_argument("--out", default=None, help="directory for the saved policy, progress.csv and TensorBoard")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -321,6 +338,7 @@ def main(argv=None) -> int:
         check_options(args)
         if args.out:
             refuse_existing_run(Path(args.out), RUN_FILES)
+            check_out(Path(args.out))   # last: it makes --out
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

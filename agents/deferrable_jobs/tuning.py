@@ -12,6 +12,7 @@ episodes change.
 from __future__ import annotations
 
 import itertools
+import numbers
 
 import numpy as np
 
@@ -38,8 +39,19 @@ def candidates(grid) -> list[dict]:
     parameter dicts (kept as given)."""
     if isinstance(grid, dict):
         keys = sorted(grid)
+        for k in keys:
+            # one value given bare: a number failed in itertools ("'float' object is not iterable")
+            # and a string was searched character by character
+            if isinstance(grid[k], (str, bytes, dict)) or not hasattr(grid[k], "__iter__"):
+                raise ValueError(f"grid: {k!r} needs a list of values to search, got {grid[k]!r}")
         return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
     return [dict(p) for p in grid]
+
+
+def _check_episodes(episodes) -> None:
+    """Zero episodes scored every candidate NaN, and the first one was returned as the best."""
+    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
+        raise ValueError(f"tuning needs at least 1 training episode, got {episodes!r}")
 
 
 def evaluate_rule(name: str, params: dict, episodes: list[Episode]) -> list[EpisodeResult]:
@@ -66,10 +78,12 @@ def tune_rule(name: str, setting: str | Setting, episodes: int = 20, seed: int =
     over `data.episodes(setting, "train", episodes, seed)`."""
     if name not in RULES:
         raise ValueError(f"unknown deferrable-jobs heuristic {name!r}; choose from {list(RULES)}")
+    _check_episodes(episodes)
     return _search(name, data.episodes(setting, "train", episodes, seed), grid)
 
 
 def tune_all(setting: str | Setting, episodes: int = 20, seed: int = 0) -> dict[str, dict]:
     """{rule: best parameters} for every heuristic, on one shared set of training episodes."""
+    _check_episodes(episodes)
     train = data.episodes(setting, "train", episodes, seed)
     return {name: _search(name, train, None)[0] for name in RULES}

@@ -309,12 +309,12 @@ def check_outputs(out: Path, log: Path | None) -> None:
     """--out made and proved writable, and --log's folder present, before training: an --out that is
     a file (or under one) and a --log in a missing folder failed with a traceback only after the
     whole run (minutes), the trained policy or its log lost."""
-    from agents.report import prepare_out
+    from agents.report import writable_folder  # not prepare_out: it renames an experiment's files aside
 
     if log is not None and not log.parent.is_dir():
         raise ValueError(f"--log {log}: folder {log.parent} does not exist")
     try:
-        prepare_out(out)
+        writable_folder(out)
     except OSError as exc:
         raise ValueError(f"--out: {exc}") from None
 
