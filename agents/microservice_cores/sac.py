@@ -577,6 +577,8 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, n_services: int, width: int, n_envs: int, seed: int,
                  service_rewards: bool = False):
+        if not 0 < n_envs <= capacity:    # rounded to 0, the first add failed with a bare IndexError
+            raise ValueError(f"a replay of {capacity} transitions cannot hold one second of {n_envs} copies")
         self.cap = capacity - capacity % n_envs
         self.E = n_envs
         # half precision: the rows are log-scaled counters and shares (0-30), 3 digits are plenty,

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from agents.parallel import write_progress
-from agents.train_log import refuse_existing_run
+from agents.train_log import TrainingDiverged, first_non_finite, refuse_existing_run
 from samm.cli.seeds import parse_seeds, require_apart_from_reported
 
 from .action_map import ACTION_SPACES, action_of, check_ceiling, cores_of, scaled_actions
@@ -67,6 +67,12 @@ SIM_TRAINING = dict(hidden=64, actor_layers=3, critic_pre_layers=1, critic_post_
 #: the fields that shape the networks: a run started from a saved policy takes them from it
 NETWORK_FIELDS = ("hidden", "actor_layers", "critic_pre_layers", "critic_post_layers", "k", "id_width",
                   "classifier_hidden", "observe_queue")
+#: the options a built Sac keeps (its critics' input, its actor's entropy, its coefficient's shape, its
+#: optimisers) or reads from its own config at every update: a run from a saved policy trains with the
+#: policy's whatever it asks, so it must record them (a continued `--critic-action both` policy was
+#: saved under the recipe's "linear", and its own weights no longer loaded into it)
+AGENT_FIELDS = ("critic_action", "entropy_space", "entropy_scope", "target_entropy", "actor_grad", "reward_split",
+                "fused_adam")
 
 
 def sim_config(**overrides) -> SacConfig:
@@ -97,6 +103,14 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         if init.cfg.action_space != cfg.action_space:
             raise ValueError(f"the initial policy's actions are on the {init.cfg.action_space!r} space, this run's on "
                              f"{cfg.action_space!r}: start it with the initial policy's (`samm train --init-policy` does)")
+        kept = {f: getattr(init.cfg, f) for f in AGENT_FIELDS if getattr(init.cfg, f) != getattr(cfg, f)}
+        if kept:
+            raise ValueError(f"the initial policy trains with its own {kept}, not this run's "
+                             f"{ {f: getattr(cfg, f) for f in kept} }: start it with the initial policy's "
+                             "(`samm train --init-policy` does)")
+        if init.cfg.precision != cfg.precision:
+            # the one update setting a built agent can change: it trained at its own and recorded the run's
+            init.cfg = replace(init.cfg, precision=cfg.precision)
     topo = app if isinstance(app, Topology) else load_topology(app)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -136,7 +150,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     # `keep_norm`, keeps both)
     fitted = keep_norm and init is not None
     last_fit = 0
-    learning_starts = EPISODE_S * E if fitted else 0
+    # or once the replay is full: one episode of more copies than it holds never began learning
+    learning_starts = min(EPISODE_S * E, buf.cap - E) if fitted else 0
     stats = None
     best = BestCheckpoint(max_violation=best_max_violation)
     best_agent = None
@@ -227,6 +242,10 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
         if phase == "autoscale" and seen >= cfg.autoscale_steps and not fitted:
             agent.norm.fit(_fit_sample(buf))
             fitted, last_fit = True, seen
+        bad = first_non_finite(agent)
+        if bad:     # a diverged update: stop before a NaN network is evaluated, kept or saved
+            raise TrainingDiverged(f"episode {episode + 1} ({seen:,} transitions): the network's {bad} is not finite "
+                                   "(NaN or inf); training stopped without saving it")
         cls_loss = None
         if cfg.classifier_steps and cfg.autoscale_steps <= seen < cfg.autoscale_steps + cfg.classifier_steps + EPISODE_S * E:
             cls_loss = _train_classifier(agent, buf, cfg)
@@ -653,12 +672,23 @@ def _train_one(args) -> int:
                 print(f"error: --action-space {args.action_space}: the initial policy acts on the "
                       f"{init.cfg.action_space!r} space (a policy's actions keep their meaning)", file=sys.stderr)
                 return 2
-            cfg = replace(cfg, **{f: getattr(init.cfg, f) for f in NETWORK_FIELDS},
-                          action_space=init.cfg.action_space)
+            asked = [f for f in AGENT_FIELDS if getattr(args, f) is not None and getattr(args, f) is not False
+                     and getattr(args, f) != getattr(init.cfg, f)]
+            if asked:
+                f = asked[0]
+                print(f"error: --{f.replace('_', '-')} {getattr(args, f)}: the initial policy was built to train with "
+                      f"{f} {getattr(init.cfg, f)!r} (a policy's networks keep it)", file=sys.stderr)
+                return 2
+            cfg = replace(cfg, **{f: getattr(init.cfg, f) for f in (*NETWORK_FIELDS, *AGENT_FIELDS)},
+                          action_space=init.cfg.action_space, precision=args.precision or init.cfg.precision)
             if args.cont:
                 if init.topo.name != load_topology(args.app).name:
                     print(f"error: --continue: the policy is for {init.topo.name!r}, not {args.app!r} "
                           "(transfer between apps: --init-policy without --continue)", file=sys.stderr)
+                    return 2
+                if args.qos_margin is not None and args.qos_margin != init.cfg.qos_margin:
+                    print(f"error: --continue --qos-margin {args.qos_margin}: a continued policy keeps its own reward "
+                          f"(--qos-margin {init.cfg.qos_margin})", file=sys.stderr)
                     return 2
                 # its own reward, and no AutoScale fill or classifier explorer: plain SAC
                 cfg = replace(cfg, qos_margin=init.cfg.qos_margin, autoscale_steps=0, classifier_steps=0)
@@ -671,7 +701,7 @@ def _train_one(args) -> int:
                        stop_after=args.stop_after)
     except ValueError as e:  # a bad app, policy or option: say which, no traceback
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(e, TrainingDiverged) else 2     # 1: the work failed, not its usage
     last = policy.log[-1]
     print(f"{last['episode'] + 1} episodes, {last['steps']:,} transitions, {last['seconds']} s; last episode: "
           f"mean cores {last['mean_cores']:.2f}, QoS violations {last['violation_rate']:.3%}")
