@@ -137,6 +137,7 @@ def _interrupt(args: list[str], started, timeout: float = 90) -> subprocess.Comp
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
+@pytest.mark.slow  # a real 20,000-job simulation, timed against a signal: tens of seconds, load-sensitive
 @pytest.mark.jvm
 def test_demo_sim_interrupted_exits_130_and_leaves_no_summary_of_the_run_before(tmp_path):
     """A re-run into the same --out stopped by Ctrl-C was click's "Aborted!" (exit 1), and the
@@ -165,6 +166,7 @@ def test_demo_refused_options_keep_the_run_before(tmp_path):
     assert (out / "summary.json").exists()
 
 
+@pytest.mark.slow  # real training until its first log row, then a signal: up to minutes on a loaded machine
 @pytest.mark.jvm
 def test_train_interrupted_exits_130_naming_what_it_kept(tmp_path):
     """Ctrl-C ended `samm train` with click's "Aborted!" (exit 1), naming neither the logs kept nor
