@@ -172,8 +172,11 @@ def test_a_run_that_fails_part_way_closes_its_environments(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(PPOConfig(total_timesteps=16, **TOY), lambda n, s: env, progress=False, on_update=interrupted)
-    assert env.closed
+        train(PPOConfig(total_timesteps=16, **TOY), lambda n, s: env, tmp_path / "ctrl-c", progress=False,
+              on_update=interrupted)
+    # Ctrl-C may cut a JVM call half-way: closing over that connection could wait for an answer
+    # that never comes, so the envs are left to the process's exit; the logs are written whole
+    assert not env.closed and (tmp_path / "ctrl-c" / "progress.csv").exists()
 
 
 # ---- settings that cannot train --------------------------------------------------------------

@@ -12,18 +12,11 @@ import numpy as np
 import pytest
 
 from agents.microservice_cores.control import AppLimits
-from agents.microservice_cores.observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
+from agents.microservice_cores.observation import FIELD, PERCENTILES, SERVICE_FIELDS
 from agents.microservice_cores.online import OnlineConfig, OnlineReclaimer
 from agents.microservice_cores.policy import shipped_policy
 from samm.localproc import AppInThread
-
-
-def _meas(topo, t: float, limit=None, p99: float = 1.0) -> StepMeasurement:
-    per = np.zeros((topo.n_services, len(SERVICE_FIELDS)))
-    per[:, FIELD["cpu_limit"]] = topo.caps * 0.5 if limit is None else limit
-    per[:, FIELD["cpu_used"]] = topo.caps * 0.25
-    return StepMeasurement(services=topo.service_names, per_service=per, latency_ms=np.full(len(PERCENTILES), p99),
-                           requests_per_s=50.0, failures_per_s=0.0, qos_ms=topo.qos_ms, t=t)
+from tests.test_reclaimer_live_audit import _meas
 
 
 def _post(url: str, body: dict | None = None) -> tuple[int, dict]:

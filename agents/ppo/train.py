@@ -323,7 +323,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
         return obs, zeros, zeros.copy(), np.ones(cfg.num_envs, dtype=np.float32)
 
     # ---- the loop ------------------------------------------------------------------------
-    bar = None
+    bar, interrupted = None, False
     try:
         raw_obs, h, c, episode_start = fresh_start(cfg.seed + 1000 * start_update)
         disc_return = np.zeros(cfg.num_envs)  # for reward scaling
@@ -452,11 +452,16 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
                     "action_rng": sample_rng.bit_generator.state, "config": cfg.to_dict(), "carry": carry})
             if stop:
                 break
-    finally:  # whatever ends the run (a lost worker too often, a NaN, Ctrl-C): its JVMs and logs are closed
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:  # whatever ends the run (a lost worker too often, a NaN): its JVMs and logs are closed
         if bar:
             bar.close()
         logger.close()
-        if hasattr(envs, "close"):
+        # not after Ctrl-C: it may have cut a call to the JVM half-way, and closing over that
+        # connection can wait for an answer that never comes; the JVMs exit with this process
+        if hasattr(envs, "close") and not interrupted:
             envs.close()
     return TrainResult(net=net, obs_rms=obs_rms, global_step=global_step, episodes=episodes,
                        history=logger.rows, wall_seconds=time.perf_counter() - started)
