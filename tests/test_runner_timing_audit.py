@@ -90,19 +90,7 @@ def test_a_standby_taking_over_keeps_pinging_the_watchdog_until_its_first_slot(t
     runner = DaemonRunner(build_daemon(deferrable_config(tmp_path, interval_s=every, slot_zero_unix=zero)))
     for loop in runner.loops:
         loop.last_progress -= 3600.0                          # built an hour ago: the standby's wait
-    t, rc = run_in_thread(runner)
-    got: list[bytes] = []
-    try:
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            try:
-                got.append(sock.recv(4096))
-            except TimeoutError:
-                pass
-    finally:
-        runner.stop_event.set()
-        t.join(15)
-        sock.close()
+    got, rc = _notifications_for(runner, sock, 2.0)
     assert rc == [0] and not runner.reports              # no iteration ran meanwhile
     assert b"READY=1" in got and got.count(b"WATCHDOG=1") >= 3, got
 
@@ -231,19 +219,7 @@ def test_a_standby_with_a_long_lease_pings_the_watchdog_as_often_as_systemd_want
         "timing": {"interval_s": 0.5, "warmup_s": 0, "cooldown_s": 0}, "simulation": {"seed": 1},
         "knowledge": {"url": pg_url}, "ha": {"enabled": True, "lease_ttl_s": 6.0}})   # polls every 2 s
     runner = DaemonRunner(build_daemon(cfg))
-    t, rc = run_in_thread(runner)
-    got: list[bytes] = []
-    try:
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline:
-            try:
-                got.append(sock.recv(4096))
-            except TimeoutError:
-                pass
-    finally:
-        runner.stop_event.set()
-        t.join(15)
-        sock.close()
+    got, rc = _notifications_for(runner, sock, 2.5)
     assert rc == [0] and not runner.reports                  # a standby throughout
     assert b"READY=1" in got and got.count(b"WATCHDOG=1") >= 4, got
 
@@ -310,3 +286,21 @@ def test_a_per_type_decision_is_published_as_its_group_deltas_not_as_no_decision
                 got[s.target] = vals[-1]
         time.sleep(0.3)                             # new whisper files take about a second to appear
     assert got == want
+
+
+def _notifications_for(runner, sock, seconds: float) -> tuple[list[bytes], list]:
+    """What the runner sent to systemd's notify socket in its first `seconds`, then stopped."""
+    t, rc = run_in_thread(runner)
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                got.append(sock.recv(4096))
+            except TimeoutError:
+                pass
+    finally:
+        runner.stop_event.set()
+        t.join(15)
+        sock.close()
+    return got, rc
