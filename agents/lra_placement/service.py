@@ -15,10 +15,13 @@ returned: never a full node or a broken rule.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import Literal
 
+import anyio
 import numpy as np
+from anyio.lowlevel import RunVar
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +29,18 @@ from .cluster import (MAX_TABULATED_COMPOSITIONS, Batch, Cluster, Constraints, R
                       max_tabulated_slots, per_app_score, score)
 from .errors import Infeasible
 from .hosting import predictor_for
+
+#: the exact optimum's time limit per request, None for its own (`OptimumParams.time_limit_s`, 120 s,
+#: enumeration and prediction included): past it the request is a 504 and the worker thread is free
+OPTIMUM_TIME_LIMIT_S: float | None = None
+#: (the service documents every error's body as its one-line Problem)
+PLAN_TIMED_OUT = {504: {"description": "The planner found no placement within its time limit (the exact "
+                                       "optimum's, 120 s); nothing was planned"}}
+
+#: plans computed at once (each holds a thread: CPU work); past it a request waits without one. Below
+#: the 40 threads of the pool every synchronous route shares, so those always find one
+PLAN_THREADS = min(32, os.cpu_count() or 2)
+_PLAN_LIMITER: RunVar = RunVar("lra_plan_limiter")
 
 PLANNER_NAMES = ("policy", "optimum", "greedy-ls", "greedy", "k8s-default", "least-loaded", "round-robin", "random")
 
@@ -122,8 +137,23 @@ def check_optimum_size(cluster: Cluster, batch: Batch) -> None:
                                  "fewer slots")
 
 
+def _plan_limiter():
+    """This event loop's limiter of concurrent plans (a RunVar: anyio's own default is per loop too)."""
+    try:
+        return _PLAN_LIMITER.get()
+    except LookupError:
+        limiter = anyio.CapacityLimiter(PLAN_THREADS)
+        _PLAN_LIMITER.set(limiter)
+        return limiter
+
+
 def add_routes(app: FastAPI, name: str, registry) -> None:
-    def plan(req: PlanRequest) -> PlanResponse:
+    async def plan(req: PlanRequest) -> PlanResponse:
+        # in threads of its own: seconds of CPU each (an optimum up to its time limit) took every
+        # thread of the pool the service's other routes share, and /healthz waited for them
+        return await anyio.to_thread.run_sync(plan_batch, req, limiter=_plan_limiter())
+
+    def plan_batch(req: PlanRequest) -> PlanResponse:
         policy = registry.get(name)
         check_slots(req.slots, len(policy.app_names))  # before the predictor tabulates them
         if req.planner == "policy":  # its table is smaller: 18 slots passed, fit a forest, then a bare 500
@@ -151,9 +181,14 @@ def add_routes(app: FastAPI, name: str, registry) -> None:
             else:
                 from .baselines import PLANNERS
 
-                placement = PLANNERS[req.planner](cluster, batch, constraints, predictor, rng)
+                limit = {} if req.planner != "optimum" or OPTIMUM_TIME_LIMIT_S is None else {
+                    "time_limit_s": OPTIMUM_TIME_LIMIT_S}
+                placement = PLANNERS[req.planner](cluster, batch, constraints, predictor, rng, **limit)
         except Infeasible as exc:
             raise HTTPException(422, f"batch: no placement fits the nodes and constraints ({exc})") from None
+        except TimeoutError as exc:  # HiGHS stopped by its limit with no plan: was a text/plain 500
+            raise HTTPException(504, f"planner: {req.planner} found no placement within its time limit ({exc}); "
+                                     "use greedy-ls or policy, or a smaller batch") from None
         seconds = time.perf_counter() - started
         problems = check_plan(placement, batch, cluster, constraints)
         if problems:  # a planner bug must never reach an orchestrator
@@ -169,6 +204,7 @@ def add_routes(app: FastAPI, name: str, registry) -> None:
 
     plan.__annotations__ = {"req": PlanRequest, "return": PlanResponse}
     app.add_api_route(f"/v1/agents/{name}/plan", plan, methods=["POST"], response_model=PlanResponse,
+                      responses=PLAN_TIMED_OUT,
                       summary=f"Plan a batch ({name})",
                       description="Place a whole batch of containers on identical nodes (the hosted policy, or a "
                                   "baseline planner, or the exact optimum).")

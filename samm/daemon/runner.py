@@ -4,8 +4,9 @@ One iteration per interval (`coalesce`, `max_instances=1`, misfire grace: a stal
 once to catch up, never in parallel with itself). SIGTERM/SIGINT let the current iteration
 finish, then the process exits 0; SIGHUP (no config reload) is logged and ignored. Under
 systemd (Type=notify): READY=1 once configuration,
-knowledge store and scheduler are up; WATCHDOG=1 only while iterations keep completing;
-STOPPING=1 on shutdown.
+knowledge store and scheduler are up (a standby: once it waits); WATCHDOG=1 only while the
+daemon makes progress: a standby's polls and each loop's start-up recovery, then iterations
+completing; STOPPING=1 on shutdown.
 
 Before anything else the daemon takes the knowledge store's leader lease
 (samm/daemon/leadership.py): a second daemon on an SQLite store exits naming the holder; with
@@ -70,6 +71,10 @@ class DaemonRunner:
         # set once no iteration can run any more: a stop request lets the iteration under way
         # finish (and write), so the lease is kept until then, not until the request
         self.lease_done = threading.Event()
+        # the watchdog's view of the start-up (the standby wait, then recovery) until the loops run
+        self._starting = True
+        self._startup_progress = time.monotonic()
+        self._standby_every = self.leadership.ttl_s / 3
 
     # runs in the scheduler's worker thread
     def _iterate(self, loop=None) -> None:
@@ -100,16 +105,33 @@ class DaemonRunner:
             self.stop_event.set()
 
     def _watchdog(self, every_s: float) -> None:
-        # progress = an iteration completed within two intervals (plus slack for a slow one)
+        # runs from the start of `run`: a standby's wait and the start-up recovery take as long
+        # as they take (a whole lease, an executor's retries), and systemd's WatchdogSec runs
+        # through them; pinging only once the loops were scheduled got a healthy standby killed
         while not self.stop_event.wait(every_s):
-            stuck = [(lp.name, time.monotonic() - lp.last_progress) for lp in self.loops
-                     if lp.name not in self.finished
-                     and time.monotonic() - lp.last_progress >= 2 * lp.config.timing.interval_s + 30.0]
+            stuck = self._stuck()
             if not stuck:
                 sdnotify.watchdog()
             else:
-                log.error("watchdog: no iteration completed by %s; not pinging systemd",
-                          ", ".join(f"loop {n} for {s:.0f} s" for n, s in stuck))
+                log.error("watchdog: no progress by %s; not pinging systemd",
+                          ", ".join(f"{n} for {s:.0f} s" for n, s in stuck))
+
+    def _stuck(self) -> list[tuple[str, float]]:
+        """What made no progress for too long: the start-up (each standby poll and each loop's
+        recovery is progress) while it lasts, then each loop (an iteration completed)."""
+        now = time.monotonic()
+        if self._starting:
+            slack = _stuck_after(max(self._standby_every, *(lp.config.timing.interval_s for lp in self.loops)))
+            age = now - self._startup_progress
+            return [("the start-up (standby wait or recovery)", age)] if age >= slack else []
+        return [(f"loop {lp.name}", now - lp.last_progress) for lp in self.loops
+                if lp.name not in self.finished
+                and now - lp.last_progress >= _stuck_after(lp.config.timing.interval_s)]
+
+    def _started_up(self, step: str) -> None:
+        """A start-up step began or ended: the watchdog counts the start-up's progress from here."""
+        self._startup_progress = time.monotonic()
+        log.debug("start-up: %s", step)
 
     # --- leadership -----------------------------------------------------------------------------
     def _step_down(self, why: str) -> None:
@@ -153,18 +175,18 @@ class DaemonRunner:
                       "for a standby use PostgreSQL with ha.enabled", self.daemon.store.url, lead.holder_now())
             return False
         sdnotify.ready()
-        # the standby pings at least as often as systemd's watchdog wants: a lease longer than
-        # 3 × WatchdogSec (ha.lease_ttl_s) had it killed and restarted until the unit gave up
-        every = min(lead.ttl_s / 3, sdnotify.watchdog_interval_s() or float("inf"))
+        # the watchdog thread pings while the standby waits, as often as systemd wants (a lease
+        # longer than 3 × WatchdogSec once had it killed); each poll here is its progress
+        every = self._standby_every
         log.info("standby: %s leads; polling every %.3g s", lead.holder_now(), every)
         sdnotify.status(f"standby ({lead.holder})")
         while not self.stop_event.wait(every):
-            sdnotify.watchdog()
             try:
                 if lead.try_acquire():
                     return True
             except Exception as exc:  # noqa: BLE001 - keep waiting for the store
                 log.warning("standby: reading the leader lease failed: %s", exc)
+            self._started_up("standby poll")
         return False
 
     def _clock_jumped(self, sched, jump: float) -> None:
@@ -234,7 +256,17 @@ class DaemonRunner:
         return datetime.fromtimestamp(first, timezone.utc)
 
     def run(self, install_signals: bool = True) -> int:
+        wd = sdnotify.watchdog_interval_s()
+        if wd:
+            threading.Thread(target=self._watchdog, args=(wd,), name="samm-watchdog", daemon=True).start()
+        try:
+            return self._run(install_signals)
+        finally:
+            self.stop_event.set()  # ends the watchdog thread on every way out (another leader, a store failing)
+
+    def _run(self, install_signals: bool) -> int:
         faulthandler.enable()
+        self._started_up("taking the leader lease")
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop_event.set())
@@ -254,10 +286,14 @@ class DaemonRunner:
             return 0 if self.leadership.ha else ANOTHER_LEADER
         log.info("leading as %s (lease token %d, ttl %.3g s)", self.leadership.holder,
                  self.leadership.current.token, self.leadership.ttl_s)
+        # a standby's "standby (...)" stayed in `systemctl status` until the first iteration: a
+        # slot away for a slot loop, so the new leader showed as a standby meanwhile
+        sdnotify.status(f"leading ({self.leadership.holder}, lease token {self.leadership.current.token})")
         keeper = threading.Thread(target=self._keep_lease, name="samm-lease", daemon=True)
         keeper.start()
         try:
             for loop in self.loops:
+                self._started_up(f"recovering loop {loop.name}")
                 for note in loop.recover():
                     log.warning("loop %s recovered: %s", loop.name, note)
         except KnowledgeError as exc:  # actions left in flight stay so: the next start resolves them
@@ -279,14 +315,12 @@ class DaemonRunner:
             sched.add_job(self._iterate, IntervalTrigger(seconds=t.interval_s, timezone=timezone.utc),
                           args=(loop,), id=f"mape-k-{loop.name}", next_run_time=self._first_run(loop.config),
                           misfire_grace_time=_grace_s(t))
+        self._starting = False  # from here the watchdog follows each loop's iterations
         if self.cfg.knowledge.retention_days is not None:  # the leader alone prunes: first now, then hourly
             sched.add_job(self._prune, IntervalTrigger(seconds=PRUNE_EVERY_S, timezone=timezone.utc),
                           id="knowledge-prune", next_run_time=datetime.now(timezone.utc),
                           misfire_grace_time=PRUNE_EVERY_S)
         sched.start()
-        wd = sdnotify.watchdog_interval_s()
-        if wd:
-            threading.Thread(target=self._watchdog, args=(wd,), name="samm-watchdog", daemon=True).start()
         sdnotify.ready()
         for loop in self.loops:
             lp = loop.config
@@ -310,6 +344,12 @@ class DaemonRunner:
         if self.lost_leadership:
             return LOST_LEADERSHIP
         return 0 if self.errors == 0 else 1
+
+
+def _stuck_after(interval_s: float) -> float:
+    """No progress for this long is a stuck loop (or start-up): two intervals, plus slack for a
+    slow one."""
+    return 2 * interval_s + 30.0
 
 
 def _grace_s(timing) -> int:

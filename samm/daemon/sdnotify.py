@@ -5,7 +5,8 @@ notify) every call is a no-op, and a send error is logged, never raised: a notif
 take the daemon down.
 
 Protocol as the daemon uses it: `ready()` once config, database and scheduler are up;
-`watchdog()` only when the control loop has actually made progress; `stopping()` on SIGTERM;
+`watchdog()` only when the daemon has actually made progress (a standby's polls, the start-up
+recovery, then the control loops' iterations); `stopping()` on SIGTERM;
 `status(text)` for `systemctl status`.
 """
 from __future__ import annotations

@@ -55,6 +55,62 @@ def _declares_json(content_type: str) -> bool:
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
+#: deeper than any request of the service nests (an lra observation: 3 levels); Python's parser
+#: itself stops near 1,000 with a RecursionError, which FastAPI answered as an unnamed 400
+MAX_JSON_DEPTH = 64
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _DuplicateKey(twice)
+    return obj
+
+
+def json_body_problem(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """One line naming why a JSON `body` is refused before any route reads it, or None: an object
+    with the same key twice (every JSON parser here kept the last silently, so `{"batch": {"MMS": 4,
+    "MMS": 2}}` planned 2), nesting deeper than `max_depth`, bytes that are not UTF-8 or a number
+    Python will not read. A body that is not JSON is left to the route, which names its own problem
+    (the Content-Type, where the JSON breaks)."""
+    try:
+        parsed = json.loads(body, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey as exc:
+        return (f"body: the key {str(exc)[:80]!r} appears twice in one object (a body with the same key "
+                "twice is ambiguous)")
+    except RecursionError:
+        return f"body: JSON nested too deeply (more than {max_depth} levels)"
+    except json.JSONDecodeError:  # not JSON: the route's own error says so (its Content-Type, where)
+        return None
+    except UnicodeDecodeError as exc:  # these two were FastAPI's unnamed 400
+        return f"body: not UTF-8 ({exc.reason}: byte {body[exc.start:exc.start + 1]!r} at {exc.start})"
+    except ValueError as exc:  # a number past Python's 4,300 digits
+        return f"body: not readable as JSON ({str(exc).split(';')[0][:200]})"
+    if body.count(b"[") + body.count(b"{") > max_depth and _depth_over(parsed, max_depth):
+        return f"body: JSON nested too deeply (more than {max_depth} levels)"
+    return None
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether `value` nests containers deeper than `limit`: level by level, never recursing (a
+    recursion is what a deep body exhausts), and never looking twice at a number."""
+    level = [value] if isinstance(value, (list, dict)) else []
+    for _ in range(limit):
+        below: list = []
+        for v in level:
+            below.extend([c for c in (v.values() if type(v) is dict else v) if type(c) is list or type(c) is dict])
+        if not below:
+            return False
+        level = below
+    return True
+
+
 def first_names(names: list[str], limit: int = MAX_ERRORS_NAMED) -> str:
     """At most `limit` of `names`, then how many more (as `validation_detail` names errors)."""
     shown = repr(list(names[:limit]))
@@ -78,7 +134,8 @@ def document_errors(app, body_limit: bool) -> None:
     """Make `app`'s /openapi.json say what its errors are: FastAPI documents a route's 422 as its
     own list of error objects, while the app's handler (and every route's own 422) answers one
     line in `detail`, so a client generated from the schema failed on every 422 of the problem
-    routes; with `body_limit`, every operation with a body may also answer 413."""
+    routes; with `body_limit`, every operation with a body may also answer 413 (too large) and 408
+    (not complete in time)."""
     generate = app.openapi
 
     def openapi() -> dict:
@@ -121,6 +178,8 @@ def _problem_errors(schema: dict, body_limit: bool) -> None:
                     response["content"] = problem
             if body_limit and "requestBody" in op and "413" not in responses:
                 responses["413"] = {"description": "Request body over the service's --max-body-mb", "content": problem}
+                responses.setdefault("408", {"description": "Request body not complete within the service's "
+                                                            "time limit (120 s)", "content": problem})
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.setdefault("Problem", Problem.model_json_schema())
     if _FASTAPI_422_REF not in json.dumps(schema["paths"]):  # no route answers FastAPI's own shape

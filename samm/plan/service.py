@@ -14,6 +14,7 @@ import logging
 import math
 import time
 
+import anyio
 import numpy as np
 from fastapi import FastAPI, Header, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +28,7 @@ from samm import __version__
 from . import dataplane
 from .registry import PolicyRegistry, PolicyRejected, _is_autoscaler
 from .schemas import (AGENT_FAILED, Problem, add_problem_routes, decide_models, document_errors, first_names,
-                      validation_detail)
+                      json_body_problem, validation_detail)
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionStore
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,9 @@ AGENT_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
 # a request body past this is refused before it is held in memory (413); the largest shipped
 # policy is ~0.8 MB as Base64, a decide or plan request a few KB
 DEFAULT_MAX_BODY_BYTES = 64 * 2**20
+# a request's whole body must arrive within this (408 past it): one trickled a byte at a time held
+# its connection for ever; 64 MB at 1 MB/s still arrives
+DEFAULT_BODY_TIMEOUT_S = 120.0
 
 
 class Strict(BaseModel):
@@ -100,7 +104,8 @@ class Health(BaseModel):
 
 def create_app(registry: PolicyRegistry, token: str | None = None,
                session_ttl_s: float = DEFAULT_SESSION_TTL_S, max_sessions: int = DEFAULT_MAX_SESSIONS,
-               sessions: SessionStore | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               sessions: SessionStore | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     app = FastAPI(title="SAMM Policy Evaluation Service", version=__version__,
                   description="Decisions of hosted agents over REST. Each agent's decide request and response "
                               "are generated from its observation and action spaces.")
@@ -177,12 +182,56 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
                 if message["type"] == "http.request":
                     seen += len(message.get("body", b""))
                     if seen > max_body_bytes:
-                        # an HTTPException passes FastAPI's body reader unchanged (other errors become a 400)
+                        # CheckJson answers it (FastAPI's body reader also passes an HTTPException on)
                         raise HTTPException(413, _too_large(max_body_bytes))
                 return message
 
             return await self.inner(scope, counted_receive, send)
 
+    class CheckJson:
+        """Read a request's whole body (within LimitBody's bound) and refuse, as a 422 naming it, one
+        that no route should read (`json_body_problem`: a key twice, nesting too deep), in one
+        place for every route; the route then reads the same body."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+                return await self.inner(scope, receive, send)
+            chunks, gone = [], None
+            try:
+                with anyio.move_on_after(body_timeout_s) as deadline:
+                    while True:
+                        message = await receive()
+                        if message["type"] != "http.request":
+                            gone = message  # the caller went away: the route sees it as before
+                            break
+                        chunks.append(message.get("body", b""))
+                        if not message.get("more_body", False):
+                            break
+            except HTTPException as exc:  # over the body limit, while it arrived
+                return await JSONResponse(status_code=exc.status_code, content={"detail": exc.detail})(
+                    scope, receive, send)
+            if deadline.cancelled_caught:  # a trickled body held its connection and its bytes for ever
+                return await JSONResponse(status_code=408, headers={"connection": "close"}, content={
+                    "detail": f"request body not complete within {body_timeout_s:g} s"})(scope, receive, send)
+            body = b"".join(chunks)
+            del chunks  # one copy of the body is held, not two
+            problem = json_body_problem(body) if body and gone is None else None
+            if problem:
+                return await JSONResponse(status_code=422, content={"detail": problem})(scope, receive, send)
+            pending = [{"type": "http.request", "body": body, "more_body": gone is not None}]
+            if gone is not None:
+                pending.append(gone)
+            del body
+
+            async def replay():
+                return pending.pop(0) if pending else await receive()
+
+            return await self.inner(scope, replay, send)
+
+    app.add_middleware(CheckJson)  # inside LimitBody (its bound holds) and AuthenticateFirst (401 first)
     app.add_middleware(LimitBody)
     app.add_middleware(AuthenticateFirst)
     app.add_middleware(CountRequests)  # added last = outermost: counts the uploads refused above too
@@ -343,6 +392,79 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
 
     document_errors(app, body_limit=True)
     return app
+
+
+# uvicorn's default parser (httptools) waits for a request's headers for ever and takes any size
+# of them (200 MB of headers were held in memory and answered): the body limit alone bounded nothing
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_MAX_HEADER_BYTES = 64 * 2**10
+
+
+def server_config(app, host: str, port: int, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+                  max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES, **uvicorn_options):
+    """uvicorn's Config for `app`, its HTTP protocol bounding each request's headers: they must
+    arrive whole within `header_timeout_s` of the connection or of the request's first byte (else
+    a 408 and the connection closed) and be at most `max_header_bytes` (else a 431)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, http=bounded_headers_protocol(header_timeout_s, max_header_bytes),
+                          **uvicorn_options)
+
+
+def bounded_headers_protocol(timeout_s: float, max_bytes: int):
+    """uvicorn's httptools protocol with a deadline and a size limit on each request's headers."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class BoundedHeaders(HttpToolsProtocol):
+        _deadline = None
+        _header_bytes: int | None = 0   # None once the headers are whole (the body is LimitBody's)
+
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._await_headers()
+
+        def on_message_begin(self):
+            super().on_message_begin()
+            self._await_headers()
+
+        def _await_headers(self):
+            self._header_bytes = 0
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(timeout_s, self._refuse, 408,
+                                                      f"request headers not complete within {timeout_s:g} s")
+
+        def on_headers_complete(self):
+            self._header_bytes = None
+            self._stop_deadline()
+            super().on_headers_complete()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._header_bytes is not None:  # bytes of headers not yet whole
+                self._header_bytes += len(data)
+                if self._header_bytes > max_bytes:
+                    self._refuse(431, f"request headers over {max_bytes:,} bytes")
+
+        def connection_lost(self, exc):
+            self._stop_deadline()
+            super().connection_lost(exc)
+
+        def _stop_deadline(self):
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _refuse(self, status: int, detail: str) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            body = json.dumps({"detail": detail}).encode()
+            reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
+            self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                                 b"connection: close\r\n\r\n%s" % (status, reason, len(body), body))
+            self.transport.close()
+
+    return BoundedHeaders
 
 
 def _policy_version(name: str, hosted) -> PolicyVersion:

@@ -4,8 +4,10 @@ Every poll reads the groups through the AWS API (moto's server in the testbed). 
 seen InService for the first time is billed from that moment and gets a worker process after
 a seeded boot delay (the simulator's U(45, 97) s, divided by the time compression); an
 instance that left its group has its worker killed with SIGKILL, like a terminated VM, and its
-leased jobs go straight back to the queue. The daemon never talks to the reconciler: it only
-sees the ASGs and Graphite, as it would on AWS.
+leased jobs go straight back to the queue. A worker that exits on a live instance is restarted
+at once, then, while it keeps failing, after a back-off doubling from 0.5 s to 30 s (wall), as
+an init system would (`RESTART_BACKOFF_S`, reset once a worker ran `HEALTHY_S`). The daemon
+never talks to the reconciler: it only sees the ASGs and Graphite, as it would on AWS.
 """
 from __future__ import annotations
 
@@ -21,6 +23,13 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
+#: a worker that cannot start is retried at once, then after these wall seconds, doubling up to
+#: the second (an init system's restart back-off: restarted on every poll, a worker exiting at
+#: start-up was spawned five times a second for the whole run, each logged)
+RESTART_BACKOFF_S = (0.5, 30.0)
+#: a worker that ran this long (wall seconds) was healthy: its next exit is a first failure again
+HEALTHY_S = 10.0
+
 
 @dataclass
 class Vm:
@@ -32,15 +41,20 @@ class Vm:
     proc: subprocess.Popen | None = None
     stopped_wall: float | None = None
     spawns: int = 0  # worker processes started for it (0: it never ran, e.g. removed while booting)
+    started_wall: float | None = None  # when its current worker process started
+    failures: int = 0  # failed starts in a row: a spawn that raised, or a worker that exited before it was healthy
+    retry_wall: float = 0.0  # no new worker before this (the restart back-off)
 
 
 class Reconciler:
     def __init__(self, autoscaling, groups: dict[str, tuple[str, int]], spawn: Callable[[str, str, int], subprocess.Popen],
                  on_terminated: Callable[[str], None] | None = None, compression: float = 30.0, seed: int = 1,
                  boot_delay_s: tuple[float, float] = (45.0, 97.0), poll_s: float = 0.2,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 restart_backoff_s: tuple[float, float] = RESTART_BACKOFF_S, healthy_s: float = HEALTHY_S):
         """`groups`: ASG name -> (group name, cores). `spawn(group, instance_id, cores)` starts a
-        worker; `on_terminated(instance_id)` releases its jobs."""
+        worker; `on_terminated(instance_id)` releases its jobs. `restart_backoff_s` (first, most)
+        and `healthy_s`: see RESTART_BACKOFF_S and HEALTHY_S."""
         self.autoscaling = autoscaling
         self.groups = groups
         self.spawn = spawn
@@ -50,6 +64,8 @@ class Reconciler:
         self.boot_delay_s = boot_delay_s
         self.poll_s = poll_s
         self.clock = clock
+        self.restart_backoff_s = restart_backoff_s
+        self.healthy_s = healthy_s
         self.vms: dict[str, Vm] = {}
         self.errors = 0
         self.restarts = 0
@@ -94,22 +110,44 @@ class Reconciler:
                 try:
                     if iid not in present:
                         self._terminate(vm, now)
-                    elif vm.proc is None and now >= vm.ready_wall:
-                        vm.proc = self.spawn(vm.group, iid, vm.cores)
-                        vm.spawns += 1
-                    elif vm.proc is not None and vm.proc.poll() is not None:
+                        continue
+                    if vm.proc is not None and vm.proc.poll() is not None:
                         # the worker crashed on a live instance: restart it, as its init system would
                         self.restarts += 1
-                        log.warning("reconciler: worker of %s/%s exited with %s; restarting it", vm.group, iid,
-                                    vm.proc.returncode)
-                        vm.proc = None  # a failed spawn below is retried on the next poll
+                        why = f"exited with {vm.proc.returncode}"
+                        vm.proc = None
                         self._release(iid)
-                        vm.proc = self.spawn(vm.group, iid, vm.cores)
-                        vm.spawns += 1
+                        self._failed(vm, now, why)
+                    if vm.proc is None and now >= max(vm.ready_wall, vm.retry_wall):
+                        self._start(vm, now)
                 except Exception as exc:  # noqa: BLE001
                     self.errors += 1
                     log.warning("reconciler: %s/%s: %s: %s; retrying next poll", vm.group, iid,
                                 type(exc).__name__, exc)
+
+    def _start(self, vm: Vm, now: float) -> None:
+        try:
+            vm.proc = self.spawn(vm.group, vm.instance_id, vm.cores)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of file descriptors: retried after the back-off
+            self.errors += 1
+            self._failed(vm, now, f"did not start ({type(exc).__name__}: {exc})")
+            return
+        vm.spawns += 1
+        vm.started_wall = now
+
+    def _failed(self, vm: Vm, now: float, why: str) -> None:
+        """A worker that did not start, or exited: retried at once the first time, then after a
+        delay doubling up to the back-off's bound, reset once a worker ran `healthy_s`. Called
+        once per attempt, so the log says each step of the back-off once."""
+        if vm.started_wall is not None and now - vm.started_wall >= self.healthy_s:
+            vm.failures = 0
+        vm.started_wall = None
+        vm.failures += 1
+        first, most = self.restart_backoff_s
+        delay = 0.0 if vm.failures == 1 else min(most, first * 2.0 ** min(vm.failures - 2, 60))  # bounded: 2.0 ** 1100 overflows
+        vm.retry_wall = now + delay
+        log.warning("reconciler: worker of %s/%s %s (failure %d in a row); %s", vm.group, vm.instance_id, why,
+                    vm.failures, "restarting it" if delay == 0 else f"retrying in {delay:.3g} s")
 
     def _release(self, instance_id: str) -> None:
         """Hand the instance's leased jobs back; on failure their leases expire instead."""

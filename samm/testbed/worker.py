@@ -18,7 +18,9 @@ use no RAM inside CloudSim; RAM is not checked against the type's RAM, so neithe
 
 The worker is safe to SIGKILL at any moment (its leases expire, or the reconciler calls
 `JobQueue.release_worker`, and its jobs run again elsewhere); SIGTERM stops it cleanly and
-hands its jobs back at once.
+hands its jobs back at once. A worker stalled past its lease (SIGSTOP, a paused host) renews
+its leases before anything else when it wakes: a job nobody re-queued meanwhile runs on, one
+that was re-queued is dropped, so no job runs on two workers at once.
 """
 from __future__ import annotations
 
@@ -137,7 +139,22 @@ def run_worker(queue: str | JobQueue, group: str, instance: str, cores: int, com
                         stats.ignored += 1
                         log.warning("worker %s: completion of job %d ignored (its lease was re-queued)", instance, job.id)
                     next_poll = now  # cores just freed: look for work at once
-                # 2. take work
+                # 2. keep leases alive, BEFORE taking work: after a stall past the lease, leasing
+                # first re-queued this worker's own running jobs (the lease call re-queues every
+                # expired lease) and ran them again, here from zero or on another worker at the
+                # same time. An expired lease nobody re-queued yet is renewed (nobody else runs
+                # the job); one already re-queued is lost, and its job dropped here.
+                if now >= next_hb:
+                    if running and q.heartbeat(instance, time.time(), lease_s) < len(running):
+                        held = q.held(instance)
+                        for job_id in [j for j, (job, _) in running.items() if held.get(j) != job.attempt]:
+                            job, _ = running.pop(job_id)
+                            account(now)
+                            busy -= job.cores
+                            stats.lost += 1
+                            log.warning("worker %s: lease of job %d lost (expired and re-queued); dropped", instance, job_id)
+                    next_hb = now + heartbeat_every
+                # 3. take work
                 if busy < cores and now >= next_poll:
                     got = q.lease(instance, cores - busy, now, lease_s, clock(now))
                     if got:
@@ -153,19 +170,7 @@ def run_worker(queue: str | JobQueue, group: str, instance: str, cores: int, com
                             running[job.id] = (job, now + job.runtime_s / compression)
                             busy += job.cores
                         stats.leased += len(got)
-                        next_hb = now + heartbeat_every
                     next_poll = now + poll_s
-                # 3. keep leases alive
-                if now >= next_hb:
-                    if running and q.heartbeat(instance, now, lease_s) < len(running):
-                        held = q.held(instance)
-                        for job_id in [j for j, (job, _) in running.items() if held.get(j) != job.attempt]:
-                            job, _ = running.pop(job_id)
-                            account(now)
-                            busy -= job.cores
-                            stats.lost += 1
-                            log.warning("worker %s: lease of job %d lost (expired and re-queued); dropped", instance, job_id)
-                    next_hb = now + heartbeat_every
             except sqlite3.OperationalError as exc:  # e.g. locked past busy_timeout: retry, never die
                 log.warning("worker %s: job queue unavailable (%s); retrying", instance, exc)
                 next_poll = next_hb = now + poll_s
