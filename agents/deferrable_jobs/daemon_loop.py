@@ -31,6 +31,11 @@ from samm.config import LOOP_NAME, MAX_PERIOD_S, AgentConfig, Strict
 
 log = logging.getLogger(__name__)
 
+#: tries of a release that failed after its decision was recorded, the failed one included: the
+#: next iterations retry it (each outcome an action of that decision) until it succeeds, a newer
+#: decision is applied, or these run out
+RELEASE_ATTEMPTS = 3
+
 
 class QueueConfig(Strict):
     path: str = Field(min_length=1, description="SQLite file of the durable job queue")
@@ -124,6 +129,8 @@ class DeferrableControlLoop:
         self.clock = clock
         self.executor = None
         self.last_progress = time.monotonic()
+        # a recorded decision whose release failed: {"slot", "start", "attempts", "decision_id"}
+        self.unreleased: dict | None = None
 
     def current_slot(self) -> int:
         t = self.config.timing
@@ -136,11 +143,16 @@ class DeferrableControlLoop:
         queue releases each job at most once. A current slot with no decision yet (a start or
         restart within it, a standby taking over) is decided now: left to the next boundary, it
         was never decided and its due jobs were dropped unseen. The previous slot's unreleased
-        starts are only reported: that slot is over, its jobs wait for the next decision."""
+        starts are only reported: that slot is over, its jobs wait for the next decision. First,
+        an in-process agent gets its window of recent slots back (`rebuild_history`)."""
         try:
             notes = self._recover()
         except Exception as e:  # noqa: BLE001 - a store or queue error: apply nothing, say so, start anyway
-            notes = [f"recovery skipped, nothing re-applied: {type(e).__name__}: {e}"]
+            try:  # a re-applied decision whose release failed: the next iterations retry it
+                failure = self._release_failed(self.current_slot(), e)
+            except Exception:  # noqa: BLE001 - the store failing too: said below, nothing retried
+                failure = None
+            notes = [failure or f"recovery skipped, nothing re-applied: {type(e).__name__}: {e}"]
         for n in notes:
             log.warning("loop %s recover: %s", self.name, n)
         return notes
@@ -150,6 +162,10 @@ class DeferrableControlLoop:
         slot = self.current_slot()
         if inner.store is None or slot < 0:
             return notes
+        try:  # the in-process agent's window of recent slots, as an uninterrupted run has it
+            inner.rebuild_history(slot)
+        except Exception as e:  # noqa: BLE001 - decide on an empty window rather than not start
+            notes.append(f"the agent's window of recent slots not rebuilt, starting empty: {type(e).__name__}: {e}")
         for k in (slot - 1, slot):
             prev = inner.store.decision(f"slot{k}", loop=inner.p.loop)
             act = (prev.action or {}) if prev is not None else {}
@@ -193,10 +209,18 @@ class DeferrableControlLoop:
             return rep
         cap, note = self.capacity()
         t_monitor = time.perf_counter()
-        rec = self.inner.tick(slot, 0.0 if cap is None else cap, note)
+        retried = self._retry_release(slot, cap)
+        try:
+            rec = self.inner.tick(slot, 0.0 if cap is None else cap, note)
+        except Exception as e:
+            # a release failed after its decision was recorded: kept for the next iterations to
+            # retry, and recorded; the iteration still fails (the runner logs it) as before
+            self._release_failed(slot, e)
+            raise
+        retried += self._applied(slot, rec)
         rep = IterationReport(f"slot{slot}", t.slot_zero_unix + slot * t.interval_s,
                               t.slot_zero_unix + (slot + 1) * t.interval_s, "ok" if note is None else "no-capacity",
-                              [x for x in (note, rec.error) if x], loop=self.name)
+                              [x for x in (note, *retried, rec.error) if x], loop=self.name)
         rep.decided = rec.decision_created
         rep.features = {"capacity": rec.capacity, "free": rec.free, "eligible": float(rec.eligible),
                         "running_cores": float(rec.running_cores), "violation": rec.violation}
@@ -208,6 +232,94 @@ class DeferrableControlLoop:
         rep.iteration_ms = (time.perf_counter() - started) * 1e3
         self.last_progress = time.monotonic()
         return rep
+
+
+    # ------------------------------------------------------------- a release that failed after its record
+    def _release_failed(self, slot: int, exc: Exception) -> str | None:
+        """After tick() raised: None unless it raised in the release of the slot's recorded
+        decision; then the decision is kept for the next iterations to retry, the failure is
+        recorded as an action of it, and the line saying so returned."""
+        failed, self.inner.releasing = self.inner.releasing, None
+        if failed is None or failed[0] != slot:
+            return None
+        store, loop = self.inner.store, self.inner.p.loop
+        known = self.unreleased if self.unreleased is not None and self.unreleased["slot"] == slot else None
+        dec = store.decision(f"slot{slot}", loop=loop) if store is not None else None
+        self.unreleased = known or {"slot": slot, "start": failed[1], "attempts": 0,
+                                    "decision_id": dec.id if dec is not None else None}
+        return self._attempt_failed(slot, exc)
+
+    def _attempt_failed(self, slot: int, exc: Exception) -> str:
+        p = self.unreleased
+        p["attempts"] += 1
+        error = f"{type(exc).__name__}: {exc}"
+        last = p["attempts"] >= RELEASE_ATTEMPTS
+        why = (f"slot {p['slot']}: releasing its recorded decision {p['start']} failed at slot {slot} (attempt "
+               f"{p['attempts']} of {RELEASE_ATTEMPTS}): {error}; "
+               + ("given up: its jobs wait for the next decision" if last else "retried at the next iteration"))
+        log.error("loop %s: %s", self.name, why)
+        if last:
+            self.unreleased = None
+        self._record_attempt(p, slot, "failed", [], error)
+        return why
+
+    def _retry_release(self, slot: int, cap: float | None) -> list[str]:
+        """Before deciding `slot`: release what a previous slot's decision started but could not
+        release, at this slot (the queue refuses a job whose window has closed), in the decision's
+        order while it fits this slot's free cores; the rest waits for this slot's decision, where
+        it is eligible. The same slot again is tick()'s own replay of its recorded decision."""
+        p = self.unreleased
+        if p is None or p["slot"] >= slot:
+            return []
+        q = self.inner.q
+        snap = q.deferrable_at(slot)
+        cores = {j.id: j.cores for j in snap.eligible}
+        left = (cap if cap is not None and math.isfinite(cap) and cap >= 0 else 0.0) - snap.running_cores
+        fit = []
+        for i in p["start"]:
+            if i in cores and cores[i] <= left:
+                fit.append(i)
+                left -= cores[i]
+        try:
+            released = q.release(fit, slot)
+        except Exception as e:  # noqa: BLE001 - the queue is still failing: counted, retried or given up
+            return [self._attempt_failed(slot, e)]
+        p["attempts"] += 1
+        self.unreleased = None
+        self._record_attempt(p, slot, "succeeded", released, None)
+        why = (f"slot {p['slot']}: its recorded decision {p['start']}, whose release had failed, released at slot "
+               f"{slot}: {released}" + (f"; {sorted(set(p['start']) - set(released))} no longer start (window "
+                                        "closed, or no room left: this slot decides them)" if len(released)
+                                        < len(p["start"]) else ""))
+        log.warning("loop %s: %s", self.name, why)
+        return [why]
+
+    def _applied(self, slot: int, rec) -> list[str]:
+        """After a tick that released: a failed release of this slot was re-applied by tick()'s
+        replay, or one of an earlier slot is superseded by this slot's decision (its jobs were
+        eligible in it)."""
+        p = self.unreleased
+        if p is None or self.inner.p.dry_run:
+            return []
+        self.unreleased = None
+        if p["slot"] == slot:
+            p["attempts"] += 1
+            self._record_attempt(p, slot, "succeeded", rec.released, None)
+            return [f"slot {slot}: its recorded decision {p['start']}, whose release had failed, re-applied: "
+                    f"released {rec.released}"]
+        return [f"slot {p['slot']}: its unreleased decision {p['start']} is superseded by slot {slot}'s, "
+                "which saw its jobs still eligible"]
+
+    def _record_attempt(self, p: dict, slot: int, status: str, released: list, error: str | None) -> None:
+        """One action of the decision per release attempt after the first failure, finished at
+        once (the release is one queue transaction): the error is in its request."""
+        store = self.inner.store
+        if store is None or p["decision_id"] is None:
+            return
+        store.begin_action(p["decision_id"], f"{self.name}/slot{p['slot']}/release-{p['attempts']}", "jobqueue",
+                           "jobqueue", {"start": p["start"], "slot": slot, "attempt": p["attempts"],
+                                        "released": released, "error": error},
+                           status=status, loop=self.inner.p.loop)
 
 
 def build_loop(cfg, lp: DeferrableLoopConfig, store, closers: list, clock: Callable[[], float] | None = None):
@@ -231,6 +343,7 @@ def build_loop(cfg, lp: DeferrableLoopConfig, store, closers: list, clock: Calla
     a = lp.agent
     if a.mode == "http":
         agent = HttpAgent(a.service_url, a.name, a.timeout_s)
+        closers.append(agent.http.close)   # its pooled connections to the service, closed with the daemon
     else:
         try:
             agent = InProcessAgent(make_policy(a.name, a.policy_dir, **a.params), a.name)

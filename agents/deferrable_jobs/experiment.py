@@ -85,7 +85,7 @@ def _evaluate(results) -> dict:
 def _train_one(job) -> dict:
     setting, variant, seed, budget, keep = job
     from .data import episodes
-    from .train import run_greedy, train
+    from .train import run_greedy, torch_threads, train
 
     cfg = OsdecConfig(variant=variant, seed=seed, total_steps=budget.steps, d_model=budget.d_model,
                       ff=2 * budget.d_model, eval_episodes=budget.validation_episodes, eval_every=4,
@@ -93,8 +93,11 @@ def _train_one(job) -> dict:
     t0 = time.perf_counter()
     model, logs = train(setting, cfg, progress=False)
     seconds = time.perf_counter() - t0
-    res = run_greedy(model, model_setting(setting), episodes(setting, "test", budget.test_episodes, seed=1),
-                     budget.mapping)
+    # on one thread, as the figures were measured: train() left torch there before it restored the
+    # caller's count, and another count may sum (and round) the scores in another order
+    with torch_threads(1):
+        res = run_greedy(model, model_setting(setting), episodes(setting, "test", budget.test_episodes, seed=1),
+                         budget.mapping)
     name = row_name(variant, budget.mapping)
     if keep is not None and variant == "osdec":
         from .policy import OsdecPolicy

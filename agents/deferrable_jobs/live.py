@@ -98,6 +98,14 @@ class InProcessAgent:
         return Answer(list(start), scores, getattr(self.policy, "version", None),
                       latency_ms=(time.perf_counter() - t0) * 1000)
 
+    def remember(self, requests: Iterable[ScheduleRequest]) -> None:
+        """Rebuild the window from the requests of slots decided before a restart, oldest first,
+        as `ask` would have pushed them (over HTTP the service keeps the window itself)."""
+        from .service import remember
+
+        for req in requests:
+            remember(self.policy, req, self.history)
+
 
 class HttpAgent:
     """`POST {url}/v1/agents/{name}/schedule` of a `samm serve`; an HTTP error, a timeout or a
@@ -316,11 +324,15 @@ class DeferrableLoop:
         self.p = params or LoopParams()
         self.clock_of_slot = clock_of_slot
         self.records: list[SlotRecord] = []
+        # (slot, job ids) while a recorded decision's release is under way: still set after tick()
+        # raised, it tells the daemon the decision is recorded but maybe not applied
+        self.releasing: tuple[int, list[int]] | None = None
 
     def tick(self, slot: int, capacity: float, note: str | None = None) -> SlotRecord:
         """One slot. `note`: why the capacity is a stand-in (e.g. no reading: 0 cores, so
         nothing starts), recorded as the decision's reason."""
         t = int(slot)
+        self.releasing = None
         if not (isinstance(capacity, (int, float)) and math.isfinite(capacity) and capacity >= 0):
             bad = f"capacity {capacity!r} is not a finite number >= 0; starting nothing"
             note, capacity = (f"{note}; {bad}" if note else bad), 0.0
@@ -344,7 +356,9 @@ class DeferrableLoop:
             created = self._record(key, req, dec, snap, note)
             if not created:  # another process recorded this slot meanwhile: act on ITS decision, not ours
                 dec = self._recorded(self.store.decision(key, loop=self.p.loop), req)
+        self.releasing = (t, [int(i) for i in dec.start])
         released = [] if self.p.dry_run else self.q.release(dec.start, t)
+        self.releasing = None
         # what starts now (on a replayed slot, only what the crash left unreleased)
         by_id = {j.id: j for j in snap.eligible}
         started = [by_id[int(i)] for i in released if int(i) in by_id]
@@ -367,6 +381,34 @@ class DeferrableLoop:
         self._send(rec)
         self.records.append(rec)
         return rec
+
+    def rebuild_history(self, upto: int) -> int:
+        """After a restart: give an agent that keeps its window in this process (InProcessAgent)
+        the summaries of the slots up to `upto` that the store holds a decision of this loop for,
+        the agent asked (source "agent"), the last `HISTORY` slots at most (older ones would
+        have left the window); each request rebuilt from the decision's observation and the
+        queue's rows. Without it a restart mid-day decided on an empty window, not as an
+        uninterrupted run. Returns the slots pushed."""
+        from .features import HISTORY
+
+        if self.store is None or not hasattr(self.agent, "remember"):
+            return 0
+        decided = [(k, d) for k in range(max(0, int(upto) - HISTORY + 1), int(upto) + 1)
+                   if (d := self.store.decision(f"slot{k}", loop=self.p.loop)) is not None and d.source == "agent"
+                   and isinstance(d.observation, dict)]
+        if not decided:
+            return 0
+        jobs = {j.id: j for j in self.q.deferrable_jobs()}
+        reqs = []
+        for k, d in decided:
+            obs = d.observation
+            pick = lambda name: [jobs[int(i)] for i in obs.get(name) or [] if int(i) in jobs]  # noqa: E731
+            req, _, _, _ = checked_request(k, float(obs["capacity"]), pick("eligible"), pick("running"),
+                                           pick("future"), self.p.session)
+            # the capacity the agent was shown (already net of the cores of rows it could not see)
+            reqs.append(req.model_copy(update={"capacity": float(obs["capacity"])}))
+        self.agent.remember(reqs)
+        return len(reqs)
 
     def _recorded(self, previous, req: ScheduleRequest) -> SlotDecision:
         """The decision recorded for this slot, to apply again (its job lists, nothing asked)."""

@@ -33,7 +33,7 @@ from samm.plan.schemas import validation_detail
 from samm.plan.sessions import _policy_tag, _tagged_by
 
 from .episode import Episode
-from .features import SummaryHistory
+from .features import SummaryHistory, slot_summary
 from .rules import select_by_scores
 from .sim import View
 
@@ -175,6 +175,14 @@ def schedule(policy, req: ScheduleRequest, history: SummaryHistory) -> tuple[lis
     if any(int(r) not in elig for r in rows) or view.episode.cores[np.asarray(rows, np.int64)].sum() > max(view.free, 0):
         raise RuntimeError("policy answered jobs that are not eligible or do not fit")
     return chosen, {str(ids[int(r)]): float(s) for r, s in zip(shown, scores)}, view.free
+
+
+def remember(policy, req: ScheduleRequest, history: SummaryHistory) -> None:
+    """Put the slot summary `schedule` pushes for `req` into `history`, deciding nothing: a
+    restarted caller rebuilds its window from the slots it already decided."""
+    view, _ = build_view(req, policy.setting.slots)
+    history.seek(req.slot)
+    history.push(slot_summary(view, policy.setting))
 
 
 def _session_history(sessions, session: str, policy) -> SummaryHistory:

@@ -13,6 +13,7 @@ every figure we report is in the paper's units.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import sys
 import time
@@ -73,12 +74,31 @@ def _set_lr(opt: torch.optim.Optimizer, groups: list[tuple[float, float]], frac:
         g["lr"] = start + (end - start) * frac
 
 
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch on `n` intra-op threads, the caller's count back after, also on error. The same as
+    agents/lra_placement/network.torch_threads, kept here: that is another problem's module."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def train(setting="default", cfg: OsdecConfig | None = None, *, out=None, progress: bool = True,
           threads: int = 1, log_fn=None) -> tuple[OsdecModel, list[dict]]:
+    """Train on `threads` torch threads, from `cfg.seed`; the caller's thread count and torch random
+    state are back on return or error (a notebook or a service that trained, then served or sampled,
+    ran on the trainer's count and drew from the trainer's seed instead of its own)."""
+    with torch_threads(threads), torch.random.fork_rng(devices=[]):
+        return _train(setting, cfg, out=out, progress=progress, log_fn=log_fn)
+
+
+def _train(setting, cfg: OsdecConfig | None, *, out, progress: bool, log_fn) -> tuple[OsdecModel, list[dict]]:
     cfg = cfg or OsdecConfig()
     setting = get_setting(setting)
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(threads)
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     model = OsdecModel.build(cfg, setting)
@@ -297,7 +317,9 @@ def check_options(args) -> None:
     """Each number refused with its flag: a --steps of 0 ran the default 300,000 slots and a
     negative one a whole iteration; --threads 0 failed in torch."""
     for flag, value, ok, want in (("--steps", args.steps, args.steps is None or args.steps >= 1, ">= 1"),
-                                  ("--seed", args.seed, args.seed >= 0, ">= 0"),
+                                  # torch's seed is 64 bits: a larger one failed after the setup,
+                                  # "Overflow when unpacking long long" naming no flag
+                                  ("--seed", args.seed, 0 <= args.seed < 2**64, ">= 0 and below 2**64"),
                                   ("--threads", args.threads, args.threads >= 1, ">= 1")):
         if not ok:
             raise ValueError(f"{flag} must be {want}, not {value}")
