@@ -13,7 +13,6 @@ every figure we report is in the paper's units.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from agents.torch_threads import torch_threads
 from agents.train_log import TrainingDiverged, first_non_finite, refuse_existing_run, tensorboard_writer
 
 from .data import episodes as make_episodes
@@ -72,18 +72,6 @@ def _set_lr(opt: torch.optim.Optimizer, groups: list[tuple[float, float]], frac:
     for g, (lo_hi) in zip(opt.param_groups, groups):
         start, end = lo_hi
         g["lr"] = start + (end - start) * frac
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """torch on `n` intra-op threads, the caller's count back after, also on error. The same as
-    agents/lra_placement/network.torch_threads, kept here: that is another problem's module."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def train(setting="default", cfg: OsdecConfig | None = None, *, out=None, progress: bool = True,

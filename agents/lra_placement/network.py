@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from agents.lra_placement.cluster import Constraints, Predictor
+from agents.torch_threads import torch_threads
 
 #: compositions tabulated at most (memory: about 100 bytes per composition and app)
 MAX_COMPOSITIONS = 400_000
@@ -142,17 +143,6 @@ def single_thread_blas():
 
 
 _CONTROLLER = None
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """Context: torch on `n` intra-op threads, the caller's count restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # --- features ---------------------------------------------------------------------------------
