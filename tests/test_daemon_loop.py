@@ -225,3 +225,39 @@ def test_loops_and_top_level_loop_keys_do_not_mix(tmp_path):
         SammConfig.model_validate({})
     one = config(tmp_path).control_loops()
     assert [lp.name for lp in one] == ["default"] and one[0].agent.name == "lstm-ppo"
+
+
+def test_a_request_refused_before_any_call_does_not_cool_the_group_down(tmp_path):
+    """The executor refused the request before touching the back-end (here: as if an operator
+    had lowered the group's max between the guard's read and the call): nothing was applied, so
+    the group must be free to act at the next interval instead of waiting out its 300-s cool-down.
+    The executor's own refusals are tested for real in test_execute_live_gaps.py."""
+    from samm.execute.base import refused
+
+    cfg = config(tmp_path, agent={"name": "threshold", "params": {"upper": 0.6, "lower": 0.3, "cooldown_steps": 0}},
+                 timing={"cooldown_s": 300})
+    daemon = build_daemon(cfg)
+    real_apply = daemon.loop.executor.apply
+    refusals = []
+
+    def refuse_the_first(req):
+        if not refusals:
+            refusals.append(req)
+            return refused({}, f"target {req.target} outside the group's bounds (lowered by an operator)")
+        return real_apply(req)
+
+    daemon.loop.executor.apply = refuse_the_first
+    try:
+        reports = run_until_finished(daemon, cap=120)
+        actions = daemon.store.actions()
+        decisions = {d.id: d for d in daemon.store.decisions()}
+    finally:
+        daemon.close()
+    assert refusals, "the threshold agent should have asked to scale"
+    group = refusals[0].group
+    mine = sorted((float(decisions[a.decision_id].iteration_key), a) for a in actions if a.group_name == group)
+    failed_at = next(t for t, a in mine if a.status == "failed")
+    after = [(t, a.status) for t, a in mine if t > failed_at]
+    assert after and after[0][1] == "succeeded", after        # not "blocked" by a cool-down
+    assert after[0][0] - failed_at < 300, after
+    assert len(reports) > 1

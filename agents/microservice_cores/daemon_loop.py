@@ -340,7 +340,8 @@ class MicroserviceDaemonLoop:
             want = (a.request or {}).get("cores")
             try:
                 have = f"{self.containers.read_limit(a.group_name):.3f}"
-                done = want is not None and abs(float(have) - float(want)) < 0.006
+                # a limit above the engine's CPUs was set as those CPUs (DockerExecutor clamps it)
+                done = want is not None and abs(float(have) - self.executor.within_host(float(want))) < 0.006
             except Exception as exc:  # noqa: BLE001 - the engine may be down: the outcome stays unknown
                 have, done = f"unreadable: {type(exc).__name__}", False
             why = ("daemon restarted; the container holds the requested limit" if done else
@@ -400,8 +401,9 @@ class MicroserviceDaemonLoop:
                 status = "succeeded"
             elif s in rec.dry_run:
                 status = "dry_run"
-            elif math.isfinite(have) and abs(want - have) < QUOTA_STEP / 2:
-                continue  # nothing to send
+            elif (math.isfinite(have) and abs(want - have) < QUOTA_STEP / 2) \
+                    or self.inner.engine_holds_clamped(s, want, have):
+                continue  # nothing to send (or the engine holds what it clamped this limit to)
             else:  # an engine error, or a replayed step whose action was already claimed
                 status = "failed" if s in errors else "skipped"
             out.append({"group": s, "status": status, "key": f"{key}:{s}", "target": want, "from": have,

@@ -9,9 +9,11 @@ module is the deployment's half (ours in its details):
    sets the limits of a live application each second, and every second's features (history and
    the allocation applied) are kept with the p99 of the second in which that allocation was in force.
    `close()` writes them to `sinan-samples.npz` (`samm testbed-microservices --agent sinan-explore
-   --agent-param out=DIR`).
+   --agent-param out=DIR`); where an earlier run (a restarted daemon on the same `out`) left that
+   file, to the next free `sinan-samples-<n>.npz` beside it, never over it.
 2. `load_samples` turns such files into `sinan.SinanData` (labels as `sinan.collect`'s: the next
-   second's log p99 over the QoS, and a violation within the next k seconds), one group per file.
+   second's log p99 over the QoS, and a violation within the next k seconds), one group per file;
+   a folder stands for every samples file in it.
 3. `fit_live` fits the two models on those samples, optionally beside simulator samples of the
    same application (`twin_seconds`), each live sample counted `live_weight` times (repeated), and
    keeps the scheduler's parameters of a reference model (the shipped one) unless told otherwise.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -36,6 +39,7 @@ from .sinan import (History, SinanData, SinanExplorer, SinanTrainParams, build_f
 from .topology import Topology, load_topology
 
 SAMPLES_FILE = "sinan-samples.npz"
+_NUMBERED = re.compile(r"sinan-samples-([1-9][0-9]*)\.npz")   # a later run's file on the same `out`
 _P99 = PERCENTILES.index(99)
 
 
@@ -51,6 +55,7 @@ class SinanCollector:
         self.rows: list[np.ndarray] = []
         self.p99: list[float] = []
         self.limits: AppLimits | None = None
+        self.written: Path | None = None   # this collector's file: a second close() rewrites it
 
     def reset(self, limits: AppLimits) -> None:
         if tuple(limits.services) != self.topo.service_names:
@@ -59,6 +64,7 @@ class SinanCollector:
         self.hist = History(1, self.topo.n_services)
         self.explorer = SinanExplorer(self.topo, 1, self.p, np.random.default_rng(self.seed))
         self.rows, self.p99 = [], []
+        self.written = None   # new samples: a new file, the earlier one stays
 
     def observe(self, m: StepMeasurement) -> None:
         """A warm-up second: history only, as `sinan.collect` warms its copies up."""
@@ -85,31 +91,70 @@ class SinanCollector:
         if self.out is None or not len(p99):
             return None
         self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / SAMPLES_FILE
-        # written beside and renamed over: a write cut short (a full disk, a kill) leaves the
-        # samples an earlier run wrote there whole, not a torn file
-        tmp = self.out / f".{SAMPLES_FILE}.tmp.npz"   # numpy adds .npz to a name without it
+        # written beside and then put in place: a write cut short (a full disk, a kill) leaves
+        # the samples an earlier run wrote whole, not a torn file
+        tmp = self.out / f".{SAMPLES_FILE}.{os.getpid()}.tmp.npz"   # numpy adds .npz to a name without it
         try:
             np.savez_compressed(tmp, X=X, p99_ms=p99, qos_ms=self.topo.qos_ms, app=self.topo.name,
                                 services=np.array(self.topo.service_names), seed=self.seed)
-            os.replace(tmp, path)
+            if self.written is not None:
+                os.replace(tmp, self.written)
+            else:
+                self.written = _put_new(tmp, self.out)
         finally:
             tmp.unlink(missing_ok=True)
+        return self.written
+
+
+def _put_new(tmp: Path, out: Path) -> Path:
+    """Links `tmp` in as `sinan-samples.npz`, or the next free `sinan-samples-<n>.npz` when an
+    earlier run's file is there: a daemon restarted on the same `out` replaced those samples.
+    A link never replaces a file, so two writers cannot take the same name."""
+    while True:
+        taken = [_number(f) for f in _samples_in(out)]
+        path = out / (SAMPLES_FILE if not taken else f"sinan-samples-{max(taken) + 1}.npz")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            continue
+        except OSError:   # a file system without hard links: the free name is taken by renaming
+            os.replace(tmp, path)
         return path
 
 
-def _samples_path(p: str | Path) -> Path:
+def _number(path: Path) -> int:
+    m = _NUMBERED.fullmatch(path.name)
+    return int(m.group(1)) if m else 0
+
+
+def _samples_in(folder: Path) -> list[Path]:
+    """Every samples file a collector wrote in `folder`, in the order they were written."""
+    found = [f for f in folder.iterdir() if f.name == SAMPLES_FILE or _NUMBERED.fullmatch(f.name)]
+    return sorted(found, key=_number)
+
+
+def _sample_files(p: str | Path) -> list[Path]:
+    """A samples file, or every one in a folder (a folder without any: its `sinan-samples.npz`,
+    which the reader then names as missing)."""
     p = Path(p)
-    return p / SAMPLES_FILE if p.is_dir() else p
+    if not p.is_dir():
+        return [p]
+    return _samples_in(p) or [p / SAMPLES_FILE]
+
+
+def _listed(paths) -> list:
+    """One folder or file given alone is one path, not the characters of its name."""
+    return [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
 
 
 def load_samples(paths, topo: Topology, k: int = SinanTrainParams.k, group_offset: int = 0) -> SinanData:
     """The samples of `SinanCollector` runs as training data: a violation label needs k seconds of
-    future, so each run's last k-1 seconds are features without labels and are dropped."""
+    future, so each run's last k-1 seconds are features without labels and are dropped. A folder
+    stands for every samples file in it (one per daemon run on that `out`), each a group of its own."""
     Xs, yl, yv, gs = [], [], [], []
     width = n_features(topo.n_services)
-    for g, path in enumerate(paths):
-        path = _samples_path(path)
+    files = [f for p in _listed(paths) for f in _sample_files(p)]
+    for g, path in enumerate(files):
         try:
             with np.load(path, allow_pickle=False) as f:
                 missing = sorted({"X", "p99_ms", "app", "services"} - set(f.files))
@@ -155,6 +200,7 @@ def fit_live(topo: Topology | str, sample_paths, seed: int = 0, twin_seconds: in
     `scheduler_from` (default: the shipped model of the application) since tuning them needs runs
     on the deployment. `model.info["live"]` says what went in."""
     topo = topo if isinstance(topo, Topology) else load_topology(topo)
+    sample_paths = _listed(sample_paths)
     if live_weight < 1:
         raise ValueError(f"live_weight must be a whole number >= 1, not {live_weight!r}")
     p = SinanTrainParams()
@@ -174,7 +220,8 @@ def fit_live(topo: Topology | str, sample_paths, seed: int = 0, twin_seconds: in
                 holdout_from=None if twin is None else np.unique(twin.group))
     ref = load_sinan(Path(scheduler_from) if scheduler_from else SHIPPED_DIR, topo.name)
     model.scheduler = dict(ref.scheduler)
-    model.info["live"] = {"runs": [str(_samples_path(s)) for s in sample_paths], "samples": int(len(live.y_lat)),
+    model.info["live"] = {"runs": [str(f) for s in sample_paths for f in _sample_files(s)],
+                          "samples": int(len(live.y_lat)),
                           "violation_share": float(live.y_viol.mean()), "live_weight": int(live_weight),
                           "twin_samples": 0 if twin is None else int(len(twin.y_lat)),
                           "scheduler_from": str(scheduler_from or SHIPPED_DIR), "fit_s": time.time() - t0}

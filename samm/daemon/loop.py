@@ -290,9 +290,12 @@ class ControlLoop:
                 result = self.executor.apply(req)
             except Exception as exc:  # noqa: BLE001 - executors should not raise; be safe anyway
                 result = ActionResult("failed", error=f"{type(exc).__name__}: {exc}")
-            # a failed call may still have acted on the back-end: cool down either way
+            # a failed call may still have acted on the back-end: cool down either way; a request
+            # refused before any call (out of bounds, no such group) applied nothing and must not
+            # block the next, legitimate one
+            cools = result.status != "skipped" and result.may_have_acted
             self.store.finish_action(req.idempotency_key, result.status, result.detail, result.error,
-                                     cooldown_until=now + self.cooldown_s if result.status != "skipped" else None)
+                                     cooldown_until=now + self.cooldown_s if cools else None)
             rep.actions.append({"group": req.group, "status": result.status, "key": req.idempotency_key,
                                 "detail": result.detail, "error": result.error, "target": req.target,
                                 "from": pa.current})

@@ -26,7 +26,7 @@ from botocore.parsers import ResponseParserError
 
 from samm.config import GroupConfig, SammConfig
 from samm.execute.base import (ActionResult, Executor, ExecutorError, GroupStatus, Instance,
-                               InstanceState, ScaleRequest, moved_past)
+                               InstanceState, ScaleRequest, moved_past, refused)
 from samm.execute.guard import choose_victims
 
 log = logging.getLogger(__name__)
@@ -200,20 +200,19 @@ class AwsAsgExecutor(Executor):
     def _apply(self, req: ScaleRequest, detail: dict) -> ActionResult:
         cfg = self.groups.get(req.group)
         if cfg is None:
-            return ActionResult("failed", detail, f"group {req.group!r} is not managed by this executor")
+            return refused(detail, f"group {req.group!r} is not managed by this executor")
         name = cfg.asg_name
         detail["asg"] = name
         asg = self._describe([name]).get(name)
         if asg is None:
-            return ActionResult("failed", detail, f"DescribeAutoScalingGroups: ASG {name!r} not found in {self.region}")
+            return refused(detail, f"DescribeAutoScalingGroups: ASG {name!r} not found in {self.region}")
         desired, lo, hi = int(asg["DesiredCapacity"]), int(asg["MinSize"]), int(asg["MaxSize"])
         detail["from"] = desired
         # moto accepts any desired capacity; real AWS answers ValidationError. Refuse it here
         # either way, before any call that changes something.
         if not lo <= req.target <= hi:
             which = f"MaxSize {hi}" if req.target > hi else f"MinSize {lo}"
-            return ActionResult("failed", detail,
-                                f"target {req.target} is outside ASG {name} bounds [{lo}, {hi}] ({which}); refused")
+            return refused(detail, f"target {req.target} is outside ASG {name} bounds [{lo}, {hi}] ({which}); refused")
         if desired == req.target:
             detail["reason"] = "already at target"
             return ActionResult("skipped", detail)
@@ -247,9 +246,8 @@ class AwsAsgExecutor(Executor):
         victims += choose_victims(status, needed - len(victims), exclude=victims)
         if len(victims) < needed:
             protected = len(live) - len(removable)
-            return ActionResult("failed", detail, f"ASG {name}: desired {desired} but only {len(removable)} live "
-                                                  f"instance(s) that may be removed ({protected} protected from "
-                                                  f"scale-in); cannot remove {needed}")
+            return refused(detail, f"ASG {name}: desired {desired} but only {len(removable)} live instance(s) that "
+                                   f"may be removed ({protected} protected from scale-in); cannot remove {needed}")
         terminated, gone = [], []
         detail["attempts"] = 0
         for victim in victims:

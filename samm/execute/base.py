@@ -2,7 +2,9 @@
 
 Executors are thin I/O adapters. Every safety rule (bounds, cool-down, warm-up, idempotency,
 dry-run) lives in `samm.execute.guard`, in front of them, as pure decisions; executors still
-validate bounds themselves as a last line of defence because some back-ends (moto) do not.
+validate bounds themselves as a last line of defence because some back-ends (moto) do not. A
+request refused there, before any call that changes the back-end, is `refused`: it failed, and no
+cool-down is due for it (`ActionResult.starts_cooldown`, which `guard.after_action` reads).
 """
 from __future__ import annotations
 
@@ -79,6 +81,21 @@ class ActionResult:
     status: Literal["succeeded", "failed", "skipped", "dry_run"]
     detail: dict = field(default_factory=dict)
     error: str | None = None
+    # False: refused before any call that could change the back-end (a target out of bounds, an
+    # unknown group, no image): nothing was applied. True for everything else, a failure included,
+    # since a call that failed after its retries may still have acted.
+    may_have_acted: bool = True
+
+    @property
+    def starts_cooldown(self) -> bool:
+        """Whether the group's cool-down starts with this outcome: only when something was (or may
+        have been) applied. A refused request must not block the next, legitimate one."""
+        return self.status in ("succeeded", "failed") and self.may_have_acted
+
+
+def refused(detail: dict, error: str) -> ActionResult:
+    """A request the executor refuses before any call that changes the back-end (no cool-down)."""
+    return ActionResult("failed", detail, error, may_have_acted=False)
 
 
 class ExecutorError(RuntimeError):

@@ -3,18 +3,23 @@
 Each container carries the labels `samm.namespace=<namespace>` and `samm.group=<group>` (plus the
 group's optional `docker_label`, `key=value` or `key`), runs the group's image with a CPU limit of
 `cores` (CFS period/quota: the engine refuses to mix NanoCpus with period/quota, and only
-period/quota can be changed live) and a memory limit of `ram_gb`, and is named
-`<namespace>-<group>-<n>` (`samm-web-3` with the default namespace). Scaling is synchronous:
+period/quota can be changed live; more cores than the engine's CPUs are clamped to them, said in
+the result's `clamped`, since such a quota limits nothing) and a memory limit of `ram_gb`, and is
+named `<namespace>-<group>-<n>` (`samm-web-3` with the default namespace). Scaling is synchronous:
 `apply` returns once the containers are started or removed, so there is no separate "desired"
 state to keep: desired capacity is the live count. Exited containers, and ones created but never
 started, are reaped and replaced; one that ended by itself right after its start is kept (its logs
-say why) and no other is launched for `crash_backoff_s`. As on AWS, a request whose group an
-operator moved past or away from its target since the decision (`ScaleRequest.basis`) is skipped.
+say why) and no other is launched for `crash_backoff_s`. A request refused before any call that
+changes capacity (unknown group, target out of bounds, no image, that crash back-off) fails with
+`may_have_acted` false (`base.refused`): no cool-down is due for it. As on AWS, a request whose
+group an operator moved past or away from its target since the decision (`ScaleRequest.basis`) is
+skipped.
 
 `set_cpu_limit` changes a running container's CPU quota in place (for agents that allocate cores
-per container), with `cpu_burst` also its CFS burst (`cfs_burst`: a share of the quota the
-container may bank while idle, written to its cgroup on a local engine), and `container_stats`
-reads CPU, memory working set and throttling from the engine's stats endpoint.
+per container; clamped to the engine's CPUs as above), with `cpu_burst` also its CFS burst
+(`cfs_burst`: a share of the quota the container may bank while idle, written to its cgroup on a
+local engine), and `container_stats` reads CPU, memory working set and throttling from the
+engine's stats endpoint.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ import requests
 from samm.config import GroupConfig
 from samm.execute import cfs_burst
 from samm.execute.base import (ActionResult, Executor, ExecutorError, GroupStatus, Instance, InstanceState, ScaleRequest,
-                               moved_past)
+                               moved_past, refused)
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +193,7 @@ class DockerExecutor(Executor):
         # (container id, pid) -> its cgroup dir, or why there is none: a container's cgroup holds
         # while its process does, and a restart brings a new pid (a new key)
         self._cgroups: dict[tuple[str, int], Path | OSError] = {}
+        self._host_cpus: int | None = None
 
     # -- engine access -------------------------------------------------------------------------
     def _docker(self) -> docker.DockerClient:
@@ -201,6 +207,30 @@ class DockerExecutor(Executor):
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+    def host_cpus(self) -> int | None:
+        """The engine's CPUs (`docker info`'s NCPU: the host's, or its cpuset's), read once; None
+        when the engine cannot say (the limit is then sent as asked)."""
+        if self._host_cpus is None:
+            try:
+                ncpu = _call("info", self._docker().info).get("NCPU")
+            except _CallFailed as exc:
+                log.warning("the engine's CPU count is unknown (%s); CPU limits are not clamped to it", exc)
+                return None
+            if isinstance(ncpu, int) and not isinstance(ncpu, bool) and ncpu > 0:
+                self._host_cpus = ncpu
+        return self._host_cpus
+
+    def within_host(self, cores: float, detail: dict | None = None) -> float:
+        """`cores`, clamped to the engine's CPUs (recorded in `detail`): a CFS quota above them
+        limits nothing, and the engine refuses the same limit given as NanoCpus (`--cpus`)."""
+        detail = {} if detail is None else detail
+        host = self.host_cpus()
+        if host is None or cores <= host:
+            return cores
+        detail["cores_asked"], detail["host_cpus"] = cores, host
+        detail["clamped"] = f"{cores:g} cores is more than the engine's {host} CPUs; clamped to {host}"
+        return float(host)
 
     def _labels(self, group: str) -> dict[str, str]:
         return {LABEL_NAMESPACE: self.namespace, LABEL_GROUP: group}
@@ -233,14 +263,13 @@ class DockerExecutor(Executor):
     def apply(self, request: ScaleRequest) -> ActionResult:
         cfg = self.groups.get(request.group)
         if cfg is None:
-            return ActionResult("failed", {"group": request.group},
-                                f"unknown group {request.group!r} (known: {sorted(self.groups)})")
+            return refused({"group": request.group}, f"unknown group {request.group!r} (known: {sorted(self.groups)})")
         if not isinstance(request.target, int) or isinstance(request.target, bool) \
                 or not cfg.min <= request.target <= cfg.max:
-            return ActionResult("failed", {"group": cfg.name, "target": request.target},
-                                f"target {request.target!r} outside [{cfg.min}, {cfg.max}] of group {cfg.name!r}")
+            return refused({"group": cfg.name, "target": request.target},
+                           f"target {request.target!r} outside [{cfg.min}, {cfg.max}] of group {cfg.name!r}")
         if not cfg.docker_image:
-            return ActionResult("failed", {"group": cfg.name}, f"group {cfg.name!r} has no docker_image")
+            return refused({"group": cfg.name}, f"group {cfg.name!r} has no docker_image")
         detail: dict[str, Any] = {"group": cfg.name, "target": request.target, "started": [], "removed": [],
                                   "reaped": []}
         try:
@@ -262,10 +291,12 @@ class DockerExecutor(Executor):
             if len(live) < request.target:
                 if crashed:
                     detail["crashed"] = sorted(crashed)
-                    return ActionResult("failed", detail, next(iter(crashed.values())))
+                    # nothing launched (the reaping changed no capacity): no cool-down
+                    return refused(detail, next(iter(crashed.values())))
                 taken = {c.name for c in containers}
+                cores = self.within_host(float(cfg.cores), detail)
                 for _ in range(request.target - len(live)):
-                    detail["started"].append(self._start_one(cfg, request, taken))
+                    detail["started"].append(self._start_one(cfg, request, taken, cores))
             else:
                 for c in self._victims(live, len(live) - request.target, request.victim, detail):
                     if self._remove(c, detail, stop=True):
@@ -312,14 +343,14 @@ class DockerExecutor(Executor):
                              f"(a crash loop? see `docker logs {c.name}`): no new one for {wait:.0f} s")
         return found
 
-    def _start_one(self, cfg: GroupConfig, request: ScaleRequest, taken: set[str]) -> str:
+    def _start_one(self, cfg: GroupConfig, request: ScaleRequest, taken: set[str], cores: float) -> str:
         labels = self._labels(cfg.name) | _parse_label(cfg.docker_label) | {LABEL_REQUEST: request.idempotency_key[:200]}
         kwargs: dict[str, Any] = dict(
             image=cfg.docker_image,
             command=self.commands.get(cfg.name, list(DEFAULT_COMMAND)),
             labels=labels,
             cpu_period=CPU_PERIOD_US,
-            cpu_quota=cpu_quota_for(cfg.cores),
+            cpu_quota=cpu_quota_for(cores),
             mem_limit=int(cfg.ram_gb * 2**30),
             init=True,  # without an init, PID 1 ignores SIGTERM and every stop waits its full timeout
             detach=True,
@@ -372,14 +403,20 @@ class DockerExecutor(Executor):
     def set_cpu_limit(self, container: str, cores: float) -> ActionResult:
         """Changes a running container's CPU limit in place (no restart), and with `cpu_burst`
         its CFS burst. A burst that cannot be written (a remote engine, no root, an old kernel)
-        leaves the limit set and says why in the detail's `cpu_burst_error`."""
+        leaves the limit set and says why in the detail's `cpu_burst_error`. More cores than the
+        engine has are clamped to its CPUs (`cores` is the limit set, `cores_asked` and `clamped`
+        say so)."""
         try:
             quota = cpu_quota_for(cores)
         except ValueError as exc:
-            return ActionResult("failed", {"container": container, "cores": cores}, str(exc))
-        detail = {"container": container, "cores": cores, "cpu_period": CPU_PERIOD_US, "cpu_quota": quota}
+            return refused({"container": container, "cores": cores}, str(exc))
+        detail: dict[str, Any] = {"container": container, "cores": cores, "cpu_period": CPU_PERIOD_US,
+                                  "cpu_quota": quota}
         try:
             c = _call("containers.get", self._docker().containers.get, container)
+            if (limit := self.within_host(cores, detail)) != cores:
+                quota = cpu_quota_for(limit)
+                detail |= {"cores": limit, "cpu_quota": quota}
             burst_after = self._burst(c, quota, detail, before=True)
             if ((c.attrs.get("HostConfig") or {}).get("NanoCpus") or 0) > 0:
                 # made with --cpus: the engine refuses a quota beside NanoCpus (409), so the limit

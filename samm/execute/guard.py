@@ -44,7 +44,7 @@ from typing import Iterable, Literal, Mapping, Protocol, Sequence
 
 from dataclasses import replace
 
-from samm.execute.base import GroupStatus, Instance, ScaleRequest
+from samm.execute.base import ActionResult, GroupStatus, Instance, ScaleRequest
 from samm.execute.chain import (GuardContext, Skip, Step, Wish, cooldown, idempotency, idempotency_key,
                                 run_chain)
 
@@ -124,11 +124,15 @@ def deltas_from_actions(mode: str, actions, group_names: Sequence[str]) -> dict[
 
 
 def after_action(cooldown_until: Mapping[str, float], group: str, now: float,
-                 cooldown_s: float) -> dict[str, float]:
+                 cooldown_s: float, result: ActionResult | None = None) -> dict[str, float]:
     """The cool-down map after `group` acted at `now` (a new dict; the input is not changed).
-    Call it for every attempted, non-dry-run request whatever its result: a call that failed
-    after its retries may still have acted on the back-end."""
+    Call it for every attempted, non-dry-run request with its `result`: a call that failed after
+    its retries may still have acted on the back-end and cools down, while a request the executor
+    refused before any call (`ActionResult.starts_cooldown` false: out of bounds, unknown group)
+    or skipped applied nothing and leaves the map as it was."""
     out = dict(cooldown_until)
+    if result is not None and not result.starts_cooldown:
+        return out
     out[group] = max(out.get(group, -math.inf), now + cooldown_s)
     return out
 

@@ -18,7 +18,7 @@ from sim_bridge.batch import H_FINISHED, H_VM_COST, H_WAIT_JOB_S, MAX_STEP_DELTA
 from sim_bridge.config import SimConfig, VmType
 from sim_bridge.workloads import Workload
 
-from .base import ActionResult, Executor, GroupStatus, Instance, ScaleRequest
+from .base import ActionResult, Executor, GroupStatus, Instance, ScaleRequest, refused
 
 
 def sim_config_for_groups(groups, base: SimConfig | None = None, initial: dict[str, int] | None = None) -> SimConfig:
@@ -117,11 +117,11 @@ class SimExecutor(Executor):
     def apply(self, request: ScaleRequest) -> ActionResult:
         names = self.system.names
         if request.group not in names:
-            return ActionResult("failed", error=f"sim: unknown group {request.group!r}")
+            return refused({}, f"sim: unknown group {request.group!r}")
         ti = names.index(request.group)
         t = self.system.config.vm_types[ti]
         if not t.min <= request.target <= t.max:
-            return ActionResult("failed", error=f"sim: target {request.target} outside [{t.min}, {t.max}] of {t.name}")
+            return refused({}, f"sim: target {request.target} outside [{t.min}, {t.max}] of {t.name}")
         current = int(self.system.counts()[ti])
         if current == request.target:
             return ActionResult("skipped", detail={"reason": "already at target", "desired": current})

@@ -325,7 +325,8 @@ class AppContainers:
             labels={LABEL_NAMESPACE: self.namespace, LABEL_GROUP: s, LABEL_TESTBED: "microservices",
                     "samm.app": self.topology.name, LABEL_BASE_PORT: str(self.base_port)},
             mounts=mounts, environment={"LD_LIBRARY_PATH": self.python.library_path, "PYTHONHASHSEED": "0"},
-            cpu_period=CPU_PERIOD_US, cpu_quota=cpu_quota_for(cores), mem_limit=MEM_LIMIT)
+            cpu_period=CPU_PERIOD_US, cpu_quota=cpu_quota_for(self.executor.within_host(cores)),
+            mem_limit=MEM_LIMIT)
         self.last_limit[s] = cores
 
     def wait_ready(self, timeout_s: float = 30.0, services=None) -> None:

@@ -19,7 +19,8 @@ The guard, in order:
   * `clip_cores`: never outside [floor, cap] (NaN -> cap, the safe side for latency); clipped
     services are named in the record;
   * a limit is only sent when it differs from the engine's by at least one quota step (0.01
-    core); a failed set is recorded for that service and the others still go out.
+    core), and not again while the engine holds what it clamped the same request to (a limit
+    above its CPUs); a failed set is recorded for that service and the others still go out.
 
 Every step's decision goes to the Knowledge store (loop `microservices-<run>`, iteration key
 `step<k>`, problem `microservice-cores`): source "agent" with the cores per service, "none" with
@@ -127,6 +128,9 @@ class ControlLoop:
         self.dry_run = bool(dry_run)
         self.history = history
         self._unrecorded: dict[str, tuple] = {}   # action key -> outcome the store did not take yet
+        # service -> (cores asked, cores the engine set): a limit above the engine's CPUs is
+        # clamped there, and asking again every second would change nothing
+        self._clamped: dict[str, tuple[float, float]] = {}
 
     def step(self, k: int, m: StepMeasurement, restarted=(), fault: str = "", errors=()) -> StepRecord:
         """Step k on the measurement of the second just ended. `restarted`: services the
@@ -214,7 +218,8 @@ class ControlLoop:
             for s in self.services:
                 want = rec.targets[s]
                 self.last_target[s] = want
-                if abs(want - limits_now[s]) >= QUOTA_STEP / 2 or not math.isfinite(limits_now[s]):
+                if (abs(want - limits_now[s]) >= QUOTA_STEP / 2 or not math.isfinite(limits_now[s])) \
+                        and not self.engine_holds_clamped(s, want, limits_now[s]):
                     n += self._apply(k, s, want, rec)
             if not rec.action and self.dry_run:
                 rec.action = f"dry run: would resize {len(rec.dry_run)}" if rec.dry_run else "hold"
@@ -228,6 +233,11 @@ class ControlLoop:
                 self._by_step.pop(old.step, None)
             del self.records[:-self.history]
         return rec
+
+    def engine_holds_clamped(self, s: str, want: float, have: float) -> bool:
+        """Whether the engine holds `have`, what it clamped the same request `want` to last time."""
+        asked, got = self._clamped.get(s, (math.nan, math.nan))
+        return abs(asked - want) < QUOTA_STEP / 2 and abs(got - have) < QUOTA_STEP / 2
 
     def _replay(self, cores, rec: StepRecord) -> None:
         """The targets of a recorded decision, held to today's bounds: the record may be of another
@@ -290,6 +300,10 @@ class ControlLoop:
             res = self.actuator.set_limit(s, cores)
             status, error = res.status, res.error
             burst_error = (res.detail or {}).get("cpu_burst_error")
+            if status == "succeeded" and "clamped" in (res.detail or {}):
+                self._clamped[s] = (cores, float(res.detail["cores"]))
+            else:
+                self._clamped.pop(s, None)
         except Exception as exc:  # noqa: BLE001
             status, error = "failed", f"{type(exc).__name__}: {exc}"
         if status == "succeeded":

@@ -31,8 +31,10 @@ the db service mostly shows its reads and fsyncs (often 0 with a warm page cache
 
 Counters that restart (a container restarted: another id or start time in the engine, or a
 counter smaller than before) count from zero: the delta of that second is the new counter's
-value. When the engine cannot be read, cpu_limit keeps the last value read and the error is
-listed in `extra["engine_errors"]`.
+value. The network counters too, and a counters file written before the container's start (its
+previous process's, until the new one writes) counts as missing: zeros for that second. When the
+engine cannot be read, cpu_limit keeps the last value read and the error is listed in
+`extra["engine_errors"]`.
 
 Application level: the newest second of the load generator. When its newest line ended more than
 `stale_s` (2 s) ago, the load data is stale: every latency percentile, requests/s and failures/s
@@ -51,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from agents.microservice_cores.observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
-from samm.execute.docker_exec import limit_cores
+from samm.execute.docker_exec import limit_cores, parse_docker_time
 
 NAN = float("nan")
 log = logging.getLogger(__name__)
@@ -232,10 +234,13 @@ class Measurer:
                     cur = None
             net = self._net(s)
             prev = self._prev.get(s, {})
-            if info is not None and running[s] and self._restarted(s, info):
-                # a new cgroup: its counters start at zero, whatever the old container had reached
-                # (comparing sizes alone took a young service's restart for a tiny delta)
-                prev = dict(prev) | {k: 0 for k in _CG if k in prev}
+            if info is not None and running[s]:
+                if self._restarted(s, info):
+                    # a new cgroup and a new process: their counters start at zero, whatever the old
+                    # container had reached (comparing sizes alone took a young service's restart
+                    # for a tiny delta)
+                    prev = dict(prev) | {k: 0 for k in (*_CG, *_NET) if k in prev}
+                net = self._since_start(net, info)
             row = rows[i]
             row[FIELD["cpu_limit"]] = self._limit[s]
             if cur is not None:
@@ -295,6 +300,17 @@ class Measurer:
         ident = (info.get("Id"), (info.get("State") or {}).get("StartedAt"))
         old, self._started[s] = self._started.get(s), ident
         return old is not None and old != ident
+
+    @staticmethod
+    def _since_start(net: dict | None, info: dict) -> dict | None:
+        """The service's counters, or None while the file is still the one the container's previous
+        process left (written before this start): read against the restart's zero, those would
+        be a burst of the old process's whole life in one second."""
+        started = parse_docker_time((info.get("State") or {}).get("StartedAt"))
+        written = None if net is None else net.get("t")
+        if started is not None and isinstance(written, (int, float)) and written < started:
+            return None
+        return net
 
     def _net(self, s: str) -> dict | None:
         """The service's own counters, or None (zeros this second, the previous counters kept) when

@@ -512,7 +512,9 @@ class AdmissionExecutor:
     def _start_workers(self, k: int, rows: list[int]) -> None:
         """Start every worker first (their interpreters come up in parallel), then move each
         into its PM's cgroup and let it go. A worker that cannot be started (no process or file
-        descriptor left: EAGAIN, EMFILE) fails its VM alone; before, the OSError ended the run."""
+        descriptor left: EAGAIN, EMFILE) fails its VM alone; before, the OSError ended the run.
+        Each worker is in `procs` from its spawn on, so `stop_all` stops it even when an
+        interrupt (Ctrl-C) lands in here; before, the workers spawned so far were left running."""
         try:
             err = open(self.worker_log, "ab") if self.worker_log else subprocess.DEVNULL
         except OSError as exc:
@@ -527,22 +529,23 @@ class AdmissionExecutor:
                 except OSError as exc:
                     self._worker_failed(int(v), None, exc)
                     continue
-                started.append((v, p))
+                self.procs[v] = VmProcess(v, int(self.pm_of[v]), p)
+                started.append(self.procs[v])
         finally:
             if err is not subprocess.DEVNULL:
                 err.close()
         deadline = time.monotonic() + self.p.worker_start_timeout_s
-        for v, p in started:
-            pm = int(self.pm_of[v])
+        for vp in started:
+            p = vp.proc
             try:
                 self._handshake(p, deadline)
-                self.cg.add(p.pid, pm)
+                self.cg.add(p.pid, vp.pm)
                 p.stdin.write("go\n")
                 p.stdin.flush()
             except Exception as exc:  # noqa: BLE001 - the VM fails, the run goes on
-                self._worker_failed(int(v), p, exc)
+                self._worker_failed(int(vp.row), p, exc)
                 continue
-            self.procs[v] = VmProcess(v, pm, p, proc_cpu_ns(p.pid) or 0, self.clock())
+            vp.cpu_ns_at_step, vp.t_at_step = proc_cpu_ns(p.pid) or 0, self.clock()
 
     def _worker_failed(self, v: int, p: subprocess.Popen | None, exc: BaseException) -> None:
         """VM `v`'s worker did not start: it is stopped, its reservation released, and its
@@ -551,6 +554,7 @@ class AdmissionExecutor:
         self.worker_failures += 1
         self.failed_rows.add(v)
         log.error("VM %d: worker did not start (%s); its reservation is released", v, exc)
+        self.procs.pop(v, None)
         if p is not None:
             _stop(p)
         self.cluster.release(pm, float(self.assigned[v]), float(self.w.mem[v]), float(self.w.net[v]))
