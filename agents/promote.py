@@ -40,7 +40,10 @@ def compare(candidate_dir, incumbent_dir, sim: SimConfig, workload: Workload, se
     wins, losses = int((c < i).sum()), int((c > i).sum())
     mean_rel = float(rel.mean())
     p = sign_test_p(wins, losses)
-    promote = mean_rel >= margin and p <= max_p
+    # an episode cut at the step cap with jobs queued stops paying when it stops: a candidate that
+    # leaves work undone looked cheaper and was promoted (as suite_gate refuses it, by the same rule)
+    lost = [int(s) for s, a, b in zip(seeds, rc["episodes"], ri["episodes"]) if _all_jobs(b) and not _all_jobs(a)]
+    promote = mean_rel >= margin and p <= max_p and not lost
     return {
         "candidate": {"dir": str(candidate_dir), "version": cand.version, "mean_total_cost": float(c.mean())},
         "incumbent": {"dir": str(incumbent_dir), "version": inc.version, "mean_total_cost": float(i.mean())},
@@ -51,9 +54,15 @@ def compare(candidate_dir, incumbent_dir, sim: SimConfig, workload: Workload, se
         "mean_saving": round(mean_rel, 4),
         "wins": wins, "losses": losses, "ties": len(seeds) - wins - losses,
         "sign_test_p": round(p, 4),
-        "rule": f"promote iff mean paired saving >= {margin:.1%} and one-sided sign-test p <= {max_p}",
+        "jobs_lost": [{"seed": s} for s in lost],
+        "rule": f"promote iff mean paired saving >= {margin:.1%}, one-sided sign-test p <= {max_p}, and the "
+                "candidate finishes every job wherever the incumbent does",
         "promote": bool(promote),
     }
+
+
+def _all_jobs(episode: dict) -> bool:
+    return episode["jobs_finished"] == episode["jobs_total"]
 
 
 def install(candidate_dir, target_dir) -> None:

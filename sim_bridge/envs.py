@@ -24,6 +24,7 @@ env from a workload distribution (`sim_bridge.workloads.mix`).
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import gymnasium as gym
@@ -80,6 +81,17 @@ def _seed_value(seed, per_env: bool = False) -> int:
         where = "in [0, 2**63)" if per_env else ">= 0"
         raise ValueError(f"a seed must be a whole number {where}, got {seed!r}")
     return int(seed)
+
+
+def _sampler_state(sampler) -> tuple[str, Any] | None:
+    """What rewinds a workload sampler: the state of its NumPy generator (`rng`, as the mix's and
+    the windows' samplers keep theirs), else a copy of the whole sampler."""
+    if sampler is None:
+        return None
+    rng = getattr(sampler, "rng", None)
+    if isinstance(rng, np.random.Generator):
+        return "rng", copy.deepcopy(rng.bit_generator.state)
+    return "copy", copy.deepcopy(sampler)
 
 
 REWARD_SCALES = ("none", "work")
@@ -236,9 +248,12 @@ class CloudSimVectorEnv(VectorEnv):
     """N simulations stepped together; autoreset in the SAME step.
 
     When an env terminates or truncates, its final observation and info are returned in
-    ``info["final_obs"]`` / ``info["final_info"]`` (masked by ``info["_final_obs"]``) and the
-    returned observation is already the first one of its next episode: no wasted transition to
-    mask out, and truncation can be bootstrapped from the real final observation.
+    ``info["final_obs"]`` / ``info["final_info"]`` (masked by ``info["_final_obs"]``; the final
+    info's keys by ``_<key>``) and the returned observation and the rest of the info are already
+    the first ones of its next episode (its reset's), as Gymnasium's SAME_STEP mode has it: no
+    wasted transition to mask out, and truncation can be bootstrapped from the real final
+    observation. A seeded `reset` replays a fresh env's episodes for that seed, workloads drawn
+    by a sampler included.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
@@ -265,6 +280,7 @@ class CloudSimVectorEnv(VectorEnv):
         self.reward = reward
         self.config = _as_config(config)
         self.sampler = sampler
+        self._sampler_start = _sampler_state(sampler)  # before its first draw: a seeded reset rewinds to it
         self.workload = sampler.sample() if sampler is not None else _as_workload(workload, self.config, swf)
         self.num_envs = int(num_envs)
         self.observation_names = feature_names_of(features, self.config)
@@ -307,6 +323,19 @@ class CloudSimVectorEnv(VectorEnv):
             self._scale[i] = self._scale_of(w)
         self._first_reset = False
 
+    def _rewind_sampler(self) -> None:
+        """A seeded reset replays the episodes of a fresh env reset with that seed, workloads too:
+        the sampler went on from where the last episodes left it, so the same seed gave other
+        workloads. Its stream goes back to where it stood at construction, and every env draws
+        again (env 0 the construction's workload, as a fresh env's first reset keeps it)."""
+        if self.sampler is None or self._first_reset:  # nothing drawn since construction's sample
+            return
+        kind, state = self._sampler_start
+        if kind == "rng":
+            self.sampler.rng.bit_generator.state = state
+        else:
+            self.sampler = copy.deepcopy(state)
+
     @property
     def workload_names(self) -> list[str]:
         return [w.name for w in self.batch.workloads]
@@ -325,6 +354,8 @@ class CloudSimVectorEnv(VectorEnv):
             if seed is not None:
                 self._rng = np.random.default_rng(_seed_value(seed))
             seeds = self._draw_seeds(self.num_envs)
+        if seed is not None:
+            self._rewind_sampler()
         self._new_workloads(range(self.num_envs))
         s = self.batch.reset(np.arange(self.num_envs), seeds)
         self._lost[:] = 0.0
@@ -348,18 +379,21 @@ class CloudSimVectorEnv(VectorEnv):
             idx = np.nonzero(done)[0]
             final_obs = np.zeros_like(obs)
             final_obs[idx] = obs[idx]
-            infos["final_obs"] = final_obs
-            infos["_final_obs"] = done.copy()
-            infos["final_info"] = {k: v for k, v in infos.items() if not k.startswith(("final", "_final"))}
-            infos["_final_info"] = done.copy()
+            # the ended episodes' last info, with Gymnasium's per-key masks (only those rows are theirs)
+            final_info = {**infos, **{f"_{k}": done.copy() for k in infos}}
             self._new_workloads(idx)
             r = self.batch.reset(idx, self._draw_seeds(len(idx)))
             self._lost[idx] = 0.0
             self._last_raw = self._last_raw.with_rows(idx, r.raw)
             obs[idx] = self._decoder.observations(r)
-            mask = self._decoder.masks(r)
-            infos["action_mask"] = infos["action_mask"].copy()
-            infos["action_mask"][idx] = mask
+            # as Gymnasium's SAME_STEP mode: the info beside the new episode's first observation is
+            # its reset info (it was the ended step's, but for the mask: a step count of max_steps,
+            # the last VMs and queue, beside an observation of a fresh fleet)
+            for k, v in self._infos(r).items():
+                infos[k] = infos[k].copy()
+                infos[k][idx] = v
+            infos.update(final_obs=final_obs, _final_obs=done.copy(), final_info=final_info,
+                         _final_info=done.copy())
         return obs, rewards, terminated, truncated, infos
 
     def _infos(self, s: SimStep) -> dict[str, Any]:

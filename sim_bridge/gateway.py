@@ -7,8 +7,10 @@ It exits on its own when our stdin pipe closes, which happens however this proce
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -52,6 +54,34 @@ def find_java() -> str:
     if not java:
         raise GatewayError("no `java` executable found (install OpenJDK 17: `make setup` does)")
     return java
+
+
+@contextlib.contextmanager
+def _first_sigint_deferred():
+    """A Ctrl-C during a Py4J call waits for its answer (a second one does not wait). Py4J's own
+    handling of one inside a call logs a traceback and then fails on itself (AttributeError:
+    'GatewayConnection' object has no attribute 'shutdown_socket'), leaving the connection cut:
+    the verbs' "interrupted" line came after a traceback, or never, exit 1. Only the main thread
+    receives signals; elsewhere, or under a SIGINT handler other than Python's own, the call runs
+    as it is."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    pending = []
+
+    def hold(signum, frame):
+        if pending:   # the second: the user insists
+            raise KeyboardInterrupt
+        pending.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 class Gateway:
@@ -198,7 +228,8 @@ class Gateway:
             raise GatewayError(self.not_running_message())
         started = time.monotonic()
         try:
-            return getattr(self.entry, method)(*args)
+            with _first_sigint_deferred():
+                return getattr(self.entry, method)(*args)
         except Py4JJavaError as exc:
             message = _java_message(exc)
             self._release(exc.java_exception)

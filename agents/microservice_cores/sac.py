@@ -455,6 +455,41 @@ class Sac(nn.Module):
             for group in opt.param_groups:
                 group["lr"] = lr
 
+    def optimisers(self) -> dict[str, torch.optim.Adam]:
+        return {"actor": self.opt_actor, "critic": self.opt_critic, "alpha": self.opt_alpha,
+                "classifier": self.opt_cls}
+
+    def use_config(self, cfg: SacConfig) -> None:
+        """Train on with `cfg` (a run continuing or transferring this agent): its update settings
+        and its learning rates. The agent kept the ones it was built with (a continued run trained
+        at the initial policy's rate, not the run's)."""
+        self.cfg = cfg
+        self._apply_rates()
+
+    def _apply_rates(self) -> None:
+        rates = {"actor": self.cfg.lr, "critic": self.cfg.lr, "alpha": self.cfg.alpha_lr or self.cfg.lr,
+                 "classifier": self.cfg.classifier_lr}
+        for name, opt in self.optimisers().items():
+            for group in opt.param_groups:
+                group["lr"] = rates[name]
+
+    def optimiser_state(self) -> dict:
+        return {name: opt.state_dict() for name, opt in self.optimisers().items()}
+
+    def load_optimiser_state(self, state: dict) -> None:
+        """Resume Adam's moments and step counts; the rates stay this agent's config's (a saved
+        state carries the rates it was saved at)."""
+        fresh = self.optimiser_state()
+        try:
+            for name, opt in self.optimisers().items():
+                opt.load_state_dict(state[name])
+        except Exception:
+            for name, opt in self.optimisers().items():   # all fresh, not some resumed
+                opt.load_state_dict(fresh[name])
+            raise
+        finally:
+            self._apply_rates()
+
     @torch.no_grad()
     def refit_norm(self, rows: np.ndarray) -> None:
         """Re-standardise on new data (Algorithm 2's RSC) without changing what the networks

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import logging
 import sys
 import time
 from dataclasses import replace
@@ -108,9 +109,9 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
             raise ValueError(f"the initial policy trains with its own {kept}, not this run's "
                              f"{ {f: getattr(cfg, f) for f in kept} }: start it with the initial policy's "
                              "(`samm train --init-policy` does)")
-        if init.cfg.precision != cfg.precision:
-            # the one update setting a built agent can change: it trained at its own and recorded the run's
-            init.cfg = replace(init.cfg, precision=cfg.precision)
+        # the networks' settings are the same (checked above); the update's (precision, rates,
+        # gamma ...) are the run's, as its saved policy records: the agent trained at its own
+        init.use_config(cfg)
     topo = app if isinstance(app, Topology) else load_topology(app)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -123,6 +124,8 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                          f"train the source policy with --id-width {M} or more to transfer it here")
     agent = init if init is not None else Sac(width, n_scaled, M, cfg)
     agent.match_services(M)
+    if keep_norm and init is not None and init_from is not None:
+        resume_optimisers(agent, Path(init_from))
     buf = ReplayBuffer(cfg.replay, M, width, E, seed, service_rewards=cfg.reward_split == "service")
     sim = MicroserviceSim(topo, n_envs=E, seed=seed)
     caps = topo.caps
@@ -271,7 +274,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
                     if out_dir:
                         save_whole(ReclaimerPolicy(best_agent, topo, cfg, training=_best_training(
                             seed, seen, init_from, keep_norm, best, eval_seeds),
-                            ceiling=cfg.headroom_ceiling), out_dir / "best-policy")
+                            ceiling=cfg.headroom_ceiling), out_dir / "best-policy", optimisers_of=agent)
         rows_csv.append(row)
         if out_dir:
             # row by row, so that an interrupted run keeps its log (rewritten whole, with the plot, at the end)
@@ -301,6 +304,7 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     if out_dir:
         _write_log(out_dir, rows_csv)
         policy.save(out_dir / "policy")
+        save_optimisers(agent, out_dir / "policy")
     policy.log = rows_csv
     policy.best = None
     if best_agent is not None:
@@ -311,20 +315,74 @@ def train(app: str | Topology, cfg: SacConfig | None = None, seed: int = 0, out:
     return policy
 
 
-def save_whole(policy, folder: Path) -> None:
+def save_whole(policy, folder: Path, optimisers_of: Sac | None = None) -> None:
     """Replace a saved policy folder so that an interrupt leaves the old one whole or the new one:
     `best-policy` is rewritten at every better checkpoint, and written in place a Ctrl-C in the
-    middle left new weights under the old metadata, or a truncated weights.pt (the best lost)."""
+    middle left new weights under the old metadata, or a truncated weights.pt (the best lost).
+    `optimisers_of`: the training agent whose optimisers' state goes beside (save_optimisers)."""
     import shutil
 
     tmp, old = folder.with_name(folder.name + ".tmp"), folder.with_name(folder.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save(tmp)
+    if optimisers_of is not None:
+        save_optimisers(optimisers_of, tmp)
     if folder.exists():
         shutil.rmtree(old, ignore_errors=True)
         folder.rename(old)
     tmp.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
+
+
+#: beside a saved policy's weights: the training's Adam state, which `--continue` resumes
+OPTIMISER_FILE = "optimizer.pt"
+
+
+def save_optimisers(agent: Sac, folder: Path) -> None:
+    """The optimisers' state beside the policy saved in `folder`, tied to its weights by their
+    digest (a continued run restarted Adam's moments and step counts from zero). Written beside
+    and renamed over, so an interrupt leaves the last one whole."""
+    import json
+    import os
+
+    from agents.policy import WEIGHTS_DIGEST_KEY
+
+    from .policy import METADATA_FILE
+
+    digest = json.loads((folder / METADATA_FILE).read_text()).get(WEIGHTS_DIGEST_KEY)
+    tmp = folder / f".{OPTIMISER_FILE}.tmp"
+    torch.save({"weights_sha256": digest, "optimizers": agent.optimiser_state()}, tmp)
+    os.replace(tmp, folder / OPTIMISER_FILE)
+
+
+def resume_optimisers(agent: Sac, folder: Path) -> bool:
+    """Load the optimisers' state saved beside the policy in `folder` into `agent`. Without one
+    (a policy saved before it was kept, or copied without it), one written for other weights or
+    one that does not fit, Adam starts fresh and the log says why; returns whether it resumed."""
+    import json
+
+    from agents.policy import WEIGHTS_DIGEST_KEY
+
+    from .policy import METADATA_FILE
+
+    path = folder / OPTIMISER_FILE
+    why = None
+    if not path.is_file():
+        why = "no optimiser state saved with it (a policy saved before it was kept)"
+    else:
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)   # no pickled code
+            digest = json.loads((folder / METADATA_FILE).read_text()).get(WEIGHTS_DIGEST_KEY)
+            if not isinstance(saved, dict) or saved.get("weights_sha256") != digest or digest is None:
+                why = f"{path.name} was saved with other weights"
+            else:
+                agent.load_optimiser_state(saved["optimizers"])
+        except Exception as exc:    # truncated, foreign, or for other networks: the weights still continue
+            detail = " ".join(str(exc).split())[:160]
+            why = f"{path.name} is unreadable or does not fit ({type(exc).__name__}: {detail})"
+    if why:
+        logging.getLogger(__name__).warning("%s: %s; Adam starts fresh", folder, why)
+    return why is None
 
 
 def fill_actions(cpu_used, limits, base, caps, noise, cfg: SacConfig, fill_h=None) -> np.ndarray:

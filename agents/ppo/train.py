@@ -237,6 +237,30 @@ def ppo_update(net: LstmActorCritic, opt: optim.Optimizer, buf: RolloutBuffer, c
     return stats
 
 
+def step_values(info: dict, done: np.ndarray, key: str) -> np.ndarray:
+    """`info[key]` of the step just taken. An env that ended and reset in it reports that step's in
+    `final_info` and its reset's in `info` (Gymnasium's SAME_STEP autoreset)."""
+    now = np.asarray(info.get(key, 0.0), dtype=np.float64)
+    final = info.get("final_info")
+    if not done.any() or not isinstance(final, dict) or key not in final:
+        return now
+    return np.where(done, np.asarray(final[key], dtype=np.float64), now)
+
+
+def start_normaliser(cfg: PPOConfig, obs_dim: int,
+                     init: tuple[dict, RunningMeanStd | None] | None) -> tuple[RunningMeanStd | None, bool]:
+    """(observation normaliser, whether training goes on fitting it). A starting policy's weights
+    only make sense on the inputs it learned on, so its normaliser, or its lack of one, wins over
+    `norm_obs`: with `norm_obs` false its statistics are kept frozen (they were dropped, and the
+    fine-tuned policy saw raw observations it never learned on); a policy trained without one keeps
+    reading raw observations (a fresh normaliser fitted under it changed every input at once)."""
+    if init is None:
+        return (RunningMeanStd((obs_dim,)) if cfg.norm_obs else None), cfg.norm_obs
+    if init[1] is None:
+        return None, False
+    return RunningMeanStd.from_dict(init[1].to_dict()), cfg.norm_obs
+
+
 def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str | Path | None = None,
           resume: bool = False, progress: bool = True,
           on_update: Callable[[int, LstmActorCritic, RunningMeanStd | None], bool | None] | None = None,
@@ -279,9 +303,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
     # on CPU the parameters live in one buffer (see flat_params); on GPUs cuDNN wants its own layout
     flat = FlatParams(net) if device.type == "cpu" else None
     opt = optim.Adam([flat.param] if flat else net.parameters(), lr=cfg.learning_rate, eps=1e-5, fused=True)
-    obs_rms = RunningMeanStd((obs_dim,)) if cfg.norm_obs else None
-    if init is not None and init[1] is not None and cfg.norm_obs:
-        obs_rms = RunningMeanStd.from_dict(init[1].to_dict())
+    obs_rms, fit_obs = start_normaliser(cfg, obs_dim, init)
     ret_rms = RunningMeanStd(()) if cfg.norm_reward else None
     start_update, global_step = 0, 0
 
@@ -352,7 +374,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
                 ended: list[dict] = []  # logged once the rollout is kept: a discarded one's steps are run again
                 try:
                     for t in range(cfg.num_steps):
-                        if obs_rms is not None:
+                        if fit_obs:
                             obs_rms.update(np.asarray(raw_obs, dtype=np.float64))
                         obs = norm_obs(raw_obs)
                         action, logprob, value, new_h, new_c = policy.step(obs, h, c, episode_start)
@@ -364,8 +386,8 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
                         # episode statistics in the environment's own units (before any scaling)
                         ep_return += reward
                         ep_len += 1
-                        ep_vm_cost += np.asarray(info.get("vm_cost", 0.0))
-                        ep_wait += np.asarray(info.get("wait_penalty", 0.0))
+                        ep_vm_cost += step_values(info, done, "vm_cost")
+                        ep_wait += step_values(info, done, "wait_penalty")
                         if done.any():
                             for i in np.nonzero(done)[0]:
                                 row = {"global_step": global_step, "return": ep_return[i], "length": int(ep_len[i]),

@@ -1,6 +1,7 @@
 """The `samm` command line. Every verb has `--help`."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,6 +28,22 @@ def _fail(msg: str, code: int = 2) -> None:
     """One line on stderr and the exit status: 2 for bad usage, 1 for a failure of the work."""
     click.echo(f"error: {msg}", err=True)
     sys.exit(code)
+
+
+@contextlib.contextmanager
+def _simulating(verb: str, kept: str):
+    """The simulation of a verb that runs episodes. Ctrl-C: one line naming what it kept or wrote,
+    exit 130, as `samm train` and `samm demo` do (click's bare "Aborted!" exited 1 and named
+    nothing). The simulator failing (no jar, the JVM gone): one line, exit 1 (a traceback)."""
+    from sim_bridge.errors import BridgeError
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(f"error: {verb}: interrupted; {kept}", err=True)
+        sys.exit(130)
+    except BridgeError as exc:
+        _fail(f"{verb}: the simulator: {exc}; {kept}", code=1)
 
 
 def _one_line(exc: Exception, whole: str, fields: dict[str, str] | None = None) -> str:
@@ -778,8 +795,10 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
         _refuse_given(ctx, {"agent_kind", "params_json", "seeds", "stochastic", "nodes", "containers", "predictor",
                             "max_steps", *SWF_OPTIONS_PARAMS},
                       "does not apply to --suite (it runs its own agents, windows and seeds)")
-        _suite_cmd(_sim_config(config_path, preset, initial, action_mode or "per-type", max_steps), policy_dir,
-                   rules_path, retune, out_dir, as_json)
+        written = f"no suite.json or suite.md written to {out_dir}" if out_dir else "nothing written"
+        with _simulating("evaluate", written):
+            _suite_cmd(_sim_config(config_path, preset, initial, action_mode or "per-type", max_steps), policy_dir,
+                       rules_path, retune, out_dir, as_json)
         return
     if agent_kind is None:
         _fail("--agent is required (or --suite)")
@@ -790,8 +809,9 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
 
         size_range = _containers_range(containers)
         try:
-            res = evaluate_placement(agent_kind, _seeds(seeds), policy_dir=policy_dir, n_nodes=nodes,
-                                     size_range=size_range, predictor=predictor)
+            with _simulating("evaluate", "nothing written"):
+                res = evaluate_placement(agent_kind, _seeds(seeds), policy_dir=policy_dir, n_nodes=nodes,
+                                         size_range=size_range, predictor=predictor)
         except (ValueError, FileNotFoundError) as exc:
             _fail(str(exc))
         if as_json:
@@ -807,7 +827,8 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
         from agents.deferrable_jobs.evaluate import evaluate as evaluate_jobs
 
         try:
-            res = evaluate_jobs(agent_kind, _seeds(seeds), policy_dir=policy_dir, params=_params(params_json))
+            with _simulating("evaluate", "nothing written"):
+                res = evaluate_jobs(agent_kind, _seeds(seeds), policy_dir=policy_dir, params=_params(params_json))
         except (ValueError, FileNotFoundError, TypeError) as exc:
             _fail(str(exc))
         if as_json:
@@ -837,7 +858,9 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
     unknown = sorted(set(agent.feature_names) - set(known_features(FleetSpec.from_vm_types(cfg.vm_types))))
     if unknown:  # a policy of another feature set or fleet
         _fail(f"--agent {agent_kind}: the policy reads feature(s) {unknown} that this simulation does not produce")
-    res = evaluate(agent, cfg, wl, _seeds(seeds), deterministic=not stochastic)
+    seed_list = _seeds(seeds)
+    with _simulating("evaluate", "nothing written"):
+        res = evaluate(agent, cfg, wl, seed_list, deterministic=not stochastic)
     if as_json:
         click.echo(json.dumps(res))
         return
@@ -929,7 +952,8 @@ def tune_cmd(problem, agent_kind, workload, window, time_compression, mips_per_c
             Path(out).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             _fail(f"--out {out}: {exc}")
-    res = tune(agent_kind, cfg, wl, seed_list, progress=not as_json)
+    with _simulating("tune", f"nothing saved to {out}" if out else "nothing saved"):
+        res = tune(agent_kind, cfg, wl, seed_list, progress=not as_json)
     agent = res.pop("agent")
     if out:
         agent.save(out)
@@ -1280,21 +1304,24 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
         parent = Path(install_to).absolute().parent
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
             _fail(f"--install {install_to}: {parent} is not a writable directory")
+    # the incumbent is replaced only after the evidence, so a Ctrl-C in it leaves --install alone
+    unchanged = f"not promoted; {install_to} left as it was" if install_to else "not promoted"
     try:
-        if suite:
-            from agents.generalisation import suite_workloads
+        with _simulating("policy promote", unchanged):
+            if suite:
+                from agents.generalisation import suite_workloads
 
-            cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
-            given = ctx.get_parameter_source
-            seed_list = _seeds(seeds) if given("seeds").name != "DEFAULT" else None
-            # the suite's sign test is weak evidence with few windows: required only when --max-p is given
-            res = compare_on_suite(candidate, incumbent, cfg, suite_workloads(cfg), seed_list, margin=margin,
-                                   tolerance=window_tolerance,
-                                   max_p=max_p if given("max_p").name != "DEFAULT" else None)
-        else:
-            cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
-            wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
-            res = compare(candidate, incumbent, cfg, wl, _seeds(seeds), margin, max_p)
+                cfg = _sim_config(config_path, preset, initial, action_mode or "per-type", max_steps)
+                given = ctx.get_parameter_source
+                seed_list = _seeds(seeds) if given("seeds").name != "DEFAULT" else None
+                # the suite's sign test is weak evidence with few windows: required only when --max-p is given
+                res = compare_on_suite(candidate, incumbent, cfg, suite_workloads(cfg), seed_list, margin=margin,
+                                       tolerance=window_tolerance,
+                                       max_p=max_p if given("max_p").name != "DEFAULT" else None)
+            else:
+                cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
+                wl = _workload(workload, cfg, window, time_compression, mips_per_core, max_jobs)
+                res = compare(candidate, incumbent, cfg, wl, _seeds(seeds), margin, max_p)
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     if res["promote"] and install_to:
