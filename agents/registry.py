@@ -3,8 +3,10 @@
 Like Gymnasium's env registry, a spec is a plain dataclass whose entry points are strings
 (`"module:attr"`), imported only when used, so listing the problems imports no simulator, no
 torch and no scikit-learn. The registry imports no problem: `agents.problems` lists them (one
-line per package, like Telegraf's `plugins/inputs/all`). Adding a problem = one package with
-`PROBLEM = ProblemSpec(...)` + one line in `agents/problems.py`.
+line per package, like Telegraf's `plugins/inputs/all`) and finds those of installed
+distributions by their `samm.problems` entry points. Adding a problem = one package with
+`PROBLEM = register_problem(ProblemSpec(...))`, and either one line in `agents/problems.py` (a
+problem of this repository) or one entry point in its own distribution (docs/adding-a-problem.md).
 """
 from __future__ import annotations
 
@@ -52,25 +54,70 @@ _PROBLEMS: dict[str, ProblemSpec] = {}
 
 
 def register_problem(spec: ProblemSpec) -> ProblemSpec:
-    if spec.name in _PROBLEMS and _PROBLEMS[spec.name] != spec:
-        raise ValueError(f"problem {spec.name!r} is registered twice")
+    """Add `spec` to the catalogue (again: a no-op). Everything is checked before anything is
+    registered, so a refused spec (a plug-in's) leaves the catalogue and Gymnasium as they were."""
+    if not isinstance(spec, ProblemSpec):
+        raise TypeError(f"register_problem takes a ProblemSpec, got {type(spec).__name__}")
+    if not (isinstance(spec.name, str) and spec.name.strip() == spec.name and spec.name):
+        raise ValueError(f"a problem's name must be a non-empty string without surrounding spaces, got {spec.name!r}")
+    if _PROBLEMS.get(spec.name) == spec:
+        return _PROBLEMS[spec.name]
+    if spec.name in _PROBLEMS:
+        raise ValueError(f"problem {spec.name!r} is already registered (another package defines it)")
+    _check_agents_free(spec)
+    env_registered = _check_env_free(spec)
     _PROBLEMS[spec.name] = spec
-    if spec.env_id and spec.env_entry_point:
+    if spec.env_id and spec.env_entry_point and not env_registered:
         import gymnasium
 
-        if spec.env_id not in gymnasium.registry:
-            gymnasium.register(id=spec.env_id, entry_point=spec.env_entry_point)
+        gymnasium.register(id=spec.env_id, entry_point=spec.env_entry_point)
     return spec
+
+
+def _check_agents_free(spec: ProblemSpec) -> None:
+    """Agent names are global (`samm serve --agent NAME`, `problem_of_agent`): a second problem
+    listing `lstm-ppo` would take over whichever of the two sorted first."""
+    for other in _PROBLEMS.values():
+        taken = sorted(set(spec.agents) & set(other.agents))
+        if taken:
+            raise ValueError(f"problem {spec.name!r}: agent {taken[0]!r} is already an agent of problem "
+                             f"{other.name!r} (agent names are unique across problems)")
+
+
+def _check_env_free(spec: ProblemSpec) -> bool:
+    """Whether `spec.env_id` is already registered with `spec.env_entry_point`; an id registered
+    with another entry point is refused: gym.make would have built the other problem's env."""
+    if not (spec.env_id and spec.env_entry_point):
+        return False
+    import gymnasium
+
+    held = gymnasium.registry.get(spec.env_id)
+    if held is None:
+        return False
+    if held.entry_point != spec.env_entry_point:
+        raise ValueError(f"problem {spec.name!r}: env id {spec.env_id!r} is already registered for "
+                         f"{held.entry_point!r}")
+    return True
 
 
 def load_entry_point(ref: str | Callable) -> Any:
     """"module:attr" -> the object (a callable passes through, for problems defined in one file)."""
     if callable(ref):
         return ref
+    if not isinstance(ref, str):
+        raise ValueError(f"entry point {ref!r}: not a \"module:attr\" string nor a callable")
     module, _, attr = ref.partition(":")
-    obj = importlib.import_module(module)
+    # ValueError naming the reference: a plug-in's typo or missing dependency was an ImportError
+    # traceback out of `samm serve`, `samm run`'s config check and the CLI verbs
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(f"entry point {ref!r}: cannot import {module!r} ({exc})") from None
     for part in attr.split(".") if attr else ():
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"entry point {ref!r}: {module!r} has no {attr!r}") from None
     return obj
 
 
@@ -88,6 +135,10 @@ def problem_names() -> list[str]:
 def get_problem(name: str) -> ProblemSpec:
     _ensure_listed()
     if name not in _PROBLEMS:
+        from .problems import plugin_errors
+
+        if name in plugin_errors():  # installed, but it failed to load: say why, not "unknown"
+            raise ValueError(plugin_errors()[name])
         close = difflib.get_close_matches(name, list(_PROBLEMS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown problem {name!r}{hint} (known: {', '.join(sorted(_PROBLEMS))})")

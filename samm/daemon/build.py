@@ -144,7 +144,11 @@ def build_daemon(cfg: SammConfig, *, executor: Executor | None = None, store: Kn
                 # a problem's own loop (ProblemSpec.build_loop): it brings its monitor, plan and execute
                 from agents.registry import entry, get_problem
 
-                loop = entry(get_problem(lp.problem), "build_loop")(cfg, lp, store, closers)
+                try:
+                    build_loop = entry(get_problem(lp.problem), "build_loop")
+                except ValueError as exc:  # a plug-in whose loop cannot be imported: name the loop, no traceback
+                    raise ConfigurationProblem(f"loop {i} (problem {lp.problem}): {exc}") from exc
+                loop = build_loop(cfg, lp, store, closers)
                 loop.config = lp
                 loops.append(loop)
                 executors.append(getattr(loop, "executor", None))

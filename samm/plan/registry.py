@@ -38,8 +38,11 @@ class Hosted:
 
 
 def _is_autoscaler(policy) -> bool:
-    """Autoscaling agents keep their batched `act` and named-feature wire format."""
-    return hasattr(policy, "action_mode") and hasattr(policy, "feature_names")
+    """Autoscaling agents keep their batched `act` and named-feature wire format. A plug-in
+    problem's policy may name its features and action mode too: by those alone it was served on
+    the autoscaler's route (no `act`) and its missing `action_names` failed every agent listing."""
+    return (getattr(policy, "problem", "autoscaling") == "autoscaling"
+            and hasattr(policy, "action_mode") and hasattr(policy, "feature_names"))
 
 
 def spec_of(agent) -> dict:

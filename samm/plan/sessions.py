@@ -113,8 +113,11 @@ class SessionStore:
 
     @staticmethod
     def fresh(agent) -> Any:
-        """A new session's state (also a call that names no session)."""
-        return agent.initial_state(1) if hasattr(agent, "action_mode") else agent.initial_state()
+        """A new session's state (also a call that names no session). Autoscalers keep a batch of
+        one; any other problem's policy its own state (a plug-in's may name an action mode too)."""
+        from samm.plan.registry import _is_autoscaler
+
+        return agent.initial_state(1) if _is_autoscaler(agent) else agent.initial_state()
 
     def store(self, agent_name: str, session_id: str, agent, state: Any) -> None:
         self._cache.put((agent_name, session_id), (state, _policy_tag(agent)))
