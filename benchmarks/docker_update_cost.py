@@ -76,6 +76,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.updates < 10:
         ap.error("--updates must be at least 10")
+    if not 0 <= a.idle_s < float("inf"):  # time.sleep refused it only after the engine had started, as "cannot measure here"
+        ap.error(f"--idle-s must be a number of seconds >= 0, not {a.idle_s}")
     try:
         r = measure(a.updates, a.idle_s)
     except Exception as exc:  # noqa: BLE001 - no root, no docker.io: say so

@@ -8,7 +8,8 @@ For each agent and user level:
          controller from `hosting.make_controller`, --sim-seeds seeds, S control seconds after
          --sim-warmup seconds at the caps (default 2, the testbed's warm-up)
 
-and prints / writes (DIR/compare.json, DIR/compare.md) per agent and level: real mean / max total
+and prints / writes (DIR/compare.json, DIR/compare.md; an earlier pair is moved aside to
+compare.previous.json / .md) per agent and level: real mean / max total
 cores, real p99 mean, real violation rate beside the simulator's, and the gap real - sim of the
 mean cores and of the violation rate. The load average (`os.getloadavg`) is recorded before and
 after every real run and around the simulator's part, since the 2-core machine may be shared.
@@ -189,6 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse", action="store_true", help="reuse DIR/A-U/summary.json where present")
     ap.add_argument("--timeout", type=float, default=None, help="per real run (default: seconds + 120)")
     a = ap.parse_args(argv)
+    from agents.microservice_cores.topology import load_topology
+    from agents.report import writable_folder
     from samm.cli.seeds import parse_seeds
     agents = [x for x in a.agents.split(",") if x]
     try:  # before the output folder is made and the first run starts
@@ -196,15 +199,31 @@ def main(argv=None) -> int:
         seeds = parse_seeds(a.sim_seeds)
     except ValueError as exc:
         ap.error(f"--users / --sim-seeds: {exc}")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if a.seconds < 1 or a.sim_warmup < 0 or not levels or min(levels) < 1 or not agents:
+        ap.error("--seconds and every --users must be at least 1, --sim-warmup at least 0, and --agents name one")
+    # the simulator's part runs after every real run (hours): an unknown agent, modifier, policy or
+    # topology failed only there, with a traceback and no compare.json
+    try:
+        topo = load_topology(a.topology)
+        for agent in agents:
+            twin_controllers(agent, topo)
+    except (ValueError, OSError) as exc:
+        ap.error(f"--agents / --topology: {exc}")
+    try:
+        out = writable_folder(a.out)
+    except OSError as exc:
+        ap.error(f"--out: {exc}")
     prior = {}
     if a.reuse:    # keep the load, wall time and command recorded when a reused run was made
-        for f in ("compare.json", "compare.partial.json"):
+        for f in ("compare.json", "compare.partial.json", "compare.previous.json"):
             if (out / f).is_file():
                 d = json.loads((out / f).read_text())
                 for r in (d["rows"] if isinstance(d, dict) else d):
-                    prior.setdefault((r["agent"], r["users"]), r["real"])
+                    if not r["real"].get("skipped"):  # a --skip-real row recorded no real run
+                        prior.setdefault((r["agent"], r["users"]), r["real"])
+    for name, aside in (("compare.json", "compare.previous.json"), ("compare.md", "compare.previous.md")):
+        if (out / name).is_file():  # an earlier comparison's figures (a --skip-real rerun wrote over them)
+            os.replace(out / name, out / aside)
     rows = []
     for agent in agents:
         for u in levels:

@@ -43,19 +43,31 @@ def main(argv=None) -> int:
 
     from agents.microservice_cores.online import OnlineConfig, OnlineReclaimer
     from agents.microservice_cores.policy import ReclaimerPolicy
-    from samm.testbed.microservices.run import MicroservicesRunOptions, run_microservices
+    from agents.report import writable_folder
+    from samm.testbed.microservices.run import MicroservicesRunOptions, check_options, run_microservices
 
-    out = Path(a.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    # every refusal as one line before the output folder is made and the first run starts
+    try:
+        levels = [int(x) for x in a.users.split(",") if x]
+    except ValueError as exc:
+        ap.error(f"--users must be comma-separated whole numbers: {exc}")
+    if a.rounds < 1 or not levels:  # no run: an empty finetune.json read as a finished fine-tune
+        ap.error("--rounds must be at least 1 and --users name a level")
+    try:
+        for u in levels:
+            check_options(MicroservicesRunOptions(agent="reclaimer-online", users=u, seconds=a.seconds))
+        policy = ReclaimerPolicy.load(a.policy)
+        cfg = OnlineConfig(updates_per_step=a.updates_per_step, start_after=a.start_after, lr=a.lr, seed=a.seed)
+        out = writable_folder(Path(a.out).resolve())
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     logging.basicConfig(filename=str(out / "testbed.log"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    policy = ReclaimerPolicy.load(a.policy)
-    learner = OnlineReclaimer(policy, OnlineConfig(updates_per_step=a.updates_per_step, start_after=a.start_after,
-                                                   lr=a.lr, seed=a.seed), out=out)
+    learner = OnlineReclaimer(policy, cfg, out=out)
     runs = []
     t0 = time.time()
     for r in range(a.rounds):
-        for u in [int(x) for x in a.users.split(",") if x]:
+        for u in levels:
             o = MicroservicesRunOptions(agent="reclaimer-online", users=u, seconds=a.seconds,
                                         out_dir=str(out / f"round{r}-u{u}"), seed=a.seed + r, plots=False)
             res = run_microservices(o, controller=learner)

@@ -178,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--machine", default=None, help="keep only runs on these machines (comma-separated)")
     ap.add_argument("--json", default=None, help="write the figures here")
     a = ap.parse_args(argv)
+    from agents.report import writable_folder
+
     try:
         users = [int(u) for u in a.users.split(",")]
     except ValueError:
@@ -186,6 +188,11 @@ def main(argv=None) -> int:
         runs = load_runs(a.runs)
     except (OSError, ValueError) as e:
         ap.error(f"--runs {a.runs}: {e}")
+    try:  # before the work: a path that cannot take the file failed only at the end, losing it
+        if a.json:
+            writable_folder(Path(a.json).parent)
+    except OSError as e:
+        ap.error(f"--json {a.json}: {e}")
     for spec in a.summary:
         label, sep, folder = spec.partition("=")
         if not sep or not label:

@@ -85,6 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--copies", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
+    if a.copies < 1:  # the simulator refused it only at the first replay, with a traceback
+        ap.error(f"--copies must be at least 1, not {a.copies}")
     try:  # a bad --topology as one line (pydantic names the field)
         overrides = json.loads(a.topology)
         topo = Topology(**{**load_topology("testbed").model_dump(), **overrides})

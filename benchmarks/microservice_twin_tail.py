@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from agents.microservice_cores.episode import run_episodes  # noqa: E402
 from agents.microservice_cores.topology import Topology, load_topology  # noqa: E402
+from agents.policy import one_line  # noqa: E402
+from agents.report import writable_folder  # noqa: E402
 from microservice_testbed_compare import twin_controllers  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data" / "microservice_testbed_p99.csv"
@@ -92,10 +94,20 @@ def main(argv=None) -> int:
             twin_controllers(method, Topology(**base))
         except (ValueError, OSError) as exc:
             ap.error(f"--fit/--check {method}: {exc}")
+    try:  # before the work: a path that cannot take the file failed only at the end, losing it
+        if a.out:
+            writable_folder(Path(a.out).parent)
+    except OSError as exc:
+        ap.error(f"--out {a.out}: {exc}")
     seeds = list(range(a.seeds))
     candidates = [("before (draws)", BEFORE)] + [
         (f"chain {c:g}", {"percentiles_over": "requests", "throttle_chain": c, "jitter_p": a.jitter_p,
                           "jitter_ms": a.jitter_ms}) for c in chains]
+    for label, over in candidates:  # a bad --chains/--jitter-* value failed after the first twin's runs
+        try:
+            Topology(**{**base, **over})
+        except ValueError as exc:
+            ap.error(f"--chains/--jitter-p/--jitter-ms ({label}): {one_line(exc)}")
     rows = []
     print("| twin | method | users | mean cores | p99 q90 / q99 / q99.5 (ms) | violating | real q90 / q99 / q99.5 | real violating |")
     print("|---|---|---:|---:|---|---:|---|---:|")

@@ -51,7 +51,17 @@ def main() -> None:
     args = ap.parse_args()
     if not (args.rate > 0 and args.seconds > 0 and args.rate * args.seconds >= 1):  # no request to time
         ap.error("--rate and --seconds must be > 0 and make at least one request")
+    if args.eligible < 0:  # range() of a negative count timed empty requests, as --eligible 0
+        ap.error(f"--eligible must be at least 0, not {args.eligible}")
+    from agents.deferrable_jobs.features import SummaryHistory
+    from agents.deferrable_jobs.service import ScheduleRequest, schedule
+    from agents.registry import make_policy
+
     name = args.agent.partition("=")[0]
+    try:  # the reason, before the service starts: `samm serve` dies with it on its (discarded) stderr
+        policy = make_policy(name, args.agent.partition("=")[2] or None)
+    except (ValueError, OSError) as exc:
+        ap.error(f"--agent {args.agent}: {exc}")
     reqs = bodies(args.eligible, 200)
     proc, url, port = start_samm_serve(["--agent", args.agent])
     try:
@@ -76,11 +86,6 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=10)
 
-    from agents.deferrable_jobs.features import SummaryHistory
-    from agents.deferrable_jobs.service import ScheduleRequest, schedule
-    from agents.registry import make_policy
-
-    policy = make_policy(name, args.agent.partition("=")[2] or None)
     hist = SummaryHistory()
     parsed = [ScheduleRequest(**b) for b in reqs]
     inproc = []

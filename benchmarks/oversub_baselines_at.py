@@ -37,11 +37,19 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
+    from agents.report import writable_folder
+
     if not 0.0 < args.tune_alpha < 1.0:
         print(f"error: --tune-alpha must lie in (0, 1), not {args.tune_alpha}", file=sys.stderr)
         return 2
     if args.test_episodes < 1 or args.tune_episodes < 1:  # else every rule reads as safe on no episode
         print("error: --test-episodes and --tune-episodes must be at least 1", file=sys.stderr)
+        return 2
+    try:  # before the work: a path that cannot take the file failed only at the end, losing it
+        if args.json:
+            writable_folder(Path(args.json).parent)
+    except OSError as e:
+        print(f"error: --json {args.json}: {e}", file=sys.stderr)
         return 2
     case = cases[args.case]
     setting = get_setting(case.setting)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from agents.oversubscription.experiment import test_specs
 from agents.oversubscription.metrics import broken_pms, satisfied, summarise
 from agents.oversubscription.settings import RATES, get_setting
 from agents.oversubscription.tuning import evaluate_rule, training_context, tuning_sims, tune
+from agents.report import writable_folder
 
 STATS = {"max": lambda u: u.max(axis=1),
          "p90": lambda u: np.nanpercentile(np.where(u > 0, u, np.nan), 90, axis=1),
@@ -101,9 +103,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.episodes < 1:  # a rate over no episode
         ap.error("--episodes must be at least 1")
+    # each refused here, not after the N-sigma tuning (minutes): an alpha no PM-Hot-R meets, a scan of
+    # nothing, a variant that failed to unpack or whose unknown AGG silently ran as "mean"
+    if not 0.0 < args.alpha < 1.0:
+        ap.error(f"--alpha must lie in (0, 1), not {args.alpha}")
+    if not args.h or not all(0.0 < h < float("inf") for h in args.h):
+        ap.error("--h must name one or more multiples > 0")
+    bad = [":".join(v) for v in args.variants if len(v) != 2 or v[0] not in ("max", "mean") or v[1] not in STATS]
+    if bad or not args.variants:
+        ap.error(f"--variants must be AGG:STAT pairs, AGG among max, mean and STAT among {', '.join(STATS)}"
+                 f"{f', not {bad[0]!r}' if bad else ''}")
     try:
         setting = get_setting(args.setting)
-    except ValueError as exc:
+        if args.json:  # before the work: a path that cannot take the file failed only at the end, losing it
+            writable_folder(Path(args.json).parent)
+    except (ValueError, OSError) as exc:
         ap.error(str(exc))
     trace = generate_trace(setting, args.trace_seed)
     tests = [trace.test_workload(i, s) for i, s in test_specs(trace, args.episodes, False)]

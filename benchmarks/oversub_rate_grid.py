@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     p.add_argument("--trace-seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
+    from agents.report import writable_folder
+
     grids = [g.strip() for g in args.grids.split(",") if g.strip()]
     unknown = [g for g in grids if g not in RATE_GRIDS]
     if unknown or not 0.0 < args.alpha < 1.0:
@@ -53,6 +55,12 @@ def main(argv=None) -> int:
         params = None if args.params is None else dict(json.loads(args.params))
     except (ValueError, TypeError) as e:
         print(f"error: --params must be a JSON object: {e}", file=sys.stderr)
+        return 2
+    try:  # before the work: a path that cannot take the file failed only at the end, losing it
+        if args.json:
+            writable_folder(Path(args.json).parent)
+    except OSError as e:
+        print(f"error: --json {args.json}: {e}", file=sys.stderr)
         return 2
     case = cases[args.case]
     setting = get_setting(case.setting)

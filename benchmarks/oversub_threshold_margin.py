@@ -29,6 +29,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.episodes < 1:
         ap.error("--episodes must be at least 1")
+    try:  # every setting before the first one's episodes: `azure nope` failed after azure's
+        settings = [get_setting(name) for name in args.settings]
+    except ValueError as exc:
+        ap.error(str(exc))
     seen: list[np.ndarray] = []
     real_hot = oversub_sim.hot
 
@@ -37,11 +41,7 @@ def main(argv=None) -> int:
         return real_hot(per_pm, pm_cores, beta)
 
     oversub_sim.hot = recording_hot
-    for name in args.settings:
-        try:
-            setting = get_setting(name)
-        except ValueError as exc:
-            ap.error(str(exc))
+    for name, setting in zip(args.settings, settings):
         trace = generate_trace(setting, args.trace_seed)
         tests = [trace.test_workload(i, s) for i, s in test_specs(trace, args.episodes, False)]
         seen.clear()

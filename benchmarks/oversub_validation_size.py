@@ -55,13 +55,6 @@ def _spearman(a, b) -> float:
 
 
 def main(argv=None) -> int:
-    from agents.oversubscription.data import generate_trace
-    from agents.oversubscription.experiment import held_apart_episodes, test_specs
-    from agents.oversubscription.metrics import satisfied
-    from agents.oversubscription.policy import OversubPolicy
-    from agents.oversubscription.settings import get_setting
-    from agents.oversubscription.train import choose_checkpoint, saved_checkpoints, validation_episodes
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", nargs="+", required=True, help="training --out folders with a checkpoints/ folder")
     p.add_argument("--cache", required=True, help="folder for each checkpoint's per-episode outcomes")
@@ -71,14 +64,32 @@ def main(argv=None) -> int:
     p.add_argument("--report", action="store_true", help="only read the cache; measure nothing")
     p.add_argument("--threads", type=int, default=1, help="torch threads (one per process: run two side by side)")
     args = p.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(max(1, args.threads))
-    sizes = [int(k) for k in args.sizes.split(",")]
+    # each refused before a checkpoint is measured (minutes each): `--sizes x` and an unmakeable
+    # --cache raised, --test-episodes 0 failed on the empty test set after measuring
+    try:
+        sizes = [int(k) for k in args.sizes.split(",")]
+    except ValueError:
+        p.error(f"--sizes must be comma-separated whole numbers, got {args.sizes!r}")
     if max(sizes) > args.validation_episodes or min(sizes) < 1:
         p.error("--sizes must lie in 1..--validation-episodes")
-    cache = Path(args.cache)
-    cache.mkdir(parents=True, exist_ok=True)
+    if args.test_episodes < 1:
+        p.error("--test-episodes must be at least 1")
+    from agents.report import writable_folder
+
+    try:
+        # --report only reads: a cache it cannot write to is still one to report on
+        cache = Path(args.cache) if args.report and Path(args.cache).is_dir() else writable_folder(args.cache)
+    except OSError as exc:
+        p.error(f"--cache: {exc}")
+    import torch
+
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import held_apart_episodes, test_specs
+    from agents.oversubscription.metrics import satisfied
+    from agents.oversubscription.policy import OversubPolicy
+    from agents.oversubscription.train import choose_checkpoint, saved_checkpoints, validation_episodes
+
+    torch.set_num_threads(max(1, args.threads))
 
     traces: dict = {}
     summary = []

@@ -54,6 +54,8 @@ def main(argv=None) -> int:
         policy = make_policy("reclaimer", args.policy, app=args.app)
         seeds = parse_seeds(args.seeds)
         scales = [float(x) for x in args.scales.split(",")]
+        if args.seconds < 1:  # run_episodes raised it with a traceback
+            raise ValueError(f"--seconds must be at least 1, not {args.seconds}")
     except (ValueError, OSError) as exc:
         p.error(str(exc))
     users = levels(topo, FULL.level_fractions)

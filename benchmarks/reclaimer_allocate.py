@@ -49,7 +49,10 @@ def main(argv=None) -> int:
     from agents.microservice_cores.policy import ReclaimerPolicy
     from agents.microservice_cores.sim import MicroserviceSim
 
-    pol = ReclaimerPolicy.load(args.policy)
+    try:
+        pol = ReclaimerPolicy.load(args.policy)
+    except (ValueError, OSError) as exc:
+        ap.error(f"--policy: {exc}")
     topo = pol.topo
     sim = MicroserviceSim(topo, n_envs=1, seed=0)
     sim.reset(np.mean(topo.users))

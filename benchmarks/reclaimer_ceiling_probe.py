@@ -30,6 +30,7 @@ from agents.microservice_cores.episode import run_episodes  # noqa: E402
 from agents.microservice_cores.experiment import FULL, levels  # noqa: E402
 from agents.microservice_cores.hosting import make_policy  # noqa: E402
 from agents.microservice_cores.validation import evaluate  # noqa: E402
+from agents.report import writable_folder  # noqa: E402
 from samm.cli.seeds import parse_seeds  # noqa: E402
 
 #: the per-service descent's step and floor: the grid of ceiling.py
@@ -100,6 +101,8 @@ def main(argv=None) -> int:
     try:
         seeds = parse_seeds(args.seeds)
         policy = make_policy("reclaimer", args.policy, app=args.app)
+        if args.out:  # before the work: a path that cannot take the file failed only at the end, losing it
+            writable_folder(Path(args.out).parent)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

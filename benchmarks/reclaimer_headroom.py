@@ -52,6 +52,9 @@ def main(argv=None) -> int:
         seeds = parse_seeds(a.seeds)
         windows = [int(x) for x in a.windows.split(",")]
         headrooms = [float(x) for x in a.headrooms.split(",")]
+        # a window of 0 averaged nothing (NaN cores), a negative one raised, after the oracle's searches
+        if min(windows) < 1 or not all(0 < h < float("inf") for h in headrooms):
+            raise ValueError("every --windows must be at least 1 and every --headrooms > 0")
     except (ValueError, OSError) as exc:
         ap.error(str(exc))
     users = levels(topo, FULL.level_fractions)

@@ -36,6 +36,7 @@ from agents.microservice_cores.experiment import FULL, levels  # noqa: E402
 from agents.microservice_cores.observation import PERCENTILES  # noqa: E402
 from agents.microservice_cores.static_search import StaticSearchParams, search_static  # noqa: E402
 from agents.microservice_cores.topology import load_topology  # noqa: E402
+from agents.report import writable_folder  # noqa: E402
 from samm.cli.seeds import parse_seeds  # noqa: E402
 
 #: where in the app's user range the allocations are searched: none of them the experiment's levels
@@ -85,6 +86,8 @@ def main(argv=None) -> int:
         topo = load_topology(args.app)
         groups = [parse_seeds(g) for g in args.seeds.split(",")]
         scales = [float(x) for x in args.scales.split(",")]
+        if args.out:  # before the work: a path that cannot take the file failed only at the end, losing it
+            writable_folder(Path(args.out).parent)
     except (ValueError, OSError) as exc:
         p.error(str(exc))
     lo, hi = topo.users

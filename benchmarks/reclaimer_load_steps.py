@@ -33,6 +33,7 @@ from agents.microservice_cores.autoscale import AutoScale  # noqa: E402
 from agents.microservice_cores.episode import run_episodes  # noqa: E402
 from agents.microservice_cores.experiment import FULL, levels  # noqa: E402
 from agents.microservice_cores.policy import ReclaimerPolicy, shipped_policy  # noqa: E402
+from agents.report import writable_folder  # noqa: E402
 from samm.cli.seeds import parse_seeds  # noqa: E402
 
 #: seconds after the jump counted apart (the controller's reaction)
@@ -136,6 +137,8 @@ def main(argv=None) -> int:
             raise ValueError(f"every --policy must be for {a.app!r}")
         if not 0 <= a.at < 300 or not 0 <= a.ramp <= 300 - a.at:
             raise ValueError("--at and --at + --ramp must lie in the 300 control seconds")
+        if a.json:  # before the work: a path that cannot take the file failed only at the end, losing it
+            writable_folder(Path(a.json).parent)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

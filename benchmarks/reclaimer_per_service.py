@@ -34,8 +34,11 @@ def main(argv=None) -> int:
         pol = ReclaimerPolicy.load(a.policy or SHIPPED_DIR / f"reclaimer-{a.app}")
     except (ValueError, OSError) as exc:
         ap.error(str(exc))
-    env = MicroserviceCoresEnv(a.app, id_width=pol.cfg.id_width, action_space=pol.cfg.action_space,
-                               headroom_ceiling=None if a.no_ceiling else pol.ceiling)
+    try:  # the env applies only a memoryless ceiling: the shipped policies' windowed ones raised here
+        env = MicroserviceCoresEnv(a.app, id_width=pol.cfg.id_width, action_space=pol.cfg.action_space,
+                                   headroom_ceiling=None if a.no_ceiling else pol.ceiling)
+    except ValueError as exc:
+        ap.error(f"{exc} (--no-ceiling steps the policy's weights alone)")
     obs, _ = env.reset(seed=a.seed, options={"users": a.users})
     means, sigmas, cores, used, violations = [], [], [], [], 0
     for _ in range(300):

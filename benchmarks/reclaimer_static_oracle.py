@@ -34,6 +34,8 @@ def main(argv=None) -> int:
         topo = load_topology(a.app)
         lo, hi = topo.users
         users = [float(x) for x in a.users.split(",")] if a.users else [lo, (lo + hi) / 2, hi]
+        if not all(0 <= u < float("inf") for u in users):  # the search raised it, after the levels before
+            raise ValueError(f"--users must be user counts >= 0, not {a.users}")
         params = StaticSearchParams(max_violation=a.max_violation, seeds=tuple(parse_seeds(a.search_seeds)))
     except (ValueError, OSError) as exc:
         ap.error(str(exc))

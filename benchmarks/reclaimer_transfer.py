@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 
 def main() -> None:
@@ -30,12 +31,18 @@ def main() -> None:
     from agents.microservice_cores.topology import load_topology
     from samm.cli.seeds import parse_seeds
     from agents.microservice_cores.validation import evaluate
+    from agents.report import writable_folder
 
     try:  # a bad option as one line, before the first policy's episodes
         topo = load_topology(args.app)
         seeds = parse_seeds(args.seeds)
         specs = [spec.partition("=")[::2] for spec in args.policy]  # (name, path)
+        bad = [spec for spec, (name, path) in zip(args.policy, specs) if not name or not path]
+        if bad:  # `--policy DIR` loaded "" (the working folder) under the name DIR
+            raise ValueError(f"--policy takes NAME=POLICY_DIR, not {bad[0]!r}")
         loaded = [(name, path, ReclaimerPolicy.load(path)) for name, path in specs]
+        if args.out:  # before the work: a path that cannot take the file failed only at the end, losing it
+            writable_folder(Path(args.out).parent)
     except (ValueError, OSError) as exc:
         ap.error(str(exc))
     started = time.time()

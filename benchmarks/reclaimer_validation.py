@@ -54,12 +54,16 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the shipped recipes' 2)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    from agents.microservice_cores.policy import shipped_policy
     from agents.microservice_cores.topology import load_topology
 
+    if args.threads < 1:  # torch refused it with a traceback
+        ap.error(f"--threads must be at least 1, not {args.threads}")
     try:  # a bad option as one line, before any measurement
         seeds = tuple(parse_seeds(args.seeds))
         for app in args.apps.split(","):
             load_topology(app)
+            shipped_policy(app)  # an app without one (chain3) raised after the apps before it
     except (ValueError, OSError) as exc:
         ap.error(str(exc))
     rows = [measure(app, seeds, args.threads) for app in args.apps.split(",")]

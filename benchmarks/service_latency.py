@@ -108,20 +108,25 @@ def main() -> None:
     if min(sessions) < 1:
         ap.error("--sessions must be at least 1")
 
-    import httpx
-
     from agents.factory import make_agent
     from sim_bridge.config import SimConfig
 
     rng = np.random.default_rng(0)
     name = args.agent.partition("=")[0]
     extra = [x for p in args.agent_param for x in ("--agent-param", p)]
-    proc, url, port = start_samm_serve(["--agent", args.agent, *extra])
+    try:
+        proc, url, port = start_samm_serve(["--agent", args.agent, *extra])
+    except RuntimeError as exc:  # a bad --agent or --agent-param: the service refused to start
+        ap.error(f"{exc} (`samm serve --agent {args.agent}{' ' + ' '.join(extra) if extra else ''}` says why)")
     try:
         # the load generator: stdlib http.client on one keep-alive connection (httpx itself
         # adds ~1 ms per request, which would be measured as service latency)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         headers = {"content-type": "application/json"}
+
+        def get_json(path: str):  # on the same connection: httpx is only a test dependency (the dev extra)
+            conn.request("GET", path)
+            return json.loads(conn.getresponse().read())
 
         def decide(session: str, row) -> int:
             body = json.dumps({"session_id": session, "observation": dict(zip(names, row.tolist()))}
@@ -138,7 +143,7 @@ def main() -> None:
             lo, hi = np.asarray(space.low, float), np.minimum(np.asarray(space.high, float), np.asarray(space.low) + 10)
             obs = (lo + rng.random((n, len(names))) * (hi - lo)).round(4)
         else:
-            obs = sampled_bodies(httpx.get(f"{url}/v1/agents/{name}", timeout=5).json(), min(n, 500))
+            obs = sampled_bodies(get_json(f"/v1/agents/{name}"), min(n, 500))
             obs = [obs[i % len(obs)] for i in range(n)]
         for i in range(min(200, n)):  # warm-up
             decide("warm", obs[i])
@@ -154,7 +159,7 @@ def main() -> None:
                            "max_ms": round(max(lat) * 1000, 3),
                            "slowest_at_s": sorted(round(i / args.rate, 1) for i in np.argsort(lat)[-5:]),
                            "machine_pauses": pauses}
-        live = httpx.get(f"{url}/healthz", timeout=5).json().get("sessions")
+        live = get_json("/healthz").get("sessions")
         conn.close()
     finally:
         proc.terminate()

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agents.microservice_cores.sinan import SHIPPED_DIR, load_sinan  # noqa: E402
 from agents.microservice_cores.sinan_live import fit_live, load_samples  # noqa: E402
 from agents.microservice_cores.topology import load_topology  # noqa: E402
+from agents.report import writable_folder  # noqa: E402
 
 
 def scores(model, data) -> dict:
@@ -45,7 +46,19 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     if len(a.samples) < 2:
         ap.error("give two or more --samples runs: each is held out in turn")
-    topo = load_topology(a.topology)
+    # every refusal as one line before the first fit: a bad weight or run failed part-way through
+    # the table, a bad --out only after all of it
+    try:
+        weights = [int(x) for x in a.weights.split(",") if x.strip().lstrip("-").isdigit()]
+        if a.twin_seconds < 1 or len(weights) != len(a.weights.split(",")) or min(weights) < 1:
+            raise ValueError("--twin-seconds and every --weights must be whole numbers of at least 1")
+        topo = load_topology(a.topology)
+        for held in a.samples:
+            load_samples([held], topo)
+        if a.out:
+            writable_folder(Path(a.out).parent)
+    except (ValueError, OSError) as exc:
+        ap.error(str(exc))
     shipped = load_sinan(SHIPPED_DIR, topo.name)
     rows = []
     for i, held in enumerate(a.samples):
@@ -53,7 +66,7 @@ def main(argv=None) -> dict:
         test = load_samples([held], topo)
         models = {"shipped (simulator only)": shipped,
                   "live only": fit_live(topo, rest, seed=a.seed)}
-        for w in (int(x) for x in a.weights.split(",")):
+        for w in weights:
             models[f"live x{w} + simulator"] = fit_live(topo, rest, seed=a.seed, twin_seconds=a.twin_seconds,
                                                        live_weight=w)
         for name, m in models.items():
