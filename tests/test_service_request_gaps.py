@@ -308,3 +308,53 @@ def test_a_crowd_of_plans_leaves_healthz_a_thread():
     assert statuses == [200] * 46
     # before, /healthz waited for a thread until some of the 40 plans sharing the CPU were through (~11 plans' time)
     assert healthz < 3 * one_plan, (healthz, one_plan)   # now: a few hundredths of a second
+
+
+def test_samm_serve_bounds_headers_with_its_options():
+    """The CLI's server is the bounded one: an idle connection gets its 408 after
+    --header-timeout, a head over --max-header-kb a 431, and ordinary requests are answered."""
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--agent", "threshold", "--port", str(port),
+                             "--header-timeout", "1", "--max-header-kb", "8"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("samm serve did not come up: " + proc.stderr.read().decode()[-2000:])
+            time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as idle:
+            started = time.monotonic()
+            status, body = answer_of(read_all(idle))
+            assert status == 408 and "not complete within 1 s" in body["detail"], body
+            assert time.monotonic() - started < 5
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as big:
+            big.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"a" * 12_000 + b"\r\n")
+            status, body = answer_of(read_all(big))
+            assert status == 431 and "8,192 bytes" in body["detail"], body
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_samm_serve_refuses_bad_header_and_body_limits():
+    from click.testing import CliRunner
+
+    from samm.cli.main import cli
+
+    for args, name in ((["--header-timeout", "0"], "--header-timeout"), (["--header-timeout", "nan"], "--header-timeout"),
+                       (["--max-header-kb", "0"], "--max-header-kb"), (["--body-timeout", "-1"], "--body-timeout"),
+                       (["--body-timeout", "nan"], "--body-timeout")):
+        res = CliRunner().invoke(cli, ["serve", "--port", "8", *args])  # a refusal before binding: never serves
+        assert res.exit_code == 2 and name in res.output, (args, res.output)

@@ -13,12 +13,12 @@ import pytest
 from samm.daemon import sdnotify
 
 UNIT_DIR = Path(__file__).resolve().parents[1] / "deploy" / "systemd"
-UNITS = ("samm.service", "samm-serve.service")
+UNITS = ("samm.service", "samm-serve.service", "samm-collect.service")
 PROD_BINARY = "/opt/samm/venv/bin/samm"
-# Measured with systemd 252: samm.service 1.3, samm-serve.service 0.9 (lower is safer; 10 = fully
-# exposed). --threshold takes the score x 10 as an integer and fails above it, so these thresholds
+# Measured with systemd 252: samm.service 1.3, samm-serve.service 0.9, samm-collect.service 1.1
+# (lower is safer; 10 = fully exposed). --threshold takes the score x 10 as an integer and fails above it, so these thresholds
 # equal the measured scores: any loosened setting fails the test.
-EXPOSURE_THRESHOLD = {"samm.service": 13, "samm-serve.service": 9}
+EXPOSURE_THRESHOLD = {"samm.service": 13, "samm-serve.service": 9, "samm-collect.service": 11}
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                                    reason="systemd-analyze is not installed (apt-get install systemd)")
@@ -95,6 +95,11 @@ def test_unit_contract():
     serve = settings("samm-serve.service")
     assert serve["ExecStart"][0].startswith(f"{PROD_BINARY} serve ") and "SAMM_SERVICE__TOKEN" in serve["ExecStart"][0]
     assert serve["StateDirectory"] == ["samm-serve"] and "--store /var/lib/samm-serve/" in serve["ExecStart"][0]
+    collect = settings("samm-collect.service")
+    assert collect["ExecStart"] == [f"{PROD_BINARY} collect --graphite ${{SAMM_GRAPHITE}} --prefix ${{SAMM_PREFIX}} "
+                                    "--group ${SAMM_GROUP} --instance ${SAMM_INSTANCE} $SAMM_COLLECT_ARGS"]
+    assert collect["EnvironmentFile"] == ["-/etc/samm/collect.env"] and collect["RestartPreventExitStatus"] == ["2"]
+    assert collect["Type"] == ["exec"] and collect["DynamicUser"] == ["yes"]
 
 
 # -- sd_notify -------------------------------------------------------------------------------------
@@ -254,3 +259,80 @@ def test_unit_under_real_systemd(tmp_path):
     # (getcwd() shows where DynamicUser keeps it: /var/lib/samm links to /var/lib/private/samm)
     assert markers[0] in (f"started uid={uid} cwd=/var/lib/samm", f"started uid={uid} cwd=/var/lib/private/samm"), report
     assert markers.count("stopped cleanly") == 1 and len([m for m in markers if m.startswith("started")]) >= 2, report
+
+
+# -- the collector's unit under real systemd, with the real collector and a real Graphite ---------
+
+COLLECT_RUNNER = r'''#!/bin/sh
+out=/out/result.txt
+show() { systemctl show samm-collect.service -p ActiveState -p Result -p NRestarts -p ExecMainStatus | sed "s/^/$1./" >> $out; }
+systemctl start samm-collect.service; echo "start_rc=$?" >> $out
+sleep 5
+show up
+systemctl stop samm-collect.service; echo "stop_rc=$?" >> $out
+show stopped
+# no group in the environment file: refused by name (exit 2) and not restarted
+sed -i '/^SAMM_GROUP=/d' /etc/samm/collect.env
+systemctl reset-failed samm-collect.service
+systemctl start samm-collect.service
+sleep 8
+show nogroup
+journalctl -u samm-collect.service -o cat --no-pager | sed 's/^/log=/' >> $out
+echo done >> $out
+'''
+
+
+@pytest.mark.slow
+def test_collect_unit_under_real_systemd(tmp_path, graphite, graphite_prefix):
+    """Boots systemd in a volatile systemd-nspawn container and runs the shipped collector unit
+    with the real `samm collect` of this checkout: its points reach a real carbon on the host's
+    loopback, `systemctl stop` ends it cleanly, and an environment file without a group fails
+    once with exit 2 instead of restarting forever. Test-only drop-in: the unit runs as root
+    with /root visible, because this machine's Python lives under /root (the shipped unit hides
+    /root and runs as a dynamic user; its settings are checked by the tests above)."""
+    import sys
+    import time
+
+    from fixtures_graphite import wait_for_points
+
+    nspawn = shutil.which("systemd-nspawn")
+    if os.geteuid() != 0 or nspawn is None or not Path("/lib/systemd/systemd").exists():
+        pytest.skip("needs root, systemd and systemd-nspawn (apt-get install systemd-container)")
+    repo = Path(__file__).resolve().parents[1]
+    samm_bin = Path(sys.prefix) / "bin" / "samm"
+    if not samm_bin.exists():
+        pytest.skip(f"{samm_bin} is not installed (pip install -e .)")
+    opt, units, out, etc = tmp_path / "opt", tmp_path / "units", tmp_path / "out", tmp_path / "etc"
+    for d in (opt, units / "samm-collect.service.d", out, etc):
+        d.mkdir(parents=True)
+    (opt / "runner.sh").write_text(COLLECT_RUNNER)
+    (etc / "collect.env").write_text(f"SAMM_GRAPHITE={graphite.carbon_host}:{graphite.carbon_port}\n"
+                                     f"SAMM_PREFIX={graphite_prefix}\nSAMM_GROUP=web\nSAMM_INSTANCE=i-0abc\n"
+                                     "SAMM_COLLECT_ARGS=--interval 1 --cores 2\n")
+    unit = (UNIT_DIR / "samm-collect.service").read_text().replace(PROD_BINARY, str(samm_bin))
+    (units / "samm-collect.service").write_text(unit)
+    (units / "samm-collect.service.d" / "test.conf").write_text(
+        "[Service]\nDynamicUser=no\nPrivateUsers=no\nProtectHome=no\n")
+    (units / "runner.service").write_text(RUNNER_UNIT)
+    binds = {str(repo)} | {os.path.realpath(sys.base_prefix)} - {"/usr"}
+    cmd = [nspawn, "-q", "-D", "/", "--volatile=yes", "--register=no", "--keep-unit",
+           f"--bind-ro={opt}:/opt/samm-test", f"--bind={out}:/out", f"--bind={etc}:/etc/samm",
+           *[f"--bind-ro={b}" for b in sorted(binds) if not b.startswith("/usr/")],
+           f"--bind-ro={units / 'samm-collect.service'}:/etc/systemd/system/samm-collect.service",
+           f"--bind-ro={units / 'samm-collect.service.d'}:/etc/systemd/system/samm-collect.service.d",
+           f"--bind-ro={units / 'runner.service'}:/etc/systemd/system/runner.service",
+           "-b", "systemd.firstboot=off", "systemd.unit=runner.service"]
+    t0 = int(time.time())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    result_file = out / "result.txt"
+    report = result_file.read_text() if result_file.exists() else ""
+    assert "done" in report.splitlines(), f"nspawn rc={proc.returncode}\n{report}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+    r = dict(line.split("=", 1) for line in report.splitlines() if "=" in line and not line.startswith("log="))
+    assert r["start_rc"] == "0" and r["up.ActiveState"] == "active" and r["up.NRestarts"] == "0", report
+    assert r["stop_rc"] == "0" and r["stopped.Result"] == "success" and r["stopped.ExecMainStatus"] == "0", report
+    assert "report(s) for web/i-0abc" in report, report
+    assert r["nogroup.ActiveState"] == "failed" and r["nogroup.ExecMainStatus"] == "2", report
+    assert r["nogroup.NRestarts"] == "0" and "--group: group '' is not" in report, report
+    series = wait_for_points(graphite.render_url, f"{graphite_prefix}.groups.web.instances.i-0abc.*", t0 - 1,
+                             int(time.time()) + 60, expect_series=3, expect_points=2, timeout_s=30)
+    assert {s.target.rsplit(".", 1)[1] for s in series} == {"cpu_percent", "ram_used_gb", "up"}

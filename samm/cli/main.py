@@ -1356,7 +1356,15 @@ def policy_promote(candidate, incumbent, workload, window, time_compression, mip
               help="NAME:KEY=VALUE, a hosting parameter of one agent, e.g. lra-reinforce:nodes=81; repeatable.")
 @click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True, max=4096), default=64.0, show_default=True,
               help="Largest request body accepted (policy uploads included); a larger one is a 413.")
-def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent_params, max_body_mb) -> None:
+@click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True, max=86400), default=120.0, show_default=True,
+              help="Seconds after its headers within which a request body must be whole (a trickled body: 408).")
+@click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True, max=3600), default=10.0, show_default=True,
+              help="Seconds within which a request's headers must be whole, from the connection or the request's "
+                   "first byte (an idle or trickling client, slowloris: 408 and the connection closed).")
+@click.option("--max-header-kb", type=click.IntRange(min=1, max=1024), default=64, show_default=True,
+              help="Largest request head (request line and headers) accepted; a larger one is a 431.")
+def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent_params, max_body_mb, body_timeout,
+          header_timeout, max_header_kb) -> None:
     """Run the Policy Evaluation Service (FastAPI on uvicorn; OpenAPI at /openapi.json)."""
     import os
 
@@ -1377,6 +1385,10 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
         _fail(f"--session-ttl must be a positive number of seconds, got {session_ttl}")
     if not 0 < max_body_mb <= 4096:  # as --session-ttl: NaN passes the FloatRange
         _fail(f"--max-body-mb must be a number of megabytes in (0, 4096], got {max_body_mb}")
+    if not 0 < body_timeout <= 86400:
+        _fail(f"--body-timeout must be a number of seconds in (0, 86400], got {body_timeout}")
+    if not 0 < header_timeout <= 3600:
+        _fail(f"--header-timeout must be a number of seconds in (0, 3600], got {header_timeout}")
     for spec in agents:  # `--agent lstm-ppo=$POLICY` with $POLICY unset served the shipped policy
         name, sep, policy_dir = spec.partition("=")
         if not name or (sep and not policy_dir):
@@ -1409,15 +1421,23 @@ def serve(host, port, agents, token_env, session_ttl, max_sessions, store, agent
 
     torch.set_num_threads(1)  # one decision at a time is tiny: extra threads only contend
     click.echo(f"serving {registry.names()} on http://{host}:{port} (uploads {'enabled' if token else 'disabled'})", err=True)
-    app = create_app(registry, token=token, session_ttl_s=session_ttl, max_sessions=max_sessions,
-                     max_body_bytes=int(max_body_mb * 2**20))
+    try:
+        app = create_app(registry, token=token, session_ttl_s=session_ttl, max_sessions=max_sessions,
+                         max_body_bytes=int(max_body_mb * 2**20), body_timeout_s=body_timeout)
+    except ValueError as exc:  # a hosted plug-in problem whose routes cannot be imported
+        _fail(f"cannot build the service: {exc}", code=1)
     import gc
 
     # everything loaded so far (torch, the policies) lives as long as the process: keep it out of
     # the collector's full passes, which otherwise stall a decision for tens of milliseconds
     gc.collect()
     gc.freeze()
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    from samm.plan.service import server_config
+
+    # uvicorn alone bounds neither how long nor how much a client may send as headers (an idle
+    # connection was held for good, 200 MB of headers read into memory): 408 / 431 past the limits
+    uvicorn.Server(server_config(app, host, port, header_timeout_s=header_timeout, max_header_bytes=max_header_kb * 2**10,
+                                 log_level="warning", access_log=False)).run()
 
 
 def _check_listen(host: str, port: int) -> None:
@@ -1446,9 +1466,13 @@ def _check_listen(host: str, port: int) -> None:
 @click.option("--interval", type=float, default=10.0, show_default=True, help="Seconds between reports.")
 @click.option("--cores", type=float, default=None, help="Express CPU as a share of this many cores (default: all online CPUs).")
 @click.option("--pid", type=int, default=None, help="Measure this process and its children instead of the whole host.")
+@click.option("--cgroup", "use_cgroup", is_flag=True,
+              help="Measure a cgroup instead of /proc: the collector's own (inside a container: the container's), "
+                   "or the one holding --pid. CPU is the group's, RAM its memory in use as `docker stats` counts it, "
+                   "and the cores its CPU quota unless --cores.")
 @click.option("--once", is_flag=True, help="Send one report (after a 1 s measurement) and exit.")
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds (default: run until killed).")
-def collect(graphite_addr, prefix, group, instance, interval, cores, pid, once, duration) -> None:
+def collect(graphite_addr, prefix, group, instance, interval, cores, pid, use_cgroup, once, duration) -> None:
     """Report this instance's CPU busy share, RAM in use and heartbeat to Graphite every
     --interval seconds (a dead Graphite is logged, never fatal). SIGTERM finishes the report
     under way and exits 0."""
@@ -1459,8 +1483,8 @@ def collect(graphite_addr, prefix, group, instance, interval, cores, pid, once, 
 
     import psutil
 
-    from samm.monitor.collector import (HostSampler, InstanceReporter, check_group, check_prefix, parse_host_port,
-                                        run_collector)
+    from samm.monitor.collector import (CgroupSampler, HostSampler, InstanceReporter, check_group, check_prefix,
+                                        parse_host_port, run_collector)
     from samm.monitor.graphite_client import GraphiteSender
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -1477,13 +1501,14 @@ def collect(graphite_addr, prefix, group, instance, interval, cores, pid, once, 
     except ValueError as exc:
         _fail(f"--group: {exc}")
     try:
-        sampler = HostSampler(cores=cores, pid=pid)
+        sampler = (CgroupSampler if use_cgroup else HostSampler)(cores=cores, pid=pid)
     except ValueError as exc:  # "cores must be ..." (ours) or "pid must be ..." (psutil's): name the option
         _fail(f"{'--pid' if str(exc).startswith('pid') else '--cores'}: {exc}")
     except psutil.NoSuchProcess:
         _fail(f"--pid {pid}: no such process")
-    except (OSError, psutil.Error) as exc:  # /proc not mounted, or the process not ours to read
-        _fail(f"cannot read the CPU and RAM of {f'--pid {pid}' if pid is not None else 'this host'}: {exc}")
+    except (OSError, psutil.Error) as exc:  # /proc or the cgroup file system not mounted, or not ours to read
+        what = f"--pid {pid}" if pid is not None else ("this process" if use_cgroup else "this host")
+        _fail(f"cannot read the CPU and RAM of {f'the cgroup of {what}' if use_cgroup else what}: {exc}")
     # NaN and inf pass `> 0` alone; beyond a day, sleeping overflows the platform's timeout
     if not 0 < interval <= 86400:
         _fail(f"--interval must be a positive number of seconds up to 86400, got {interval}")

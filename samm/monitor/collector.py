@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -179,6 +180,49 @@ class HostSampler:
         busy_cores = max(0.0, cpu_s - self._last_cpu_s) / elapsed
         self._last_t, self._last_cpu_s = now, cpu_s
         return Sample(cpu_percent=min(100.0, 100.0 * busy_cores / self.cores), ram_used_gb=self._ram_gb())
+
+
+class CgroupSampler(HostSampler):
+    """CPU busy share and memory in use of one cgroup: the collector's own (inside a container,
+    the container's) or the one holding `pid` (a container's main process, seen from the host).
+
+    CPU time is the cgroup's (every process in it, user and system); memory is what it is charged
+    less inactive page cache (as `docker stats`); the cores are `cores` when given, else the
+    cgroup's CPU quota, else the CPUs the process may run on. Unlike `HostSampler(pid=...)` it
+    counts processes that left the measured tree but not the cgroup (a daemonised child), and
+    it reads the container's limit, not the host's CPU count. A cgroup that disappears (its
+    container removed) makes `sample()` raise OSError, which the collector's loop skips.
+    """
+
+    def __init__(self, cores: float | None = None, pid: int | None = None):
+        from .cgroups import CgroupReader
+
+        if cores is not None and not 0 < cores < math.inf:
+            raise ValueError(f"cores must be positive and finite, got {cores}")
+        if pid is not None:
+            psutil.Process(pid)  # NoSuchProcess early, as HostSampler
+        self._reader = CgroupReader()
+        self._paths = self._reader.paths(os.getpid() if pid is None else pid, own=pid is None)
+        missing = [str(p) for p in self._paths.values() if not p.is_dir()]
+        if not self._paths or missing:
+            raise OSError(f"no cgroup directory of {'this process' if pid is None else f'pid {pid}'} is visible "
+                          f"here ({', '.join(missing) or 'no cgroup hierarchy mounted'})")
+        if cores is None:
+            quota = self._reader.quota_cores(self._paths)
+            allowed = len(os.sched_getaffinity(0 if pid is None else pid)) or 1
+            cores = min(quota, allowed)
+        self.cores = float(cores)
+        self.pid = pid
+        self._proc = None
+        self._gone = False
+        self._last_cpu_s = self._cpu_seconds()
+        self._last_t = time.monotonic()
+
+    def _cpu_seconds(self) -> float:
+        return self._reader.cpu_seconds(self._paths)
+
+    def _ram_gb(self) -> float:
+        return self._reader.memory_in_use_bytes(self._paths) / GB
 
 
 def _next_tick(start: float, tick: int, interval_s: float, now: float) -> int:

@@ -48,123 +48,15 @@ import logging
 import math
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 
 from agents.microservice_cores.observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
 from samm.execute.docker_exec import limit_cores, parse_docker_time
+from samm.monitor.cgroups import CgroupReader
 
 NAN = float("nan")
 log = logging.getLogger(__name__)
-
-
-def cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[dict[str, str], str | None]:
-    """(cgroup v1 controller -> mount point, the cgroup2 mount point or None)."""
-    v1: dict[str, str] = {}
-    v2 = None
-    for line in Path(mountinfo).read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        fields, rest = left.split(), right.split()
-        if len(fields) < 5 or len(rest) < 3:
-            continue
-        fstype, mount = rest[0], fields[4]
-        if fstype == "cgroup2":
-            v2 = v2 or mount
-        elif fstype == "cgroup":
-            for opt in rest[2].split(","):
-                if opt in ("cpu", "cpuacct", "memory", "blkio", "pids"):
-                    v1.setdefault(opt, mount)
-    return v1, v2
-
-
-def _kv(path: Path) -> dict[str, int]:
-    out = {}
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            out[parts[0]] = int(parts[1])
-    return out
-
-
-def _blkio_total(path: Path) -> int:
-    total = 0
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if parts and parts[0] == "Total":
-            return int(parts[1])
-        if len(parts) == 3 and parts[1] in ("Read", "Write"):
-            total += int(parts[2])
-    return total
-
-
-class CgroupReader:
-    """Reads one container's counters from its cgroup, found through /proc/<pid>/cgroup."""
-
-    def __init__(self, proc: str = "/proc"):
-        self.proc = Path(proc)
-        self.v1, self.v2 = cgroup_mounts()
-
-    def paths(self, pid: int) -> dict[str, Path]:
-        out: dict[str, Path] = {}
-        for line in (self.proc / str(pid) / "cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
-            rel = path.lstrip("/")
-            if controllers == "" and self.v2 and not self.v1:
-                out["unified"] = Path(self.v2) / rel
-            for c in controllers.split(","):
-                if c in self.v1:
-                    out[c] = Path(self.v1[c]) / rel
-        return out
-
-    def read(self, paths: dict[str, Path]) -> dict[str, float]:
-        """Cumulative counters; raises OSError when the cgroup is gone."""
-        if "unified" in paths:
-            d = paths["unified"]
-            cpu = _kv(d / "cpu.stat")
-            mem = _kv(d / "memory.stat")
-            io_b = io_o = 0
-            try:
-                for line in (d / "io.stat").read_text().splitlines():
-                    for kv in line.split()[1:]:
-                        k, _, v = kv.partition("=")
-                        if k in ("rbytes", "wbytes"):
-                            io_b += int(v)
-                        elif k in ("rios", "wios"):
-                            io_o += int(v)
-            except OSError:
-                pass
-            return {"cpu_s": cpu["usage_usec"] / 1e6, "rss": mem.get("anon", 0), "cache": mem.get("file", 0),
-                    "pgfault": mem.get("pgfault", 0), "io_bytes": io_b, "io_ops": io_o,
-                    "nr_periods": cpu.get("nr_periods", 0), "nr_throttled": cpu.get("nr_throttled", 0),
-                    "throttled_s": cpu.get("throttled_usec", 0) / 1e6}
-        cpu_s = int((paths["cpuacct"] / "cpuacct.usage").read_text()) / 1e9
-        mem = _kv(paths["memory"] / "memory.stat")
-        io_b = io_o = 0
-        if "blkio" in paths:
-            try:
-                io_b = _blkio_total(paths["blkio"] / "blkio.throttle.io_service_bytes")
-                io_o = _blkio_total(paths["blkio"] / "blkio.throttle.io_serviced")
-            except OSError:
-                pass
-        try:
-            stat = _kv(paths["cpu"] / "cpu.stat") if "cpu" in paths else {}
-        except OSError:
-            stat = {}
-        return {"cpu_s": cpu_s, "rss": mem.get("total_rss", mem.get("rss", 0)),
-                "cache": mem.get("total_cache", mem.get("cache", 0)),
-                "pgfault": mem.get("total_pgfault", mem.get("pgfault", 0)), "io_bytes": io_b, "io_ops": io_o,
-                "nr_periods": stat.get("nr_periods", 0), "nr_throttled": stat.get("nr_throttled", 0),
-                "throttled_s": stat.get("throttled_time", 0) / 1e9}
-
-    def quota_cores(self, paths: dict[str, Path]) -> float:
-        """The kernel's view of the CPU limit (cores; inf when unlimited)."""
-        if "unified" in paths:
-            quota, period = (paths["unified"] / "cpu.max").read_text().split()
-            return math.inf if quota == "max" else int(quota) / int(period)
-        quota = int((paths["cpu"] / "cpu.cfs_quota_us").read_text())
-        period = int((paths["cpu"] / "cpu.cfs_period_us").read_text())
-        return math.inf if quota < 0 else quota / period
 
 
 _NET = ("rx_bytes", "tx_bytes", "rx_messages", "tx_messages")
