@@ -107,26 +107,46 @@ def popen_tied(args: list[str], sig: int = signal.SIGTERM, **kw) -> subprocess.P
 
 def start_samm_serve(serve_args: list[str], timeout_s: float = 120.0) -> tuple[subprocess.Popen, str, int]:
     """`samm serve --port P <serve_args>` on a free loopback port, started and answering
-    /healthz: (process, base URL, port). The caller terminates the process."""
+    /healthz: (process, base URL, port). The caller terminates the process. A service that exits
+    first, or does not answer within `timeout_s` (then stopped), is a RuntimeError carrying the
+    last line it wrote on stderr (its reason: a bad --agent, a policy folder that is not there)."""
     import sys
+    import tempfile
     import time
     import urllib.request
 
     port = free_port()
+    # a file, not a pipe: nobody drains a pipe while the service runs, and a full one would block it
+    err = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "serve", "--port", str(port), *serve_args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+                            stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ))
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + timeout_s
-    while time.time() < deadline:
+    while True:
         try:
             with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
                 if r.status == 200:
-                    break
+                    return proc, url, port
         except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"samm serve {' '.join(serve_args)} exited with {proc.returncode}") from None
-            time.sleep(0.2)
-    return proc, url, port
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"samm serve {' '.join(serve_args)} exited with {proc.returncode}{_last_line(err)}")
+        if time.time() > deadline:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise RuntimeError(f"samm serve {' '.join(serve_args)} did not answer /healthz within {timeout_s:g} s"
+                               f"{_last_line(err)}")
+        time.sleep(0.2)
+
+
+def _last_line(err) -> str:
+    """': <the last non-empty line written to `err`>', or '' when there is none."""
+    err.seek(0)
+    lines = [line.strip() for line in err.read()[-4096:].decode(errors="replace").splitlines() if line.strip()]
+    return f": {lines[-1]}" if lines else ""
 
 
 class AppInThread:

@@ -4,6 +4,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 from samm.localproc import popen_tied
 
 
@@ -51,3 +53,31 @@ def test_stable_ports_stay_out_of_the_ephemeral_range():
         seen.add(port)
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free
+
+
+def test_a_samm_serve_that_exits_at_start_says_why():
+    """The service's reason used to go to /dev/null: the caller saw only "exited with 2"."""
+    from samm.localproc import start_samm_serve
+
+    with pytest.raises(RuntimeError, match=r"exited with 2: error: --agent no-such-agent: unknown agent"):
+        start_samm_serve(["--agent", "no-such-agent"])
+
+
+def test_a_samm_serve_that_never_answers_is_stopped_and_named(monkeypatch):
+    """Past its timeout the process was returned as if it answered (the caller's first request
+    then failed somewhere else) and kept running."""
+    import subprocess
+
+    from samm import localproc
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(*a, **kw):
+        started.append(real_popen(*a, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(localproc.subprocess, "Popen", popen)
+    with pytest.raises(RuntimeError, match=r"did not answer /healthz within 0.5 s"):
+        localproc.start_samm_serve(["--agent", "threshold"], timeout_s=0.5)
+    assert started and started[0].poll() is not None   # stopped, not left running
