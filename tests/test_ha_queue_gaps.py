@@ -304,3 +304,32 @@ def test_a_worker_that_ran_healthily_is_restarted_at_once_again(asg, procs):
     assert failures_at_start[4] == 1, failures_at_start   # reset: the healthy run's exit is a first failure
     assert starts[4] - starts[3] < 1.0 + 1.4, starts      # restarted at once, not 0.4 * 2**2 s after it exited
     assert failures_at_start[5] == 2
+
+
+@pytest.mark.postgres
+def test_a_renewal_that_lands_after_the_release_gives_the_lease_back(pg_url):
+    """Shutdown releases the lease while a renewal is still under way (its store call stalled, on
+    the network say, past the keeper's join). The renewal's write then lands after the release's:
+    it used to extend the released lease and lead on it, and a standby waited a whole ttl for a
+    daemon that had stopped. The stall is injected in front of the real store call."""
+    with KnowledgeStore(pg_url) as store:
+        lead = Leadership(store, 30.0, ha=True, holder="stopping-host:1")
+        assert lead.try_acquire()
+        real_acquire, entered, go_on = store.acquire_lease, threading.Event(), threading.Event()
+
+        def stalled_acquire(*args, **kwargs):
+            entered.set()
+            go_on.wait(10)
+            return real_acquire(*args, **kwargs)
+
+        store.acquire_lease = stalled_acquire
+        renewed = []
+        renewing = threading.Thread(target=lambda: renewed.append(lead.renew()))
+        renewing.start()
+        assert entered.wait(10)
+        lead.release()                               # the clean stop: the lease ends now
+        assert store.lease("daemon").expires_at < time.time()
+        go_on.set()                                  # the stalled renewal's write lands after it
+        renewing.join(10)
+        assert renewed == [False] and not lead.leading
+        assert store.lease("daemon").expires_at < time.time()   # given back, not re-extended

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass
 
 from samm.knowledge.store import Fence, KnowledgeStore, LeaseRecord
@@ -106,6 +107,9 @@ class Leadership:
     def __post_init__(self) -> None:
         self.holder = self.holder or default_holder()
         self.current: LeaseRecord | None = None
+        # renew (the keeper thread) against release/forget (shutdown, step-down): a renewal whose
+        # store call outlasts a release must not lead again on the lease it re-extended
+        self._lock = threading.RLock()
 
     @property
     def leading(self) -> bool:
@@ -130,22 +134,35 @@ class Leadership:
         if self.current is None:
             return False
         rec = self.store.acquire_lease(self.name, self.holder, self.ttl_s)
-        if rec is not None and self.current is not None and rec.token != self.current.token:
-            rec = None  # our lease lapsed and we took a new one: another leader may have acted between
-        self._set(rec)
-        return rec is not None
+        with self._lock:
+            if self.current is None:
+                # released or stepped down while the call was under way: it may have extended the
+                # lease after the release ended it, and a standby would wait a whole ttl for it
+                if rec is not None:
+                    self._release_in_store()
+                return False
+            if rec is not None and rec.token != self.current.token:
+                rec = None  # our lease lapsed and we took a new one: another leader may have acted between
+            self._set(rec)
+            return rec is not None
 
     def release(self) -> None:
-        if self.current is not None:
-            try:
-                self.store.release_lease(self.name, self.holder)
-            except Exception as exc:  # noqa: BLE001 - the lease expires anyway
-                log.warning("releasing lease %r failed: %s", self.name, exc)
-        self.forget()
+        with self._lock:
+            held = self.current is not None
+            self._set(None)
+        if held:
+            self._release_in_store()
+
+    def _release_in_store(self) -> None:
+        try:
+            self.store.release_lease(self.name, self.holder)
+        except Exception as exc:  # noqa: BLE001 - the lease expires anyway
+            log.warning("releasing lease %r failed: %s", self.name, exc)
 
     def forget(self) -> None:
         """Stop leading without touching the store (another daemon holds the lease now)."""
-        self._set(None)
+        with self._lock:
+            self._set(None)
 
     def holder_now(self) -> str:
         rec = self.store.lease(self.name)
