@@ -286,3 +286,19 @@ def test_closing_the_daemon_closes_the_http_agents_connections(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_policy_trained_on_other_slots_than_the_loops_interval_is_named(tmp_path, caplog):
+    """The shipped OSDEC policy reads its day phase in 15-minute slots: a loop ticking every
+    SLOT_S seconds decides on another day than the one it sees. Said once at start, not refused."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="agents.deferrable_jobs.daemon_loop"):
+        build_daemon(daemon_config(tmp_path / "short", agent={"name": "osdec"})).close()
+    said = [r.getMessage() for r in caplog.records if "slot" in r.getMessage()]
+    assert len(said) == 1 and f"timing.interval_s is {SLOT_S:g} s" in said[0] and "15-minute slots" in said[0], said
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agents.deferrable_jobs.daemon_loop"):
+        build_daemon(daemon_config(tmp_path / "day", agent={"name": "osdec"}, timing={"interval_s": 900})).close()
+        build_daemon(daemon_config(tmp_path / "fifo")).close()   # a rule has no slot length of its own
+    assert not [r.getMessage() for r in caplog.records if "slot" in r.getMessage()]

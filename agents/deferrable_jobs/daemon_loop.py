@@ -322,6 +322,17 @@ class DeferrableControlLoop:
                            status=status, loop=self.inner.p.loop)
 
 
+def _warn_on_slot_length(lp: DeferrableLoopConfig, setting) -> None:
+    """A policy trained on slots of one length reads its day-phase and window features in slots:
+    run every other interval_s, it decides on a day that is not the one it sees. Said, not refused
+    (a test or a demo runs short slots on purpose)."""
+    minutes = getattr(setting, "slot_minutes", None)
+    if minutes and abs(lp.timing.interval_s - 60.0 * minutes) > 1e-6:
+        log.warning("loop %s: timing.interval_s is %g s but agent %s was trained on %g-minute slots (%g s): "
+                    "its day-phase features will not match the wall clock", lp.name, lp.timing.interval_s,
+                    lp.agent.name, minutes, 60.0 * minutes)
+
+
 def build_loop(cfg, lp: DeferrableLoopConfig, store, closers: list, clock: Callable[[], float] | None = None):
     from samm.monitor.graphite_client import GraphiteSender, RenderClient
     from samm.testbed.jobqueue import JobQueue
@@ -349,6 +360,8 @@ def build_loop(cfg, lp: DeferrableLoopConfig, store, closers: list, clock: Calla
             agent = InProcessAgent(make_policy(a.name, a.policy_dir, **a.params), a.name)
         except (ValueError, OSError, KeyError, TypeError) as e:  # unknown agent, missing or corrupt policy
             raise ConfigurationProblem(f"loop {lp.name}: agent {a.name!r}: {type(e).__name__}: {e}") from e
+        if getattr(agent.policy, "training", None):   # a learned policy; a rule reads no day phase
+            _warn_on_slot_length(lp, getattr(agent.policy, "setting", None))
     sender = None
     if cfg.graphite.publish:
         sender = GraphiteSender(cfg.graphite.carbon_host, cfg.graphite.carbon_port)
