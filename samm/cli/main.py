@@ -948,12 +948,20 @@ def tune_cmd(problem, agent_kind, workload, window, time_compression, mips_per_c
                 kind = None
             if kind != agent_kind:
                 _fail(f"--out {out} holds a {kind!r} policy, not a {agent_kind} one; choose another folder")
+    made = bool(out) and not Path(out).exists()
+    if out:
         try:  # before the grid search: minutes of tuning are not lost to a bad --out
             Path(out).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             _fail(f"--out {out}: {exc}")
-    with _simulating("tune", f"nothing saved to {out}" if out else "nothing saved"):
-        res = tune(agent_kind, cfg, wl, seed_list, progress=not as_json)
+    try:
+        with _simulating("tune", f"nothing saved to {out}" if out else "nothing saved"):
+            res = tune(agent_kind, cfg, wl, seed_list, progress=not as_json)
+    except SystemExit:
+        if made:  # interrupted or failed: not an empty folder that looks like a run's output
+            with contextlib.suppress(OSError):
+                Path(out).rmdir()
+        raise
     agent = res.pop("agent")
     if out:
         agent.save(out)
