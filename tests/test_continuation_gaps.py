@@ -332,6 +332,9 @@ def test_ctrl_c_during_a_gateway_call_is_a_keyboard_interrupt_after_its_answer()
     from sim_bridge.gateway import Gateway
     from sim_bridge.workloads import seed_1551
 
+    # Python's own Ctrl-C handler, as in `samm`: a pytest-xdist worker runs with another (it
+    # ignores SIGINT), under which the gateway leaves the call alone and the signal is dropped
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     gw = Gateway()
     try:
         wid = gw.call("loadWorkload", bytearray(seed_1551().pack()))
@@ -347,6 +350,7 @@ def test_ctrl_c_during_a_gateway_call_is_a_keyboard_interrupt_after_its_answer()
         gw.call("closeWorkload", wid)
     finally:
         gw.close()
+        signal.signal(signal.SIGINT, before)
 
 
 # --- more: promote's one-workload gate ------------------------------------------------------------

@@ -257,18 +257,22 @@ def test_a_trickled_body_is_cut_at_the_body_deadline():
     after its headers) held its connection and request for ever."""
     reg = PolicyRegistry()
     reg.host("lstm-ppo", SHIPPED)
-    with AppInThread(create_app(reg, body_timeout_s=1.0)) as srv:
+    import select
+
+    with AppInThread(create_app(reg, body_timeout_s=2.0)) as srv:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=15) as slow:
             started = time.monotonic()
             slow.sendall(b"POST /v1/agents/lstm-ppo/decide HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
                          b"content-length: 400\r\n\r\n{")
             for _ in range(3):
-                time.sleep(0.5)
+                time.sleep(0.4)
+                if select.select([slow], [], [], 0)[0]:   # answered already: a loaded machine slept past the deadline
+                    break                                  # (writing to the closed connection would reset it)
                 slow.sendall(b" ")
             raw = read_all(slow)   # answered, and the connection closed
             status, body = answer_of(raw)
-            assert status == 408 and "not complete within 1 s" in body["detail"], raw[:300]
-            assert time.monotonic() - started < 5
+            assert status == 408 and "not complete within 2 s" in body["detail"], raw[:300]
+            assert time.monotonic() - started < 6
         with httpx.Client(base_url=srv.url, timeout=30) as client:   # the others are served as before
             r = client.post("/v1/agents/lstm-ppo/decide", json={"session_id": "s", "observation": OBS})
             assert r.status_code == 200, r.text
