@@ -118,16 +118,16 @@ def _long_trace(path: Path, jobs: int = 20000) -> Path:
     return path
 
 
-def _interrupt(args: list[str], started, timeout: float = 90) -> subprocess.CompletedProcess:
-    """`samm ARGS` in its own process, Ctrl-C (SIGINT) once `started()` holds."""
+def _interrupt(args: list[str], started, timeout: float = 90, settle_s: float = 1.0) -> subprocess.CompletedProcess:
+    """`samm ARGS` in its own process, Ctrl-C (SIGINT) `settle_s` after `started(process)` holds."""
     p = subprocess.Popen([sys.executable, "-m", "samm.cli.main", *args], cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + timeout
-        while not started() and p.poll() is None and time.monotonic() < deadline:
+        while not started(p) and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert p.poll() is None, "the verb ended before it could be interrupted"
-        time.sleep(1.0)
+        time.sleep(settle_s)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=timeout)
     finally:
@@ -148,7 +148,7 @@ def test_demo_sim_interrupted_exits_130_and_leaves_no_summary_of_the_run_before(
     (out / "report.md").write_text("an earlier run\n")
     trace = _long_trace(tmp_path / "long.swf")
     r = _interrupt(["demo", "--sim", "--workload", str(trace), "--out", str(out)],
-                   started=lambda: (out / "demo.log").exists())
+                   started=lambda p: (out / "demo.log").exists())
     # 130, or -2 when the interrupt also reaches a clean-up at exit (the conventional death by SIGINT)
     assert r.returncode in (130, -2), r.stderr[-2000:]
     assert "error: demo: interrupted" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -175,7 +175,7 @@ def test_train_interrupted_exits_130_naming_what_it_kept(tmp_path):
     out = tmp_path / "run"
     ppo = json.dumps({"num_steps": 32, "bptt_chunk": 8, "num_minibatches": 2})
     r = _interrupt(["train", "--out", str(out), "--envs", "2", "--quiet", "--ppo", ppo],
-                   started=lambda: (out / "progress.csv").exists())
+                   started=lambda p: (out / "progress.csv").exists())
     assert r.returncode == 130, r.stderr[-2000:]
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("error: train: interrupted;") and str(out) in line and "--resume" in line, r.stderr[-2000:]

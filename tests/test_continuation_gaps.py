@@ -10,7 +10,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ import torch
 from agents.ppo.config import PPOConfig
 from sim_bridge.config import SimConfig
 from sim_bridge.workloads import Workload
+from test_cli_second_audit import _interrupt
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = SimConfig(action_mode="per-type", max_steps=40)
@@ -193,21 +193,7 @@ def _simulating(pid: int) -> bool:
 
 
 def _interrupt_while_simulating(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    p = subprocess.Popen([sys.executable, "-m", "samm.cli.main", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        deadline = time.monotonic() + timeout
-        while not _simulating(p.pid) and p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert p.poll() is None, "the verb ended before it could be interrupted"
-        time.sleep(2.0)
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    return _interrupt(args, started=lambda p: _simulating(p.pid), timeout=timeout, settle_s=2.0)
 
 
 @pytest.mark.slow  # a real 20,000-job simulation, timed against a signal: tens of seconds each

@@ -22,7 +22,7 @@ from samm.daemon.runner import DaemonRunner
 from samm.knowledge.store import KnowledgeStore
 from samm.testbed.jobqueue import JobQueue
 from test_runner_timing_audit import _notifications_for
-from test_testbed_worker import spawn_worker, wait_until
+from test_testbed_worker import procs, spawn_worker, wait_until  # noqa: F401  (procs: a fixture)
 
 GROUPS = [{"name": "S", "cores": 2, "ram_gb": 8, "price_per_hour": 0.2, "min": 1, "max": 10}]
 
@@ -141,17 +141,6 @@ def test_a_standby_poll_blocked_on_the_lease_row_keeps_pinging(pg_url, notify):
 
 
 # --- 2. a worker stalled past its job lease ---------------------------------------------------
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.send_signal(signal.SIGCONT)
-            p.kill()
-        p.wait(10)
-
 
 def test_a_worker_stalled_past_its_lease_renews_its_job_instead_of_running_it_again(tmp_path, procs):
     """A worker paused (SIGSTOP, a host stall) for longer than its job's lease leased work first

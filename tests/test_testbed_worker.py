@@ -64,10 +64,12 @@ def spawn_worker(path, instance, cores, compression, t0, lease_s=5.0) -> subproc
 
 @pytest.fixture
 def procs():
+    """Worker processes a test started, killed after it (a stopped one is continued first)."""
     started: list[subprocess.Popen] = []
     yield started
     for p in started:
         if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
             p.kill()
         p.wait(10)
 
