@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -20,24 +19,13 @@ import torch
 from agents.ppo.config import PPOConfig
 from sim_bridge.config import SimConfig
 from sim_bridge.workloads import Workload
-from test_cli_second_audit import _interrupt
+from test_cli_second_audit import _interrupt, _long_trace
+from test_training_audit import make_envs, tiny_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 SIM = SimConfig(action_mode="per-type", max_steps=40)
 TINY_PPO = dict(num_envs=1, num_steps=32, bptt_chunk=8, num_minibatches=2, max_episode_steps=40, seed=3,
                 eval_every=0, checkpoint_every=1)
-
-
-def tiny_workload() -> Workload:
-    arrivals = np.repeat(60.0 + 300.0 * np.arange(4), 40)
-    n = len(arrivals)
-    return Workload("tiny", arrivals, np.full(n, 240.0 * 4400), np.ones(n, np.int32), np.full(n, 0.5))
-
-
-def make_envs(n: int, seed: int):
-    from sim_bridge.envs import CloudSimVectorEnv
-
-    return CloudSimVectorEnv(n, SIM, tiny_workload())
 
 
 # --- 1. fine-tuning a policy with norm_obs false ------------------------------------------------
@@ -172,17 +160,6 @@ def test_the_cli_continue_resumes_and_saves_the_optimiser_state(sac_run, tmp_pat
 
 
 # --- 3. Ctrl-C in evaluate, tune and policy promote ----------------------------------------------
-
-def _long_trace(path: Path, jobs: int = 20000) -> Path:
-    """An SWF trace whose simulation takes tens of seconds: still running when the signal comes."""
-    rng, t, rows = random.Random(1), 0, ["; a long trace"]
-    for i in range(1, jobs + 1):
-        t += rng.randint(30, 200)
-        cores = rng.choice([1, 2, 4])
-        rows.append(f"{i} {t} 5 {rng.randint(60, 3600)} {cores} -1 -1 {cores} -1 -1 1 1 1 1 1 -1 -1 -1")
-    path.write_text("\n".join(rows) + "\n")
-    return path
-
 
 def _simulating(pid: int) -> bool:
     """The verb's gateway JVM is up: it is simulating, past its imports and option checks."""
