@@ -293,9 +293,12 @@ def test_samples_written_again_and_cut_short_leave_the_earlier_ones_whole(tmp_pa
     r = subprocess.run([sys.executable, "-c", _CUT_SHORT, str(tmp_path)], capture_output=True, text=True,
                        timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0 and "cut short" in r.stdout, r.stdout + r.stderr[-2000:]
-    after = load_samples([tmp_path], topo)                   # still the first run's, whole
-    assert np.array_equal(after.X, before.X) and np.array_equal(after.y_lat, before.y_lat)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [SAMPLES_FILE]   # no temporary file left
+    after = load_samples([tmp_path], topo)   # the first run's, whole, then what the second's journal kept
+    n = len(before.X)
+    assert np.array_equal(after.X[:n], before.X) and np.array_equal(after.y_lat[:n], before.y_lat)
+    assert len(after.X) > n
+    # no temporary file left: the first run's samples and the second run's journal
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([SAMPLES_FILE, "sinan-samples-1.jsonl"])
 
 
 def test_a_restarted_online_learner_continues_its_policy_and_its_log(tmp_path):

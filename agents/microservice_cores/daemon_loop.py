@@ -40,7 +40,8 @@ reclaimer-online when `timing.interval_s` is not below its `max_gap_s` (1.5 s by
 step would break its chain, and it would never learn.
 
 At the daemon's shutdown the controller's `close()` runs (once a step ran), as a testbed run's end
-calls it: reclaimer-online saves its policy, sinan-explore writes its samples.
+calls it: reclaimer-online saves its policy, sinan-explore writes its samples (it also appends
+each one as it comes, so a daemon killed before its shutdown keeps them).
 
 The daemon finds this module through `ProblemSpec.loop_config` / `build_loop`; docs in
 docs/microservice-testbed.md ("SAMM's daemon on a real application").
@@ -224,11 +225,12 @@ class EngineContainers:
         return self.executor.set_cpu_limit(self.names[service], float(cores))
 
     def read_limit(self, service: str) -> float:
-        """The limit the engine holds for `service` (cores; the host's CPUs when unlimited)."""
+        """The limit the engine holds for `service` (cores; the engine's CPUs when unlimited)."""
         from samm.execute.docker_exec import limit_cores
+        from samm.testbed.microservices.measure import unlimited_cores
 
         cores = limit_cores(self.client.api.inspect_container(self.names[service])["HostConfig"])
-        return cores if cores is not None else float(os.cpu_count() or 1)
+        return cores if cores is not None else unlimited_cores(self.executor)
 
     def close(self) -> None:
         if self._client is not None:
@@ -254,9 +256,9 @@ class EngineMeasurer(Measurer):
     def _net(self, s: str):
         return None if self.c.state_dir is None else super()._net(s)
 
-    def measure(self, now=None):
+    def measure(self, now=None, *, claim: bool = True):
         self._seen = {}
-        return super().measure(now)
+        return super().measure(now, claim=claim)
 
     def restarted(self) -> list[str]:
         """Services whose container (id or start time) changed since the previous measurement
@@ -325,7 +327,7 @@ class MicroserviceDaemonLoop:
 
     def _prime(self) -> list[str]:
         problems = self.containers.resolve()
-        self.measurer.measure()
+        self.measurer.measure(claim=False)   # no step acts on it: its load second stays fresh
         self.measurer.restarted()
         self.primed = True
         return problems

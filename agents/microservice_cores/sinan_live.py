@@ -7,13 +7,18 @@ module is the deployment's half (ours in its details):
 
 1. `SinanCollector` is a controller: Sinan's exploration policy (`sinan.SinanExplorer`, one copy)
    sets the limits of a live application each second, and every second's features (history and
-   the allocation applied) are kept with the p99 of the second in which that allocation was in force.
-   `close()` writes them to `sinan-samples.npz` (`samm testbed-microservices --agent sinan-explore
-   --agent-param out=DIR`); where an earlier run (a restarted daemon on the same `out`) left that
-   file, to the next free `sinan-samples-<n>.npz` beside it, never over it.
+   the allocation applied: the limits the engine held in the next second, read back, since the
+   guard's bounds, the executor's clamp to the engine's CPUs or a failed update may differ from
+   what was chosen; a container without a CPU quota counts as its cap) are kept with the p99 of
+   the second in which that allocation was in force. Each sample is appended as it comes to the
+   run's journal `sinan-samples.jsonl` (a header line, then one JSON line a sample), so a process
+   killed with SIGKILL keeps all but the last; `close()` writes them to `sinan-samples.npz` in its
+   place (`samm testbed-microservices --agent sinan-explore --agent-param out=DIR`); where an
+   earlier run (a restarted daemon on the same `out`) left such a file, to the next free
+   `sinan-samples-<n>.{jsonl,npz}` beside it, never over it.
 2. `load_samples` turns such files into `sinan.SinanData` (labels as `sinan.collect`'s: the next
    second's log p99 over the QoS, and a violation within the next k seconds), one group per file;
-   a folder stands for every samples file in it.
+   a folder stands for every run in it (its .npz, else the journal a killed run left).
 3. `fit_live` fits the two models on those samples, optionally beside simulator samples of the
    same application (`twin_seconds`), each live sample counted `live_weight` times (repeated), and
    keeps the scheduler's parameters of a reference model (the shipped one) unless told otherwise.
@@ -22,7 +27,9 @@ module is the deployment's half (ours in its details):
 """
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import os
 import re
 import time
@@ -33,14 +40,16 @@ import click
 import numpy as np
 
 from .control import AppLimits
-from .observation import PERCENTILES, StepMeasurement
+from .observation import FIELD, PERCENTILES, StepMeasurement
 from .sinan import (History, SinanData, SinanExplorer, SinanTrainParams, build_features, collect, fit,
                     load_sinan, n_features, outcome_labels, params_for_budget, SHIPPED_DIR)
 from .topology import Topology, load_topology
 
 SAMPLES_FILE = "sinan-samples.npz"
-_NUMBERED = re.compile(r"sinan-samples-([1-9][0-9]*)\.npz")   # a later run's file on the same `out`
+JOURNAL_EXT = "jsonl"   # a run's samples as they come (JSON lines), until close() writes its .npz
+_NAME = re.compile(r"sinan-samples(?:-([1-9][0-9]*))?\.(npz|jsonl)")   # later runs on the same `out`: -<n>
 _P99 = PERCENTILES.index(99)
+log = logging.getLogger(__name__)
 
 
 class SinanCollector:
@@ -56,6 +65,10 @@ class SinanCollector:
         self.p99: list[float] = []
         self.limits: AppLimits | None = None
         self.written: Path | None = None   # this collector's file: a second close() rewrites it
+        self._pending = None               # (history, cores chosen): the allocation the next act measures
+        self._journal = None               # the open journal (JOURNAL_EXT) of this run's samples
+        self._number: int | None = None    # this run's number in `out` (0: sinan-samples.*)
+        self._journal_failed = False
 
     def reset(self, limits: AppLimits) -> None:
         if tuple(limits.services) != self.topo.service_names:
@@ -64,20 +77,50 @@ class SinanCollector:
         self.hist = History(1, self.topo.n_services)
         self.explorer = SinanExplorer(self.topo, 1, self.p, np.random.default_rng(self.seed))
         self.rows, self.p99 = [], []
+        self._pending = None
+        self._end_journal()   # the earlier samples stay as they were written
+        self._number = None
+        self._journal_failed = False
         self.written = None   # new samples: a new file, the earlier one stays
 
     def observe(self, m: StepMeasurement) -> None:
         """A warm-up second: history only, as `sinan.collect` warms its copies up."""
-        self.hist.push_measurement(m)
+        self.hist.push_measurement(self._capped(m))
 
     def act(self, m: StepMeasurement) -> np.ndarray:
-        # this second is the one in which the previous allocation was in force: its outcome
-        if len(self.rows) > len(self.p99):
-            self.p99.append(float(np.nan_to_num(m.latency_ms[_P99], nan=0.0)))
-        self.hist.push_measurement(m)
+        # this second is the one in which the previous allocation was in force: its outcome, and
+        # the limits the engine held in it are the allocation (the guard's bounds, the executor's
+        # clamp to the engine's CPUs, or a failed update may have made them other than chosen)
+        if self._pending is not None:
+            hist, chosen = self._pending
+            row = build_features(hist, self._applied(m, chosen)[None], self.topo.caps,
+                                 self.topo.qos_ms)[0].astype(np.float32)
+            p99 = float(np.nan_to_num(m.latency_ms[_P99], nan=0.0))
+            self.rows.append(row)
+            self.p99.append(p99)
+            self._append(row, p99)
+        self.hist.push_measurement(self._capped(m))
         cores = self.explorer.act(self.hist)
-        self.rows.append(build_features(self.hist, cores, self.topo.caps, self.topo.qos_ms)[0].astype(np.float32))
+        self._pending = (copy.deepcopy(self.hist), np.asarray(cores[0], dtype=np.float64).copy())
         return np.asarray(cores[0], dtype=np.float64)
+
+    def _capped(self, m: StepMeasurement) -> StepMeasurement:
+        """`m` with the limit of a container without a CPU quota read as its service's cap: the
+        measurer reads "unlimited" as the engine's CPUs, a limit the model never saw (the
+        simulator's are within [floor, cap]) and one the guard never sets."""
+        unlimited = [self.topo.service_names.index(s) for s in (m.extra.get("unlimited") or ())
+                     if s in self.topo.service_names]
+        if not unlimited:
+            return m
+        per = m.per_service.copy()
+        per[unlimited, FIELD["cpu_limit"]] = self.topo.caps[unlimited]
+        return replace(m, per_service=per)
+
+    def _applied(self, m: StepMeasurement, chosen: np.ndarray) -> np.ndarray:
+        """The limits in force during `m`'s second, as the engine held them (unlimited: the cap;
+        unknown: what was chosen)."""
+        applied = self._capped(m).cpu_limit.astype(np.float64)
+        return np.where(np.isfinite(applied) & (applied > 0), applied, chosen)
 
     def samples(self) -> tuple[np.ndarray, np.ndarray]:
         """(features, p99 ms) of every second whose outcome was measured."""
@@ -85,8 +128,56 @@ class SinanCollector:
         X = np.stack(self.rows[:n]) if n else np.zeros((0, 0), dtype=np.float32)
         return X, np.asarray(self.p99, dtype=np.float64)
 
+    # -- written as they come: a daemon killed (SIGKILL, the OOM killer) loses the last second only
+    def _append(self, row: np.ndarray, p99: float) -> None:
+        """One sample onto this run's journal, flushed to the kernel; a journal that cannot be
+        written is said once and the samples stay in memory for close()."""
+        if self.out is None or self._journal_failed:
+            return
+        try:
+            if self._journal is None:
+                self._open_journal()
+                for x, y in zip(self.rows[:-1], self.p99[:-1]):   # what came before (after a close)
+                    self._journal.write(_journal_line(x, y))
+            self._journal.write(_journal_line(row, p99))
+            self._journal.flush()
+        except OSError as exc:
+            self._journal_failed = True
+            log.warning("sinan-explore: writing samples to %s failed (%s); they are kept in memory "
+                        "until close()", self.out, exc)
+
+    def _open_journal(self) -> None:
+        """This run's journal, under a number no earlier run in `out` holds (created exclusively,
+        so two writers never share one), its header first."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        while True:
+            if self._number is None:
+                taken = [_number(f) for f in self.out.iterdir() if _number(f) is not None]
+                n = max(taken) + 1 if taken else 0
+            else:
+                n = self._number
+            path = _run_path(self.out, n, JOURNAL_EXT)
+            try:
+                self._journal = open(path, "x" if self._number is None else "w", encoding="utf-8")
+            except FileExistsError:
+                continue
+            self._number = n
+            break
+        header = {"app": self.topo.name, "services": list(self.topo.service_names), "qos_ms": self.topo.qos_ms,
+                  "seed": self.seed, "features": n_features(self.topo.n_services)}
+        self._journal.write(json.dumps(header) + "\n")
+
+    def _end_journal(self) -> None:
+        if self._journal is not None:
+            try:
+                self._journal.close()
+            except OSError:
+                pass
+            self._journal = None
+
     def close(self) -> Path | None:
-        """Writes the samples (a run that measured no outcome writes nothing)."""
+        """Writes the samples as one .npz (a run that measured no outcome writes nothing), in
+        place of the journal they were written to as they came."""
         X, p99 = self.samples()
         if self.out is None or not len(p99):
             return None
@@ -99,20 +190,36 @@ class SinanCollector:
                                 services=np.array(self.topo.service_names), seed=self.seed)
             if self.written is not None:
                 os.replace(tmp, self.written)
+            elif self._number is not None:   # the number its journal holds is this run's
+                self.written = _run_path(self.out, self._number, "npz")
+                os.replace(tmp, self.written)
             else:
                 self.written = _put_new(tmp, self.out)
+                self._number = _number(self.written)
         finally:
             tmp.unlink(missing_ok=True)
+        # the .npz holds every sample now (a reader takes it over the journal of the same number)
+        self._end_journal()
+        _run_path(self.out, self._number, JOURNAL_EXT).unlink(missing_ok=True)
         return self.written
+
+
+def _journal_line(row: np.ndarray, p99: float) -> str:
+    # float32 -> float -> repr is exact: the journal reads back as the .npz would
+    return json.dumps({"x": [float(v) for v in row], "p99_ms": float(p99)}) + "\n"
+
+
+def _run_path(out: Path, n: int, ext: str) -> Path:
+    return out / (f"sinan-samples.{ext}" if n == 0 else f"sinan-samples-{n}.{ext}")
 
 
 def _put_new(tmp: Path, out: Path) -> Path:
     """Links `tmp` in as `sinan-samples.npz`, or the next free `sinan-samples-<n>.npz` when an
-    earlier run's file is there: a daemon restarted on the same `out` replaced those samples.
-    A link never replaces a file, so two writers cannot take the same name."""
+    earlier run's file (or journal) is there: a daemon restarted on the same `out` replaced those
+    samples. A link never replaces a file, so two writers cannot take the same name."""
     while True:
-        taken = [_number(f) for f in _samples_in(out)]
-        path = out / (SAMPLES_FILE if not taken else f"sinan-samples-{max(taken) + 1}.npz")
+        taken = [_number(f) for f in out.iterdir() if _number(f) is not None]
+        path = _run_path(out, max(taken) + 1 if taken else 0, "npz")
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -122,15 +229,21 @@ def _put_new(tmp: Path, out: Path) -> Path:
         return path
 
 
-def _number(path: Path) -> int:
-    m = _NUMBERED.fullmatch(path.name)
-    return int(m.group(1)) if m else 0
+def _number(path: Path) -> int | None:
+    """The run number of a samples file or journal (0: `sinan-samples.*`), None for another file."""
+    m = _NAME.fullmatch(path.name)
+    return None if m is None else int(m.group(1) or 0)
 
 
 def _samples_in(folder: Path) -> list[Path]:
-    """Every samples file a collector wrote in `folder`, in the order they were written."""
-    found = [f for f in folder.iterdir() if f.name == SAMPLES_FILE or _NUMBERED.fullmatch(f.name)]
-    return sorted(found, key=_number)
+    """Every run's samples in `folder`, in the order they were written: its .npz, or where a run
+    was killed before writing one, the journal it left."""
+    runs: dict[int, Path] = {}
+    for f in folder.iterdir():
+        n = _number(f)
+        if n is not None and (f.suffix == ".npz" or n not in runs):
+            runs[n] = f
+    return [runs[n] for n in sorted(runs)]
 
 
 def _sample_files(p: str | Path) -> list[Path]:
@@ -147,43 +260,87 @@ def _listed(paths) -> list:
     return [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
 
 
+def _read_npz(path: Path) -> tuple[str, tuple, np.ndarray, np.ndarray]:
+    """(app, services, X, p99 ms) of a closed run's .npz."""
+    with np.load(path, allow_pickle=False) as f:
+        missing = sorted({"X", "p99_ms", "app", "services"} - set(f.files))
+        if missing:
+            raise ValueError(f"{path}: not a {SAMPLES_FILE} (no {', '.join(missing)})")
+        return (str(f["app"]), tuple(str(s) for s in f["services"]), f["X"],
+                np.asarray(f["p99_ms"], dtype=np.float64))
+
+
+def _read_journal(path: Path) -> tuple[str, tuple, np.ndarray, np.ndarray]:
+    """(app, services, X, p99 ms) of a run's journal. Its last line may be torn (the writer was
+    killed in the middle of it): that line is skipped, and said; a bad line before it is refused."""
+    lines = path.read_bytes().split(b"\n")
+    if lines and not lines[-1].strip():
+        lines.pop()            # the file ends with a whole line
+    rows, p99 = [], []
+    header = None
+    for i, line in enumerate(lines, 1):
+        try:
+            rec = json.loads(line)
+            if header is None:
+                header = (str(rec["app"]), tuple(str(s) for s in rec["services"]))
+                continue
+            x, y = [float(v) for v in rec["x"]], float(rec["p99_ms"])
+        except (ValueError, KeyError, TypeError) as exc:
+            if i < len(lines):
+                raise ValueError(f"{path}: line {i} is not a sample ({type(exc).__name__}: {exc})") from None
+            log.warning("%s: its last line (%d) is torn (the writer stopped in it): skipped", path, i)
+            break
+        rows.append(x)
+        p99.append(y)
+    if header is None:   # killed before its header was whole: a run of no sample
+        return "", (), np.zeros((0, 0), dtype=np.float32), np.zeros(0)
+    if len({len(r) for r in rows}) > 1:
+        raise ValueError(f"{path}: its samples are not all of one width")
+    X = np.asarray(rows, dtype=np.float32).reshape(len(rows), len(rows[0]) if rows else 0)
+    return header[0], header[1], X, np.asarray(p99, dtype=np.float64)
+
+
 def load_samples(paths, topo: Topology, k: int = SinanTrainParams.k, group_offset: int = 0) -> SinanData:
     """The samples of `SinanCollector` runs as training data: a violation label needs k seconds of
     future, so each run's last k-1 seconds are features without labels and are dropped. A folder
-    stands for every samples file in it (one per daemon run on that `out`), each a group of its own."""
+    stands for every samples file in it (one per daemon run on that `out`), each a group of its own;
+    a run killed before its close is read from its journal (a torn last line skipped, and said;
+    one too short to label is skipped, and said, where a folder holds other runs)."""
     Xs, yl, yv, gs = [], [], [], []
     width = n_features(topo.n_services)
     files = [f for p in _listed(paths) for f in _sample_files(p)]
     for g, path in enumerate(files):
+        journal = path.suffix == f".{JOURNAL_EXT}"
         try:
-            with np.load(path, allow_pickle=False) as f:
-                missing = sorted({"X", "p99_ms", "app", "services"} - set(f.files))
-                if missing:
-                    raise ValueError(f"{path}: not a {SAMPLES_FILE} (no {', '.join(missing)})")
-                if str(f["app"]) != topo.name or tuple(str(s) for s in f["services"]) != topo.service_names:
-                    raise ValueError(f"{path}: samples of {str(f['app'])!r}, not of {topo.name!r}'s services")
-                X, p99 = f["X"], np.asarray(f["p99_ms"], dtype=np.float64)
-        except (OSError, EOFError, KeyError) as exc:   # missing, unreadable, not an npz
+            app, services, X, p99 = (_read_journal if journal else _read_npz)(path)
+        except (OSError, EOFError, KeyError, UnicodeDecodeError) as exc:   # missing, unreadable, not an npz
             raise ValueError(f"{path}: cannot read the samples: {type(exc).__name__}: {exc}") from None
         except ValueError as exc:
             if str(exc).startswith(str(path)):
                 raise
             raise ValueError(f"{path}: cannot read the samples: {exc}") from None
+        if (app != topo.name or services != topo.service_names) and not (journal and not len(p99)):
+            raise ValueError(f"{path}: samples of {app!r}, not of {topo.name!r}'s services")
         if p99.ndim != 1:   # a 0-d one raised a bare TypeError; a 2-d one became labels of 2-d garbage
             raise ValueError(f"{path}: p99_ms is {p99.shape}, not one value per measured second")
-        if X.ndim != 2 or X.shape != (len(p99), width):
+        if X.ndim != 2 or (len(p99) and X.shape != (len(p99), width)):   # a journal of no sample is (0, 0)
             raise ValueError(f"{path}: X is {X.shape}, not ({len(p99)}, {width}) (one row of "
                              f"{width} features per measured second)")
         if not np.isfinite(X).all() or not np.isfinite(p99).all() or (p99 < 0).any():
             raise ValueError(f"{path}: samples hold NaN, infinite or negative values")
         n = len(p99) - k + 1
         if n <= 0:
+            if journal and len(files) > 1:   # a run killed soon after its start: the others still count
+                log.warning("%s: %d measured seconds, fewer than the look-ahead k = %d: skipped", path, len(p99), k)
+                continue
             raise ValueError(f"{path}: {len(p99)} measured seconds, fewer than the look-ahead k = {k}")
         y_lat, y_viol = outcome_labels(p99, topo.qos_ms, k)
         Xs.append(X[:n])
         yl.append(y_lat)
         yv.append(y_viol)
         gs.append(np.full(n, group_offset + g))
+    if not Xs:
+        raise ValueError(f"{', '.join(map(str, files))}: no run with more than the look-ahead k = {k} seconds")
     return SinanData(np.concatenate(Xs), np.concatenate(yl), np.concatenate(yv), np.concatenate(gs),
                      np.zeros(sum(len(x) for x in Xs)))
 

@@ -371,9 +371,11 @@ class AppContainers:
         return res
 
     def read_limit(self, service: str) -> float:
-        """The limit the engine holds for `service` (cores)."""
+        """The limit the engine holds for `service` (cores; the engine's CPUs when unlimited)."""
+        from .measure import unlimited_cores
+
         cores = limit_cores(self.client.api.inspect_container(self.names[service])["HostConfig"])
-        return cores if cores is not None else float(os.cpu_count() or 1)
+        return cores if cores is not None else unlimited_cores(self.executor)
 
     def read_burst(self, service: str) -> int:
         """The CFS burst (µs) the kernel holds for `service`'s container (needs a local engine)."""

@@ -10,7 +10,8 @@ The guard, in order:
     decision instead of asking the controller again;
   * services restarted since the last step (the kill and engine-restart faults) get the limit the
     loop last set for them re-applied, whatever else this step decides;
-  * no action when the load data is stale (no new second for > 2 s: "no action: stale latency"),
+  * no action when the load data is stale (no new second for > 2 s, or none since the previous
+    step: one load second is acted on once, "no action: stale latency"),
     when the step starts a whole second after its time (`extra["late_s"]`: a blocked engine call
     made the loop fall behind; it catches up without a burst of decisions),
     when no request completed in the second ("no action: unknown latency"), or when the engine

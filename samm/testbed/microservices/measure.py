@@ -5,7 +5,7 @@ Where each per-service field comes from (over the interval since the previous me
 | field                     | source                                                              |
 |---------------------------|---------------------------------------------------------------------|
 | cpu_used (cores)          | the container's cgroup: Δ cpuacct.usage (v1) or Δ cpu.stat usage_usec (v2) / Δt |
-| cpu_limit (cores)         | the engine: HostConfig.CpuQuota / CpuPeriod (docker inspect)         |
+| cpu_limit (cores)         | the engine: HostConfig.CpuQuota / CpuPeriod (docker inspect); none: the engine's CPUs, named in extra["unlimited"] |
 | rss_bytes, cache_bytes    | the cgroup's memory.stat: total_rss / total_cache (v1), anon / file (v2) |
 | page_faults (per second)  | Δ total_pgfault (v1) or Δ pgfault (v2) of memory.stat                |
 | io_bytes, io_ops (per s)  | Δ blkio.throttle.io_service_bytes / io_serviced "Total" (v1), Δ io.stat (v2) |
@@ -37,9 +37,12 @@ engine cannot be read, cpu_limit keeps the last value read and the error is list
 `extra["engine_errors"]`.
 
 Application level: the newest second of the load generator. When its newest line ended more than
-`stale_s` (2 s) ago, the load data is stale: every latency percentile, requests/s and failures/s
-are NaN and `extra["stale"]` is true. A fresh second in which no request completed has NaN latency
-too (`extra["latency_state"] == "none completed"`).
+`stale_s` (2 s) ago, or it is the line an earlier measurement already handed out (Locust's line
+for the second just ended came late: no new second), the load data is stale: every latency
+percentile, requests/s and failures/s are NaN and `extra["stale"]` is true (and
+`extra["load_repeated"]` in the second case): each line, one per load second, is fresh to one
+measurement only. A fresh second in which no request completed has NaN latency too
+(`extra["latency_state"] == "none completed"`).
 """
 from __future__ import annotations
 
@@ -61,6 +64,14 @@ log = logging.getLogger(__name__)
 
 _NET = ("rx_bytes", "tx_bytes", "rx_messages", "tx_messages")
 _CG = ("cpu_s", "pgfault", "io_bytes", "io_ops", "nr_periods", "nr_throttled", "throttled_s")
+
+
+def unlimited_cores(executor) -> float:
+    """The cores a container without a CPU quota can use: the engine's CPUs (`executor`'s
+    DockerExecutor asks it once; a remote engine's are not this host's), this host's where the
+    engine does not say."""
+    n = executor.host_cpus() if executor is not None else None
+    return float(n or os.cpu_count() or 1)
 
 
 def _delta(new: float, old: float | None) -> float:
@@ -86,17 +97,22 @@ class Measurer:
         self._prev_t: float | None = None
         self._started: dict[str, tuple] = {}              # service -> (container id, StartedAt) last seen running
         self._limit = {s: float(topology.services[s].cap) for s in self.services}
+        # the load line a measurement last handed out as fresh (held, so it cannot be another's)
+        self._claimed: dict | None = None
 
     def _inspect(self, s: str) -> dict:
         return self.c.client.api.inspect_container(self.c.names[s])
 
-    def measure(self, now: float | None = None) -> StepMeasurement:
+    def measure(self, now: float | None = None, *, claim: bool = True) -> StepMeasurement:
+        """`claim`: the load second read is this measurement's, fresh to no later one (False for
+        a measurement that only primes the counters: no step acts on it)."""
         t = time.time() if now is None else now
         dt = (t - self._prev_t) if self._prev_t is not None else None
         rows = np.zeros((len(self.services), len(SERVICE_FIELDS)))
         engine_errors: list[str] = []
         running: dict[str, bool] = {}
         kernel_limit: dict[str, float] = {}
+        unlimited: list[str] = []           # services whose container has no CPU quota
         throttled: dict[str, float] = {}    # share of the second's CFS periods that ran out of quota
         throttled_s: dict[str, float] = {}  # seconds its threads waited for the next period, per second
         for i, s in enumerate(self.services):
@@ -104,7 +120,10 @@ class Measurer:
             try:
                 info = self._inspect(s)
                 cores = limit_cores(info["HostConfig"])   # quota / period, or --cpus' NanoCpus
-                self._limit[s] = cores if cores is not None else float(os.cpu_count() or 1)
+                if cores is None:
+                    unlimited.append(s)
+                    cores = unlimited_cores(getattr(self.c, "executor", None))
+                self._limit[s] = cores
                 running[s] = bool(info["State"].get("Running"))
             except Exception as exc:  # noqa: BLE001 - the engine may be down: keep measuring
                 engine_errors.append(f"{s}: {type(exc).__name__}: {str(exc)[:160]}")
@@ -166,6 +185,13 @@ class Measurer:
         # a second that ends well after now is not fresh either: another clock, or a bogus line
         # (load.record_problem refuses those far ahead); NaN ages are stale too
         stale = rec is None or not -self.stale_s <= t - float(rec["t_end"]) <= self.stale_s
+        # a line arriving late (within the staleness window) left the newest second the one an
+        # earlier step already saw: acting on it again doubles one second's p99 in the decisions
+        # and in the run's counts; each line (one per second) is fresh to one measurement only
+        repeated = rec is not None and rec is self._claimed
+        stale = stale or repeated
+        if claim and not stale:
+            self._claimed = rec
         if stale:
             latency_state = "stale"
         else:
@@ -175,8 +201,9 @@ class Measurer:
                 latency_state = "ok"
             else:
                 latency_state = "none completed"
-        extra = {"stale": stale, "latency_state": latency_state, "engine_errors": engine_errors,
-                 "running": running, "kernel_limit": kernel_limit,
+        extra = {"stale": stale, "load_repeated": repeated, "latency_state": latency_state,
+                 "engine_errors": engine_errors, "running": running, "kernel_limit": kernel_limit,
+                 "unlimited": unlimited,
                  "throttled": throttled, "throttled_s": throttled_s,
                  "load_second": None if rec is None else int(rec["second"]),
                  "load_age_s": None if rec is None else round(t - float(rec["t_end"]), 3),

@@ -243,7 +243,7 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
         measurer = Measurer(topo, app, load, stale_s=o.stale_s)
         t0 = math.ceil(time.time() + o.warmup_s) + 0.3   # just after Locust's line for the last second
         _sleep_until(t0 - 1.0)
-        measurer.measure()                                 # primes the counters: step 0 has deltas
+        measurer.measure(claim=False)                      # primes the counters: step 0 has deltas
         stall_until = None
         load_gone = False
         for k in range(o.seconds):
