@@ -21,23 +21,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
-    from agents.oversubscription.data import generate_trace
-    from agents.oversubscription.experiment import (FULL, FULL_CASES, HELD_APART, QUICK_CASES, test_specs,
-                                                    tune_and_test_baselines)
-    from agents.oversubscription.settings import ALPHAS, get_setting
-
-    cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--case", choices=sorted(cases), required=True)
+    p.add_argument("--case", required=True, help="the experiment's case (setting-cold|warm), e.g. internal-warm")
     p.add_argument("--tune-alpha", type=float, required=True, help="the level the rules are tuned to")
-    p.add_argument("--test-episodes", type=int, default=FULL.test_episodes)
-    p.add_argument("--tune-episodes", type=int, default=FULL.tune_episodes,
-                   help="training episodes each rule is tuned on (the experiment's default)")
+    p.add_argument("--test-episodes", type=int, default=None, help="(default: the experiment's, 300)")
+    p.add_argument("--tune-episodes", type=int, default=None,
+                   help="training episodes each rule is tuned on (default: the experiment's, 20)")
     p.add_argument("--trace-seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json", default=None, help="also write the rows here")
     args = p.parse_args(argv)
+    # torch and the simulator load here, after the arguments: --help and a usage error took 5 s
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import (FULL, FULL_CASES, HELD_APART, QUICK_CASES, test_specs,
+                                                    tune_and_test_baselines)
+    from agents.oversubscription.settings import ALPHAS, get_setting
     from agents.report import writable_folder
+
+    cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
+    if args.case not in cases:
+        p.error(f"argument --case: invalid choice: {args.case!r} (choose from {', '.join(sorted(cases))})")
+    args.test_episodes = FULL.test_episodes if args.test_episodes is None else args.test_episodes
+    args.tune_episodes = FULL.tune_episodes if args.tune_episodes is None else args.tune_episodes
 
     if not 0.0 < args.tune_alpha < 1.0:
         print(f"error: --tune-alpha must lie in (0, 1), not {args.tune_alpha}", file=sys.stderr)

@@ -31,10 +31,6 @@ def block_stats(w, setting) -> dict:
 
 
 def main() -> None:
-    from agents.oversubscription.data import generate_trace
-    from agents.oversubscription.settings import get_setting
-    from agents.oversubscription.train import bootstrap_vms, evaluate_policy
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--setting", default="azure")
     ap.add_argument("--trace-seed", type=int, default=0)
@@ -44,6 +40,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.episodes < 1:  # a mean over no episode
         ap.error("--episodes must be at least 1")
+    # torch and the simulator load here, after the arguments: --help and a usage error took 4 s
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.settings import get_setting
+    from agents.oversubscription.train import bootstrap_vms, evaluate_policy
+
     # every refusal before the trace is generated, as one line naming the option
     try:
         setting = get_setting(args.setting)

@@ -31,24 +31,31 @@ def _candidate(text: str) -> tuple[str, Path]:
     return name, Path(folder)
 
 
-def main(argv=None) -> int:
-    from agents.oversubscription.data import generate_trace
-    from agents.oversubscription.experiment import (FULL_CASES, QUICK_CASES, held_apart_episodes, load_run_policy,
-                                                    policy_name, test_specs)
-    from agents.oversubscription.metrics import satisfied
-    from agents.oversubscription.settings import get_setting
-    from samm.cli.seeds import parse_seeds
-    from agents.oversubscription.train import (VALIDATION_EPISODES, choose_checkpoint, evaluate_policy,
-                                               validation_episodes)
+def _load(p: argparse.ArgumentParser, name: str, folder: Path, case, alpha: float, seed: int, trace_seed: int):
+    """(folder, policy) of candidate `name` for (alpha, seed); a usage error when it is missing or
+    was trained for another case, alpha, seed or trace."""
+    from agents.oversubscription.experiment import load_run_policy, policy_name
 
-    cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
+    saved = folder / policy_name(case, alpha, seed)
+    if not saved.is_dir():
+        p.error(f"candidate {name}: no policy {saved}")
+    try:
+        return saved, load_run_policy(saved, case, alpha, seed, trace_seed)[0]
+    except (ValueError, OSError) as e:
+        p.error(f"candidate {name}: {e}")
+
+
+def main(argv=None) -> int:
+    from samm.cli.seeds import parse_seeds
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--case", choices=sorted(cases), required=True)
+    p.add_argument("--case", required=True, help="the experiment's case (setting-cold|warm), e.g. azure-cold")
     p.add_argument("--candidate", type=_candidate, action="append", required=True,
                    help="NAME=DIR, a folder of saved policies; give two or more")
     p.add_argument("--alphas", default="0.75,0.85,0.95")
     p.add_argument("--seeds", default="1,2,3")
-    p.add_argument("--validation-episodes", type=int, default=VALIDATION_EPISODES)
+    p.add_argument("--validation-episodes", type=int, default=None,
+                   help="validation-week episodes (default: the 40 training validates with)")
     p.add_argument("--test-episodes", type=int, default=300)
     p.add_argument("--test", choices=("kept", "all", "none"), default="kept",
                    help="which candidates to test on the held-apart weeks (default: the kept one)")
@@ -58,26 +65,42 @@ def main(argv=None) -> int:
     names = [n for n, _ in args.candidate]
     if len(set(names)) != len(names) or len(names) < 2:
         p.error(f"give two or more candidates with distinct names, got {names}")
+    try:
+        alphas = [float(a) for a in args.alphas.split(",")]
+        seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        p.error(f"--alphas / --seeds: {e}")
+    # torch and the simulator load here, after the arguments: --help and a usage error took 4 s
     import torch
 
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import FULL_CASES, QUICK_CASES, held_apart_episodes, test_specs
+    from agents.oversubscription.metrics import satisfied
+    from agents.oversubscription.settings import get_setting
+    from agents.oversubscription.train import (VALIDATION_EPISODES, choose_checkpoint, evaluate_policy,
+                                               validation_episodes)
+
+    cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
+    if args.case not in cases:
+        p.error(f"argument --case: invalid choice: {args.case!r} (choose from {', '.join(sorted(cases))})")
+    n_validation = VALIDATION_EPISODES if args.validation_episodes is None else args.validation_episodes
     torch.set_num_threads(max(1, args.threads))
     case = cases[args.case]
+    # every candidate of every (alpha, seed) is loaded and checked before the first is measured: a
+    # missing or foreign one of the last seed failed only after minutes on the earlier ones
+    policies = {(alpha, seed, name): _load(p, name, folder, case, alpha, seed, args.trace_seed)
+                for alpha in alphas for seed in seeds for name, folder in args.candidate}
     setting = get_setting(case.setting)
     trace = generate_trace(setting, args.trace_seed)
     specs = test_specs(trace, args.test_episodes, case.warm)
-    alphas = [float(a) for a in args.alphas.split(",")]
-    seeds = parse_seeds(args.seeds)
     kept_rows: dict[float, list[dict]] = {a: [] for a in alphas}
     for alpha in alphas:
         for seed in seeds:
             rows = []
-            for name, folder in args.candidate:
-                saved = folder / policy_name(case, alpha, seed)
-                if not saved.is_dir():
-                    p.error(f"candidate {name}: no policy {saved}")
-                policy, _ = load_run_policy(saved, case, alpha, seed, args.trace_seed)
-                m = evaluate_policy(policy.rates, setting, validation_episodes(trace, args.validation_episodes,
-                                                                              case.warm), warm=case.warm)
+            for name, _ in args.candidate:
+                saved, policy = policies[(alpha, seed, name)]
+                m = evaluate_policy(policy.rates, setting, validation_episodes(trace, n_validation, case.warm),
+                                    warm=case.warm)
                 rows.append({"candidate": name, "policy": str(saved), "_policy": policy,
                              "pm_hot_r": m["pm_hot_r"], "s_cores": m["s_cores"]})
             kept = choose_checkpoint(rows, alpha)

@@ -28,13 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.oversubscription.baselines import RoundedUp, make_rule, round_up
-from agents.oversubscription.data import generate_trace
-from agents.oversubscription.experiment import test_specs
-from agents.oversubscription.metrics import broken_pms, satisfied, summarise
-from agents.oversubscription.settings import RATES, get_setting
-from agents.oversubscription.tuning import evaluate_rule, training_context, tuning_sims, tune
-from agents.report import writable_folder
+# torch and the simulator load in main, after the arguments: --help and a usage error took 4 s
+from agents.oversubscription.settings import RATES
 
 STATS = {"max": lambda u: u.max(axis=1),
          "p90": lambda u: np.nanpercentile(np.where(u > 0, u, np.nan), 90, axis=1),
@@ -53,6 +48,10 @@ class Hindsight:
 
     def bind(self, workload) -> "Hindsight":
         import warnings
+
+        from agents.oversubscription.baselines import round_up
+
+        self.round_up = round_up
         self.workload = workload
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)   # a VM with no usage at all: NaN -> 0
@@ -74,10 +73,11 @@ class Hindsight:
                 den = np.bincount(sub, weights=w, minlength=self.n)
                 need = np.where(den > 0, self.h * num / np.maximum(den, 1e-12), self.lo)
         need = np.clip(need, self.lo, 1.0)
-        return round_up(need) if self.discrete else need
+        return self.round_up(need) if self.discrete else need
 
 
 def hindsight(setting, workloads, **kw) -> dict:
+    from agents.oversubscription.metrics import broken_pms, summarise
     from agents.oversubscription.sim import OversubSim, run_episode
 
     records = []
@@ -113,6 +113,14 @@ def main(argv=None) -> int:
     if bad or not args.variants:
         ap.error(f"--variants must be AGG:STAT pairs, AGG among max, mean and STAT among {', '.join(STATS)}"
                  f"{f', not {bad[0]!r}' if bad else ''}")
+    from agents.oversubscription.baselines import RoundedUp, make_rule
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import test_specs
+    from agents.oversubscription.metrics import satisfied
+    from agents.oversubscription.settings import get_setting
+    from agents.oversubscription.tuning import evaluate_rule, training_context, tuning_sims, tune
+    from agents.report import writable_folder
+
     try:
         setting = get_setting(args.setting)
         if args.json:  # before the work: a path that cannot take the file failed only at the end, losing it

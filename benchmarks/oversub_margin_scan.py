@@ -27,17 +27,14 @@ import time
 
 import numpy as np
 
-from agents.oversubscription.data import generate_trace
-from agents.oversubscription.features import usage_features
-from agents.oversubscription.metrics import broken_pms, summarise
-from agents.oversubscription.policy import OversubPolicy
-from agents.oversubscription.sim import OversubSim, run_episode
-from agents.oversubscription.train import bootstrap_vms
+# torch and the simulator load in the functions, after the arguments: --help and a usage error took 5 s
 
 VALIDATION_SEED = 10**6   # bootstrap draws no training run uses (training: [cfg.seed, episode])
 
 
-def knobs(policy: OversubPolicy):
+def knobs(policy):
+    from agents.oversubscription.features import usage_features
+
     n = policy.setting.n_subscribers
 
     def peak(view):
@@ -55,6 +52,9 @@ def knobs(policy: OversubPolicy):
 
 
 def evaluate(fn, setting, workloads) -> dict:
+    from agents.oversubscription.metrics import broken_pms, summarise
+    from agents.oversubscription.sim import OversubSim, run_episode
+
     records = [run_episode(OversubSim(setting, w), fn) for w in workloads]
     m = summarise(records, setting.delta_steps)
     m["broken_pms"] = broken_pms(records, setting.delta_steps)
@@ -70,6 +70,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.episodes < 1:  # a rate over no episode
         ap.error("--episodes must be at least 1")
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.policy import OversubPolicy
+    from agents.oversubscription.train import bootstrap_vms
+
     try:
         policy = OversubPolicy.load(args.policy)
     except (ValueError, OSError) as exc:

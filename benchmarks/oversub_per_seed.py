@@ -22,18 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
-    from agents.oversubscription.data import generate_trace
-    from agents.oversubscription.experiment import (FULL_CASES, QUICK_CASES, held_apart_episodes, kept_episode,
-                                                    load_run_policy, policy_name, test_specs)
-    from agents.oversubscription.network import C2MarlEnsemble
-    from agents.oversubscription.settings import get_setting
     from samm.cli.seeds import parse_seeds
-    from agents.oversubscription.train import evaluate_policy, saved_checkpoints
 
-    cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policies", required=True, help="an experiment's --out or its policies/ folder")
-    p.add_argument("--case", choices=sorted(cases), required=True)
+    p.add_argument("--case", required=True, help="the experiment's case (setting-cold|warm), e.g. internal-warm")
     p.add_argument("--alpha", type=float, default=0.95)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--test-episodes", type=int, default=300)
@@ -52,36 +45,24 @@ def main(argv=None) -> int:
         p.error(f"--seeds: {e}")
     if args.test_episodes < 1:  # a verdict over no episode
         p.error("--test-episodes must be at least 1")
+    # torch and the simulator load here, after the arguments: --help and a usage error took 4 s
     import torch
 
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import held_apart_episodes, test_specs
+    from agents.oversubscription.network import C2MarlEnsemble
+    from agents.oversubscription.settings import get_setting
+    from agents.oversubscription.train import evaluate_policy
+
     torch.set_num_threads(max(1, args.threads))
-    case = cases[args.case]
-    root = Path(args.policies)
-    root = root / "policies" if (root / "policies").is_dir() else root
+    case = _case(p, args.case)
+    # every seed's policies are loaded and checked before the first is tested: a missing or foreign
+    # last seed failed only after minutes of testing the earlier ones
+    tested_by_seed = [(seed, *_tested(p, args, case, seed)) for seed in seeds]
     setting = get_setting(case.setting)
     trace = generate_trace(setting, args.trace_seed)
     specs = test_specs(trace, args.test_episodes, case.warm)
-    for seed in seeds:
-        saved = root / policy_name(case, args.alpha, seed)
-        try:
-            policy, seconds = load_run_policy(saved, case, args.alpha, seed, args.trace_seed)
-        except (ValueError, OSError) as e:  # a missing or foreign policy folder
-            p.error(str(e))
-        kept = kept_episode(policy)
-        validated = {h["episode"]: h for h in policy.training.get("validation", {}).get("history", [])}
-        if args.votes:
-            votes = [v.strip() for v in args.votes.split(",") if v.strip()]
-            try:
-                tested = [(kept, policy.with_vote(v), seconds) for v in votes]
-            except ValueError as e:
-                p.error(f"{saved}: {e}")
-        else:
-            tested = [(kept, policy, seconds)]
-        n_kept = len(tested)
-        if args.checkpoints:
-            for _, d in saved_checkpoints(saved):
-                cp, cp_seconds = load_run_policy(d, case, args.alpha, seed, args.trace_seed)
-                tested.append((cp.training["checkpoint_episode"], cp, cp_seconds))
+    for seed, tested, n_kept, validated in tested_by_seed:
         for i, (episode, pol, secs) in enumerate(tested):
             m = evaluate_policy(pol.rates, setting, held_apart_episodes(trace, specs, case.warm), warm=case.warm)
             row = {"case": case.key, "alpha": args.alpha, "seed": seed, "episode": episode, "kept": i < n_kept,
@@ -94,6 +75,49 @@ def main(argv=None) -> int:
             print(json.dumps(row), flush=True)
     return 0
 
+
+def _case(p: argparse.ArgumentParser, key: str):
+    """The experiment's case named `key`, or a usage error listing them."""
+    from agents.oversubscription.experiment import FULL_CASES, QUICK_CASES
+
+    cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
+    if key not in cases:
+        p.error(f"argument --case: invalid choice: {key!r} (choose from {', '.join(sorted(cases))})")
+    return cases[key]
+
+
+def _tested(p: argparse.ArgumentParser, args, case, seed: int):
+    """(the (episode, policy, training seconds) to test, how many are the kept weights, the
+    validation history by episode) of one seed; a usage error for a missing or foreign policy."""
+    from agents.oversubscription.experiment import kept_episode, load_run_policy, policy_name
+    from agents.oversubscription.train import saved_checkpoints
+
+    root = Path(args.policies)
+    root = root / "policies" if (root / "policies").is_dir() else root
+    saved = root / policy_name(case, args.alpha, seed)
+    try:
+        policy, seconds = load_run_policy(saved, case, args.alpha, seed, args.trace_seed)
+    except (ValueError, OSError) as e:  # a missing or foreign policy folder
+        p.error(str(e))
+    kept = kept_episode(policy)
+    validated = {h["episode"]: h for h in policy.training.get("validation", {}).get("history", [])}
+    if args.votes:
+        votes = [v.strip() for v in args.votes.split(",") if v.strip()]
+        try:
+            tested = [(kept, policy.with_vote(v), seconds) for v in votes]
+        except ValueError as e:
+            p.error(f"{saved}: {e}")
+    else:
+        tested = [(kept, policy, seconds)]
+    n_kept = len(tested)
+    if args.checkpoints:
+        for _, d in saved_checkpoints(saved):
+            try:
+                cp, cp_seconds = load_run_policy(d, case, args.alpha, seed, args.trace_seed)
+            except (ValueError, OSError) as e:
+                p.error(str(e))
+            tested.append((cp.training["checkpoint_episode"], cp, cp_seconds))
+    return tested, n_kept, validated
 
 if __name__ == "__main__":
     raise SystemExit(main())

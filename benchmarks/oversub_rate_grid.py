@@ -25,25 +25,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
+    from agents.oversubscription.settings import RATE_GRIDS, get_setting
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--case", required=True, help="the experiment's case (setting-cold|warm), e.g. internal-warm")
+    p.add_argument("--rule", required=True, help="the baseline (baselines.RULES), e.g. NSigma")
+    p.add_argument("--params", default=None, help="its parameters as JSON (default: tuned at --alpha)")
+    p.add_argument("--alpha", type=float, default=0.95, help="the level the verdicts (and any tuning) use")
+    p.add_argument("--grids", default=",".join(RATE_GRIDS), help=f"comma-separated, among {sorted(RATE_GRIDS)}")
+    p.add_argument("--test-episodes", type=int, default=None, help="(default: the experiment's, 300)")
+    p.add_argument("--trace-seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the rows here")
+    args = p.parse_args(argv)
+    # torch and the simulator load here, after the arguments: --help and a usage error took 5 s
     from agents.oversubscription.baselines import RULES, RoundedUp, make_rule
     from agents.oversubscription.data import generate_trace
     from agents.oversubscription.experiment import FULL, FULL_CASES, QUICK_CASES, held_apart_episodes, test_specs
     from agents.oversubscription.metrics import satisfied
-    from agents.oversubscription.settings import RATE_GRIDS, get_setting
     from agents.oversubscription.tuning import evaluate_rule, training_context, tune_all
+    from agents.report import writable_folder
 
     cases = {c.key: c for c in FULL_CASES + QUICK_CASES}
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--case", choices=sorted(cases), required=True)
-    p.add_argument("--rule", choices=sorted(RULES), required=True, help="the baseline (baselines.RULES)")
-    p.add_argument("--params", default=None, help="its parameters as JSON (default: tuned at --alpha)")
-    p.add_argument("--alpha", type=float, default=0.95, help="the level the verdicts (and any tuning) use")
-    p.add_argument("--grids", default=",".join(RATE_GRIDS), help=f"comma-separated, among {sorted(RATE_GRIDS)}")
-    p.add_argument("--test-episodes", type=int, default=FULL.test_episodes)
-    p.add_argument("--trace-seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the rows here")
-    args = p.parse_args(argv)
-    from agents.report import writable_folder
+    for option, value, known in (("--case", args.case, cases), ("--rule", args.rule, RULES)):
+        if value not in known:
+            p.error(f"argument {option}: invalid choice: {value!r} (choose from {', '.join(sorted(known))})")
+    args.test_episodes = FULL.test_episodes if args.test_episodes is None else args.test_episodes
 
     grids = [g.strip() for g in args.grids.split(",") if g.strip()]
     unknown = [g for g in grids if g not in RATE_GRIDS]

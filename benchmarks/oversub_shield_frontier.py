@@ -16,18 +16,15 @@ import argparse
 import json
 import time
 
-from agents.oversubscription.baselines import NSigmaRule, replay_usage_history
-from agents.oversubscription.data import generate_trace
-from agents.oversubscription.experiment import test_specs
-from agents.oversubscription.policy import OversubPolicy
-from agents.oversubscription.settings import get_setting
-from agents.oversubscription.tuning import evaluate_rule
+# torch and the simulator load after the arguments: --help and a usage error took 5 s
 
 
 class _Saved:
     """A saved policy as a rate rule (it keeps no state between episodes)."""
 
     def __init__(self, directory: str):
+        from agents.oversubscription.policy import OversubPolicy
+
         self.policy = OversubPolicy.load(directory)
         shield = self.policy.shield
         if shield is None:
@@ -55,6 +52,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.episodes < 1:  # a rate over no episode
         ap.error("--episodes must be at least 1")
+    from agents.oversubscription.baselines import NSigmaRule, replay_usage_history
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import test_specs
+    from agents.oversubscription.settings import get_setting
+    from agents.oversubscription.tuning import evaluate_rule
+
     try:
         setting = get_setting(args.setting)
     except ValueError as exc:

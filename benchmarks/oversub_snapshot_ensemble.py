@@ -39,39 +39,39 @@ def ensemble_policy(members, how: str):
 
 
 def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", nargs="+", required=True, help="training --out folders with a checkpoints/ folder")
+    p.add_argument("--last", type=int, default=5, help="ensemble the last K checkpoints (the last weights included)")
+    p.add_argument("--how", default=None,
+                   help="comma-separated votes, of median, p60, upper-quartile, mean-q, max (default: every one)")
+    p.add_argument("--test-episodes", type=int, default=300)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (one per process)")
+    args = p.parse_args(argv)
+    # torch and the simulator load here, after the arguments: --help and a usage error took 6 s
+    import torch
+
     from agents.oversubscription.data import generate_trace
     from agents.oversubscription.experiment import held_apart_episodes, test_specs
     from agents.oversubscription.metrics import satisfied, summarise
     from agents.oversubscription.network import VOTES
-    from agents.oversubscription.policy import OversubPolicy
-    from agents.oversubscription.train import roll_out, saved_checkpoints
+    from agents.oversubscription.train import roll_out
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", nargs="+", required=True, help="training --out folders with a checkpoints/ folder")
-    p.add_argument("--last", type=int, default=5, help="ensemble the last K checkpoints (the last weights included)")
-    p.add_argument("--how", default=",".join(VOTES), help=f"comma-separated, of {', '.join(VOTES)}")
-    p.add_argument("--test-episodes", type=int, default=300)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (one per process)")
-    args = p.parse_args(argv)
-    hows = args.how.split(",")
+    hows = list(VOTES) if args.how is None else args.how.split(",")
     if args.last < 1 or args.test_episodes < 1 or not set(hows) <= set(VOTES):
         p.error(f"--last and --test-episodes must be >= 1, --how of {VOTES}")
-    import torch
-
     torch.set_num_threads(max(1, args.threads))
+    # every run's checkpoints are loaded and checked before the first run is tested: a run with too
+    # few of them, or whose last one is not its last weights, failed after the earlier runs' minutes
+    loaded = []
     for run in (Path(r) for r in args.runs):
-        saved = saved_checkpoints(run)
-        if len(saved) < args.last:
-            print(f"error: {run} has {len(saved)} checkpoints/episode-E folders, fewer than --last {args.last}",
-                  file=sys.stderr)
+        members = _members(run, args.last)
+        if isinstance(members, str):
+            print(f"error: {members}", file=sys.stderr)
             return 2
-        episodes = [e for e, _ in saved[-args.last:]]
-        members = [OversubPolicy.load(d) for _, d in saved[-args.last:]]
+        loaded.append((run, *members))
+    for run, episodes, members in loaded:
         last = members[-1]
         t = last.training
-        if t.get("checkpoint_episode") != t.get("episodes"):
-            print(f"error: {saved[-1][1]} is not the run's last weights", file=sys.stderr)
-            return 2
         setting, warm, alpha = last.setting, bool(t["warm"]), float(t["config"]["alpha"])
         trace = generate_trace(setting, t["trace_seed"])
         specs = test_specs(trace, args.test_episodes, warm)
@@ -90,6 +90,23 @@ def main(argv=None) -> int:
                 if results["last"]["s_cores"] > 0 else None}), flush=True)
     return 0
 
+
+def _members(run: Path, last: int):
+    """(episodes, policies) of the run's last `last` checkpoints, or why they cannot be ensembled."""
+    from agents.oversubscription.policy import OversubPolicy
+    from agents.oversubscription.train import saved_checkpoints
+
+    saved = saved_checkpoints(run)
+    if len(saved) < last:
+        return f"{run} has {len(saved)} checkpoints/episode-E folders, fewer than --last {last}"
+    try:
+        members = [OversubPolicy.load(d) for _, d in saved[-last:]]
+    except (ValueError, OSError) as e:
+        return str(e)
+    t = members[-1].training
+    if t.get("checkpoint_episode") != t.get("episodes"):
+        return f"{saved[-1][1]} is not the run's last weights"
+    return [e for e, _ in saved[-last:]], members
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -12,12 +12,6 @@ import argparse
 
 import numpy as np
 
-from agents.oversubscription import sim as oversub_sim
-from agents.oversubscription.data import generate_trace
-from agents.oversubscription.experiment import test_specs
-from agents.oversubscription.settings import get_setting
-from agents.oversubscription.train import roll_out
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -29,6 +23,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.episodes < 1:
         ap.error("--episodes must be at least 1")
+    # torch and the simulator load here, after the arguments: --help and a usage error took 5 s
+    from agents.oversubscription import sim as oversub_sim
+    from agents.oversubscription.data import generate_trace
+    from agents.oversubscription.experiment import test_specs
+    from agents.oversubscription.settings import get_setting
+    from agents.oversubscription.train import roll_out
+
     try:  # every setting before the first one's episodes: `azure nope` failed after azure's
         settings = [get_setting(name) for name in args.settings]
     except ValueError as exc:

@@ -93,11 +93,14 @@ def main(argv=None) -> int:
 
     traces: dict = {}
     summary = []
-    for run in (Path(r) for r in args.runs):
-        saved = saved_checkpoints(run)
-        if not saved:
-            print(f"error: {run} has no checkpoints/episode-E folders", file=sys.stderr)
-            return 2
+    # every run's checkpoints found before the first is measured: a run without them (a typo)
+    # failed only after the earlier runs' checkpoints were measured, minutes each
+    checkpoints = [(run, saved_checkpoints(run)) for run in (Path(r) for r in args.runs)]
+    empty = [run for run, saved in checkpoints if not saved]
+    if empty:
+        print(f"error: {empty[0]} has no checkpoints/episode-E folders", file=sys.stderr)
+        return 2
+    for run, saved in checkpoints:
         rows = []
         for episode, d in saved:
             f = cache / f"{run.name}-{d.name}.npz"

@@ -2,7 +2,10 @@
 
 * PM-Hot-R: "the maximum probability of a PM in the cluster being hot [more] than delta": for each
   PM the share of episodes in which it was hot on delta or more steps (the constraint asks for
-  fewer than delta), then the maximum over PMs.
+  fewer than delta), then the maximum over PMs. Why ">= delta": Eq. 2 and Definition 1 (L66, L76)
+  ask for a hot share strictly below delta, so PM-Hot-R is the complement of the constraint; the
+  prose of L201 ("not hot over 3 times") and L225 ("more than") would allow delta itself. We follow
+  the equations, which the learner's constraint also uses.
 * C-Hot-R (Table 5): the share of episodes in which the cluster (any PM) was hot on delta or more
   steps.
 * S-Cores = 1 - assigned / requested cores, over the VMs placed in the episode (mean over episodes).

@@ -338,7 +338,7 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
             o = np.clip((o - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10).astype(np.float32)
         return o
 
-    def fresh_start(seed: int):
+    def fresh_start(seed: int | None):
         """Reset envs, zero LSTM states, every env at an episode start."""
         obs, _ = envs.reset(seed=seed)
         zeros = np.zeros((cfg.num_envs, cfg.lstm_hidden), dtype=np.float32)
@@ -429,7 +429,10 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
                     global_step = at_start[0]
                     obs_rms = RunningMeanStd.from_dict(at_start[1]) if at_start[1] else None
                     ret_rms = RunningMeanStd.from_dict(at_start[2]) if at_start[2] else None
-                    raw_obs, h, c, episode_start = fresh_start(cfg.seed + 1000 * update + 7919 * (attempt + 1))
+                    # unseeded: a seeded reset rewinds a workload sampler to the run's start
+                    # (CloudSimVectorEnv), so the retry replayed the first workloads, already
+                    # trained on; unseeded, the envs go on with their own seed and workload streams
+                    raw_obs, h, c, episode_start = fresh_start(None)
                     for acc in (disc_return, ep_return, ep_len, ep_vm_cost, ep_wait):
                         acc[:] = 0
 
