@@ -55,6 +55,8 @@ def main() -> None:
         ap.error(f"--workers must be comma-separated whole numbers, got {args.workers!r}")
     if min(cases) < 0 or args.envs < 1 or args.timesteps < 1:
         ap.error("--workers must be >= 0, --envs and --timesteps >= 1")
+    if max(cases) > args.envs:  # checked here, not after the earlier cases' minutes of work
+        ap.error(f"--workers must be <= --envs ({args.envs}): a rollout worker holds at least one env, got {max(cases)}")
     if any(cases):
         from sim_bridge.ray_batch import connect
 

@@ -342,3 +342,12 @@ def test_a_lease_without_a_lock_wait_keeps_the_callers_time(tmp_path):
         q.submit(1, 1, 50.0, submitted_at=0.0)
         q.lease("A", 1, now_wall=1000.0, lease_s=2.0, clock_now=0.0)
         assert _expires(path, 1) == 1002.0
+
+
+def test_ray_rollouts_refuses_more_workers_than_envs_before_the_first_case():
+    """`--workers 0,1,16 --envs 8` ran cases 0 and 1 (minutes) before case 16 failed with a
+    traceback: every case is checked against --envs first."""
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "ray_rollouts.py"), "--workers", "0,1,16", "--envs", "8"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--workers must be <= --envs (8)" in r.stderr and "got 16" in r.stderr
