@@ -18,7 +18,7 @@ from sim_bridge.workloads import seed_1551
 
 from .evaluate import evaluate
 from .factory import make_agent
-from .report import Target, experiment_summary, prepare_out, refuse_repeats, write_summary
+from .report import Target, experiment_summary, prepare_out, judged_places, refuse_repeats, write_summary
 from .tune import tune
 
 
@@ -37,6 +37,14 @@ def _negated(value: float | None) -> float | None:
 
 def _cell(value: float | None, spec: str) -> str:
     return "–" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def _judged_pct(t: Target) -> str:
+    """A target's fraction as a signed percentage with one decimal, or with as many more as keep
+    it on the side of its goal's bound it was judged on (0.14996 read "+15.0%" beside "met: False")."""
+    if t.value is None or not math.isfinite(t.value):
+        return "–"
+    return format(t.value, f"+.{judged_places(t.value, t.goal, 3, t.met) - 2}%")
 
 
 def _row(name: str, res: dict) -> dict:
@@ -238,10 +246,10 @@ def run_paper_experiment(out_dir: str | Path, policy_dir: str | Path | None = No
         "vs_target_tracking": rounded(cut(by["target-tracking (tuned)"]["total_cost"])),
         "vs_queue": rounded(cut(by["queue (tuned)"]["total_cost"])),
     }
-    targets = [Target("cost reduction vs tuned threshold", rounded(cost_cut), ">= 0.15",
-                      cost_cut is not None and cost_cut >= 0.15),
-               Target("makespan increase vs tuned threshold", rounded(longer), "<= 0.10",
-                      longer is not None and longer <= 0.10)]
+    targets = [Target("cost reduction vs tuned threshold", cost_cut, ">= 0.15",
+                      cost_cut is not None and cost_cut >= 0.15, digits=4),
+               Target("makespan increase vs tuned threshold", longer, "<= 0.10",
+                      longer is not None and longer <= 0.10, digits=4)]
     figures = _figures(out, train_dir, traces)
     methods = {name: {k: [e[k] for e in res["episodes"] if k in e] for k in ("total_cost", "vm_cost", "wait_penalty",
                                                                            "makespan_s")}
@@ -258,8 +266,8 @@ def run_paper_experiment(out_dir: str | Path, policy_dir: str | Path | None = No
               f"S/M/L = 2/4/8 cores at $0.2/0.4/0.8 per hour, penalty $0.036 per waiting job-hour. "
               f"Baselines tuned on seeds {list(tune_seeds)}. Wall time {summary['wall_seconds']:.0f} s.", "",
               _table(rows, ref="threshold (tuned)"), "",
-              f"LSTM-PPO vs tuned threshold: {_cell(cost_cut, '+.1%')} lower total cost, makespan "
-              f"{_cell(longer, '+.1%')}; "
+              f"LSTM-PPO vs tuned threshold: {_judged_pct(targets[0])} lower total cost, makespan "
+              f"{_judged_pct(targets[1])}; "
               f"quality target (≥ 15 % cheaper, ≤ 10 % longer) met: {all(t.met for t in targets)}.", "",
               "The paper (its AWS testbed, Table/§5): PPO $8.67 in 173 min vs threshold $9.95 in 149 min "
               "(12.9 % cheaper, 16.1 % slower).", "",

@@ -45,6 +45,12 @@ class ProblemSpec:
     #: last_progress), so a problem brings its own MAPE-K loop without editing the daemon
     loop_config: str | None = None
     build_loop: str | None = None
+    #: "module:attr" of `evaluate(agent, seeds, policy_dir=None, params=None) -> dict` (JSON-able,
+    #: its `summary` shown) and of `tune(agent, seeds, out=None, progress=True) -> dict` (its
+    #: `best_params` shown; it saves the tuned agent to `out` when given): what `samm evaluate` and
+    #: `samm tune --problem NAME` run for a problem whose options the CLI does not know itself
+    evaluate: str | None = None
+    tune: str | None = None
 
     def agent_names(self) -> list[str]:
         return sorted(self.agents)

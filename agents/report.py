@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import platform
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -36,13 +38,56 @@ SCHEMA = "samm.experiment/1"
 
 @dataclass(frozen=True)
 class Target:
+    """One target of an experiment: `met` is judged on `value` as measured. With `digits`, the
+    value is shown (in summary.json, and so in report.md) rounded to that many places, or to as
+    many more as it takes to keep it on the same side of the goal's bound as the value judged:
+    0.14996 against ">= 0.15" read "0.15 >= 0.15: not met" when rounded to 4."""
+
     name: str
     value: float | int | bool | None
     goal: str      # e.g. ">= 0.98 x optimum", "<= 60 s"
     met: bool
+    digits: int | None = None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {"name": self.name, "value": shown_value(self.value, self.goal, self.digits, self.met),
+                "goal": self.goal, "met": self.met}
+
+
+_GOAL_BOUND = re.compile(r"\s*(<=|>=|==|<|>)\s*([-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)(?![\d.])")
+_HOLDS = {"<=": operator.le, ">=": operator.ge, "==": operator.eq, "<": operator.lt, ">": operator.gt}
+
+
+def _real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def judged_places(value, goal: str, digits: int, met: bool | None = None) -> int:
+    """The decimal places to show `value` with: `digits`, or as many more (17 at most) as keep the
+    shown value on the side of the bound that opens `goal` (`<= 0.10`, `> 1.0 x best`) that the
+    value itself is on, where the other side would contradict the verdict `met` (a goal judged
+    with a tolerance, `v >= -1e-12` for ">= 0", keeps its rounded -0.0)."""
+    bound = _GOAL_BOUND.match(goal)
+    if bound is None or not _real(value):
+        return digits
+    holds, limit = _HOLDS[bound.group(1)], float(bound.group(2))
+
+    def misleads(places: int) -> bool:
+        shown = holds(round(value, places), limit)
+        return shown != holds(value, limit) and (met is None or shown != met)
+
+    while misleads(digits) and digits < 17:
+        digits += 1
+    return digits
+
+
+def shown_value(value, goal: str, digits: int | None, met: bool | None = None):
+    """`value` rounded to `judged_places`; as it is without digits (or where no rounding reads
+    as judged)."""
+    if digits is None or not _real(value):
+        return value
+    places = judged_places(value, goal, digits, met)
+    return round(value, places) if places < 17 else value
 
 
 def stats(values: Iterable[float]) -> dict:

@@ -121,15 +121,21 @@ def _by_definition(types, states, cpu, ram, age, waiting, submitted, waiting_int
     present = types >= 0
     measured = present & (states == 1) & (age >= warmup_s)
     idx = np.maximum(types, 0)
-    c = np.clip(np.nan_to_num(cpu[measured], nan=0.0), 0, 1)
-    r = np.clip(np.nan_to_num(ram[measured] / FLEET.ram_gb[idx[measured]], nan=0.0), 0, 1)
+    # a NaN sample is missing: left out; every measured VM's missing: the metric is NaN
+    c, r = cpu[measured], ram[measured] / FLEET.ram_gb[idx[measured]]
+    c, r = np.clip(c[~np.isnan(c)], 0, 1), np.clip(r[~np.isnan(r)], 0, 1)
 
     def stats(v):
-        return (v.mean(), np.percentile(v, 90)) if len(v) else (0.0, 0.0)
+        if not len(v):
+            return (np.nan, np.nan) if measured.any() else (0.0, 0.0)
+        return v.mean(), np.percentile(v, 90)
 
-    out = [FLEET.cores[idx[present]].sum() / 140, *stats(c), *stats(r),
-           waiting / submitted if submitted > 0 else 0.0, waiting_int / submitted_int if submitted_int > 0 else 0.0]
-    return np.clip(np.nan_to_num(np.array(out, dtype=float), nan=0.0), 0, 1)
+    out = np.array([FLEET.cores[idx[present]].sum() / 140, *stats(c), *stats(r),
+                    waiting / submitted if submitted > 0 else 0.0,
+                    waiting_int / submitted_int if submitted_int > 0 else 0.0], dtype=float)
+    counters = [0, 5, 6]
+    out[counters] = np.clip(np.nan_to_num(out[counters], nan=0.0), 0, 1)
+    return out
 
 
 def test_compiled_metrics_match_the_definitions_on_random_batches_with_bad_values():

@@ -234,9 +234,9 @@ def _summarise(runs, heur, budget: Budget, t1: str, figures, wall: float, quick:
             st, ok, mean, best, name = default[0]
             # "x best" reads only against a positive reward: a 0 divided by zero, a negative one
             # turned the ratio upside down (0.5 "met"); `met` still says who is above
-            ratio = round(mean / best, 4) if mean is not None and best > 0 else None
+            ratio = mean / best if mean is not None and best > 0 else None
             targets.append(Target(f"{row}: total reward above every heuristic on {st} (best: {name})",
-                                  ratio, "> 1.0 x best heuristic", bool(ok)))
+                                  ratio, "> 1.0 x best heuristic", bool(ok), digits=4))
         t4 = [w for w in won if w[0] in TABLE4]
         if t4:
             n_ok = sum(w[1] for w in t4)
@@ -245,8 +245,8 @@ def _summarise(runs, heur, budget: Budget, t1: str, figures, wall: float, quick:
                                   f">= {need} of {len(t4)}", bool(n_ok >= need)))
         secs = [r["train_seconds"] for r in runs if r["variant"] == row]
         if secs:
-            targets.append(Target(f"{row}: training time per run (s, 2-core machine)", round(max(secs), 1),
-                                  "<= 1800", bool(max(secs) <= 1800)))
+            targets.append(Target(f"{row}: training time per run (s, 2-core machine)", max(secs),
+                                  "<= 1800", bool(max(secs) <= 1800), digits=1))
     paper = {**{k: {"utilisation": v[0], "delay_penalty": v[1], "total_reward": v[2]} for k, v in PAPER_TABLE1.items()}}
     for k, v in PAPER_TABLE2.items():
         paper.setdefault(k, {})["table2_deferrable_utilisation"] = v[0]

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from agents.parallel import map_runs
-from agents.report import Target, experiment_summary, prepare_out, refuse_repeats, write_summary
+from agents.report import Target, experiment_summary, judged_places, prepare_out, refuse_repeats, write_summary
 from samm.cli.seeds import require_disjoint
 
 from .episode import EPISODE_S, EpisodeResult, StaticController, run_episodes
@@ -429,7 +429,9 @@ def _report(summary: dict) -> str:
         lines += ["", f"![cores]({_figure('cores', app)}) ![latency]({_figure('latency-cdf', app)})", ""]
     lines += ["## Targets", "", "| target | value | met |", "|---|---|---|"]
     for t in summary["targets"]:
-        lines.append(f"| {t['name']} | {_num(t['value'], '.3f')} | {'yes' if t['met'] else 'NO'} |")
+        # more places where 3 would put it on the other side of the goal it is judged on
+        spec = f".{judged_places(t['value'], t['goal'], 3, t['met'])}f"
+        lines.append(f"| {t['name']} | {_num(t['value'], spec)} | {'yes' if t['met'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -524,8 +524,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
             ours_ok = bool(ours) and all(r["satisfied"]["0.95"] for r in ours)
             ratio = ours_s / best_s if best_s > 0 else None
             targets.append(Target(f"{label}: C2MARL-0.95 S-Cores / best safe baseline ({best})",
-                                  None if ratio is None else round(ratio, 3), ">= 1.3 and constraint met",
-                                  bool(ratio is not None and ratio >= 1.3 and ours_ok)))
+                                  ratio, ">= 1.3 and constraint met",
+                                  bool(ratio is not None and ratio >= 1.3 and ours_ok), digits=3))
             for a in budget.alphas:
                 rows = res["rows"][protocol].get(f"C2MARL-{a:.2f}", [])
                 ok = bool(rows) and all(r["satisfied"][f"{a:.2f}"] for r in rows)
@@ -534,8 +534,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
                                       ok, "true", ok))
         secs = [r["train_seconds"] for rows in res["rows"][HELD_APART].values() for r in rows if "train_seconds" in r]
         if secs:
-            targets.append(Target(f"{res['case']}: training minutes per run (max)", round(max(secs) / 60, 2),
-                                  "<= 30", max(secs) <= 1800))
+            targets.append(Target(f"{res['case']}: training minutes per run (max)", max(secs) / 60,
+                                  "<= 30", max(secs) <= 1800, digits=2))
     summary = experiment_summary(
         "oversubscription", PAPER,
         {"cases": [r["case"] for r in results], "budget": {k: v for k, v in budget.__dict__.items()},

@@ -15,7 +15,8 @@ Two named *feature sets* (`feature_set(name, fleet)`):
     queue until some VM has that many free cores;
   - ``largest_free_slot_ratio`` = most idle cores on one running VM / cores of the largest type,
     idle cores = the VM's cores × (1 − its busy-core fraction over the interval): derived from
-    the per-VM CPU both paths measure, so the live daemon needs no extra series;
+    the per-VM CPU both paths measure, so the live daemon needs no extra series. A VM with a
+    missing (NaN) CPU sample is left out, as in the CPU metrics; none with a sample: NaN;
   - ``vm_running_frac:<type>`` and ``vm_booting_frac:<type>`` = VMs of that type running
     (booting) / the type's maximum;
   - ``steps_since_action`` = min(intervals since the last applied action, `SINCE_CAP`) /
@@ -98,12 +99,22 @@ def _queue_feature(name: str, snap: RawSnapshot, fleet: FleetSpec) -> np.ndarray
         return _counter(snap, "jobs_running_cores") / fleet.max_fleet_cores
     if name == "head_job_cores_ratio":
         return _counter(snap, "head_job_cores") / largest
+    return _largest_free_slot(snap, fleet) / largest
+
+
+def _largest_free_slot(snap: RawSnapshot, fleet: FleetSpec) -> np.ndarray:
+    """Most idle cores on one running VM. A VM whose CPU sample is missing (NaN) is left out, as
+    the CPU metrics leave it out (neither idle nor busy); running VMs none of which has a sample:
+    NaN (unknown), which the daemon refuses to act on. No running VM: 0."""
     vm_type = np.asarray(snap.vm_type)
     running = (vm_type >= 0) & (np.asarray(snap.vm_state) == VM_RUNNING)
     cores = fleet.cores[np.maximum(vm_type, 0)]
-    busy = np.clip(np.nan_to_num(np.asarray(snap.vm_cpu_busy, dtype=np.float64), nan=1.0), 0.0, 1.0)
-    idle = np.where(running, cores * (1.0 - busy), 0.0)
-    return idle.max(axis=-1) / largest
+    cpu = np.asarray(snap.vm_cpu_busy, dtype=np.float64)
+    sampled = running & ~np.isnan(cpu)
+    busy = np.clip(np.nan_to_num(cpu, nan=0.0), 0.0, 1.0)
+    idle = np.where(sampled, cores * (1.0 - busy), 0.0).max(axis=-1)
+    unknown = running.any(axis=-1) & ~sampled.any(axis=-1)
+    return np.where(unknown, np.nan, idle)
 
 
 def _since_action(snap: RawSnapshot, step_seconds: float) -> np.ndarray:

@@ -6,10 +6,13 @@ Definitions (each value is in [0, 1]; VMs are the non-empty slots of a `RawSnaps
    types (the real maximum of the fleet; the prior implementation divided by 3000 hosts × 14
    cores).
 2. ``cpu_mean`` = mean of the busy-core fraction of *measured* VMs, where measured = running
-   and past the warm-up (``running_for_s >= warmup_s``). 0 when none is measured.
+   and past the warm-up (``running_for_s >= warmup_s``). 0 when none is measured. A NaN sample
+   is missing: that VM is left out (neither idle nor busy), and when every measured VM's sample
+   is missing the metric is NaN (unknown), which the daemon refuses to act on.
 3. ``cpu_p90`` = 90th percentile of the same values, linear interpolation between closest
-   ranks (``numpy.percentile``'s default). 0 when none.
-4. ``ram_mean`` = mean of RAM used / RAM of the VM's type, over measured VMs.
+   ranks (``numpy.percentile``'s default). 0 when none, NaN when every sample is missing.
+4. ``ram_mean`` = mean of RAM used / RAM of the VM's type, over measured VMs (NaN samples
+   missing, as for CPU).
 5. ``ram_p90`` = 90th percentile of the same, linear interpolation.
 6. ``waiting_ratio_total`` = jobs waiting now / jobs submitted so far (0 when none submitted).
    Jobs re-queued after their VM was removed count as waiting.
@@ -64,6 +67,17 @@ def _clip01(x):
 
 
 @njit(cache=True, nogil=True)
+def _sample_stats(values, count, measured):
+    """(mean, p90) of the first `count` of `values` (each already in [0, 1]): 0 when no VM is
+    measured, NaN when VMs are measured but none has a sample (their load is unknown: a 0 there
+    read as an idle fleet and could remove capacity on missing data)."""
+    if count == 0:
+        return (np.nan, np.nan) if measured else (0.0, 0.0)
+    ordered = np.sort(values[:count])
+    return _clip01(ordered.sum() / count), _clip01(_percentile_sorted(ordered, count, 90.0))
+
+
+@njit(cache=True, nogil=True)
 def _ratio(num, den):
     return num / den if den > 0.0 else 0.0
 
@@ -88,7 +102,7 @@ def _metrics_kernel(vm_type, vm_state, cpu, ram, running_for, warmup_s, type_cor
     ram_m = np.empty(n_slots)
     for r in range(n_rows):
         cores = 0.0
-        k = 0
+        measured, kc, kr = 0, 0, 0
         for v in range(n_slots):
             t = vm_type[r, v]
             if t < 0:
@@ -99,20 +113,18 @@ def _metrics_kernel(vm_type, vm_state, cpu, ram, running_for, warmup_s, type_cor
             if vm_state[r, v] == VM_RUNNING and running_for[r, v] >= warmup_s:
                 if not type_ram[t] > 0.0:
                     return _BAD_RAM
-                cpu_m[k] = _clip01(cpu[r, v])
-                ram_m[k] = _clip01(ram[r, v] / type_ram[t])
-                k += 1
-        c = np.sort(cpu_m[:k])
-        m = np.sort(ram_m[:k])
-        out[r, 0] = cores / max_fleet_cores
-        out[r, 1] = c.sum() / k if k else 0.0
-        out[r, 2] = _percentile_sorted(c, k, 90.0)
-        out[r, 3] = m.sum() / k if k else 0.0
-        out[r, 4] = _percentile_sorted(m, k, 90.0)
-        out[r, 5] = _ratio(waiting_now[r], submitted_total[r])
-        out[r, 6] = _ratio(waiting_int[r], submitted_int[r])
-        for j in range(N_METRICS):
-            out[r, j] = _clip01(out[r, j])
+                measured += 1
+                if not np.isnan(cpu[r, v]):  # a missing sample is left out, not counted as idle
+                    cpu_m[kc] = _clip01(cpu[r, v])
+                    kc += 1
+                if not np.isnan(ram[r, v]):
+                    ram_m[kr] = _clip01(ram[r, v] / type_ram[t])
+                    kr += 1
+        out[r, 0] = _clip01(cores / max_fleet_cores)
+        out[r, 1], out[r, 2] = _sample_stats(cpu_m, kc, measured)
+        out[r, 3], out[r, 4] = _sample_stats(ram_m, kr, measured)
+        out[r, 5] = _clip01(_ratio(waiting_now[r], submitted_total[r]))
+        out[r, 6] = _clip01(_ratio(waiting_int[r], submitted_int[r]))
     return 0
 
 
@@ -129,9 +141,11 @@ def _rows(x, batch_shape, n_rows: int) -> np.ndarray:
 
 def compute_metrics(snap: RawSnapshot, fleet: FleetSpec, warmup_s: float = 0.0) -> np.ndarray:
     """The seven metrics as a float32 array of shape ``batch_shape + (7,)``, in the order of
-    `OBSERVATION_NAMES`, clipped to [0, 1]. NaN or inf in a measurement never reaches a policy:
-    NaN counts as 0 and everything is clipped (the daemon's snapshot validation decides whether a
-    snapshot is usable at all). Compiled (numba): it runs once per environment step for the whole
+    `OBSERVATION_NAMES`, clipped to [0, 1]. A NaN CPU or RAM sample is missing (left out of the
+    CPU and RAM metrics; all of them missing: those metrics are NaN, and the daemon's feature
+    check records "nothing (features unknown)" instead of acting); an inf is clipped; a NaN queue
+    counter gives a 0 ratio (the daemon's snapshot validation decides whether a snapshot is
+    usable at all). Compiled (numba): it runs once per environment step for the whole
     batch, where two dozen NumPy calls on 8 x 30 slots cost a third of the simulator's step."""
     vm_type = np.asarray(snap.vm_type)
     batch_shape, n_slots = vm_type.shape[:-1], vm_type.shape[-1]

@@ -89,6 +89,8 @@ def _sim_config(config_path: str | None, preset: str, initial: str | None, actio
 
 #: the parameters of workload_options (a run that reads no workload refuses them)
 SWF_OPTIONS_PARAMS = ("workload", "window", "time_compression", "mips_per_core", "max_jobs")
+CONFIG_OPTIONS_PARAMS = ("config_path", "preset", "initial", "action_mode", "max_steps")
+TUNABLE = ("threshold", "target-tracking", "queue")  # autoscaling's baselines with a grid (agents/tune.py)
 SWF_OPTIONS = {"window_start_s": "--window", "window_end_s": "--window", "time_compression": "--time-compression",
                "mips_per_core": "--mips-per-core", "max_jobs": "--max-jobs"}
 
@@ -674,13 +676,13 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
         sys.exit(train_placement(argv + _given_options(ctx, skip={"problem", "agent_kind", "out", "seed", "episodes",
                                                                   "quiet", "predictor"}) + list(ctx.args)))
     if problem != "autoscaling":
-        # any other problem: its trainer's own argparse main, with the shared options first
-        from agents.registry import entry
-
+        # any other problem: its trainer's own argparse main, with the shared options first (a
+        # plug-in without one, or whose reference cannot be imported, was a ValueError traceback)
+        trainer = _problem_hook(problem, "train", "trainer for `samm train`")
         argv = ["--out", out, "--seed", str(seed)] + (["--episodes", str(episodes)] if episodes is not None else [])
         argv += ["--quiet"] if quiet else []
-        sys.exit(entry(spec, "train")(argv + _given_options(ctx, skip={"problem", "agent_kind", "out", "seed",
-                                                                          "episodes", "quiet"}) + list(ctx.args)))
+        sys.exit(trainer(argv + _given_options(ctx, skip={"problem", "agent_kind", "out", "seed", "episodes", "quiet"})
+                         + list(ctx.args)))
     if ctx.args:
         _fail(f"unknown options for problem autoscaling: {' '.join(ctx.args)}")
     # each of these once went unread: `--episodes 50` trained the full --timesteps
@@ -765,7 +767,7 @@ def _training_plan(cfg, workload, window, time_compression, mips_per_core, max_j
 @click.option("--agent", "agent_kind", default=None,
               help="autoscaling: noop, random, static:S,M,L, threshold, target-tracking, queue or lstm-ppo. "
                    "lra-placement: lra-reinforce, lra-reinforce-per-batch, optimum, greedy-ls, greedy, k8s-default, "
-                   "least-loaded, round-robin or random.")
+                   "least-loaded, round-robin or random. Another problem: an agent its `evaluate` accepts.")
 @click.option("--nodes", type=int, default=9, show_default=True, help="lra-placement: nodes (8 slots each).")
 @click.option("--containers", default="15-48", show_default=True,
               help="lra-placement: batch size range LO-HI (1 <= LO <= HI), or one size N.")
@@ -842,7 +844,15 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
                    f"test episodes")
         return
     if problem != "autoscaling":
-        _fail(f"samm evaluate does not support problem {problem!r} yet")
+        # any other problem (a plug-in's too): the evaluator its spec names, with the shared options
+        hook = _problem_hook(problem, "evaluate", "evaluator for `samm evaluate`")
+        _refuse_given(ctx, {"nodes", "containers", "predictor", "stochastic", *SWF_OPTIONS_PARAMS, *CONFIG_OPTIONS_PARAMS},
+                      f"applies to problems autoscaling and lra-placement, not {problem}")
+        res = _run_hook(hook, problem, "evaluate", "nothing written", agent_kind, _seeds(seeds), policy_dir=policy_dir,
+                        params=_params(params_json))
+        click.echo(json.dumps(res, default=str) if as_json else
+                   f"{agent_kind} on {problem}: " + json.dumps(res.get("summary", res), default=str))
+        return
     from agents.evaluate import evaluate
     from agents.factory import make_agent
 
@@ -871,6 +881,37 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
     summ = res["summary"]
     click.echo("mean ± std: " + ", ".join(f"{k} {v['mean']:.3f} ± {v['std']:.3f}" for k, v in summ.items()
                                           if isinstance(v, dict) and k in ("total_cost", "vm_cost", "wait_penalty", "makespan_s")))
+
+
+def _problem_hook(problem: str, verb: str, lacks: str):
+    """The `evaluate` or `tune` entry point of a problem's spec (a plug-in's too): a problem
+    without one is one line saying what it `lacks` and naming the missing field, exit 2; a
+    reference that cannot be imported is one line naming it."""
+    from agents.registry import entry, get_problem
+
+    spec = get_problem(problem)
+    if not getattr(spec, verb):
+        _fail(f"problem {problem!r} has no {lacks}: its ProblemSpec names no `{verb}` entry point "
+              "(docs/adding-a-problem.md)")
+    try:
+        return entry(spec, verb)
+    except ValueError as exc:
+        _fail(f"samm {verb} --problem {problem}: {exc}")
+
+
+def _run_hook(hook, problem: str, verb: str, kept: str, *args, **kw) -> dict:
+    """Runs a problem's `evaluate`/`tune`: its refusals (ValueError, FileNotFoundError, TypeError)
+    are one line, exit 2; what it returns must be a JSON object."""
+    try:
+        with _simulating(verb, kept):
+            res = hook(*args, **kw)
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        _fail(f"{verb} {problem}: {_one_line(exc, problem)}")
+    if not isinstance(res, dict):
+        _fail(f"{verb} {problem}: its `{verb}` returned a {type(res).__name__}, not a JSON object", code=1)
+    from agents.report import finite_json
+
+    return finite_json(res)  # --json prints strict JSON: a NaN of the plug-in's is null
 
 
 def _containers_range(text: str) -> tuple[int, int]:
@@ -920,7 +961,8 @@ def _suite_cmd(cfg, policy_dir, rules_path, retune, out_dir, as_json) -> None:
 
 @cli.command("tune")
 @click.option("--problem", type=click.Choice(_problem_choices()), default="autoscaling", show_default=True)
-@click.option("--agent", "agent_kind", type=click.Choice(["threshold", "target-tracking", "queue"]), required=True)
+@click.option("--agent", "agent_kind", required=True,
+              help=f"autoscaling: {', '.join(TUNABLE)}; another problem: an agent its `tune` accepts.")
 @workload_options
 @config_options
 @click.option("--seeds", default="101-103", show_default=True,
@@ -932,8 +974,17 @@ def tune_cmd(problem, agent_kind, workload, window, time_compression, mips_per_c
              action_mode, max_steps, seeds, out, as_json) -> None:
     """Grid-search a baseline's parameters in simulation: fewest episodes cut at the step cap with
     jobs queued, then lowest mean total cost."""
+    ctx = click.get_current_context()
     if problem != "autoscaling":
-        _fail(f"problem {problem!r} has no tunable baselines (its planners take no parameters to fit)")
+        hook = _problem_hook(problem, "tune", "tunable baselines")
+        _refuse_given(ctx, {*SWF_OPTIONS_PARAMS, *CONFIG_OPTIONS_PARAMS}, f"applies to problem autoscaling, not {problem}")
+        res = _run_hook(hook, problem, "tune", f"nothing saved to {out}" if out else "nothing saved", agent_kind,
+                        _seeds(seeds), out=out, progress=not as_json)
+        click.echo(json.dumps(res, default=str) if as_json else
+                   f"best {agent_kind}: " + json.dumps(res.get("best_params", res), default=str))
+        return
+    if agent_kind not in TUNABLE:  # was click's choice: a plug-in's agent must get through to its problem
+        _fail(f"--agent: {agent_kind!r} is not a tunable baseline of autoscaling ({', '.join(TUNABLE)})")
     from agents.tune import tune
 
     cfg = _sim_config(config_path, preset, initial, action_mode, max_steps)
