@@ -336,6 +336,24 @@ class CloudSimVectorEnv(VectorEnv):
         else:
             self.sampler = copy.deepcopy(state)
 
+    def sampler_position(self):
+        """Where the workload sampler stands now (None without one): a training checkpoint keeps it,
+        so that a resumed run draws the workloads the interrupted one had not reached."""
+        return _sampler_state(self.sampler)
+
+    def seek_sampler(self, position) -> None:
+        """Go on from a `sampler_position`: it becomes what a seeded reset rewinds to, and at the
+        next reset every env draws from it, env 0 too (a resumed run replayed the run's first
+        workloads: a fresh env's seeded reset rewinds to construction)."""
+        if self.sampler is None or position is None:
+            return
+        kind, state = position
+        if kind == "rng" and not isinstance(getattr(self.sampler, "rng", None), np.random.Generator):
+            raise ValueError("the checkpoint's workload sampler is not this run's (it kept a generator's state)")
+        self._sampler_start = (kind, copy.deepcopy(state))
+        self._first_reset = False
+        self._rewind_sampler()
+
     @property
     def workload_names(self) -> list[str]:
         return [w.name for w in self.batch.workloads]

@@ -4,6 +4,7 @@ policy's rate; Ctrl-C in `samm evaluate`, `samm tune` and `samm policy promote` 
 "Aborted!"; CloudSimVectorEnv's infos after an autoreset and its seeded resets with a sampler."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -283,6 +284,50 @@ def test_a_seeded_vector_reset_replays_a_fresh_envs_workloads():
     finally:
         used.close()
         fresh.close()
+
+
+class _NamedDraws:
+    """A workload sampler with a generator (as the mix's and the windows' samplers): the tiny
+    workload under a name drawn from its stream, every draw listed in `drawn`."""
+
+    drawn: list[str] = []
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def sample(self) -> Workload:
+        w = dataclasses.replace(tiny_workload(), name=f"w{int(self.rng.integers(1 << 40))}")
+        _NamedDraws.drawn.append(w.name)
+        return w
+
+
+@pytest.mark.jvm
+def test_a_resumed_run_draws_the_workloads_the_interrupted_one_had_not_reached(tmp_path):
+    """A resumed run's envs started from the sampler's first workloads (a fresh env keeps its
+    construction's draw and a seeded reset rewinds to it): it trained on the run's first workloads
+    again. The checkpoint keeps where the sampler stood; the resumed run goes on from there."""
+    from agents.ppo.train import train
+    from sim_bridge.envs import CloudSimVectorEnv
+    from test_training_audit import interrupt_at
+
+    cfg = PPOConfig(total_timesteps=2 * 32 * 4, **{**TINY_PPO, "num_envs": 2})
+    make = lambda n, seed: CloudSimVectorEnv(n, SIM, sampler=_NamedDraws(seed))  # noqa: E731
+    at_checkpoint = {}
+
+    def on_update(update, net, obs_rms):
+        at_checkpoint[update] = len(_NamedDraws.drawn)  # the checkpoint of this update is saved next
+        return interrupt_at(2)(update, net, obs_rms)
+
+    _NamedDraws.drawn = []
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, make, tmp_path, progress=False, on_update=on_update)
+    first, _NamedDraws.drawn = _NamedDraws.drawn, []
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=False)["update"] == 1
+    train(cfg, make, tmp_path, resume=True, progress=False)
+    resumed = _NamedDraws.drawn[1:]      # [0]: the new env's construction draw, the run's first, not used
+    done, redone = first[:at_checkpoint[1]], first[at_checkpoint[1]:]
+    assert resumed and not set(resumed) & set(done), (done, resumed)
+    assert resumed[:len(redone)] == redone[:len(resumed)]   # the same stream, from where it stood
 
 
 @pytest.mark.jvm

@@ -325,6 +325,13 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
             sample_rng.bit_generator.state = ck["action_rng"]
         if carry is not None:
             restore_carry(carry, ck.get("carry") or {})
+        if ck.get("workload_sampler") is not None and hasattr(envs, "seek_sampler"):
+            try:
+                envs.seek_sampler(ck["workload_sampler"])
+            except ValueError as exc:
+                if hasattr(envs, "close"):
+                    envs.close()
+                raise ValueError(f"{ckpt_path}: {exc}") from None
     if resume and out:
         trim_logs(out, start_update, global_step)
 
@@ -474,7 +481,8 @@ def train(cfg: PPOConfig, make_envs: Callable[[int, int], object], out_dir: str 
                     "global_step": global_step, "obs_rms": obs_rms.to_dict() if obs_rms else None,
                     "ret_rms": ret_rms.to_dict() if ret_rms else None, "torch_rng": torch.get_rng_state(),
                     "sample_rng": sample_gen.get_state(),
-                    "action_rng": sample_rng.bit_generator.state, "config": cfg.to_dict(), "carry": carry})
+                    "action_rng": sample_rng.bit_generator.state, "config": cfg.to_dict(), "carry": carry,
+                    "workload_sampler": envs.sampler_position() if hasattr(envs, "sampler_position") else None})
             if stop:
                 break
     except KeyboardInterrupt:
