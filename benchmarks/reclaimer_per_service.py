@@ -2,7 +2,7 @@
 "Where the entropy is measured"): the deterministic policy steps the simulator env for 300 s at the
 given users; over the last 200 s it prints each service's cap, mean cores, mean cores used, action a
 (on the policy's action space) and the actor's σ of u. A policy with a headroom ceiling acts under
-it unless --no-ceiling.
+it (a windowed one with its memory, as in `samm experiment reclaimer`) unless --no-ceiling.
 
     .venv/bin/python benchmarks/reclaimer_per_service.py --app hotel --users 500 [--policy DIR] [--seed 3] [--no-ceiling]
 """
@@ -34,19 +34,22 @@ def main(argv=None) -> int:
         pol = ReclaimerPolicy.load(a.policy or SHIPPED_DIR / f"reclaimer-{a.app}")
     except (ValueError, OSError) as exc:
         ap.error(str(exc))
-    try:  # the env applies only a memoryless ceiling: the shipped policies' windowed ones raised here
-        env = MicroserviceCoresEnv(a.app, id_width=pol.cfg.id_width, action_space=pol.cfg.action_space,
-                                   headroom_ceiling=None if a.no_ceiling else pol.ceiling)
-    except ValueError as exc:
-        ap.error(f"{exc} (--no-ceiling steps the policy's weights alone)")
+    if a.no_ceiling:
+        pol = pol.with_ceiling(None)
+    # the policy turns its action into cores as `samm experiment reclaimer` does (ReclaimerPolicy.cores,
+    # a windowed ceiling with its memory of earlier seconds); the env, which applies only a memoryless
+    # ceiling and refused the shipped Hotel policy's windowed one, steps those cores on its "cap" space
+    env = MicroserviceCoresEnv(a.app, k=pol.cfg.k, id_width=pol.cfg.id_width, observe_queue=pol.cfg.observe_queue)
     obs, _ = env.reset(seed=a.seed, options={"users": a.users})
-    means, sigmas, cores, used, violations = [], [], [], [], 0
+    means, sigmas, cores, used, violations, memory = [], [], [], [], 0, None
     for _ in range(300):
         with torch.no_grad():
             mu, log_std = pol.agent.actor(pol.agent.norm(torch.as_tensor(obs[None], dtype=torch.float32)))
         act = torch.sigmoid(mu)[0].numpy()
-        means.append(act), sigmas.append(log_std.exp()[0].numpy()), cores.append(env.cores_of(act))
-        obs, _, _, _, info = env.step(act)
+        memory = pol.remember(memory, obs[None])
+        c = pol.cores(act, obs, memory)
+        means.append(act), sigmas.append(log_std.exp()[0].numpy()), cores.append(c)
+        obs, _, _, _, info = env.step(c / env.topo.caps)
         used.append(obs[:, (env.k - 1) * ROW + USED_COLUMN] * env.topo.caps)   # the second just run
         violations += info["violated"]
     act, sig, c, u = (np.array(x[100:]) for x in (means, sigmas, cores, used))

@@ -11,7 +11,9 @@ of episodes costs little more than one. Per second and per copy:
    CPU work is the calls times the mean CPU per call, with the spread of a sum of exponentials.
 3. **CPU limit and backlog (fluid).** A service serves at most min(limit, workers) core-seconds
    per second; what it cannot serve stays as backlog for the next second, so under-allocation
-   keeps hurting after it ends. Work queued for longer than the timeout fails (failures/s).
+   keeps hurting after it ends. Work queued for longer than the timeout fails (failures/s):
+   a request type fails with the worst dropped share among the services it visits, and its
+   failed requests count at the timeout in its own draws.
 4. **Latency under a CFS quota.** A limit of L cores is the kernel's quota: L·P core-seconds per
    period P = 100 ms, every thread running at a full core's speed until the period's quota is
    spent, then all of them stalled until the period ends. So a call's sojourn = network hop +
@@ -45,6 +47,7 @@ import numpy as np
 from numba import njit
 from scipy.special import ndtr
 
+from .control import MIN_CORES
 from .observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
 from .topology import CallNode, Topology
 
@@ -143,6 +146,10 @@ class MicroserviceSim:
         self.mix = topology.mix
         self._fanout = self._children_per_call()
         self.k_per_type = _stratified(self.mix, self.K)
+        # each draw's request type and place in its type's block (the layout `_sample_latency` writes)
+        self._draw_type = np.repeat(np.arange(len(self.k_per_type)), np.maximum(self.k_per_type, 0))
+        self._draw_rank = np.concatenate([np.arange(k) for k in self.k_per_type if k > 0])
+        self._visits_any = (self.visits > 0).astype(np.float64)                 # (types, M)
         self.per_request = topology.percentiles_over == "requests"
         self.chain = topology.throttle_chain
         self.burst = topology.cfs_burst
@@ -197,9 +204,15 @@ class MicroserviceSim:
         not decide) keeps the limit in force, since one NaN would turn the backlog, the latency and
         the next second's load into NaN for the rest of the episode, and an infinite one put an
         infinite cpu_limit into the features (and kept it there through any later NaN); floored at
-        1e-3 core."""
-        cores = np.asarray(cores, dtype=np.float64).reshape(self.E, self.M)
-        return np.clip(np.where(np.isfinite(cores), cores, self.limit), 1e-3, None)
+        the controllers' MIN_CORES, Docker's smallest --cpus: a lower floor let a baseline run in
+        simulation at limits no real container accepts. One row (M,) or (1, M) holds for every copy."""
+        cores = np.asarray(cores, dtype=np.float64)
+        if cores.ndim not in (1, 2) or cores.shape[-1] != self.M or cores.shape[:-1] not in ((), (1,), (self.E,)):
+            # a reshape took any E·M numbers: limits given (services, copies) ran scrambled in silence
+            raise ValueError(f"cores must hold one row of {self.M} services per copy, shape ({self.E}, {self.M}), "
+                             f"or one row for every copy, not shape {cores.shape}")
+        cores = np.broadcast_to(cores, (self.E, self.M))
+        return np.clip(np.where(np.isfinite(cores), cores, self.limit), MIN_CORES, None)
 
     # -- one second --------------------------------------------------------------------------
     def step(self, cores: np.ndarray) -> "SimStep":
@@ -228,9 +241,12 @@ class MicroserviceSim:
         after = after - dropped
         self.backlog = after
         dropped_calls = dropped / self.cpu_s
-        # a request fails when any of its calls is dropped: the worst service's share of its calls
-        share = np.divide(dropped_calls, np.maximum(calls, 1e-9))
-        failures = np.minimum(np.max(np.minimum(share, 1.0), axis=1) * requests, requests)
+        # a request fails when any of its calls is dropped: per type, the worst share of dropped
+        # calls among the services it visits (a type that never calls the overloaded service
+        # does not fail with it)
+        share = np.minimum(np.divide(dropped_calls, np.maximum(calls, 1e-9)), 1.0)
+        type_share = np.max(share[:, None, :] * self._visits_any[None], axis=2)     # (E, types)
+        failures = np.minimum((type_share * arrivals).sum(axis=1), requests)
         # 4. per-call latency distribution of this second
         servers = np.minimum(np.ceil(capacity - 1e-9), self.workers).clip(1, None)
         # the M/M/c term takes the arrival intensity, not this second's count: its stationary law
@@ -247,15 +263,7 @@ class MicroserviceSim:
         # the draws that stand for this second's requests: all K, or (percentiles_over: requests)
         # as many of each type as arrived, so that a second of 25 requests has the p99 of 25
         valid = self._second_requests(arrivals) if self.per_request else None
-        fail_mask = failures > 0
-        if fail_mask.any():
-            # failed requests count at the timeout, as a load generator records them
-            n = self.K if valid is None else valid.sum(axis=1)
-            n_fail = np.minimum(np.round(failures / np.maximum(requests, 1) * n), n).astype(int)
-            for e in np.nonzero(fail_mask)[0]:
-                if n_fail[e]:
-                    cols = np.arange(self.K) if valid is None else np.nonzero(valid[e])[0]
-                    lat[e, cols[:n_fail[e]]] = self.timeout
+        lat = self._failed_at_timeout(lat, type_share, arrivals)
         # the closed loop's response time: every draw, the expected latency of the second, not
         # the spread of its few requests
         self.mean_latency = lat.mean(axis=1)
@@ -284,6 +292,17 @@ class MicroserviceSim:
         feats[..., FIELD["io_ops"]] = np.where(self.io_kb > 0, calls, 0.0)
         return SimStep(t=self.t, per_service=feats, latency_ms=pct, requests=requests,
                        failures=failures, backlog=after.copy(), qos_ms=self.topo.qos_ms, throttled=theta)
+
+    def _failed_at_timeout(self, lat: np.ndarray, type_share: np.ndarray, arrivals: np.ndarray) -> np.ndarray:
+        """Failed requests count at the timeout, as a load generator records them, each in its own
+        type's block of draws: round(share · n) of the block's first draws (its valid draws under
+        `percentiles_over: requests`, which are the block's first). Charging them to the first
+        type's block, whatever service overloaded, hid that type's latency from the p99."""
+        block = self.k_per_type[self._draw_type]                                 # (K,) block size
+        if self.per_request:   # the block's valid draws: as many as its type's arrivals
+            block = np.minimum(block[None, :], arrivals[:, self._draw_type])
+        n_fail = np.minimum(np.round(type_share[:, self._draw_type] * block), block)
+        return np.where(self._draw_rank[None, :] < n_fail, self.timeout, lat)
 
     def _second_requests(self, arrivals: np.ndarray) -> np.ndarray:
         """(E, K) mask of the draws that stand for this second's requests: of each type's block of
