@@ -154,6 +154,20 @@ def test_a_cpus_container_given_more_than_the_host_is_clamped_not_refused(engine
         client.close()
 
 
+def engine_app(engine, client, tmp_path, names: dict[str, str]):
+    """What the Measurer and the control loop drive on the private engine: each service's
+    container by name, its limit set through a real DockerExecutor (returned too)."""
+    ex = DockerExecutor([], base_url=engine.base_url, timeout_s=5)
+
+    class App:
+        state_dir = tmp_path
+
+        def set_limit(self, s, cores):
+            return ex.set_cpu_limit(names[s], cores)
+    App.names, App.client = names, client
+    return App, ex
+
+
 @pytest.mark.docker
 def test_the_testbed_loop_does_not_send_a_clamped_limit_again_every_second(engine, tmp_path):
     """With the clamp, an agent asking for more than the host (chain3's logic: cap 3 on a 2-CPU
@@ -169,14 +183,7 @@ def test_the_testbed_loop_does_not_send_a_clamped_limit_again_every_second(engin
     names = {s: f"gaps-clamp-{s}" for s in topo.service_names}
     made = [client.containers.run(BUSYBOX_TAG, ["sleep", "600"], name=n, detach=True, init=True,
                                   cpu_period=100_000, cpu_quota=50_000) for n in names.values()]
-    ex = DockerExecutor([], base_url=engine.base_url, timeout_s=5)
-
-    class App:
-        state_dir = tmp_path
-
-        def set_limit(self, s, cores):
-            return ex.set_cpu_limit(names[s], cores)
-    App.names, App.client = names, client
+    App, ex = engine_app(engine, client, tmp_path, names)
     load = tmp_path / "load.jsonl"
     try:
         host = ex.host_cpus()

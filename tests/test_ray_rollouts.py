@@ -94,9 +94,9 @@ def test_training_on_two_workers_is_the_single_process_run(cluster):
         assert torch.equal(p, q), name
 
 
-def test_a_worker_killed_mid_rollout_is_replaced_and_its_rollout_discarded(cluster):
-    made = []
-
+def killing_factory(made: list):
+    """A batch factory of 2-worker Ray batches, each listed in `made`, whose second worker is
+    killed at the 20th step: the second update's rollout of 16-step rollouts, 4 steps in."""
     def factory(config, workload, n):
         b = RaySimBatch(config, workload, n, workers=2)
         made.append(b)
@@ -104,13 +104,18 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_its_rollout_discarded(clust
 
         def step(deltas):
             calls["n"] += 1
-            if calls["n"] == 20:  # the second update's rollout, 4 steps in
+            if calls["n"] == 20:
                 _kill(b.actors[1])
             return inner(deltas)
 
         b.step = step
         return b
+    return factory
 
+
+def test_a_worker_killed_mid_rollout_is_replaced_and_its_rollout_discarded(cluster):
+    made = []
+    factory = killing_factory(made)
     result = train(_tiny_ppo(), _envs(factory), progress=False)
     batch = made[0]
     assert batch.replaced == 1

@@ -15,14 +15,14 @@ import time
 import numpy as np
 import pytest
 
-from test_docs_commands import BENCHMARKS, ROOT
+from test_docs_commands import BENCHMARKS, PROBE, ROOT
 
 OVERSUB_SCRIPTS = sorted(BENCHMARKS.glob("oversub_*.py"))
 
 # Each script run in one process, as `python benchmarks/X.py ARGS` runs it; torch is made
 # unimportable, so a script that imports it before its arguments are parsed fails loudly.
 _NO_TORCH = r"""
-import contextlib, io, json, runpy, sys
+import sys
 
 class _Refuse:
     def find_spec(self, name, path=None, target=None):
@@ -31,21 +31,7 @@ class _Refuse:
         return None
 
 sys.meta_path.insert(0, _Refuse())
-sys.path[:0] = [sys.argv[1]]
-out = {}
-for case in json.loads(sys.argv[2]):
-    so, se, code = io.StringIO(), io.StringIO(), None
-    sys.argv = [case[0].rsplit("/", 1)[-1], *case[1:]]
-    try:
-        with contextlib.redirect_stdout(so), contextlib.redirect_stderr(se):
-            runpy.run_path(case[0], run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException as exc:
-        code = "exception: " + type(exc).__name__ + ": " + str(exc)[:200]
-    out[" ".join(case)] = {"code": code, "stdout": so.getvalue(), "stderr": se.getvalue()}
-print(json.dumps(out))
-"""
+""" + PROBE
 
 
 def _run_without_torch(cases: list[list[str]]) -> dict:
@@ -252,25 +238,11 @@ def test_a_rollout_retried_after_a_lost_ray_worker_goes_on_with_new_workloads():
     from agents.ppo.train import train
     from sim_bridge.config import SimConfig
     from sim_bridge.envs import CloudSimVectorEnv
-    from sim_bridge.ray_batch import RaySimBatch, connect
-    from test_ray_rollouts import _kill
+    from sim_bridge.ray_batch import connect
+    from test_ray_rollouts import killing_factory
 
     made = []
-
-    def factory(config, workload, n):
-        b = RaySimBatch(config, workload, n, workers=2)
-        made.append(b)
-        inner, calls = b.step, {"n": 0}
-
-        def step(deltas):
-            calls["n"] += 1
-            if calls["n"] == 20:  # the second update's rollout, 4 steps in
-                _kill(b.actors[1])
-            return inner(deltas)
-
-        b.step = step
-        return b
-
+    factory = killing_factory(made)
     sim = SimConfig().model_copy(update={"max_steps": 40})
     ppo = PPOConfig(num_envs=2, num_steps=16, bptt_chunk=8, num_minibatches=2, update_epochs=2,
                     total_timesteps=2 * 16 * 3, max_episode_steps=40, lstm_hidden=16, device="cpu", seed=3,

@@ -28,6 +28,7 @@ from agents.microservice_cores.sinan import FEATURES_PER_SERVICE
 from agents.microservice_cores.sinan_live import SinanCollector, load_samples
 from agents.microservice_cores.topology import load_topology
 from fixtures_docker import real_engine
+from test_execute_live_gaps import engine_app
 from samm.testbed.microservices.loop import ControlLoop
 from samm.testbed.microservices.measure import Measurer
 from samm.testbed.microservices.run import MicroservicesRunOptions, summarize
@@ -205,7 +206,6 @@ def test_sinan_samples_on_real_containers_hold_the_engines_clamp_and_the_cap_of_
     """On a 2-CPU engine, chain3's logic (cap 3) without a CPU quota: it read as the host's CPUs,
     the explorer's next limit for it (2.25) was clamped to the engine's 2 CPUs by the executor,
     and the sample said 2.25, over a limit of 2 that was never there."""
-    from samm.execute.docker_exec import DockerExecutor
     from samm.execute.local_dockerd import BUSYBOX_TAG
 
     client = engine.client()
@@ -215,14 +215,7 @@ def test_sinan_samples_on_real_containers_hold_the_engines_clamp_and_the_cap_of_
     for i, (s, n) in enumerate(names.items()):
         quota = {} if i == logic else {"cpu_period": 100_000, "cpu_quota": int(CHAIN.caps[i] * 100_000)}
         made.append(client.containers.run(BUSYBOX_TAG, ["sleep", "600"], name=n, detach=True, init=True, **quota))
-    ex = DockerExecutor([], base_url=engine.base_url, timeout_s=5)
-
-    class App:
-        state_dir = tmp_path
-
-        def set_limit(self, s, cores):
-            return ex.set_cpu_limit(names[s], cores)
-    App.names, App.client = names, client
+    App, ex = engine_app(engine, client, tmp_path, names)
     path = tmp_path / "load.jsonl"
     try:
         host = ex.host_cpus()
