@@ -19,7 +19,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lra-quick")
-    summary = ex.run(out, quick=True, seeds=(1, 2), predictor="synthetic", progress=False)
+    # one seed (was two): every case, method, table and figure is still made, in half the time; the
+    # per-seed records of two seeds are checked by the tiny run_case test below
+    summary = ex.run(out, quick=True, seeds=(1,), predictor="synthetic", progress=False)
     return out, summary
 
 
@@ -51,7 +53,7 @@ def test_quick_run_plans_are_valid_and_optimum_is_an_upper_bound(quick_run):
         for m, st in methods.items():
             assert st["invalid"]["mean"] == 0, (name, m)
             assert st["violations"]["mean"] == 0, (name, m)
-            assert st["ratio"]["n"] == 2
+            assert st["ratio"]["n"] == 1            # one record per seed run
             # the mean of per-seed ratios to the optimum: nobody exceeds 1
             assert st["ratio"]["mean"] <= 1.0 + 1e-9, (name, m, st["ratio"])
     violations = next(t for t in summary["targets"] if t["name"].startswith("constraint violations"))

@@ -14,7 +14,9 @@ from samm.cli.main import cli
 def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path):
     from agents.oversubscription.experiment import run
 
-    summary = run(tmp_path, quick=True, seeds=[1], episodes=15, test_episodes=3, workers=1, progress=False)
+    # 5 training episodes (was 15): the rows, figures and saved policies are the same kinds; learning
+    # itself is not what this test claims (its curve still has a point per episode)
+    summary = run(tmp_path, quick=True, seeds=[1], episodes=5, test_episodes=3, workers=1, progress=False)
     assert validate_summary(summary) == []
     assert summary["setting"]["dual_estimate"] == "broken"      # the default, named in the summary
     assert summary["setting"]["budget_margin"] == 1.0
@@ -43,7 +45,7 @@ def test_quick_experiment_writes_the_tables_figures_and_a_valid_summary(tmp_path
     assert [r["seed"] for r in one_seed] == [1]
     assert one_seed[0]["s_cores"] == methods["tiny-cold/C2MARL-0.95"]["s_cores"]["mean"]
     assert isinstance(one_seed[0]["satisfied"], bool)
-    assert one_seed[0]["checkpoint_episode"] == 15          # no validation: the last weights
+    assert one_seed[0]["checkpoint_episode"] == 5           # no validation: the last weights
     assert set(summary["per_seed"]["tiny-cold/paper-protocol"]) == {"C2MARL-0.75", "C2MARL-0.85", "C2MARL-0.95"}
     assert "Each C2MARL seed on its own" in report and "| C2MARL-0.85 | 1 |" in report
 
