@@ -9,6 +9,7 @@ it (a windowed one with its memory, as in `samm experiment reclaimer`) unless --
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -30,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--no-ceiling", action="store_true", help="the policy's weights without its headroom ceiling")
     a = ap.parse_args(argv)
+    if not (math.isfinite(a.users) and a.users >= 0):  # else the env's traceback after loading the policy
+        ap.error(f"--users must be a user count >= 0, not {a.users:g}")
     try:  # a missing policy (or --app without a shipped one) as one line
         pol = ReclaimerPolicy.load(a.policy or SHIPPED_DIR / f"reclaimer-{a.app}")
     except (ValueError, OSError) as exc:

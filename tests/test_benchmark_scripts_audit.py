@@ -75,10 +75,7 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("reclaimer_headroom", ["--windows", "0"], "every --windows must be at least 1 and every --headrooms > 0"),
         ("reclaimer_action_scale", ["--seconds", "0"], "--seconds must be at least 1, not 0"),
         ("reclaimer_validation", ["--threads", "0"], "--threads must be at least 1, not 0"),
-        # the script's own example: the shipped Hotel policy's windowed ceiling, which the env refuses
-        ("reclaimer_per_service", ["--app", "hotel", "--users", "500"],
-         "needs a controller's memory of earlier seconds; here only a multiple and a sqrt term apply "
-         "(--no-ceiling steps the policy's weights alone)"),
+        ("reclaimer_per_service", ["--app", "hotel", "--users", "-5"], "--users must be a user count >= 0, not -5"),
         ("reclaimer_validation", ["--apps", "chain3"], "no shipped Reclaimer policy for 'chain3'"),
         ("reclaimer_transfer", ["--policy", SOCIAL], f"--policy takes NAME=POLICY_DIR, not {SOCIAL!r}"),
         ("reclaimer_static_oracle", ["--users", "500,-1"], "--users must be user counts >= 0, not 500,-1"),
