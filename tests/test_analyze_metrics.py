@@ -130,11 +130,13 @@ def _by_definition(types, states, cpu, ram, age, waiting, submitted, waiting_int
             return (np.nan, np.nan) if measured.any() else (0.0, 0.0)
         return v.mean(), np.percentile(v, 90)
 
+    def ratio(num, den):  # a missing count: unknown (NaN), not an empty queue
+        return np.nan if np.isnan(num) or np.isnan(den) else (num / den if den > 0 else 0.0)
+
     out = np.array([FLEET.cores[idx[present]].sum() / 140, *stats(c), *stats(r),
-                    waiting / submitted if submitted > 0 else 0.0,
-                    waiting_int / submitted_int if submitted_int > 0 else 0.0], dtype=float)
+                    ratio(waiting, submitted), ratio(waiting_int, submitted_int)], dtype=float)
     counters = [0, 5, 6]
-    out[counters] = np.clip(np.nan_to_num(out[counters], nan=0.0), 0, 1)
+    out[counters] = np.clip(out[counters], 0, 1)
     return out
 
 

@@ -609,7 +609,8 @@ def test_build_raw_snapshot_empty_fleet_and_stale_reading():
     assert out.status == "stale" and out.reasons == ("Graphite unavailable: x",)
     assert out.snapshot.vm_type.tolist() == [-1]  # one padding slot keeps the analyzer's shapes valid
     assert np.isnan(out.snapshot.jobs_waiting_now)
-    np.testing.assert_array_equal(compute_metrics(out.snapshot, FLEET), np.zeros(7, dtype=np.float32))
+    # no VM, so no load; the queue's counts are unknown, and so are its ratios (not an empty queue)
+    np.testing.assert_array_equal(compute_metrics(out.snapshot, FLEET), [0, 0, 0, 0, 0, np.nan, np.nan])
     missing = assemble_snapshot(MonitorReading(0.0, 60.0), {"S": GroupStatus("S", 0, 0, 5)}, FLEET, ["S", "M"])
     assert missing.status == "partial" and "no group 'M'" in missing.reasons[0]
     with pytest.raises(ValueError, match="group_order has 1 groups but the fleet has 2"):

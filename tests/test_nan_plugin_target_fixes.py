@@ -46,6 +46,26 @@ def test_a_missing_cpu_sample_is_left_out_of_the_cpu_metrics_not_counted_idle():
     assert m[3] == pytest.approx(np.mean([4 / 8, 4 / 16, 4 / 32]))  # its RAM was measured: it counts
 
 
+def test_a_missing_queue_count_is_an_unknown_feature_and_ratio_not_zero():
+    """`jobs_waiting`, `jobs_running` and `jobs_submitted_interval` read a NaN count as 0 (an
+    empty queue), where the module promises NaN for what the snapshot cannot tell and the daemon
+    then decides nothing."""
+    import dataclasses
+
+    names = ("cpu_mean", "jobs_waiting", "jobs_running", "jobs_submitted_interval")
+    whole = compute_features(snap([0.5, 0.5]), FLEET, names)
+    assert np.isfinite(whole).all() and whole.tolist()[1:] == [0.0, 3.0, 2.0]
+    for field, name in (("jobs_waiting_now", "jobs_waiting"), ("jobs_running", "jobs_running"),
+                        ("jobs_submitted_interval", "jobs_submitted_interval")):
+        f = compute_features(dataclasses.replace(snap([0.5, 0.5]), **{field: np.array(np.nan)}), FLEET, names)
+        assert np.isnan(f[names.index(name)]) and np.isfinite(f[0]), (field, f)
+    # the paper's waiting ratios over a missing count, likewise (they read 0: an empty queue)
+    for field, col in (("jobs_waiting_now", 5), ("jobs_submitted_total", 5), ("jobs_waiting_interval", 6),
+                       ("jobs_submitted_interval", 6)):
+        m = compute_metrics(dataclasses.replace(snap([0.5, 0.5]), **{field: np.array(np.nan)}), FLEET)
+        assert np.isnan(m[col]) and np.isfinite(m[11 - col]) and np.isfinite(m[:5]).all(), (field, m)
+
+
 def test_every_cpu_sample_missing_makes_the_cpu_metrics_unknown_not_an_idle_fleet():
     m = compute_metrics(snap([np.nan, np.nan]), FLEET)
     assert np.isnan(m[1]) and np.isnan(m[2])  # were 0: "idle", a scale-in on missing data

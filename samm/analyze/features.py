@@ -155,7 +155,7 @@ def compute_features(snap: RawSnapshot, fleet: FleetSpec, names, warmup_s: float
         else:
             src = {"jobs_waiting": snap.jobs_waiting_now, "jobs_running": snap.jobs_running,
                    "jobs_submitted_interval": snap.jobs_submitted_interval}[name]
-            cols.append(np.nan_to_num(np.asarray(src, dtype=np.float64), nan=0.0))
+            cols.append(np.asarray(src, dtype=np.float64))  # NaN stays NaN: a missing count is unknown, not 0
     # a live fleet can leave the ranges the simulator keeps to (a group above a lowered max, a head
     # job wider than the largest type): held at the bounds the policy's observation space declares,
     # so the service (which refuses values outside them) and an in-process agent see one vector

@@ -19,6 +19,8 @@ Definitions (each value is in [0, 1]; VMs are the non-empty slots of a `RawSnaps
 7. ``waiting_ratio_interval`` = of the jobs that arrived during the last interval, the share
    still waiting at its end (0 when none arrived). Numerator and denominator are the same
    cohort, so the ratio cannot leave [0, 1].
+   Either ratio is NaN (unknown) when one of its counts is missing (NaN): a missing queue is not
+   an empty one, and the daemon decides nothing on an unknown feature.
 
 Everything is vectorised over VMs and any leading batch shape.
 """
@@ -78,7 +80,15 @@ def _sample_stats(values, count, measured):
 
 
 @njit(cache=True, nogil=True)
+def _unit(x):
+    """`_clip01` that keeps NaN (unknown) as NaN."""
+    return x if np.isnan(x) else _clip01(x)
+
+
+@njit(cache=True, nogil=True)
 def _ratio(num, den):
+    if np.isnan(num) or np.isnan(den):  # a missing count: the ratio is unknown, not an empty queue
+        return np.nan
     return num / den if den > 0.0 else 0.0
 
 
@@ -123,8 +133,8 @@ def _metrics_kernel(vm_type, vm_state, cpu, ram, running_for, warmup_s, type_cor
         out[r, 0] = _clip01(cores / max_fleet_cores)
         out[r, 1], out[r, 2] = _sample_stats(cpu_m, kc, measured)
         out[r, 3], out[r, 4] = _sample_stats(ram_m, kr, measured)
-        out[r, 5] = _clip01(_ratio(waiting_now[r], submitted_total[r]))
-        out[r, 6] = _clip01(_ratio(waiting_int[r], submitted_int[r]))
+        out[r, 5] = _unit(_ratio(waiting_now[r], submitted_total[r]))
+        out[r, 6] = _unit(_ratio(waiting_int[r], submitted_int[r]))
     return 0
 
 

@@ -19,8 +19,8 @@ Mapping (one snapshot, batch shape ``()``):
 * ``jobs_submitted_total`` / ``jobs_waiting_now`` / ``jobs_running`` = the queue series'
   last value in the window; ``jobs_submitted_interval`` = the `submitted_total` delta over
   the window; ``jobs_waiting_interval`` = `waiting_submitted_this_minute` at the window's end.
-  Missing values are NaN (the analyzer counts a missing queue counter as 0, the reading being
-  stale anyway; a missing per-VM CPU or RAM sample is left out of the metrics instead).
+  Missing values are NaN, and the analyzer keeps them unknown: a ratio or feature over a missing
+  queue counter is NaN, and a missing per-VM CPU or RAM sample is left out of the metrics.
 * ``jobs_waiting_cores`` / ``jobs_running_cores`` / ``head_job_cores`` = the optional queue
   series of the same names at the window's end; None when the exporter sends none.
 
