@@ -3,7 +3,9 @@ a real Docker engine (from the host through the container's main process, and fr
 container itself), where `/proc` would report the whole host."""
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from pathlib import Path
 
@@ -21,6 +23,18 @@ def engine(tmp_path_factory):
     yield from real_engine(tmp_path_factory, "cgcollect")
 
 
+@contextlib.contextmanager
+def _running(engine, cmd: list[str], name: str, **options):
+    """A container of IMAGE on the private engine, removed (with its client closed) on the way out."""
+    client = engine.client()
+    c = client.containers.run(IMAGE, cmd, detach=True, name=name, **options)
+    try:
+        yield c
+    finally:
+        c.remove(force=True)
+        client.close()
+
+
 def _container_pid(c) -> int:
     c.reload()
     return int(c.attrs["State"]["Pid"])
@@ -29,10 +43,7 @@ def _container_pid(c) -> int:
 def test_a_busy_container_reads_as_busy_against_its_own_quota_not_the_hosts_cores(engine):
     """A container spinning under a 0.5-core quota: the cgroup sampler takes 0.5 as the cores and
     reports it fully busy; the host's view of the same work is a fraction of the host."""
-    client = engine.client()
-    c = client.containers.run(IMAGE, ["sh", "-c", "while :; do :; done"], detach=True, name="cg-busy",
-                              cpu_period=100_000, cpu_quota=50_000)
-    try:
+    with _running(engine, ["sh", "-c", "while :; do :; done"], "cg-busy", cpu_period=100_000, cpu_quota=50_000) as c:
         pid = _container_pid(c)
         sampler = CgroupSampler(pid=pid)
         assert sampler.cores == pytest.approx(0.5)
@@ -44,32 +55,19 @@ def test_a_busy_container_reads_as_busy_against_its_own_quota_not_the_hosts_core
         two = CgroupSampler(pid=pid, cores=2.0)
         time.sleep(2.0)
         assert two.sample().cpu_percent == pytest.approx(25.0, abs=6.0)
-    finally:
-        c.remove(force=True)
-        client.close()
 
 
 def test_an_unlimited_container_counts_the_cpus_it_may_use(engine):
-    client = engine.client()
-    c = client.containers.run(IMAGE, ["sleep", "60"], detach=True, name="cg-free")
-    try:
+    with _running(engine, ["sleep", "60"], "cg-free") as c:
         sampler = CgroupSampler(pid=_container_pid(c))
-        assert sampler.cores == float(len(__import__("os").sched_getaffinity(_container_pid(c))))
+        assert sampler.cores == float(len(os.sched_getaffinity(_container_pid(c))))
         time.sleep(1.0)
         assert sampler.sample().cpu_percent < 5.0   # sleeping, whatever the host does
-    finally:
-        c.remove(force=True)
-        client.close()
 
 
 def test_a_removed_container_makes_the_collector_skip_reports_not_die(engine):
-    client = engine.client()
-    c = client.containers.run(IMAGE, ["sleep", "60"], detach=True, name="cg-gone")
-    try:
+    with _running(engine, ["sleep", "60"], "cg-gone") as c:
         sampler = CgroupSampler(pid=_container_pid(c))
-    finally:
-        c.remove(force=True)
-        client.close()
     s, failing = _sample_or_none(sampler, False)
     assert s is None and failing
 
@@ -134,20 +132,15 @@ def test_samm_collect_cgroup_inside_a_container_reports_the_containers_cpu(engin
     mounts.append(docker.types.Mount(target=str(repo), source=str(repo), type="bind", read_only=True))
     collect = (f"{sys.executable} -m samm.cli.main collect --cgroup --graphite 127.0.0.1:{graphite.carbon_port} "
                f"--prefix {graphite_prefix} --group web --instance c1 --interval 1 --duration 4")
-    client = engine.client()
     t0 = int(time.time())
-    c = client.containers.run(IMAGE, ["sh", "-c", f"(while :; do :; done) & {collect}; echo rc=$?"], detach=True,
-                              name="cg-inside", network_mode="host", mounts=mounts, working_dir=str(repo),
-                              environment={"LD_LIBRARY_PATH": py.library_path, "PYTHONDONTWRITEBYTECODE": "1"},
-                              cpu_period=100_000, cpu_quota=50_000)
-    try:
+    with _running(engine, ["sh", "-c", f"(while :; do :; done) & {collect}; echo rc=$?"], "cg-inside",
+                  network_mode="host", mounts=mounts, working_dir=str(repo),
+                  environment={"LD_LIBRARY_PATH": py.library_path, "PYTHONDONTWRITEBYTECODE": "1"},
+                  cpu_period=100_000, cpu_quota=50_000) as c:
         status = c.wait(timeout=120)
         logs = c.logs().decode(errors="replace")
         assert status["StatusCode"] == 0 and "rc=0" in logs, logs[-3000:]
         assert "sent 4 report(s) for web/c1" in logs, logs[-3000:]
-    finally:
-        c.remove(force=True)
-        client.close()
     (cpu,) = wait_for_points(graphite.render_url, f"{graphite_prefix}.groups.web.instances.c1.cpu_percent", t0 - 1,
                              int(time.time()) + 60, expect_points=3, timeout_s=30)
     values = [v for v, _ in cpu.values()]
