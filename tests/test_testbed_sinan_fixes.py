@@ -110,6 +110,27 @@ def test_a_load_second_read_by_two_steps_is_fresh_to_the_first_only(tmp_path):
     assert summary["p99_ms"]["mean"] == pytest.approx(35.0)   # 30 and 40, not 30, 30, 40
 
 
+def test_a_replaced_load_file_repeating_its_last_line_is_not_fresh_again(tmp_path):
+    """A new load file (another inode) whose last line is the second already used: the reader
+    parses it into a new dict, and an identity check took it as fresh, counting its p99 twice."""
+    S = int(time.time()) - 5
+    path = tmp_path / "load.jsonl"
+    path.write_text(_line(S - 1))
+    m = Measurer(TOPO, _NoEngine(tmp_path), LoadFile(path), stale_s=2.0)
+    m.measure(now=S + 0.3, claim=False)
+    path.open("a").write(_line(S, p99=30.0))
+    first = m.measure(now=S + 1.3)
+    replacement = tmp_path / "load.new"
+    replacement.write_text(_line(S - 1) + _line(S, p99=30.0))
+    os.replace(replacement, path)                       # a new file, the same newest second
+    again = m.measure(now=S + 1.8)
+    assert first.extra["latency_state"] == "ok"
+    assert again.extra["load_second"] == S and again.extra["load_repeated"]
+    assert again.extra["latency_state"] == "stale" and not again.latency_known
+    path.open("a").write(_line(S + 1, p99=40.0))
+    assert m.measure(now=S + 2.3).extra["latency_state"] == "ok"
+
+
 class _Ok:
     status, error, detail = "succeeded", None, {}
 

@@ -97,8 +97,9 @@ class Measurer:
         self._prev_t: float | None = None
         self._started: dict[str, tuple] = {}              # service -> (container id, StartedAt) last seen running
         self._limit = {s: float(topology.services[s].cap) for s in self.services}
-        # the load line a measurement last handed out as fresh (held, so it cannot be another's)
-        self._claimed: dict | None = None
+        # the load second a measurement last handed out as fresh, by (second, t_end) rather than by
+        # object: a replaced or re-read file parses the same line into a new dict
+        self._claimed: tuple | None = None
 
     def _inspect(self, s: str) -> dict:
         return self.c.client.api.inspect_container(self.c.names[s])
@@ -188,10 +189,11 @@ class Measurer:
         # a line arriving late (within the staleness window) left the newest second the one an
         # earlier step already saw: acting on it again doubles one second's p99 in the decisions
         # and in the run's counts; each line (one per second) is fresh to one measurement only
-        repeated = rec is not None and rec is self._claimed
+        key = None if rec is None else (int(rec["second"]), float(rec["t_end"]))
+        repeated = key is not None and key == self._claimed
         stale = stale or repeated
         if claim and not stale:
-            self._claimed = rec
+            self._claimed = key
         if stale:
             latency_state = "stale"
         else:
