@@ -51,6 +51,10 @@ DEFAULTS = BaselineParams()
 def node_values(compositions: np.ndarray, predictor: Predictor) -> np.ndarray:
     """(..., A) compositions -> (...,) each node's total normalised throughput sum_a c_a * tp(c)_a."""
     comps = np.asarray(compositions, dtype=np.int64)
+    if comps.shape[-1] != len(predictor.app_names):
+        # the forest's lookup reshaped a batch of another number of apps into its own rows and
+        # scored nonsense whenever the sizes divided (else a reshape or matmul error naming nothing)
+        raise ValueError(f"the batch has {comps.shape[-1]} apps but the predictor knows {len(predictor.app_names)}")
     flat = comps.reshape(-1, comps.shape[-1])
     if len(flat) == 0:
         return np.zeros(comps.shape[:-1])

@@ -35,6 +35,29 @@ class Predictor(Protocol):
         """compositions: (K, A) non-negative ints -> (K, A) float; 0 where the app is absent."""
 
 
+def whole_counts(values, what: str) -> np.ndarray:
+    """`values` as an int64 array, or a ValueError naming `what`: a cast to int64 truncated 1.5
+    containers to 1 (and 2.7 to app 2) silently, and NaN failed with a message that named nothing."""
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError):  # ragged lists
+        raise ValueError(f"{what} must be whole numbers, got {values!r}"[:300]) from None
+    if arr.dtype.kind in "iu":
+        return arr.astype(np.int64)
+    if arr.dtype.kind == "f" and np.isfinite(arr).all() and (np.abs(arr) <= 2**53).all() and (arr == np.floor(arr)).all():
+        return arr.astype(np.int64)
+    raise ValueError(f"{what} must be whole numbers, got {values!r}"[:300])
+
+
+def whole_number(value, what: str) -> int:
+    """A scalar count (3 or 3.0) as an int, or a ValueError naming `what` (2.5, NaN, "3", True)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    raise ValueError(f"{what} must be a whole number, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Cluster:
     n_nodes: int
@@ -42,6 +65,10 @@ class Cluster:
     node_names: tuple[str, ...] = ()
 
     def __post_init__(self):
+        # a float size failed in range() with a TypeError naming neither field; 8.0 slots made the
+        # capacity a float
+        object.__setattr__(self, "n_nodes", whole_number(self.n_nodes, "n_nodes"))
+        object.__setattr__(self, "slots", whole_number(self.slots, "slots"))
         if self.n_nodes < 1 or self.slots < 1:
             raise ValueError(f"a cluster needs >= 1 node and >= 1 slot, got {self.n_nodes} x {self.slots}")
         if not self.node_names:
@@ -82,10 +109,28 @@ class Rule:
     limit: int = 0
 
 
+RULE_KINDS = ("anti-affinity", "cardinality")
+
+
 @dataclass(frozen=True)
 class Constraints:
     n_apps: int
     rules: tuple[Rule, ...] = ()
+
+    def __post_init__(self):
+        # every check treats a kind it does not know as a cardinality cap (a misspelt
+        # "anti_affinity" became "never place either app") and a rule on an app past n_apps failed
+        # with an IndexError at the first mask; the CSV loader and /plan refused both already
+        for r in self.rules:
+            if r.kind not in RULE_KINDS:
+                raise ValueError(f"constraints: rule {r} has kind {r.kind!r}, not one of {', '.join(RULE_KINDS)}")
+            checked = (r.a, r.b, r.limit) if r.kind == "cardinality" else (r.a, r.b)  # anti-affinity ignores limit
+            if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in checked):
+                raise ValueError(f"constraints: rule {r} needs whole app indexes and limit")
+            if not (0 <= r.a < self.n_apps and 0 <= r.b < self.n_apps):
+                raise ValueError(f"constraints: rule {r} names an app outside 0..{self.n_apps - 1}")
+            if r.kind == "cardinality" and r.limit < 0:
+                raise ValueError(f"constraints: rule {r} has a negative limit")
 
     # --- construction ---------------------------------------------------------------------
     @classmethod
@@ -120,8 +165,8 @@ class Constraints:
             kind = row["rule"].strip()
             if kind not in ("anti-affinity", "cardinality"):
                 raise ValueError(f"{path}:{line}: rule must be anti-affinity or cardinality, got {kind!r}")
-            try:
-                limit = int(row["limit"] or 0)
+            try:  # the module doc's contract: an anti-affinity row's limit is ignored ("", "-", "n/a")
+                limit = 0 if kind == "anti-affinity" else int(row["limit"] or 0)
             except ValueError:
                 raise ValueError(f"{path}:{line}: limit must be an integer, got {row['limit']!r}") from None
             if kind == "cardinality" and limit < 1:
@@ -197,14 +242,14 @@ class Batch:
     order: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self):
-        counts = np.asarray(self.counts, dtype=np.int64)
+        counts = whole_counts(self.counts, "a batch's counts")
         if counts.ndim != 1 or (counts < 0).any() or counts.sum() == 0:
             raise ValueError(f"a batch needs non-negative counts per app and at least one container, got {counts}")
         object.__setattr__(self, "counts", counts)
         if self.order is None:
             object.__setattr__(self, "order", default_order(counts))
-        order = np.asarray(self.order, dtype=np.int64)
-        if np.bincount(order, minlength=len(counts)).tolist() != counts.tolist():
+        order = whole_counts(self.order, "a batch's order (app indexes)")
+        if order.ndim != 1 or (order < 0).any() or np.bincount(order, minlength=len(counts)).tolist() != counts.tolist():
             raise ValueError("order must list each container of the batch once")
         object.__setattr__(self, "order", order)
 

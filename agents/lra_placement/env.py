@@ -36,6 +36,7 @@ from .cluster import (
     per_app_score,
     place_mask,
     score,
+    whole_number,
 )
 from .predictor import SyntheticInterference
 
@@ -60,7 +61,10 @@ def sample_batch(
     random order), so a few apps dominate the batch. `capacity` caps the size (a batch larger than
     the cluster cannot be placed).
     """
-    lo, hi = int(size_range[0]), int(size_range[1])
+    # int() truncated a range of (2.5, 3.7) into 2..3 silently
+    lo, hi = whole_number(size_range[0], "size_range"), whole_number(size_range[1], "size_range")
+    if whole_number(n_apps, "n_apps") < 1:  # numpy's multinomial error named pvals
+        raise ValueError(f"n_apps must be >= 1, got {n_apps}")
     if capacity is not None:
         hi = min(hi, int(capacity))
         lo = min(lo, hi)

@@ -187,6 +187,10 @@ class ForestPredictor:
     # --- prediction ---------------------------------------------------------------------------
     def throughput(self, compositions: np.ndarray) -> np.ndarray:
         comps = np.asarray(compositions, dtype=np.int64)
+        if comps.ndim == 0 or comps.shape[-1] != self.n_apps:
+            # reshape(-1, A) turned (K, B) counts of another number of apps into rows of A silently
+            raise ValueError(f"compositions of {comps.shape[-1] if comps.ndim else 0} apps given to a predictor of "
+                             f"{self.n_apps} ({', '.join(self.app_names)})")
         shape = comps.shape
         comps = comps.reshape(-1, self.n_apps)
         if self.table is None:
