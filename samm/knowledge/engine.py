@@ -170,6 +170,11 @@ def _create_engine(u: URL, **kwargs) -> Engine:
     except (ImportError, NoSuchModuleError) as exc:
         raise KnowledgeError(f"knowledge.url: database driver {u.drivername!r} is not available ({exc}); "
                              f"{_DRIVERS}") from None
+    except (ValueError, TypeError) as exc:
+        # the driver converts some query parameters (sqlite's ?timeout=, ?check_same_thread=) at
+        # create_engine: a bad value left as a bare "could not convert string to float" traceback
+        raise KnowledgeError(f"knowledge.url {shown(u)}: a query parameter has a value the driver cannot use "
+                             f"({exc})") from None
     if engine.dialect.is_async:
         engine.dispose()
         raise KnowledgeError(f"knowledge.url: {u.drivername!r} is an asyncio driver, which the knowledge store "

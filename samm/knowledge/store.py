@@ -471,7 +471,9 @@ class KnowledgeStore:
         """Store one Monitor snapshot; `status` is ok / partial / stale, `reasons` says why not
         ok. Returns its id."""
         _check(status, SNAPSHOT_STATUSES, "snapshot status")
-        if isinstance(reasons, str):
+        if reasons is None:  # "no reasons", as (): not a TypeError from deep in the list below
+            reasons = ()
+        elif isinstance(reasons, str):
             reasons = [reasons]
         row = Snapshot(window_start=_time(window_start, "window_start"), window_end=_time(window_end, "window_end"),
                        status=status,

@@ -146,10 +146,18 @@ class CgroupReader:
 
     @staticmethod
     def quota_cores(paths: dict[str, Path]) -> float:
-        """The kernel's view of the CPU limit (cores; inf when unlimited)."""
+        """The kernel's view of the CPU limit (cores; inf when unlimited). A group without the cpu
+        controller (cgroup v2 enables it per subtree: rootless containers and many systemd units
+        lack it) has no quota of its own: inf, not an error that stopped `samm collect --cgroup`
+        at start, and dropped every testbed measurement of the group."""
         if "unified" in paths:
-            quota, period = (paths["unified"] / "cpu.max").read_text().split()
+            cpu_max = paths["unified"] / "cpu.max"
+            if not cpu_max.exists() and (paths["unified"] / "cpu.stat").exists():
+                return math.inf
+            quota, period = cpu_max.read_text().split()
             return math.inf if quota == "max" else int(quota) / int(period)
+        if "cpu" not in paths:  # cgroup v1 without the cpu hierarchy mounted
+            return math.inf
         quota = int((paths["cpu"] / "cpu.cfs_quota_us").read_text())
         period = int((paths["cpu"] / "cpu.cfs_period_us").read_text())
         return math.inf if quota < 0 else quota / period

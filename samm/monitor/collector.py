@@ -215,7 +215,13 @@ class CgroupSampler(HostSampler):
         self.pid = pid
         self._proc = None
         self._gone = False
-        self._last_cpu_s = self._cpu_seconds()
+        try:
+            # both read once here: a group without the memory controller (cgroup v2 enables it per
+            # subtree) otherwise started a collector that skipped every report, for good
+            self._ram_gb()
+            self._last_cpu_s = self._cpu_seconds()
+        except KeyError as exc:  # cgroup v1 without that controller's hierarchy mounted
+            raise OSError(f"no {exc.args[0]} cgroup hierarchy is mounted here") from None
         self._last_t = time.monotonic()
 
     def _cpu_seconds(self) -> float:
@@ -284,13 +290,21 @@ def run_collector(reporter: InstanceReporter, sampler: HostSampler, interval_s: 
 
 
 def _port(port: str, text: str) -> int:
-    try:
-        p = int(port)
-    except ValueError:
-        raise ValueError(f"expected HOST:PORT, got {text!r}") from None
+    # ASCII digits only: int() also takes "+5", " 5" and other scripts' digits ("٣" is 3)
+    if not (port.isascii() and port.isdigit()):
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    p = int(port)
     if not 1 <= p <= 65535:
         raise ValueError(f"expected HOST:PORT with a port in 1..65535, got {text!r}")
     return p
+
+
+def _host(host: str, text: str) -> str:
+    # an empty or blank host (`--graphite "$UNSET"` from the systemd unit's environment file) named
+    # no carbon: the collector ran on for good, every point dropped as "Name or service not known"
+    if not host or any(c.isspace() for c in host):
+        raise ValueError(f"expected HOST:PORT with a host name or address, got {text!r}")
+    return host
 
 
 def parse_host_port(text: str, default_port: int = 2003) -> tuple[str, int]:
@@ -300,12 +314,10 @@ def parse_host_port(text: str, default_port: int = 2003) -> tuple[str, int]:
         addr, sep, rest = text[1:].partition("]")
         if not sep or not addr or (rest and not rest.startswith(":")):
             raise ValueError(f"expected [IPV6]:PORT, got {text!r}")
-        return addr, (_port(rest[1:], text) if rest else default_port)
+        return _host(addr, text), (_port(rest[1:], text) if rest else default_port)
     if text.count(":") > 1:
         raise ValueError(f"an IPv6 address needs brackets, as [ADDR]:PORT, got {text!r}")
     host, sep, port = text.rpartition(":")
     if not sep:
-        return text, default_port
-    if not host:
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    return host, _port(port, text)
+        return _host(text, text), default_port
+    return _host(host, text), _port(port, text)

@@ -201,7 +201,7 @@ class RenderClient:
                 for v, t in s.get("datapoints", []):
                     pts.append((None if v is None else float(v), int(t)))
                 out.append(Series(str(s.get("target", "")), pts))
-        except (AttributeError, TypeError, ValueError) as exc:
+        except (AttributeError, TypeError, ValueError, OverflowError) as exc:  # int(inf): a timestamp 1e999
             raise GraphiteError(f"{method} {where} returned JSON that is not {shape}: "
                                 f"{type(exc).__name__}: {exc}") from exc
         return out

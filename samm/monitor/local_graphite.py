@@ -85,8 +85,9 @@ _live: "weakref.WeakSet[LocalGraphite]" = weakref.WeakSet()
 
 @atexit.register
 def _stop_all() -> None:
+    # close, not only stop: a temporary root of an instance never closed is removed too
     for g in list(_live):
-        g.stop()
+        g.close()
 
 
 class LocalGraphite:
@@ -109,11 +110,12 @@ class LocalGraphite:
         missing = missing_packages()
         if missing:
             raise GraphiteUnavailable("cannot start a local Graphite, missing: " + ", ".join(missing))
+        # checked before the temporary root is made: a refused argument must leave nothing behind
+        if server not in ("wsgi", "runserver"):
+            raise ValueError(f"server must be 'wsgi' or 'runserver', got {server!r}")
         self._own_root = root_dir is None
         self.root = Path(root_dir).resolve() if root_dir is not None else Path(tempfile.mkdtemp(prefix="samm-graphite-"))
         self.retentions = retentions
-        if server not in ("wsgi", "runserver"):
-            raise ValueError(f"server must be 'wsgi' or 'runserver', got {server!r}")
         self.server = server
         self.startup_timeout_s = startup_timeout_s
         self.die_with_parent = die_with_parent
@@ -126,7 +128,11 @@ class LocalGraphite:
         self._carbon: subprocess.Popen | None = None
         self._web: subprocess.Popen | None = None
         self._migrated = False
-        self._write_config()
+        try:
+            self._write_config()
+        except BaseException:
+            self.close()  # a temporary root half written (a full disk, say) is ours to remove
+            raise
 
     @property
     def render_url(self) -> str:
@@ -362,7 +368,13 @@ connection_created.connect(_fast_sqlite)
             shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> "LocalGraphite":
-        return self.start()
+        # a failed start (a port taken, a daemon that died) never reaches __exit__: its temporary
+        # root stayed behind for good (the exit hook only stops daemons), as LocalPostgres's did
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.close()
