@@ -4,14 +4,17 @@ overrides. Unknown keys are rejected with the key's name and its line in the fil
 
 Environment overrides use `__` between levels: `SAMM_SERVICE__PORT=9000`,
 `SAMM_KNOWLEDGE__URL=postgresql://...`, `SAMM_SERVICE__TOKEN=...`. Values are parsed as YAML
-scalars (so `true`, `3`, `1.5` get their types).
+scalars (so `true`, `3`, `1.5` get their types). They reach mapping keys only: not the entries of
+`loops:`, a list.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, SecretStr, SerializationInfo, ValidationError, field_serializer,
@@ -42,6 +45,27 @@ MAX_VM_CORES = 2**20
 _URL_PASSWORD = re.compile(r"^([\w+.-]+://[^:/@]*:)(.*)@")
 # libpq also takes a password (and a client key's passphrase) as query parameters
 _QUERY_PASSWORD = re.compile(r"([?&](?:password|sslpassword)=)[^&#]*", re.IGNORECASE)
+
+
+def http_url_problem(url: str) -> str | None:
+    """Why `url` cannot be an http(s) server's address (None: it can be tried). Without a scheme
+    or a host ("graphite.internal:8080", written like carbon's HOST:PORT) `samm config check`
+    passed it and every request of `samm run` failed: each snapshot stale, each decision the
+    fallback, the daemon running and never acting. The URL itself is not repeated (a password)."""
+    try:
+        parts = urlsplit(url)
+        if parts.scheme in ("http", "https") and parts.hostname:
+            parts.port  # noqa: B018 - raises ValueError for a port that is not 0..65535
+            return None
+    except ValueError:  # an unclosed IPv6 bracket, a bad port
+        pass
+    return "must be an http(s)://HOST[:PORT] URL"
+
+
+def _http_url(url: str | None) -> str | None:
+    if url is not None and (problem := http_url_problem(url)):
+        raise ValueError(problem)
+    return url
 
 
 def url_without_password(url: str) -> str:
@@ -106,6 +130,21 @@ class GraphiteConfig(Strict):
     publish: bool = Field(default=True, description="publish SAMM's own metrics, decisions and events")
 
     _render_url_masked = field_serializer("render_url", when_used="json")(_masked_url)
+    _render_url_http = field_validator("render_url")(_http_url)
+
+    @field_validator("carbon_host")
+    @classmethod
+    def _bare_host(cls, host: str) -> str:
+        # "graphite.internal:2003" (the collector's SAMM_GRAPHITE form) or a URL passed the check,
+        # and every point the daemon published was dropped ("carbon ...:2003:2003 unreachable")
+        try:
+            ipaddress.ip_address(host)  # an IPv6 address holds colons of its own
+            return host
+        except ValueError:
+            pass
+        if not host or re.search(r"[:/\s\[\]]", host):
+            raise ValueError("must be a host name or address alone (the port is graphite.carbon_port)")
+        return host
 
 
 class AgentConfig(Strict):
@@ -117,6 +156,7 @@ class AgentConfig(Strict):
     fallback: Literal["noop"] = "noop"
 
     _service_url_masked = field_serializer("service_url", when_used="json")(_masked_url)
+    _service_url_http = field_validator("service_url")(_http_url)
 
     @model_validator(mode="after")
     def _http(self) -> "AgentConfig":
@@ -167,6 +207,17 @@ class KnowledgeConfig(Strict):
         "and policy versions are never pruned. Default: keep everything."))
 
     _url_masked = field_serializer("url", when_used="json")(_masked_url)
+
+
+def _check_database_url(url: str) -> None:
+    """The store's own parse, at the check: "samm.db" or mysql://... passed `samm config check`
+    and stopped `samm run` at start. Its message never holds the password."""
+    from samm.knowledge.engine import KnowledgeError, normalize_url
+
+    try:
+        normalize_url(url)
+    except KnowledgeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class HaConfig(Strict):
@@ -308,6 +359,7 @@ class SammConfig(Strict):
         if self.ha.enabled and not re.match(r"postgres(ql)?[+:]", self.knowledge.url):  # the store takes both
             raise ValueError(f"ha.enabled needs a PostgreSQL knowledge store (knowledge.url), got "
                              f"{self.knowledge.url.split(':', 1)[0]}: an SQLite store is single-daemon")
+        _check_database_url(self.knowledge.url)  # after the rule above, which names the store it wants
         if self.loops is None:
             if self.groups is None:
                 raise ValueError("groups: Field required (or declare `loops`)")
@@ -409,10 +461,11 @@ def _apply_env(data: dict, environ: dict[str, str]) -> dict[tuple[str, ...], str
             continue
         path = name[len(ENV_PREFIX):].lower().split("__")
         node = data
-        for part in path[:-1]:
+        for depth, part in enumerate(path[:-1], 1):
             node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{name}: {'.'.join(path[:-1])} is not a section")
+            if not isinstance(node, dict):  # name the key that is no mapping, not the whole path
+                what = "a list (an override reaches mapping keys only)" if isinstance(node, list) else "not a section"
+                raise ConfigError(f"{name}: {'.'.join(path[:depth])} is {what}")
         if raw == "" or tuple(path) in _VERBATIM_ENV:
             node[path[-1]] = raw if raw != "" else None
         else:
@@ -422,6 +475,13 @@ def _apply_env(data: dict, environ: dict[str, str]) -> dict[tuple[str, ...], str
                 raise ConfigError(f"{name}: not a valid YAML value ({exc.problem or exc})") from None
         applied[tuple(path)] = name
     return applied
+
+
+def _overrides_named_in(msg: str, from_env: dict[tuple[str, ...], str]) -> list[str]:
+    """The overrides whose key a top-level rule's message names ("ha.enabled needs ...", "put
+    ['executor'] inside each loop"): such a rule has no key of its own, so the error named the file
+    alone, for a value it may not even hold."""
+    return [name for key, name in from_env.items() if ".".join(key) in msg or repr(key[0]) in msg]
 
 
 # a daemon config is a few KB: the bound keeps a wrong path (/dev/zero, a log, a disk image)
@@ -543,6 +603,9 @@ def _load_config(path: Path, text: str, environ: dict[str, str] | None) -> SammC
             # good value (or at a section without the key) and never at the variable
             env = next((name for key, name in from_env.items() if loc[:len(key)] == key), None)
             at = f"{env} (environment)" if env else at
+            if not loc and from_env:  # a rule across sections: also name the overrides it mentions
+                named = _overrides_named_in(e["msg"], from_env)
+                at = f"{at} with {', '.join(named)} (environment)" if named else at
             if e["type"] == "extra_forbidden":
                 msgs.append(f"{at}: unknown key {where!r}")
             else:
