@@ -47,9 +47,19 @@ def integer_actions(actions) -> np.ndarray:
     return a.astype(np.int64)
 
 
-def to_deltas(mode: ActionMode, actions, n_types: int) -> np.ndarray:
-    """Actions of a batch (shape (E,) for `paper`, (E, n) for `per-type`) -> int8 (E, n)."""
+def to_deltas(mode: ActionMode, actions, n_types: int, n_envs: int | None = None) -> np.ndarray:
+    """Actions of a batch (shape (E,) for `paper`, (E, n) for `per-type`) -> int8 (E, n).
+    `n_envs`: the E the batch must have (its first axis)."""
     a = integer_actions(actions)
+    deltas = _deltas(mode, a, n_types)
+    if n_envs is not None and (a.shape[:1] != (n_envs,) or len(deltas) != n_envs):
+        # else 3 actions for 4 envs met the liveness guard as NumPy's "operands could not be
+        # broadcast", and a (2, 2) array of paper actions passed for 4 envs, flattened
+        raise ValueError(f"expected one action per environment ({n_envs}), got actions of shape {list(a.shape)}")
+    return deltas
+
+
+def _deltas(mode: ActionMode, a: np.ndarray, n_types: int) -> np.ndarray:
     if mode == "paper":
         a = a.reshape(-1)
         if np.any((a < 0) | (a > 2 * n_types)):

@@ -152,28 +152,36 @@ class BatchShape:
             raise BridgeError("this simulation batch is closed (its environment's close() was called)")
 
     def _env_index(self, env) -> int:
-        if not 0 <= int(env) < self.n_envs:
-            raise ValueError(f"env index must be within [0, {self.n_envs})")
-        return int(env)
+        # whole numbers only: int() made env 1.5 env 1 (another env's workload or job records)
+        value = _whole(env)
+        if value is None or not 0 <= value < self.n_envs:
+            raise ValueError(f"env index must be a whole number within [0, {self.n_envs}), got {env!r}")
+        return value
 
     def _reset_request(self, envs, seeds) -> tuple[np.ndarray, np.ndarray]:
-        envs = np.asarray(envs, dtype=np.int64).reshape(-1)
-        # each checked: the int64 cast ran seed 1 for 1.7 and named no seed for 2**63
+        # each checked: the int64 casts reset env 1 for 1.5, ran seed 1 for 1.7 and named no seed for 2**63
+        envs = np.asarray([self._env_index(x) for x in np.asarray(envs, dtype=object).reshape(-1)], dtype=np.int64)
         seeds = np.asarray([_episode_seed(x) for x in np.asarray(seeds, dtype=object).reshape(-1)], dtype=np.int64)
         if envs.shape != seeds.shape:
             raise ValueError("envs and seeds must have the same length")
-        if np.any((envs < 0) | (envs >= self.n_envs)):
-            raise ValueError(f"env indices must be within [0, {self.n_envs})")
         return envs, seeds
 
     def _step_request(self, deltas) -> np.ndarray:
         deltas = np.asarray(deltas)
         if deltas.shape != (self.n_envs, self.n_types):
             raise ValueError(f"deltas must have shape {(self.n_envs, self.n_types)}, got {deltas.shape}")
-        # the int8 cast would silently truncate 1.7 to 1 and turn NaN into 0 (or garbage)
-        if deltas.dtype.kind not in "iub" and not (np.all(np.isfinite(deltas)) and np.all(deltas == np.rint(deltas))):
+        numbers = deltas
+        if deltas.dtype.kind == "O":  # e.g. a list mixing Python and NumPy numbers, or holding None
+            try:
+                numbers = deltas.astype(np.float64)
+            except (TypeError, ValueError):
+                numbers = None
+        # the int8 cast would silently truncate 1.7 to 1, turn NaN into 0 (or garbage) and drop an
+        # imaginary part; strings and None failed inside NumPy's isfinite with a TypeError
+        if numbers is None or numbers.dtype.kind not in "iubf" or (
+                numbers.dtype.kind == "f" and not (np.all(np.isfinite(numbers)) and np.all(numbers == np.rint(numbers)))):
             raise ValueError(f"deltas must be whole numbers, got {str(deltas.tolist())[:80]}")
-        return deltas
+        return numbers
 
 
 def _whole(x) -> int | None:
@@ -204,8 +212,10 @@ class SimBatch(BatchShape):
                  fast: bool = True):
         """`fast`: step and reset over the gateway's raw-socket step channel (default) instead of
         Py4J calls; both return the same bytes."""
-        if n_envs < 1:
-            raise ValueError("n_envs must be at least 1")
+        if _whole(n_envs) is None or n_envs < 1:
+            # a NumPy integer reached Py4J as an AttributeError, a float as "method does not exist"
+            raise ValueError(f"n_envs must be a whole number >= 1, got {n_envs!r}")
+        n_envs = int(n_envs)
         check_core_cap(workload, config)
         self.config = config
         self.workload = workload
@@ -260,7 +270,7 @@ class SimBatch(BatchShape):
     def job_stats(self, env: int) -> np.ndarray:
         """(n_jobs, 5): arrival_s, start_s, finish_s, wait_s, restarts (-1 = not yet)."""
         self._check_open()
-        reply = self.gateway.call("jobStats", self._id, int(env))
+        reply = self.gateway.call("jobStats", self._id, self._env_index(env))
         return np.frombuffer(base64.b64decode(reply), dtype="<f8").reshape(-1, 5)
 
     def close(self) -> None:

@@ -34,7 +34,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from samm.analyze import OBSERVATION_NAMES, compute_metrics
-from samm.analyze.features import compute_features, feature_bounds, feature_set
+from samm.analyze.features import compute_features, feature_bounds, feature_set, validate_feature_names
 from samm.analyze.metrics import allocated_cores
 from samm.plan.liveness import guard_head_of_line
 
@@ -107,9 +107,16 @@ def feature_names_of(features: str | tuple | list, config: SimConfig) -> tuple[s
     """A feature set's name (`paper`, `extended`) or explicit feature names."""
     from samm.analyze import FleetSpec
 
+    fleet = FleetSpec.from_vm_types(config.vm_types)
     if isinstance(features, str):
-        return feature_set(features, FleetSpec.from_vm_types(config.vm_types))
-    return tuple(features)
+        return feature_set(features, fleet)
+    names = tuple(features)
+    # checked here, before a batch exists: a typo failed only at the first reset (a batch already
+    # built in the JVM) and an empty tuple was an IndexError of the observation space
+    if not names:
+        raise ValueError("features must name at least one feature (or a set: paper, extended)")
+    validate_feature_names(names, fleet)
+    return names
 
 
 def cheapest_core_second(config: SimConfig) -> float:
@@ -382,7 +389,7 @@ class CloudSimVectorEnv(VectorEnv):
         return obs, self._infos(s)
 
     def step(self, actions):
-        deltas = to_deltas(self.config.action_mode, actions, self.config.n_types)
+        deltas = to_deltas(self.config.action_mode, actions, self.config.n_types, n_envs=self.num_envs)
         if self.config.liveness_guard and self._last_raw is not None:
             deltas, _ = guard_head_of_line(deltas, self._last_raw, self._decoder.fleet)
         s = self.batch.step(deltas)

@@ -111,7 +111,13 @@ class Gateway:
         self._closed = False
         self._stderr_reader = threading.Thread(target=self._drain_stderr, daemon=True)
         self._stderr_reader.start()
-        self.port = self._await_port(start_timeout_s)
+        try:
+            self.port = self._await_port(start_timeout_s)
+        except BaseException:
+            # a Ctrl-C during a slow start: the JVM leads a session of its own (no SIGINT reaches it)
+            # and our reader threads keep its pipes open, so it lived on until this interpreter exited
+            self._kill()
+            raise
         self._channel: StepChannel | None = None
         self._channel_lock = threading.Lock()
         self.call_timeout_s = call_timeout_s
@@ -137,18 +143,24 @@ class Gateway:
 
     def _await_port(self, timeout_s: float) -> int:
         result: list[str] = []
+        ended: list[bool] = []
+        answered = threading.Event()  # the port line came, or stdout ended
 
         def read() -> None:
             for line in self.proc.stdout:  # type: ignore[union-attr]
-                if line.startswith(READY_PREFIX):
+                if not result and line.startswith(READY_PREFIX):
                     result.append(line[len(READY_PREFIX):].strip())
-                    break
+                    answered.set()
+                # and on to EOF: a JVM told to log to stdout (JAVA_TOOL_OPTIONS=-Xlog:gc) hung for good,
+                # every step timing out, once nobody read the pipe and it filled
+            ended.append(True)
+            answered.set()
 
         reader = self._stdout_reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        reader.join(timeout_s)
+        answered.wait(timeout_s)
         if not result:
-            timed_out = reader.is_alive()  # else stdout ended: the JVM exited (or closed it) early
+            timed_out = not ended  # else stdout ended: the JVM exited (or closed it) early
             self._kill()
             self._stderr_reader.join(timeout=2)  # its last words, for the message
             what = (f"did not report its port within {timeout_s:.0f} s" if timed_out

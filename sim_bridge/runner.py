@@ -90,7 +90,7 @@ def run_episodes(config: SimConfig, workload: Workload | list[Workload], agent, 
                                       step_seconds=config.step_seconds) if names
                      else np.zeros((n, 0), dtype=np.float32))
             decisions, state = agent.act(feats, state, deterministic)
-            deltas = to_deltas(agent.action_mode, decisions.actions, config.n_types)
+            deltas = to_deltas(agent.action_mode, decisions.actions, config.n_types, n_envs=n)
             if config.liveness_guard:
                 deltas, _ = guard_head_of_line(deltas, s.raw, batch.fleet)
             deltas[~alive] = 0

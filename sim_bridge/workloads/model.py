@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+INT32_MAX = 2**31 - 1  # `pack` sends cores as int32
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -34,8 +36,23 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: every job needs a positive, finite length")
         if np.any(~np.isfinite(self.ram_gb)) or np.any(self.ram_gb < 0):
             raise ValueError(f"workload {self.name!r}: every job's RAM must be finite and >= 0")
+        self._check_cores()
         if np.any(self.cores < 1):
             raise ValueError(f"workload {self.name!r}: every job needs at least one core")
+
+    def _check_cores(self) -> None:
+        """`pack` casts cores to int32: 1.5 ran on 1 core while `core_seconds` (the reward scale, the
+        offered load) counted 1.5, NaN became a garbage count and 2**32 + 1 wrapped to 1."""
+        cores = np.asarray(self.cores)
+        if cores.dtype.kind not in "iuf":  # bools, strings, objects
+            raise ValueError(f"workload {self.name!r}: cores must be whole numbers, got {cores.dtype} values")
+        bad = cores > INT32_MAX
+        if cores.dtype.kind == "f":
+            bad |= ~np.isfinite(cores) | (cores != np.floor(cores))
+        if np.any(bad):
+            j = int(np.argmax(bad))
+            raise ValueError(f"workload {self.name!r}: job {j} needs {cores[j]} cores; cores must be whole "
+                             f"numbers in [1, {INT32_MAX}]")
 
     @property
     def n_jobs(self) -> int:

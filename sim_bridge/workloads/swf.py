@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .model import Workload
+from .model import INT32_MAX, Workload
 
 F_SUBMIT, F_RUN, F_ALLOC, F_USED_MEM, F_REQ_PROCS, F_REQ_MEM = 1, 3, 4, 6, 7, 9
 
@@ -54,7 +54,6 @@ SWF_FIELDS = 18
 FIELD_NAMES = ("job number", "submit time", "wait time", "run time", "allocated processors", "average CPU time",
                "used memory", "requested processors", "requested time", "requested memory", "status", "user id",
                "group id", "executable", "queue", "partition", "preceding job", "think time")
-INT32_MAX = 2**31 - 1
 
 
 def _is_record(line: str) -> bool:
