@@ -226,6 +226,36 @@ def test_an_outcome_the_store_did_not_take_is_written_at_the_next_step(tmp_path,
     assert len(act.calls) == 2                       # and nothing was sent twice
 
 
+def test_an_action_the_store_did_not_begin_is_not_finished_again_every_step(tmp_path, monkeypatch):
+    """begin_action refused (PostgreSQL: a value too long): the loop acts (the record is not worth
+    stopping it) but its outcome went to the retry list, where finishing an action the store never
+    had failed every step, for ever, one more entry per service per step."""
+    loop, store, act = _loop(tmp_path)
+
+    def refused(*a, **k):
+        raise RuntimeError("value too long for type character varying(128)")
+    monkeypatch.setattr(store, "begin_action", refused)
+    for k in range(3):
+        rec = loop.step(k, _m((1.0, 0.5) if k == 0 else (0.3, 0.2)))
+    assert act.calls == [("a", 0.3), ("b", 0.2)]
+    assert loop._unrecorded == {}
+    first = loop._by_step[0]
+    assert first.applied == {"a": 0.3, "b": 0.2}
+    assert sum("not recorded" in e for e in first.errors) == 2 and not any("not written" in e for e in first.errors)
+
+
+def test_service_names_the_store_cannot_key_are_refused_before_a_step(tmp_path):
+    from samm.testbed.microservices.loop import ControlLoop, store_key_problem
+
+    long_name = "s" * 70
+    store = KnowledgeStore(f"sqlite:///{tmp_path / 'k.db'}")
+    with pytest.raises(ValueError, match="70 characters.*at most 64"):
+        ControlLoop(AppLimits((long_name, "b"), np.array([1.0, 1.0]), 100.0), _Fixed([0.3, 0.2]), _Actuator(), store)
+    ControlLoop(AppLimits((long_name, "b"), np.array([1.0, 1.0]), 100.0), _Fixed([0.3, 0.2]), _Actuator(), None)
+    assert store_key_problem("L", ("a" * 64,)) is None                 # the longest name that fits
+    assert "at most 38" in store_key_problem("x" * 63, ("a" * 39,))   # the key's 128 with a long loop name
+
+
 # ------------------------------------------------------------------------------ a real run stopped mid-way
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):

@@ -196,10 +196,10 @@ def test_the_testbed_loop_does_not_send_a_clamped_limit_again_every_second(engin
         loop = ControlLoop(limits, controller, App())
         m.measure()
         sent = []
+        base = int(time.time()) - 2   # a load second of its own per step: one second is fresh to one step
         for k in range(3):
-            now = time.time()
             with load.open("a") as f:
-                f.write(json.dumps({"second": int(now) - 1, "t_end": int(now), "requests_per_s": 5.0,
+                f.write(json.dumps({"second": base + k, "t_end": base + k + 1, "requests_per_s": 5.0,
                                     "failures_per_s": 0.0, "latency_ms": [10.0] * len(PERCENTILES)}) + "\n")
             rec = loop.step(k, m.measure())
             assert rec.targets is not None and not rec.errors, rec

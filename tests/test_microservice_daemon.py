@@ -69,6 +69,17 @@ def test_loop_entries_are_validated_by_the_problems_model(tmp_path):
             SammConfig.model_validate(config_dict(tmp_path, **bad))
 
 
+def test_a_topology_whose_service_names_the_store_cannot_key_is_refused_at_config_check(tmp_path):
+    """PostgreSQL keeps 128 characters of an action key `<loop>:step<k>:<service>` (SQLite any):
+    the loop ran and left that service's limit changes unrecorded; refused when the file is read."""
+    topo = tmp_path / "longnames.yaml"
+    name = "logic-" + "x" * 70
+    topo.write_text((REPO / "agents/microservice_cores/topologies/chain3.yaml").read_text()
+                    .replace("name: chain3", "name: longnames").replace("logic", name))
+    with pytest.raises(ValueError, match=f"service name '{name[:40]}'... is {len(name)} characters"):
+        SammConfig.model_validate(config_dict(tmp_path, app=str(topo)))
+
+
 def test_a_bad_config_file_is_refused_naming_the_field(tmp_path):
     data = config_dict(tmp_path)
     data["loops"][0]["containers"] = {"name_prefx": "msd-"}

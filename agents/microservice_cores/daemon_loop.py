@@ -60,7 +60,7 @@ from pydantic import Field, field_validator, model_validator
 
 from samm.config import LOOP_NAME, MAX_PERIOD_S, Strict
 from samm.testbed.microservices.load import LoadGenerator
-from samm.testbed.microservices.loop import QUOTA_STEP, ControlLoop
+from samm.testbed.microservices.loop import QUOTA_STEP, ControlLoop, store_key_problem
 from samm.testbed.microservices.measure import Measurer
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,15 @@ class MicroserviceLoopConfig(Strict):
 
         load_topology(v)  # ValueError naming the known applications or the unreadable file
         return v
+
+    @model_validator(mode="after")
+    def _keys_fit_the_store(self) -> "MicroserviceLoopConfig":
+        from .topology import load_topology
+
+        problem = store_key_problem(self.name, load_topology(self.app).service_names)
+        if problem:   # at `samm config check`, not after PostgreSQL refused the first limit change
+            raise ValueError(problem)
+        return self
 
 
 # ----------------------------------------------------------------------------- the engine side

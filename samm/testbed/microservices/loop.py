@@ -44,6 +44,7 @@ import numpy as np
 
 from agents.microservice_cores.control import AppLimits, clip_cores
 from agents.microservice_cores.observation import PERCENTILES, StepMeasurement
+from samm.knowledge.models import Action
 from samm.knowledge.store import LeaseLost
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,22 @@ P50 = PERCENTILES.index(50)
 
 class Actuator(Protocol):
     def set_limit(self, service: str, cores: float) -> Any: ...  # an ActionResult
+
+
+def store_key_problem(loop_name: str, services) -> str | None:
+    """Why this loop's action records would not fit the knowledge store's columns (None: they
+    fit). PostgreSQL refuses a longer value where SQLite keeps it, so a long service name worked on
+    one store and, on the other, left every limit change of that service unrecorded."""
+    key_len = Action.__table__.c.idempotency_key.type.length
+    group_len = Action.__table__.c.group_name.type.length
+    for s in services:
+        longest = f"{loop_name}:step{10 ** 12}:{s}:reapply"   # k = wall-clock seconds // interval
+        if len(s) > group_len or len(longest) > key_len:
+            room = min(group_len, key_len - len(longest) + len(s))
+            shown = repr(s) if len(s) <= 40 else repr(s[:40]) + "..."
+            return (f"service name {shown} is {len(s)} characters: with loop name {loop_name!r} the knowledge "
+                    f"store takes at most {room}")
+    return None
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -128,6 +145,8 @@ class ControlLoop:
         self.last_target: dict[str, float] = {}
         self.dry_run = bool(dry_run)
         self.history = history
+        if store is not None and (problem := store_key_problem(loop_name, self.services)):
+            raise ValueError(problem)
         self._unrecorded: dict[str, tuple] = {}   # action key -> outcome the store did not take yet
         # service -> (cores asked, cores the engine set): a limit above the engine's CPUs is
         # clamped there, and asking again every second would change nothing
@@ -286,7 +305,8 @@ class ControlLoop:
                 rec.dry_run[s] = cores
             return 0
         claimed = True
-        if self.store is not None and self._decision_id is not None:
+        begun = self.store is not None and self._decision_id is not None
+        if begun:
             try:
                 _, claimed = self.store.begin_action(self._decision_id, key, executor="docker", group=s,
                                                      request={"cores": cores, "reapply": reapply}, loop=self.loop_name)
@@ -294,6 +314,8 @@ class ControlLoop:
                 raise  # another daemon leads: this one must not act
             except Exception as exc:  # noqa: BLE001 - the record is not worth stopping the loop
                 log.warning("step %d: recording action %s failed: %s", k, key, exc)
+                rec.errors.append(f"knowledge store: action {key} not recorded: {exc}"[:300])
+                begun = False   # no row to finish: retrying its outcome each step would fail for ever
         if not claimed:
             return 0
         burst_error = None
@@ -313,7 +335,7 @@ class ControlLoop:
             rec.errors.append(f"{s}: {error}"[:300])
         if burst_error:   # the limit is set; the burst the run asked for is not
             rec.errors.append(f"{s}: cpu burst: {burst_error}"[:300])
-        if self.store is not None and self._decision_id is not None:
+        if begun:
             outcome = ("succeeded" if status == "succeeded" else "failed",
                        {"cores": cores} | ({"cpu_burst_error": burst_error} if burst_error else {}), error)
             try:
