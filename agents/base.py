@@ -198,6 +198,9 @@ def agent_kinds() -> list[str]:
 
 def agent_class(kind: str) -> type[Agent]:
     _load_all()
+    if kind not in _REGISTRY and kind in _NEEDS_TRAIN_EXTRA and _TRAIN_EXTRA_MISSING:
+        raise ValueError(f"agent {kind!r} needs PyTorch, which this install lacks ({_TRAIN_EXTRA_MISSING}): "
+                         "install SAMM with its train extra, pip install 'samm[train]'")
     if kind not in _REGISTRY:
         raise ValueError(f"unknown agent {kind!r}; known: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[kind]
@@ -222,8 +225,18 @@ def load_agent(directory: str | Path) -> Agent:
     return cls._from_metadata(meta, d)
 
 
+_NEEDS_TRAIN_EXTRA = ("lstm-ppo",)
+_TRAIN_EXTRA_MISSING: str | None = None   # why the PPO agent did not import, where it did not
+
+
 def _load_all() -> None:
     # importing the modules registers their classes
+    global _TRAIN_EXTRA_MISSING
     from . import builtin  # noqa: F401
     from .baselines import queue, target_tracking, threshold  # noqa: F401
-    from .ppo import agent  # noqa: F401
+    try:
+        from .ppo import agent  # noqa: F401
+    except ImportError as exc:   # an install without torch (no [train] extra) still runs the rules
+        if (exc.name or "").split(".")[0] != "torch":
+            raise                    # a broken module of ours is not a missing extra
+        _TRAIN_EXTRA_MISSING = f"{type(exc).__name__}: {exc}"

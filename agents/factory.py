@@ -31,12 +31,11 @@ def make_agent(kind: str, sim: SimConfig, params: dict | None = None, policy_dir
         if agent.type_names != type_names:
             raise ValueError(f"{policy_dir} was made for VM types {agent.type_names}, this fleet has {type_names}")
         return agent
+    cls = agent_class(kind)   # an install without torch: a one-line ValueError naming the extra
     if kind == "lstm-ppo":
-        from .ppo.agent import LstmPpoAgent
         from .shipped import shipped_policy_dir
 
-        return load_agent(shipped_policy_dir()) if shipped_policy_dir() else LstmPpoAgent(type_names=type_names)
-    cls = agent_class(kind)
+        return load_agent(shipped_policy_dir()) if shipped_policy_dir() else cls(type_names=type_names)
     params = dict(params or {})
     if kind == "queue":
         params.setdefault("cores", [t.cores for t in sim.vm_types])
