@@ -215,6 +215,56 @@ def test_the_testbed_loop_does_not_send_a_clamped_limit_again_every_second(engin
 
 
 @pytest.mark.docker
+def test_a_running_container_whose_cgroup_is_hidden_has_unknown_use_and_no_action(engine, tmp_path):
+    """Under systemd's ProtectProc=invisible the daemon cannot read the containers' /proc/<pid>/cgroup:
+    the Measurer reported a use of 0 for every service, without a word, and AutoScale cut every
+    limit by 10 % a second to its floor. Now the use is unknown, named, and the step takes no action."""
+    from agents.microservice_cores.daemon_loop import LoadFile
+    from agents.microservice_cores.hosting import make_controller
+    from samm.monitor.cgroups import CgroupReader
+    from samm.testbed.microservices.loop import ControlLoop
+    from samm.testbed.microservices.measure import Measurer
+
+    class Hidden(CgroupReader):
+        def paths(self, pid):
+            raise PermissionError(13, "Permission denied", f"/proc/{pid}/cgroup")
+
+    topo = load_topology("chain3")
+    client = engine.client()
+    names = {s: f"gaps-hidden-{s}" for s in topo.service_names}
+    made = [client.containers.run(BUSYBOX_TAG, ["sleep", "600"], name=n, detach=True, init=True,
+                                  cpu_period=100_000, cpu_quota=50_000) for n in names.values()]
+    App, ex = engine_app(engine, client, tmp_path, names)
+    load = tmp_path / "load.jsonl"
+    try:
+        m = Measurer(topo, App(), LoadFile(load), cgroups=Hidden())
+        limits = AppLimits(topo.service_names, topo.caps, topo.qos_ms)
+        controller = make_controller("autoscale", topo)
+        controller.reset(limits)
+        loop = ControlLoop(limits, controller, App())
+        m.measure()
+        base = int(time.time()) - 1
+        with load.open("a") as f:
+            f.write(json.dumps({"second": base, "t_end": base + 1, "requests_per_s": 5.0, "failures_per_s": 0.0,
+                                "latency_ms": [10.0] * len(PERCENTILES)}) + "\n")
+        got = m.measure()
+        unknown = got.extra["cpu_unknown"]
+        assert [u.split(":")[0] for u in unknown] == list(topo.service_names)
+        assert all("Permission denied" in u for u in unknown)
+        rec = loop.step(0, got)
+        assert rec.action == "no action: CPU use unreadable" and rec.applied == {} and rec.targets is None
+        assert rec.errors == unknown
+        assert {n: client.containers.get(n).attrs["HostConfig"]["CpuQuota"] for n in names.values()} == \
+            {n: 50_000 for n in names.values()}                         # every limit as it was
+        assert Measurer(topo, App(), LoadFile(load)).measure().extra["cpu_unknown"] == []  # readable: none
+    finally:
+        ex.close()
+        for c in made:
+            c.remove(force=True)
+        client.close()
+
+
+@pytest.mark.docker
 def test_the_testbeds_containers_start_within_the_engines_cpus(engine, tmp_path):
     """chain3's logic (cap 3) started with a 3-core quota on a 2-CPU engine, and read back as 3
     until the loop's first change clamped it: the first step saw a limit the host does not have."""

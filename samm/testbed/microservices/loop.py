@@ -15,7 +15,8 @@ The guard, in order:
     when the step starts a whole second after its time (`extra["late_s"]`: a blocked engine call
     made the loop fall behind; it catches up without a burst of decisions),
     when no request completed in the second ("no action: unknown latency"), or when the engine
-    could not be read ("no action: engine unreachable"); the controller is then not asked, so
+    could not be read ("no action: engine unreachable") or a running container's cgroup could not
+    ("no action: CPU use unreadable", not a use of 0); the controller is then not asked, so
     its memory (stacked frames, the previous action) only ever holds applied actions;
   * `clip_cores`: never outside [floor, cap] (NaN -> cap, the safe side for latency); clipped
     services are named in the record;
@@ -203,6 +204,9 @@ class ControlLoop:
         elif engine_errors:
             rec.action = "no action: engine unreachable"
             rec.errors.extend(engine_errors)
+        elif m.extra.get("cpu_unknown"):
+            rec.action = "no action: CPU use unreadable"
+            rec.errors.extend(m.extra["cpu_unknown"])
         elif len(down) == len(self.services):
             rec.action = "no action: application down"
         elif state != "ok":

@@ -34,7 +34,9 @@ counter smaller than before) count from zero: the delta of that second is the ne
 value. The network counters too, and a counters file written before the container's start (its
 previous process's, until the new one writes) counts as missing: zeros for that second. When the
 engine cannot be read, cpu_limit keeps the last value read and the error is listed in
-`extra["engine_errors"]`.
+`extra["engine_errors"]`. A running container whose cgroup cannot be found or read (its process
+hidden from this user, a cgroup layout not known) has an unknown CPU use, listed with the reason in
+`extra["cpu_unknown"]`, not a use of 0.
 
 Application level: the newest second of the load generator. When its newest line ended more than
 `stale_s` (2 s) ago, or it is the line an earlier measurement already handed out (Locust's line
@@ -116,6 +118,7 @@ class Measurer:
         unlimited: list[str] = []           # services whose container has no CPU quota
         throttled: dict[str, float] = {}    # share of the second's CFS periods that ran out of quota
         throttled_s: dict[str, float] = {}  # seconds its threads waited for the next period, per second
+        cpu_unknown: list[str] = []         # running services whose cgroup could not be read
         for i, s in enumerate(self.services):
             info = None
             try:
@@ -130,20 +133,27 @@ class Measurer:
                 engine_errors.append(f"{s}: {type(exc).__name__}: {str(exc)[:160]}")
                 running[s] = False
             cur = None
+            why = None
             if info is not None and running[s]:
                 cid, pid = info["Id"], info["State"].get("Pid") or 0
                 cached = self._paths.get(s)
                 if cached is None or cached[0] != cid:
                     try:
                         self._paths[s] = (cid, self.cg.paths(pid))
-                    except (OSError, ValueError):
+                    except (OSError, ValueError) as exc:
                         self._paths.pop(s, None)
+                        why = f"cgroup of pid {pid} not found ({type(exc).__name__}: {str(exc)[:120]})"
             if s in self._paths:
                 try:
                     cur = self.cg.read(self._paths[s][1])
                     kernel_limit[s] = self.cg.quota_cores(self._paths[s][1])
-                except (OSError, KeyError, ValueError):
+                except (OSError, KeyError, ValueError) as exc:
                     cur = None
+                    why = f"cgroup unreadable ({type(exc).__name__}: {str(exc)[:120]})"
+            if info is not None and running[s] and cur is None:
+                # a running container's use read as 0 looked idle: AutoScale cut it step after step
+                # (/proc/<pid> hidden from the daemon's user, say); its use is unknown instead
+                cpu_unknown.append(f"{s}: {why or 'cgroup unreadable'}")
             net = self._net(s)
             prev = self._prev.get(s, {})
             if info is not None and running[s]:
@@ -204,7 +214,8 @@ class Measurer:
             else:
                 latency_state = "none completed"
         extra = {"stale": stale, "load_repeated": repeated, "latency_state": latency_state,
-                 "engine_errors": engine_errors, "running": running, "kernel_limit": kernel_limit,
+                 "engine_errors": engine_errors, "cpu_unknown": cpu_unknown, "running": running,
+                 "kernel_limit": kernel_limit,
                  "unlimited": unlimited,
                  "throttled": throttled, "throttled_s": throttled_s,
                  "load_second": None if rec is None else int(rec["second"]),
