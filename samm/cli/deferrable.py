@@ -135,16 +135,11 @@ def testbed_deferrable(setting, seed, split, slots, slot_seconds, agent, policy_
 def service_url_problem(url: str | None) -> str | None:
     """Why --service-url cannot reach a `samm serve` (None: it can try). A URL without a scheme or
     host failed every call of the run, each one counted as an agent error, and the run still ended 0."""
-    from urllib.parse import urlsplit
+    from samm.config import http_url_problem
 
-    if url is None:
+    if url is None or not (problem := http_url_problem(url)):
         return None
-    try:
-        parts = urlsplit(url)
-        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:      # "http://[::1": an unclosed IPv6 bracket
-        usable = False
-    return None if usable else f"--service-url {url!r} must be an http(s)://HOST[:PORT] URL of a `samm serve`"
+    return f"--service-url {url!r} {problem} of a `samm serve`"
 
 
 def _check_scale(setting_name: str, workers: int, slot_seconds: float) -> None:
