@@ -750,9 +750,19 @@ def _setting_code(setting: Setting) -> int:
     return zlib.crc32(setting.name.encode())
 
 
+def check_trace_seed(seed) -> int:
+    """A trace seed as an int: a whole number >= 0. A negative one failed in NumPy's seeding with
+    "expected non-negative integer", and 1.5 was silently trace 1."""
+    number = isinstance(seed, (int, float, np.integer, np.floating)) and not isinstance(seed, bool)
+    if not (number and math.isfinite(seed) and float(seed).is_integer() and seed >= 0):
+        raise ValueError(f"trace seed must be a whole number >= 0, got {seed!r}")
+    return int(seed)
+
+
 def generate_trace(setting: str | Setting, seed: int, weeks: int = 3, params: TraceParams | None = None) -> Trace:
     """Generate `weeks` weeks (plus params.lead_days before week 1) of requests and usage.
     Same (setting, seed, weeks, params) -> identical arrays."""
+    seed = check_trace_seed(seed)
     setting = get_setting(setting)
     p = params or params_for(setting)
     if weeks < 1:

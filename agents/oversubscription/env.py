@@ -38,6 +38,10 @@ class OversubscriptionEnv(gym.Env):
             raise ValueError(f"split must be 'train' or 'test', not {split!r}")
         if train_usage not in ("logged", "redrawn"):
             raise ValueError(f"train_usage must be 'logged' or 'redrawn', not {train_usage!r}")
+        if workload_fn is None:     # refused now, not at the first reset() (NumPy's seeding error)
+            from .data import check_trace_seed
+
+            trace_seed = check_trace_seed(trace_seed)
         self.split, self.warm, self.trace_seed, self.train_usage = split, warm, trace_seed, train_usage
         self.reward_scale = reward_scale if reward_scale is not None else 1.0 / self.setting.pm_cores
         if isinstance(self.reward_scale, bool) or not isinstance(self.reward_scale, (int, float, np.number)) \

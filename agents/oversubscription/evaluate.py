@@ -2,6 +2,10 @@
 days, with the paper's metrics.
 
     python -m agents.oversubscription.evaluate --policy DIR [--episodes 40] [--json]
+
+The trace and the start (cold or warm) are the policy's own (its training metadata) unless given: a
+policy trained with `--warm --trace-seed 3` was tested cold on trace 0, whose "training days" are not
+the ones it trained on.
 """
 from __future__ import annotations
 
@@ -11,8 +15,10 @@ import json
 from .train import evaluate_policy
 
 
-def evaluate_saved(policy_dir, episodes: int = 40, trace_seed: int = 0, test_seed: int = 100,
-                   warm: bool = False) -> dict:
+def evaluate_saved(policy_dir, episodes: int = 40, trace_seed: int | None = None, test_seed: int = 100,
+                   warm: bool | None = None) -> dict:
+    """`trace_seed`, `warm`: None takes the policy's (its training metadata; trace 0, cold when it
+    has none)."""
     from .data import generate_trace
     from .policy import OversubPolicy
 
@@ -20,6 +26,12 @@ def evaluate_saved(policy_dir, episodes: int = 40, trace_seed: int = 0, test_see
         # 0 test episodes reported PM-Hot-R 0.0 % and every level "satisfied" from nothing
         raise ValueError(f"episodes must be a whole number >= 1, got {episodes!r}")
     policy = OversubPolicy.load(policy_dir)
+    training = policy.training or {}
+    trace_seed = int(training.get("trace_seed") or 0) if trace_seed is None else trace_seed
+    warm = bool(training.get("warm", False)) if warm is None else warm
+    for name, seed in (("trace_seed", trace_seed), ("test_seed", test_seed)):   # NumPy's seeding refuses < 0
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"{name} must be a whole number >= 0, got {seed!r}")
     s = policy.setting
     trace = generate_trace(s, trace_seed)
     out = {}
@@ -34,13 +46,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m agents.oversubscription.evaluate", description=__doc__.split("\n")[0])
     ap.add_argument("--policy", required=True, help="a saved C2MARL policy directory")
     ap.add_argument("--episodes", type=int, default=40)
-    ap.add_argument("--trace-seed", type=int, default=0)
-    ap.add_argument("--warm", action="store_true")
+    ap.add_argument("--trace-seed", type=int, default=None, help="default: the policy's own")
+    start = ap.add_mutually_exclusive_group()
+    start.add_argument("--warm", action="store_const", const=True, dest="warm", default=None,
+                       help="warm start (default: as the policy was trained)")
+    start.add_argument("--cold", action="store_const", const=False, dest="warm", help="cold start")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.episodes < 1:
         ap.error(f"--episodes must be at least 1, got {args.episodes}")
-    res = evaluate_saved(args.policy, args.episodes, args.trace_seed, warm=args.warm)
+    if args.trace_seed is not None and args.trace_seed < 0:
+        ap.error(f"--trace-seed must be >= 0, got {args.trace_seed}")
+    try:
+        res = evaluate_saved(args.policy, args.episodes, args.trace_seed, warm=args.warm)
+    except ValueError as e:     # not a saved policy, or a malformed one: named, not a traceback
+        ap.error(str(e))
     if args.json:
         print(json.dumps(res))
     else:

@@ -106,7 +106,7 @@ def _train_one(args) -> dict:
 
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
-    if saved is not None:       # (policy, training seconds) of an earlier run, checked by run_case
+    if saved is not None:       # (policy, training seconds) of an earlier run, checked by load_saved_policies
         (policy, seconds), logs = saved, None
     else:
         cfg = replace(C2MarlConfig(alpha=alpha, seed=seed, episodes=episodes), **cfg_overrides)
@@ -155,6 +155,29 @@ def load_run_policy(saved: Path, case: Case, alpha: float, seed: int, trace_seed
     if differ:
         raise ValueError(f"{saved}: trained with {differ}, not {({k: want[k] for k in differ})}")
     return policy, float(t.get("seconds", float("nan")))
+
+
+def load_saved_policies(saved_policies: Path | None, case: Case, budget: Budget, trace_seed: int,
+                        vote: str | None = None) -> dict:
+    """(alpha, seed) -> (policy, training seconds) of every run `budget` asks for, from an earlier run's
+    OUT/policies ({} without one); a missing or mismatched policy is refused, naming it. `vote`: the
+    saved ensembles re-voted (None: as saved)."""
+    saved = {}
+    if saved_policies is None:
+        return saved
+    for a in budget.alphas:
+        for s in budget.seeds:
+            path = Path(saved_policies) / policy_name(case, a, s)
+            if not path.is_dir():
+                raise FileNotFoundError(f"no saved policy {path} (C2MARL-{a:.2f}, seed {s})")
+            policy, seconds = load_run_policy(path, case, a, s, trace_seed)
+            if vote is not None:
+                try:
+                    policy = policy.with_vote(vote)
+                except ValueError as e:
+                    raise ValueError(f"{path}: {e}") from None
+            saved[a, s] = policy, seconds
+    return saved
 
 
 def _evaluate_baseline(args) -> dict:
@@ -208,30 +231,19 @@ def tune_and_test_baselines(case: Case, trace, trace_seed: int, alpha: float, tu
 def run_case(case: Case, budget: Budget, trace_seed: int = 0, workers: int = 2, progress: bool = True,
              cfg_overrides: dict | None = None, keep_policies: Path | None = None,
              saved_policies: Path | None = None, validate_every: int = 0,
-             ensemble: tuple[int, int | None, str | None] = (0, None, None)) -> dict:
+             ensemble: tuple[int, int | None, str | None] = (0, None, None), loaded: dict | None = None) -> dict:
     """One case's table. With `saved_policies` (an earlier run's OUT/policies) its C2MARL policies are
     evaluated instead of trained: the test episodes can grow without training again. `validate_every`:
     train.py's checkpoint selection on the validation week (0: the last weights, the paper).
     `ensemble`: (K, N, vote) of train.py's `--ensemble K --ensemble-every N --ensemble-vote vote` (None:
     its default; K = 0: none). With `saved_policies` a vote other than None re-votes the saved
-    ensembles (`OversubPolicy.with_vote`), their weights unchanged."""
+    ensembles (`OversubPolicy.with_vote`), their weights unchanged. `loaded`: `load_saved_policies`'s
+    result for this case, when the caller has already checked them."""
     from .data import generate_trace
 
     # the saved policies are found and checked before the baselines' half hour, not after it
-    saved = {}
-    if saved_policies is not None:
-        for a in budget.alphas:
-            for s in budget.seeds:
-                path = Path(saved_policies) / policy_name(case, a, s)
-                if not path.is_dir():
-                    raise FileNotFoundError(f"no saved policy {path} (C2MARL-{a:.2f}, seed {s})")
-                policy, seconds = load_run_policy(path, case, a, s, trace_seed)
-                if ensemble[2] is not None:
-                    try:
-                        policy = policy.with_vote(ensemble[2])
-                    except ValueError as e:
-                        raise ValueError(f"{path}: {e}") from None
-                saved[a, s] = policy, seconds
+    saved = loaded if loaded is not None else load_saved_policies(saved_policies, case, budget, trace_seed,
+                                                                  ensemble[2])
     setting = get_setting(case.setting)
     trace = generate_trace(setting, trace_seed)
     specs = test_specs(trace, budget.test_episodes, case.warm)
@@ -411,6 +423,10 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
     if seeds:
         budget = replace(budget, seeds=tuple(int(s) for s in seeds))
         refuse_repeats(budget.seeds, "seeds")
+    # NumPy refuses a negative seed: in the training workers, after the baselines' tuning
+    for name, values in (("seeds", budget.seeds), ("trace_seed", (int(trace_seed),))):
+        if any(v < 0 for v in values):
+            raise ValueError(f"{name} must be >= 0, not {min(values)}")
     if alphas:
         wanted = {float(a) for a in alphas}
         if wanted - set(ALPHAS):
@@ -422,6 +438,8 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         raise ValueError(f"threads must be at least 1, not {threads}")
     if int(validate_every) < 0:
         raise ValueError(f"validate_every must be >= 0, not {validate_every}")
+    if int(validate_every) and policies is not None:   # else the saved weights were tabled as if chosen
+        raise ValueError("validate_every is how runs are trained; --policies evaluates saved policies as they are")
     if int(ensemble) < 0 or (ensemble_every is not None and int(ensemble_every) < 1) or (
             int(ensemble) and int(validate_every)):
         raise ValueError(f"ensemble must be >= 0 and ensemble_every >= 1, and ensemble excludes validate_every "
@@ -498,6 +516,9 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
         saved = saved / "policies" if (saved / "policies").is_dir() else saved
         if saved.resolve() == (out / "policies").resolve():
             raise ValueError("--policies must name another run's directory than --out")
+    # every case's saved policies found and checked now: a missing one of the last case used to
+    # surface only after the earlier cases' baselines were tuned and tested (hours on the full cases)
+    loaded = {c.key: load_saved_policies(saved, c, budget, trace_seed, ensemble_vote) for c in chosen}
     out = prepare_out(out)     # after every check: made and proved writable before the work
     overrides = {k: v for k, v in (("torch_threads", int(threads)), ("dual_estimate", dual_estimate),
                                    ("budget_margin", budget_margin), ("rates", rates), ("action", action),
@@ -506,7 +527,7 @@ def run(out, quick: bool = False, seeds: Sequence[int] | None = None, cases: Seq
                  if v is not None and v != getattr(C2MarlConfig, k)} or None
     results = [run_case(c, budget, trace_seed, workers, progress, cfg_overrides=overrides,
                         keep_policies=out / "policies", saved_policies=saved, validate_every=int(validate_every),
-                        ensemble=(int(ensemble), ensemble_every, ensemble_vote))
+                        ensemble=(int(ensemble), ensemble_every, ensemble_vote), loaded=loaded[c.key])
                for c in chosen]
     figures = _figures(results, out)
     targets, methods = [], {}

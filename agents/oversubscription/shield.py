@@ -111,7 +111,10 @@ class Shield:
     def __init__(self, spec: ShieldSpec, n_subscribers: int, prior: np.ndarray | None):
         self.spec = spec
         self.n = int(n_subscribers)
-        self.prior = None if prior is None else np.asarray(prior, dtype=np.float64).reshape(-1, self.n)
+        self.prior = None if prior is None else np.asarray(prior, dtype=np.float64)
+        if self.prior is not None and (self.prior.ndim != 2 or self.prior.shape[1] != self.n):
+            # reshaped, another setting's [H, M] history became rows of the wrong subscribers' values
+            raise ValueError(f"shield: the prior must be [steps, {self.n}] usage rates, got shape {self.prior.shape}")
         self._rule = ANCHOR_RULES[spec.rule][0](self.n, **spec.rule_params(), headroom=spec.headroom,
                                                 lo=spec.lo, prior=self.prior)
 

@@ -88,6 +88,9 @@ def train(setting: str | Setting = "azure", cfg: C2MarlConfig | None = None, *, 
     snapshots: list[tuple[int, torch.nn.Module]] = []
     if validate_from is None:
         validate_from = max(1, int(np.ceil(cfg.eps_decay_frac * cfg.episodes)))
+    if validate_every and validate_from > cfg.episodes:   # else no checkpoint is validated, in silence
+        raise ValueError(f"validate_from ({validate_from}) is after the last episode ({cfg.episodes}): "
+                         "nothing would be validated")
     needs_prior = (cfg.shield != "none" or cfg.action == "headroom") and shield_prior is None
     tunes_anchor = cfg.action == "headroom" and parse_anchor(cfg.anchor) is None
     if tuned_anchor is not None and not tunes_anchor:
@@ -236,6 +239,17 @@ def check_options(args) -> None:
                                    "a number >= 0")):
         if not ok:
             raise ValueError(f"{flag} must be {want}, not {value}")
+
+
+def check_out(out: Path) -> None:
+    """--out made and proved writable before training: a file there (or above it) or a folder that
+    cannot be made failed with a traceback, at the TensorBoard writer or the first log row."""
+    from agents.report import writable_folder   # not prepare_out: it renames an experiment's files aside
+
+    try:
+        writable_folder(out)
+    except OSError as exc:
+        raise ValueError(f"--out: {exc}") from None
 
 
 def checkpoint_dir(out: str | Path, episode: int) -> Path:
@@ -560,10 +574,14 @@ def main(argv=None) -> int:
                             ("--threads", args.threads, lambda v: v >= 1),
                             ("--budget-margin", args.budget_margin, lambda v: v >= 1.0),
                             ("--anchor-margin", args.anchor_margin, lambda v: v >= 1.0),
-                            ("--anchor-tuned-at", args.anchor_tuned_at, lambda v: 0.0 < v < 1.0)):
+                            ("--anchor-tuned-at", args.anchor_tuned_at, lambda v: 0.0 < v < 1.0),
+                            ("--shield-headroom", args.shield_headroom, lambda v: 0.0 < v < float("inf"))):
         if value is not None and not ok(value):
             print(f"error: {flag} out of range: {value}", file=sys.stderr)
             return 2
+    if args.shield_headroom is not None and args.shield != "nsigma":   # else dropped in silence
+        print("error: --shield-headroom is the nsigma shield's headroom: it needs --shield nsigma", file=sys.stderr)
+        return 2
     try:
         parse_anchor(args.anchor)
     except ValueError as e:
@@ -602,6 +620,7 @@ def main(argv=None) -> int:
     try:
         if args.out is not None:    # last, so that a bad option is named first
             refuse_existing_run(Path(args.out), RUN_FILES)
+            check_out(Path(args.out))
         policy, logs = train(args.setting, cfg, trace_seed=args.trace_seed, warm=args.warm,
                              train_usage=args.train_usage, out=args.out, progress=not args.quiet,
                              validate_every=args.validate_every, validate_episodes=args.validate_episodes,

@@ -29,6 +29,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -210,7 +211,9 @@ def check_args(args) -> None:
     """The flags a tuning run needs to mean anything, each refused with its name before minutes of work:
     an unknown rule or setting failed with a traceback after the prior was replayed, --episodes 0 on an
     empty stack, an --alpha outside (0, 1) ran every rule to "unsafe", and --test-episodes 0 printed
-    "yes" (satisfied) for every rule from no test episode at all."""
+    "yes" (satisfied) for every rule from no test episode at all; a negative --seed or --test-seed failed
+    in NumPy's seeding with a traceback, after the prior was replayed; a --json outside any folder
+    failed only when the results were to be saved, after the whole tuning."""
     get_setting(args.setting)
     unknown = sorted(set(args.rules or ()) - set(PARAM_GRIDS))
     if unknown:
@@ -218,9 +221,15 @@ def check_args(args) -> None:
     for flag, value, ok, want in (("--alpha", args.alpha, 0.0 < args.alpha < 1.0, "a safety level in (0, 1)"),
                                   ("--episodes", args.episodes, args.episodes >= 1, ">= 1"),
                                   ("--test-episodes", args.test_episodes, args.test_episodes >= 1, ">= 1"),
-                                  ("--trace-seed", args.trace_seed, args.trace_seed >= 0, ">= 0")):
+                                  ("--trace-seed", args.trace_seed, args.trace_seed >= 0, ">= 0"),
+                                  ("--seed", args.seed, args.seed >= 0, ">= 0"),
+                                  ("--test-seed", args.test_seed, args.test_seed >= 0, ">= 0")):
         if not ok:
             raise ValueError(f"{flag} must be {want}, not {value}")
+    if args.json is not None:   # else the whole tuning ran, printed, and its results failed to save
+        path = Path(args.json)
+        if path.is_dir() or not path.absolute().parent.is_dir():
+            raise ValueError(f"--json must name a file in an existing folder, not {args.json}")
 
 
 def main(argv=None) -> int:
