@@ -588,8 +588,8 @@ def _report(out: Path, results: list[dict], summary: dict) -> None:
                   + (" (the paper's, §6.2)." if tuple(rates) == RATES else " (ours, not the paper's six rates)."), ""]
     if summary["setting"].get("action") == "headroom":
         lines += ["C2MARL's action (ours, not the paper's rates): each agent picks a multiple (5/6, 11/12, 1, 13/12, "
-                  "7/6, 4/3) of the N-sigma rule's headroom over its subscriber's N-sigma usage forecast; the "
-                  "anchor of each run is listed under its case.", ""]
+                  "7/6, 4/3) of its anchor rule's headroom over that rule's usage forecast for its subscriber "
+                  "(N-sigma by default; Percentile or Max where the anchor listed under its case says so).", ""]
     for res in results:
         lines += [f"## {res['case']} ({PAPER_TABLE_OF.get(res['case'], 'ours only')})", ""]
         for protocol in PROTOCOLS:
