@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .data import make_episode
+from .data import _check_split, make_episode
 from .episode import Episode
 from .features import HISTORY, SUMMARY_FEATURES, TOKEN_FEATURES, SummaryHistory, job_tokens, n_tokens, slot_summary
 from .rules import MAPPINGS, select_by_scores
@@ -32,10 +32,11 @@ class DeferrableJobsEnv(gym.Env):
         if mapping not in MAPPINGS:
             # refused here, not at the first step of a run
             raise ValueError(f"unknown action mapping {mapping!r}; choose from {MAPPINGS}")
+        _check_split(split)     # likewise: it was refused only by the first reset's episode draw
         self.setting = get_setting(setting)
         self.mapping = mapping
         self.split = split
-        self.fixed_episode = episode
+        self.fixed_episode = _episode_or_none(episode, "episode")
         s = self.setting
         N = n_tokens(s)
         self.observation_space = spaces.Dict({
@@ -58,7 +59,7 @@ class DeferrableJobsEnv(gym.Env):
         super().reset(seed=seed)
         ep = self.fixed_episode
         if options and "episode" in options:
-            ep = options["episode"]
+            ep = _episode_or_none(options["episode"], "options['episode']")
         if ep is None:
             ep = make_episode(self.setting, int(self.np_random.integers(2**31 - 1)), self.split)
         self.sim = DeferrableSim(ep)
@@ -70,10 +71,14 @@ class DeferrableJobsEnv(gym.Env):
             raise RuntimeError("call reset() first")
         if self.sim.done:
             raise RuntimeError("the episode is over: call reset() first")
-        scores = np.asarray(action, dtype=np.float64).reshape(-1)
-        if scores.size < self.action_space.shape[0]:
-            # refused in every slot: it failed only in a slot with more eligible jobs than scores,
-            # mid-episode and naming neither the action nor its size
+        try:
+            scores = np.asarray(action, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise ValueError(f"action must be {self.action_space.shape[0]} numbers, got {action!r:.80}") from None
+        if scores.size != self.action_space.shape[0]:
+            # refused in every slot: a short one failed only in a slot with more eligible jobs than
+            # scores, mid-episode and naming neither the action nor its size; a long or 2-D one (a
+            # batch of actions, a [M, 2] array) was flattened and its first scores used in silence
             raise ValueError(f"action must hold {self.action_space.shape[0]} scores (one per eligible token "
                              f"shown), got {scores.size}")
         scores = scores[: len(self._eligible)]
@@ -90,3 +95,11 @@ class DeferrableJobsEnv(gym.Env):
         s = self.setting
         return {"tokens": np.zeros((n_tokens(s), len(TOKEN_FEATURES)), np.float32),
                 "mask": np.zeros(n_tokens(s), np.int8), "history": self.history.buf.copy()}
+
+
+def _episode_or_none(episode, what: str) -> Episode | None:
+    """An episode given to the env, checked when given: anything else failed at reset or at the
+    first step with an AttributeError naming neither the argument nor what it must be."""
+    if episode is not None and not isinstance(episode, Episode):
+        raise ValueError(f"{what} must be an Episode (or None: draw one), got {type(episode).__name__}")
+    return episode

@@ -38,7 +38,11 @@ class Episode:
 
     def __post_init__(self):
         for name in ("cores", "duration", "earliest", "latest", "submit", "capacity"):
-            object.__setattr__(self, name, _whole_numbers(name, getattr(self, name)))
+            # a read-only copy: one episode is replayed by every tuning candidate and every method,
+            # and a decide function writing into it (or the caller's array) changed it for the next
+            a = np.array(_whole_numbers(name, getattr(self, name)), dtype=np.int64)
+            a.setflags(write=False)
+            object.__setattr__(self, name, a)
         n = len(self.cores)
         for name in ("duration", "earliest", "latest", "submit"):
             if len(getattr(self, name)) != n:
@@ -79,11 +83,9 @@ class Episode:
         # float, not int64: a NaN or fractional field is then named by the checks instead of
         # failing the cast or being truncated silently
         a = np.asarray(sorted(rows, key=lambda r: (r[4], r[2])), dtype=np.float64).reshape(-1, 5)
-        cap = np.asarray(capacity, dtype=np.float64)
-        if not np.isfinite(cap).all():
-            raise ValueError("episode: capacity must be a non-empty series of cores >= 0")
+        # the capacity too: cast here, 10.7 cores became 10 and -0.5 became 0 in silence
         return cls(cores=a[:, 0], duration=a[:, 1], earliest=a[:, 2], latest=a[:, 3], submit=a[:, 4],
-                   capacity=cap.astype(np.int64))
+                   capacity=np.asarray(capacity, dtype=np.float64))
 
     def realtime(self) -> "Episode":
         """Table 2's real-time variant: every job must start in the slot it is submitted."""

@@ -5,8 +5,6 @@ Every agent is run through the same `policy.schedule(view, history)` the service
 loop use; heuristics are hosted with their tuned defaults unless `params` are given."""
 from __future__ import annotations
 
-import numpy as np
-
 from agents.report import stats
 
 from .data import make_episode
@@ -17,6 +15,9 @@ from .sim import run_episode
 def evaluate(agent: str, seeds, policy_dir=None, setting: str = "default", params: dict | None = None) -> dict:
     from .hosting import make_policy
 
+    if params and "setting" in params:   # it failed as make_policy's "multiple values for keyword argument"
+        raise ValueError(f"{agent}: 'setting' is not a parameter of the agent; the episodes' setting is "
+                         f"evaluate's own argument (here {setting!r})")
     policy = make_policy(agent, policy_dir, **({"setting": setting} if agent != "osdec" else {}), **(params or {}))
     if agent == "osdec" and policy.setting.name != setting:
         raise ValueError(f"the policy was trained on setting {policy.setting.name!r}, not {setting!r}")

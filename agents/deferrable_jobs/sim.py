@@ -83,6 +83,8 @@ class DeferrableSim:
         self.w_violation = w_violation
         self.T = episode.slots
         self.start = np.full(episode.n_jobs, -1, dtype=np.int64)
+        self._start_seen = self.start.view()     # what the View shows: read-only, kept current
+        self._start_seen.setflags(write=False)
         self.dropped = np.zeros(episode.n_jobs, dtype=bool)
         # cores running per slot, over the episode and the tail of jobs started near its end
         tail = int(episode.duration.max()) if episode.n_jobs else 0
@@ -105,7 +107,7 @@ class DeferrableSim:
         running = np.flatnonzero((self.start >= 0) & (self.start + ep.duration > t))
         future = np.flatnonzero(waiting & (ep.earliest > t))
         return View(t=t, slots=self.T, capacity=int(ep.capacity[t]), running_cores=int(self.load[t]),
-                    eligible=elig, running=running, future=future, episode=ep, start=self.start)
+                    eligible=elig, running=running, future=future, episode=ep, start=self._start_seen)
 
     def _job_rows(self, rows) -> np.ndarray:
         """The distinct job rows a decision names. Refused, not coerced: a negative row would wrap

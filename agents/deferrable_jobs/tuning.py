@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -45,6 +46,10 @@ def candidates(grid) -> list[dict]:
             if isinstance(grid[k], (str, bytes, dict)) or not hasattr(grid[k], "__iter__"):
                 raise ValueError(f"grid: {k!r} needs a list of values to search, got {grid[k]!r}")
         return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+    grid = list(grid)
+    bad = next((p for p in grid if not isinstance(p, Mapping)), None)
+    if bad is not None:     # [0.1, 0.2] failed in dict() with "'float' object is not iterable"
+        raise ValueError(f"grid: a list grid holds parameter dicts like {{'margin': 0.1}}, got {bad!r}")
     return [dict(p) for p in grid]
 
 
