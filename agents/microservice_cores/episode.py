@@ -89,8 +89,10 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
 
     `make_controller(i)` builds the controller of copy i (a controller keeps per-episode memory).
     Alternatively `batch` controls every copy at once from the simulator's whole second (it must
-    act as its copies' controllers would: `ReclaimerPolicy.batch`). The simulator's seed is the
-    first seed; each copy's draws differ, and the whole batch is reproducible for the same seeds.
+    act as its copies' controllers would: `ReclaimerPolicy.batch`). The simulator is seeded from
+    the whole list of seeds (not the first alone): each copy's draws differ, the batch is
+    reproducible for the same list, and seed s's episode depends on the list it ran in (seed 1 of
+    seeds 1-5 is not seed 1 of seeds 1,2).
     `load_step` (t, users): every copy's users change to `users` before control second t (a jump of
     the load, benchmarks/reclaimer_load_steps.py; the experiment's episodes keep theirs); (t, users,
     ramp_s): the change spread evenly over ramp_s seconds from t."""

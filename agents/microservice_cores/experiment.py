@@ -257,6 +257,11 @@ def _cell(job: _Cell, made: dict) -> tuple[dict, dict, dict]:
         made[key] = topo, _controller_factories(topo, job.budget, Path(job.out), job.policy_dir, job.progress,
                                                 log, job.methods), log
     topo, facts, log = made[key]
+    if not any(m in facts for m in job.methods):
+        # only "reclaimer-no-ceiling", of a policy without a ceiling: a cell of no method wrote a
+        # summary of nothing and then failed drawing its figures (StopIteration)
+        raise ValueError(f"{job.app}: its Reclaimer policy has no headroom ceiling, so 'reclaimer-no-ceiling' "
+                         "is the policy itself and is not run: ask for 'reclaimer' (or add other methods)")
     row, firsts = {}, {}
     for method in (m for m in job.methods if m in facts):    # no ceiling: no "reclaimer-no-ceiling"
         built = facts[method](job.users)

@@ -205,9 +205,11 @@ class SacConfig:
 
     #: the fields that size the networks and the frame stack, with their ranges: a policy's
     #: metadata.json (an upload, too) with `observe_queue: 1e9` or a string `k` allocated gigabytes
-    #: or escaped the loader as a bare TypeError
-    _SHAPE_FIELDS = {"k": (1, 64), "id_width": (1, 4096), "hidden": (1, 4096), "actor_layers": (0, 64),
-                     "critic_pre_layers": (0, 64), "critic_post_layers": (0, 64), "classifier_hidden": (1, 4096)}
+    #: or escaped the loader as a bare TypeError. At least one layer each: the output layers (and the
+    #: critics' post-action ones) read `hidden` numbers, so 0 failed with torch's bare shape error at
+    #: the first act or update, after the whole AutoScale fill
+    _SHAPE_FIELDS = {"k": (1, 64), "id_width": (1, 4096), "hidden": (1, 4096), "actor_layers": (1, 64),
+                     "critic_pre_layers": (1, 64), "critic_post_layers": (1, 64), "classifier_hidden": (1, 4096)}
 
     def _check_network_shape(self) -> None:
         for field, (lo, hi) in self._SHAPE_FIELDS.items():
@@ -441,7 +443,10 @@ class Sac(nn.Module):
 
     def match_services(self, n_services: int) -> None:
         """Per-service coefficients for another application's rows (a transfer): each starts at
-        the source's mean coefficient, with its optimiser's state fresh."""
+        the source's mean coefficient, with its optimiser's state fresh. The paper's target
+        −1/(|M|·|A|) becomes the new application's (it kept the source's |M|)."""
+        if self.cfg.target_entropy is None:
+            self.target_entropy = -1.0 / n_services
         if self.log_alpha.dim() == 0 or self.log_alpha.numel() == n_services:
             return
         with torch.no_grad():

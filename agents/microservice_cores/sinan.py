@@ -88,6 +88,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from agents.params import number_param
+from agents.policy import one_line
 
 from .control import AppLimits, clip_cores
 from .episode import EPISODE_S, WARMUP_S, run_episodes
@@ -422,7 +423,14 @@ def load_sinan(path_or_dir: str | Path, app: str | None = None) -> SinanModel:
         if app is None:
             raise ValueError("give the application when loading from a directory")
         p = p / f"sinan-{app}.joblib"
-    model = joblib.load(p)
+    if not p.is_file():
+        raise ValueError(f"{p}: no such Sinan-style model file")
+    try:
+        model = joblib.load(p)
+    except Exception as e:
+        # a truncated or foreign file raised UnpicklingError (a traceback out of `samm run`), or a
+        # ValueError that did not name the file ("EOF: reading array data ...")
+        raise ValueError(f"{p}: not a readable Sinan-style model ({one_line(e)})") from None
     if not isinstance(model, SinanModel) or model.format_version != FORMAT_VERSION:
         raise ValueError(f"{p}: not a Sinan-style model of format {FORMAT_VERSION}")
     if app is not None and model.app != app:
