@@ -91,3 +91,40 @@ def test_an_experiment_of_only_the_no_ceiling_method_on_a_policy_without_one_is_
             progress=False)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+# ----------------------------------------------------------------------------- the warm-up's last second
+class _Recording:
+    """A controller with a memory of use: what it observed and what it acted on, in order."""
+    name = "recording"
+
+    def __init__(self, topo):
+        self.topo, self.seen = topo, []
+
+    def reset(self, limits):
+        self.seen = []
+
+    def observe(self, m):
+        self.seen.append(("observe", m.per_service.tobytes()))
+
+    def act(self, m):
+        self.seen.append(("act", m.per_service.tobytes()))
+        return self.topo.caps.copy()
+
+
+def test_each_warm_up_second_is_seen_once_the_last_by_the_first_decision_alone():
+    """The warm-up's last second was observed and then acted on: it stood twice in the policy's
+    frames, the VPA window and Sinan's history (training and the live loop see each second once)."""
+    from agents.microservice_cores.episode import run_episodes
+
+    chain = load_topology("chain3")
+    ctls = []
+
+    def make(i):
+        ctls.append(_Recording(chain))
+        return ctls[-1]
+
+    run_episodes(chain, make, 60, [1, 2], steps=2, warmup=5)
+    for c in ctls:
+        assert [kind for kind, _ in c.seen] == ["observe"] * 4 + ["act"] * 2
+        assert len({rows for _, rows in c.seen}) == 6          # six different seconds

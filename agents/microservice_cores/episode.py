@@ -111,10 +111,14 @@ def run_episodes(topo: Topology, make_controller: Callable[[int], Controller] | 
         batch.reset(limits)
     cores = np.tile(topo.caps, (E, 1))
     st = None
-    # controllers with a memory of use (the VPA recommender, the policy's frames) may watch the warm-up
+    # controllers with a memory of use (the VPA recommender, the policy's frames) may watch the warm-up;
+    # its last second is the first decision's, given to act alone: observed as well, it stood twice in
+    # a frame stack, a VPA window and Sinan's history (training and the live loop see each second once)
     watchers = [(e, c) for e, c in enumerate(ctls) if hasattr(c, "observe")]
-    for _ in range(warmup):
+    for k in range(warmup):
         st = sim.step(cores)
+        if k == warmup - 1:
+            break
         for e, c in watchers:
             c.observe(st.measurement(e, topo.service_names))
         if batch is not None:
