@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from samm.config import ConfigError, load_config
+from test_systemd_unit import RUNNER_UNIT
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMD = ROOT / "deploy" / "systemd"
@@ -89,14 +90,19 @@ done
 echo done >> $out
 '''
 
-RUNNER_UNIT = """[Unit]
-Description=test runner
-[Service]
-Type=oneshot
-ExecStart=/bin/sh /opt/samm-test/runner.sh
-TimeoutStartSec=60
-ExecStopPost=/bin/systemctl poweroff --no-block
-"""
+def boot_runner(nspawn: str, units: Path, opt: Path, out: Path) -> tuple[str, dict[str, str]]:
+    """Boot systemd in a volatile nspawn container of this host with `units` in /etc/systemd/system
+    and `opt` at /opt/samm-test, run runner.service; its report and its KEY=VALUE lines."""
+    (units / "runner.service").write_text(RUNNER_UNIT)
+    binds = [f"--bind-ro={units / n}:/etc/systemd/system/{n}" for n in sorted(os.listdir(units))]
+    cmd = [nspawn, "-q", "-D", "/", "--volatile=yes", "--register=no", "--keep-unit",
+           f"--bind-ro={opt}:/opt/samm-test", f"--bind={out}:/out", *binds,
+           "-b", "systemd.firstboot=off", "systemd.unit=runner.service"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    result = out / "result.txt"
+    report = result.read_text() if result.exists() else ""
+    assert "done" in report.splitlines(), f"nspawn rc={proc.returncode}\n{report}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
+    return report, dict(line.split("=", 1) for line in report.splitlines() if "=" in line)
 
 
 @pytest.mark.slow
@@ -127,16 +133,7 @@ def test_the_shipped_unit_hides_the_containers_and_the_drop_in_lets_the_loop_mea
         (units / name).write_text(unit)
     (units / "samm-ms.service.d" / "microservices.conf").write_text(microservice_drop_in())
     (units / "victim.service").write_text("[Service]\nExecStart=/bin/sleep 600\n")
-    (units / "runner.service").write_text(RUNNER_UNIT)
-    binds = [f"--bind-ro={units / n}:/etc/systemd/system/{n}" for n in sorted(os.listdir(units))]
-    cmd = [nspawn, "-q", "-D", "/", "--volatile=yes", "--register=no", "--keep-unit",
-           f"--bind-ro={opt}:/opt/samm-test", f"--bind={out}:/out", *binds,
-           "-b", "systemd.firstboot=off", "systemd.unit=runner.service"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    result = out / "result.txt"
-    report = result.read_text() if result.exists() else ""
-    assert "done" in report.splitlines(), f"nspawn rc={proc.returncode}\n{report}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
-    r = dict(line.split("=", 1) for line in report.splitlines() if "=" in line)
+    report, r = boot_runner(nspawn, units, opt, out)
     assert r["samm.start_rc"] == "0" and r["samm-ms.start_rc"] == "0", report
     assert "failed FileNotFoundError" in r["samm.marker"] and "/cgroup" in r["samm.marker"], report
     assert "measured cpu_s=" in r["samm-ms.marker"], report
@@ -264,16 +261,7 @@ def test_a_worker_reaches_the_queue_only_with_the_documented_drop_in(tmp_path):
             f"[Service]\nType=oneshot\nUser=nobody\nSupplementaryGroups={group}\n"
             f"ExecStart=/usr/bin/python3 /opt/samm-test/queue_user.py {queue} worker\n")
     (units / "samm-batch.service.d" / "deferrable.conf").write_text(drop_in)
-    (units / "runner.service").write_text(RUNNER_UNIT)
-    binds = [f"--bind-ro={units / n}:/etc/systemd/system/{n}" for n in sorted(os.listdir(units))]
-    cmd = [nspawn, "-q", "-D", "/", "--volatile=yes", "--register=no", "--keep-unit",
-           f"--bind-ro={opt}:/opt/samm-test", f"--bind={out}:/out", *binds,
-           "-b", "systemd.firstboot=off", "systemd.unit=runner.service"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    result = out / "result.txt"
-    report = result.read_text() if result.exists() else ""
-    assert "done" in report.splitlines(), f"nspawn rc={proc.returncode}\n{report}\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}"
-    r = dict(line.split("=", 1) for line in report.splitlines() if "=" in line)
+    report, r = boot_runner(nspawn, units, opt, out)
     assert r["samm.start_rc"] == "0" and "wrote (1 jobs)" in r["samm.daemon"], report
     assert "failed PermissionError" in r["samm.worker"], report
     assert r["samm-batch.start_rc"] == "0" and "wrote (1 jobs)" in r["samm-batch.daemon"], report

@@ -236,7 +236,7 @@ def test_an_action_the_store_did_not_begin_is_not_finished_again_every_step(tmp_
         raise RuntimeError("value too long for type character varying(128)")
     monkeypatch.setattr(store, "begin_action", refused)
     for k in range(3):
-        rec = loop.step(k, _m((1.0, 0.5) if k == 0 else (0.3, 0.2)))
+        loop.step(k, _m((1.0, 0.5) if k == 0 else (0.3, 0.2)))
     assert act.calls == [("a", 0.3), ("b", 0.2)]
     assert loop._unrecorded == {}
     first = loop._by_step[0]

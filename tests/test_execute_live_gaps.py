@@ -15,6 +15,8 @@ import math
 import os
 import time
 import urllib.request
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -168,6 +170,25 @@ def engine_app(engine, client, tmp_path, names: dict[str, str]):
     return App, ex
 
 
+@contextmanager
+def chain3_sleepers(engine, tmp_path, prefix: str):
+    """chain3's services as busybox sleepers at half a core on the private engine, with what the
+    Measurer and the loop drive (engine_app) and a load file path; removed at the end."""
+    topo = load_topology("chain3")
+    client = engine.client()
+    names = {s: f"{prefix}-{s}" for s in topo.service_names}
+    made = [client.containers.run(BUSYBOX_TAG, ["sleep", "600"], name=n, detach=True, init=True,
+                                  cpu_period=100_000, cpu_quota=50_000) for n in names.values()]
+    App, ex = engine_app(engine, client, tmp_path, names)
+    try:
+        yield SimpleNamespace(topo=topo, client=client, names=names, App=App, ex=ex, load=tmp_path / "load.jsonl")
+    finally:
+        ex.close()
+        for c in made:
+            c.remove(force=True)
+        client.close()
+
+
 @pytest.mark.docker
 def test_the_testbed_loop_does_not_send_a_clamped_limit_again_every_second(engine, tmp_path):
     """With the clamp, an agent asking for more than the host (chain3's logic: cap 3 on a 2-CPU
@@ -178,14 +199,8 @@ def test_the_testbed_loop_does_not_send_a_clamped_limit_again_every_second(engin
     from samm.testbed.microservices.loop import ControlLoop
     from samm.testbed.microservices.measure import Measurer
 
-    topo = load_topology("chain3")
-    client = engine.client()
-    names = {s: f"gaps-clamp-{s}" for s in topo.service_names}
-    made = [client.containers.run(BUSYBOX_TAG, ["sleep", "600"], name=n, detach=True, init=True,
-                                  cpu_period=100_000, cpu_quota=50_000) for n in names.values()]
-    App, ex = engine_app(engine, client, tmp_path, names)
-    load = tmp_path / "load.jsonl"
-    try:
+    with chain3_sleepers(engine, tmp_path, "gaps-clamp") as app:
+        topo, App, ex, load = app.topo, app.App, app.ex, app.load
         host = ex.host_cpus()
         caps = dict(zip(topo.service_names, topo.caps))
         assert max(caps.values()) > host, "this engine has as many CPUs as chain3's largest cap"
@@ -207,11 +222,6 @@ def test_the_testbed_loop_does_not_send_a_clamped_limit_again_every_second(engin
         assert set(sent[0]) == set(topo.service_names)            # every service from 0.5 to its cap
         assert sent[1] == {} and sent[2] == {}, sent             # nothing more: the engine holds the clamp
         assert rec.limits == {s: pytest.approx(min(c, host)) for s, c in caps.items()}
-    finally:
-        ex.close()
-        for c in made:
-            c.remove(force=True)
-        client.close()
 
 
 @pytest.mark.docker
@@ -229,14 +239,8 @@ def test_a_running_container_whose_cgroup_is_hidden_has_unknown_use_and_no_actio
         def paths(self, pid):
             raise PermissionError(13, "Permission denied", f"/proc/{pid}/cgroup")
 
-    topo = load_topology("chain3")
-    client = engine.client()
-    names = {s: f"gaps-hidden-{s}" for s in topo.service_names}
-    made = [client.containers.run(BUSYBOX_TAG, ["sleep", "600"], name=n, detach=True, init=True,
-                                  cpu_period=100_000, cpu_quota=50_000) for n in names.values()]
-    App, ex = engine_app(engine, client, tmp_path, names)
-    load = tmp_path / "load.jsonl"
-    try:
+    with chain3_sleepers(engine, tmp_path, "gaps-hidden") as app:
+        topo, client, names, App, load = app.topo, app.client, app.names, app.App, app.load
         m = Measurer(topo, App(), LoadFile(load), cgroups=Hidden())
         limits = AppLimits(topo.service_names, topo.caps, topo.qos_ms)
         controller = make_controller("autoscale", topo)
@@ -257,11 +261,6 @@ def test_a_running_container_whose_cgroup_is_hidden_has_unknown_use_and_no_actio
         assert {n: client.containers.get(n).attrs["HostConfig"]["CpuQuota"] for n in names.values()} == \
             {n: 50_000 for n in names.values()}                         # every limit as it was
         assert Measurer(topo, App(), LoadFile(load)).measure().extra["cpu_unknown"] == []  # readable: none
-    finally:
-        ex.close()
-        for c in made:
-            c.remove(force=True)
-        client.close()
 
 
 @pytest.mark.docker
