@@ -234,6 +234,8 @@ def _load_all() -> None:
     global _TRAIN_EXTRA_MISSING
     from . import builtin  # noqa: F401
     from .baselines import queue, target_tracking, threshold  # noqa: F401
+    if _TRAIN_EXTRA_MISSING is not None:
+        return                       # known missing: a failed import is not cached, so not tried again
     try:
         from .ppo import agent  # noqa: F401
     except ImportError as exc:   # an install without torch (no [train] extra) still runs the rules

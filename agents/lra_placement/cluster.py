@@ -49,13 +49,23 @@ def whole_counts(values, what: str) -> np.ndarray:
     raise ValueError(f"{what} must be whole numbers, got {values!r}"[:300])
 
 
-def whole_number(value, what: str) -> int:
-    """A scalar count (3 or 3.0) as an int, or a ValueError naming `what` (2.5, NaN, "3", True)."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+def as_whole(value) -> int | None:
+    """A scalar count or index (2 or 2.0) as an int; None for anything else (1.7, NaN, "web", True)."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
         return int(value)
-    raise ValueError(f"{what} must be a whole number, got {value!r}")
+    return None
+
+
+def whole_number(value, what: str) -> int:
+    """A scalar count (3 or 3.0) as an int, or a ValueError naming `what` (2.5, NaN, "3", True)."""
+    n = as_whole(value)
+    if n is None:
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    return n
 
 
 @dataclass(frozen=True)

@@ -6,26 +6,13 @@ compositions it has admitted so far in the decision, so several wishes for one n
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import numpy as np
 
 from samm.execute.chain import GuardContext, Skip, Step, Wish
 
-from .cluster import Cluster, Constraints
-
-
-def _whole(value) -> int | None:
-    """An app index or a container count as an int (2 or 2.0); None for anything else (1.7, NaN,
-    "web", True): a malformed wish is skipped, never truncated into another change."""
-    if isinstance(value, (bool, np.bool_)):
-        return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer():
-        return int(value)
-    return None
+from .cluster import Cluster, Constraints, as_whole
 
 
 def _additions(change, n_apps: int) -> list[int] | None:
@@ -35,7 +22,8 @@ def _additions(change, n_apps: int) -> list[int] | None:
         return None
     add = [0] * n_apps
     for app, n in change.items():
-        app, n = _whole(app), _whole(n)
+        # a malformed wish (1.7, NaN, "web", True) is skipped, never truncated into another change
+        app, n = as_whole(app), as_whole(n)
         if app is None or n is None or not 0 <= app < n_apps or n < 0:
             return None
         add[app] += n
