@@ -424,14 +424,21 @@ class CloudSimVectorEnv(VectorEnv):
     def _infos(self, s: SimStep) -> dict[str, Any]:
         mask = self._decoder.masks(s)
         return {
+            # the single env's keys, one row per env
             "vm_cost": s.vm_cost.copy(),
             "wait_penalty": self.config.penalty_per_job_second * s.wait_job_seconds,
+            "wait_job_seconds": s.wait_job_seconds.astype(np.float64),
             "vm_running": s.running.copy(),
             "vm_booting": s.booting.copy(),
+            "allocated_cores": allocated_cores(s.raw, self._decoder.fleet).astype(np.int64),
             "queue_length": s.header[:, H_WAITING].astype(np.int64),
+            "jobs_running": s.header[:, H_RUNNING_JOBS].astype(np.int64),
             "jobs_finished": s.header[:, H_FINISHED].astype(np.int64),
+            "jobs_requeued": s.header[:, H_REQUEUED].astype(np.int64),
             "action_applied": s.applied.copy(),
+            "in_cooldown": s.in_cooldown.astype(bool),
             "action_mask": mask,
+            "clock_s": s.clock_s.astype(np.float64),
             "step": s.header[:, H_STEP].astype(np.int64),
         }
 

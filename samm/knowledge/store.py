@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import contextlib
 import logging
 import math
@@ -765,7 +766,14 @@ class KnowledgeStore:
         if since is not None:
             q = q.where(Decision.created_at >= since)
         if limit is not None:
-            q = q.limit(limit)
+            # SQLite reads a negative LIMIT as "no limit", PostgreSQL refuses it: one rule for both
+            try:
+                whole = None if isinstance(limit, bool) else operator.index(limit)
+            except TypeError:
+                whole = None
+            if whole is None or whole < 0:
+                raise ValueError(f"decisions: limit must be a whole number >= 0, not {limit!r}")
+            q = q.limit(whole)
         with self._read() as s:
             return [_record(DecisionRecord, r) for r in s.scalars(q)]
 

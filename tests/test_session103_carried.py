@@ -1,0 +1,51 @@
+"""Session 103's own fixes of carried items (the helpers' fixes have their own files)."""
+import numpy as np
+import pytest
+
+from samm.knowledge.store import KnowledgeStore
+
+
+@pytest.fixture()
+def store(tmp_path):
+    s = KnowledgeStore(f"sqlite:///{tmp_path / 'k.db'}")
+    for i in range(3):
+        s.record_decision(str(i), agent="x", action=None, source="none", now=100.0 + i)
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "3", True])
+def test_decisions_refuses_a_limit_that_is_not_a_whole_number_at_least_zero(store, bad):
+    # SQLite read LIMIT -1 as "everything" where PostgreSQL refused it: one rule for both now
+    with pytest.raises(ValueError, match="limit must be a whole number >= 0"):
+        store.decisions(limit=bad)
+
+
+def test_decisions_takes_zero_and_numpy_whole_limits(store):
+    assert store.decisions(limit=0) == []
+    assert [d.iteration_key for d in store.decisions(limit=np.int64(2))] == ["0", "1"]
+    assert [d.iteration_key for d in store.decisions(limit=2, newest_first=True)] == ["2", "1"]
+
+
+@pytest.mark.jvm
+def test_vector_env_infos_carry_every_key_of_the_single_env_with_the_same_values():
+    # the vector env's infos lacked six of the single env's keys (allocated_cores, clock_s, ...)
+    from sim_bridge.config import SimConfig
+    from sim_bridge.envs import CloudSimEnv, CloudSimVectorEnv
+
+    cfg = SimConfig(max_steps=12)
+    env, venv = CloudSimEnv(cfg, "seed-1551"), CloudSimVectorEnv(2, cfg, "seed-1551")
+    try:
+        _, one = env.reset(seed=7)
+        _, many = venv.reset(seed=[7, 8])
+        pairs = [(one, many)]
+        for a in [1, 0, 2, 0, 4, 0]:
+            pairs.append((env.step(a)[4], venv.step(np.array([a, 0]))[4]))
+        for one, many in pairs:
+            assert set(one) <= set(many), set(one) - set(many)
+            for k, v in one.items():
+                np.testing.assert_allclose(np.asarray(many[k][0], dtype=float), np.asarray(v, dtype=float),
+                                           err_msg=k)
+    finally:
+        env.close()
+        venv.close()
