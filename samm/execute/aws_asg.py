@@ -8,7 +8,10 @@ Requests carry an absolute target, so a replay finds the target met and changes 
 Every AWS call goes through `_call`: logged, with botocore's standard retry mode (throttling,
 5xx and connection errors retried with back-off, at most `max_attempts` attempts in all) and
 explicit time-outs. `apply` never raises: failures become an ActionResult naming the call and
-the AWS error code. `inventory` raises `ExecutorError` (the daemon skips that cycle).
+the AWS error code. One that certainly changed nothing (the DescribeAutoScalingGroups opening
+every request failed, or AWS rejected the change on its only attempt: a ValidationError, missing
+permissions) has `may_have_acted` false and starts no cool-down. `inventory` raises
+`ExecutorError` (the daemon skips that cycle).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from urllib.parse import urlsplit
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 from botocore import xform_name
 from botocore.parsers import ResponseParserError
 
@@ -44,10 +47,13 @@ _MAX_ERROR_TEXT = 300
 
 
 class AwsCallError(Exception):
-    """One AWS call failed after botocore's retries."""
+    """One AWS call failed after botocore's retries. `rejected`: it certainly changed nothing, as
+    AWS refused its one and only attempt (a 4xx: ValidationError, AccessDenied, Throttling) or
+    botocore refused it before sending; after a retry an earlier attempt may have acted unseen
+    (a time-out), and a 5xx may have been half done."""
 
-    def __init__(self, api: str, code: str, message: str, attempts: int | None = None):
-        self.api, self.code, self.message, self.attempts = api, code, message, attempts
+    def __init__(self, api: str, code: str, message: str, attempts: int | None = None, rejected: bool = False):
+        self.api, self.code, self.message, self.attempts, self.rejected = api, code, message, attempts, rejected
         tries = f" after {attempts} attempt(s)" if attempts else ""
         super().__init__(f"{api} failed{tries}: {code}: {message}")
 
@@ -97,19 +103,22 @@ class AwsAsgExecutor(Executor):
     # -- AWS calls -----------------------------------------------------------------------------
     def _call(self, api: str, client: Any = None, **params) -> dict:
         client = client or self.client
-        mutating = not api.startswith("Describe")
+        mutating = not _read_only(api)
         started = time.monotonic()
         try:
             out = getattr(client, xform_name(api))(**params)
         except ClientError as exc:
-            err = exc.response.get("Error", {})
-            attempts = exc.response.get("ResponseMetadata", {}).get("RetryAttempts")
+            err, meta = exc.response.get("Error", {}), exc.response.get("ResponseMetadata", {})
+            attempts = meta.get("RetryAttempts")
+            status = meta.get("HTTPStatusCode")
             fail = AwsCallError(api, err.get("Code", "Unknown"), err.get("Message", str(exc))[:_MAX_ERROR_TEXT],
-                                None if attempts is None else attempts + 1)
+                                None if attempts is None else attempts + 1,
+                                rejected=attempts == 0 and isinstance(status, int) and 400 <= status < 500)
         except (BotoCoreError, ResponseParserError) as exc:
             # Connection errors, time-outs, and unparseable error bodies (moto's HTML HTTP 500;
             # ResponseParserError is not a BotoCoreError).
-            fail = AwsCallError(api, type(exc).__name__, str(exc).splitlines()[0][:_MAX_ERROR_TEXT])
+            fail = AwsCallError(api, type(exc).__name__, str(exc).splitlines()[0][:_MAX_ERROR_TEXT],
+                                rejected=isinstance(exc, ParamValidationError))
         else:
             attempts = _attempts(out)
             log.log(logging.INFO if mutating else logging.DEBUG, "aws %s %s -> ok in %.2f s (%d attempt(s))",
@@ -192,7 +201,11 @@ class AwsAsgExecutor(Executor):
         try:
             return self._apply(request, detail)
         except AwsCallError as exc:
-            return ActionResult("failed", detail, str(exc))
+            # Nothing was applied, so no cool-down is due (`base.refused`), when the call that
+            # failed only read (the opening Describe: throttled, denied, unreachable) or AWS
+            # rejected a Set/Terminate outright, and no earlier terminate of this request acted.
+            nothing = (_read_only(exc.api) or exc.rejected) and not detail.get("terminated")
+            return ActionResult("failed", detail, str(exc), may_have_acted=not nothing)
         except Exception as exc:  # never let one request take the control loop down
             log.exception("apply %s failed unexpectedly", request)
             return ActionResult("failed", detail, f"unexpected {type(exc).__name__}: {exc}")
@@ -285,6 +298,11 @@ class AwsAsgExecutor(Executor):
         for c in (self.client, self.ec2):
             if c is not None and hasattr(c, "close"):
                 c.close()
+
+
+def _read_only(api: str) -> bool:
+    """Whether an AWS call only reads (the same test `_call` logs mutating calls by)."""
+    return api.startswith("Describe")
 
 
 def _attempts(out: dict) -> int:

@@ -8,6 +8,8 @@ cool-down is due for it (`ActionResult.starts_cooldown`, which `guard.after_acti
 """
 from __future__ import annotations
 
+import math
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Literal
@@ -96,6 +98,19 @@ class ActionResult:
 def refused(detail: dict, error: str) -> ActionResult:
     """A request the executor refuses before any call that changes the back-end (no cool-down)."""
     return ActionResult("failed", detail, error, may_have_acted=False)
+
+
+def finite_float(value) -> float | None:
+    """`value` as a float when it is a finite real number, else None. numpy scalars count (an
+    agent's np.float32 is a number of cores), a bool does not, and neither does an int too large
+    for a float (float() of it raises OverflowError, which callers refusing ValueError missed)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 class ExecutorError(RuntimeError):

@@ -16,9 +16,10 @@ must lower the burst first (`burst_goes_first`).
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
+
+from samm.execute.base import finite_float
 
 V1_FILE = "cpu.cfs_burst_us"
 V2_FILE = "cpu.max.burst"
@@ -26,10 +27,10 @@ V2_FILE = "cpu.max.burst"
 
 def burst_us(quota_us: int, fraction: float) -> int:
     """The burst for a quota: `fraction` of it, in [0, 1] (the kernel's bound is the quota)."""
-    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not math.isfinite(fraction) \
-            or not 0.0 <= fraction <= 1.0:
+    number = finite_float(fraction)
+    if number is None or not 0.0 <= number <= 1.0:
         raise ValueError(f"cpu burst must be a fraction of the quota in [0, 1], not {fraction!r}")
-    return int(quota_us * fraction)
+    return int(quota_us * number)
 
 
 def chosen_burst(asked: float | None, default: float | None) -> float | None:

@@ -4,22 +4,23 @@ Each container carries the labels `samm.namespace=<namespace>` and `samm.group=<
 group's optional `docker_label`, `key=value` or `key`), runs the group's image with a CPU limit of
 `cores` (CFS period/quota: the engine refuses to mix NanoCpus with period/quota, and only
 period/quota can be changed live; more cores than the engine's CPUs are clamped to them, said in
-the result's `clamped`, since such a quota limits nothing) and a memory limit of `ram_gb`, and is
-named `<namespace>-<group>-<n>` (`samm-web-3` with the default namespace). Scaling is synchronous:
-`apply` returns once the containers are started or removed, so there is no separate "desired"
-state to keep: desired capacity is the live count. Exited containers, and ones created but never
-started, are reaped and replaced; one that ended by itself right after its start is kept (its logs
-say why) and no other is launched for `crash_backoff_s`. A request refused before any call that
-changes capacity (unknown group, target out of bounds, no image, that crash back-off) fails with
-`may_have_acted` false (`base.refused`): no cool-down is due for it. As on AWS, a request whose
-group an operator moved past or away from its target since the decision (`ScaleRequest.basis`) is
-skipped.
+the result's `clamped`, since such a quota limits nothing; fewer than 0.01, the kernel's smallest
+quota, are raised to it) and a memory limit of `ram_gb`, and is named `<namespace>-<group>-<n>`
+(`samm-web-3` with the default namespace). Scaling is synchronous: `apply` returns once the
+containers are started or removed, so there is no separate "desired" state to keep: desired
+capacity is the live count. Exited containers, and ones created but never started, are reaped
+and replaced; one that ended by itself right after its start is kept (its logs say why) and no
+other is launched for `crash_backoff_s`. A request refused before any call that changes capacity
+(unknown group, target out of bounds, no image, that crash back-off, an engine that cannot be
+reached or listed) fails with `may_have_acted` false (`base.refused`): no cool-down is due for
+it. As on AWS, a request whose group an operator moved past or away from its target since the
+decision (`ScaleRequest.basis`) is skipped.
 
 `set_cpu_limit` changes a running container's CPU quota in place (for agents that allocate cores
-per container; clamped to the engine's CPUs as above), with `cpu_burst` also its CFS burst
-(`cfs_burst`: a share of the quota the container may bank while idle, written to its cgroup on a
-local engine), and `container_stats` reads CPU, memory working set and throttling from the
-engine's stats endpoint.
+per container; held to [0.01, the engine's CPUs] as above, said in `clamped`), with `cpu_burst`
+also its CFS burst (`cfs_burst`: a share of the quota the container may bank while idle, written
+to its cgroup on a local engine), and `container_stats` reads CPU, memory working set and
+throttling from the engine's stats endpoint.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import requests
 from samm.config import GroupConfig
 from samm.execute import cfs_burst
 from samm.execute.base import (ActionResult, Executor, ExecutorError, GroupStatus, Instance, InstanceState, ScaleRequest,
-                               moved_past, refused)
+                               finite_float, moved_past, refused)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ _STATE: dict[str, InstanceState] = {
     "dead": "terminating",
 }
 _DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
+# Engine calls that change nothing: a request that failed in one of them applied nothing, so it is
+# refused (no cool-down), not failed-after-acting; reaping exited containers changes no capacity.
+_READ_ONLY_CALLS = frozenset({"connect", "info", "containers.list", "containers.get", "container.stats"})
 T = TypeVar("T")
 
 
@@ -108,12 +112,24 @@ def _parse_label(spec: str | None) -> dict[str, str]:
 
 def cpu_quota_for(cores: float) -> int:
     """CFS quota (µs per 100 ms period) giving `cores` CPUs."""
-    if not isinstance(cores, (int, float)) or isinstance(cores, bool) or not math.isfinite(cores) or cores <= 0:
+    number = finite_float(cores)
+    if number is None or number <= 0:
         raise ValueError(f"cores must be a positive finite number, got {cores!r}")
-    quota = cores * CPU_PERIOD_US
+    quota = number * CPU_PERIOD_US
     if not math.isfinite(quota):   # e.g. 1e305 cores: int() of the overflow would raise past the caller
         raise ValueError(f"cores {cores!r} is too large for a CFS quota")
     return max(MIN_CPU_QUOTA_US, int(round(quota)))
+
+
+def below_kernel_floor(cores: float, detail: dict) -> None:
+    """Says in `detail` (as `within_host` does for the top) when `cpu_quota_for` raised `cores` to
+    the kernel's smallest quota: the limit held is then MIN_CPU_QUOTA_US, not what was asked, and a
+    caller comparing what it asked with what the engine holds must know that."""
+    floor = MIN_CPU_QUOTA_US / CPU_PERIOD_US
+    if cores < floor:
+        detail |= {"cores": floor, "cores_asked": cores,
+                   "clamped": f"{cores:g} cores is below the kernel's smallest CFS quota ({MIN_CPU_QUOTA_US} µs "
+                              f"per {CPU_PERIOD_US} µs period); raised to {floor:g}"}
 
 
 def limit_cores(host_config: Mapping[str, Any] | None) -> float | None:
@@ -305,7 +321,8 @@ class DockerExecutor(Executor):
             return ActionResult("succeeded", detail)
         except _CallFailed as exc:
             log.warning("scaling %s to %d failed: %s", cfg.name, request.target, exc)
-            return ActionResult("failed", detail | {"call": exc.call}, str(exc))
+            acted = exc.call not in _READ_ONLY_CALLS or bool(detail["started"] or detail["removed"])
+            return ActionResult("failed", detail | {"call": exc.call}, str(exc), may_have_acted=acted)
         except Exception as exc:  # never raise out of apply: the daemon loop must keep running
             log.exception("scaling %s to %d failed", cfg.name, request.target)
             return ActionResult("failed", detail, f"docker executor: {type(exc).__name__}: {exc}")
@@ -327,7 +344,7 @@ class DockerExecutor(Executor):
     def _crashed_recently(self, containers: list) -> dict[str, str]:
         """Name -> why, for each container that ended by itself within CRASH_WINDOW_S of its start
         less than `crash_backoff_s` ago: launching another would crash the same way, every loop."""
-        now, found = time.time(), {}
+        quick: list[tuple[Any, float, float, Any]] = []
         for c in containers:
             state = c.attrs.get("State")
             if c.status != "exited" or not isinstance(state, dict):
@@ -335,13 +352,31 @@ class DockerExecutor(Executor):
             started, finished = parse_docker_time(state.get("StartedAt")), parse_docker_time(state.get("FinishedAt"))
             code = state.get("ExitCode")
             if started is None or finished is None or finished - started > CRASH_WINDOW_S \
-                    or now - finished >= self.crash_backoff_s \
                     or (code in _STOPPED_FROM_OUTSIDE and not state.get("OOMKilled")):
                 continue
-            wait = self.crash_backoff_s - (now - finished)
-            found[c.name] = (f"container {c.name} exited with code {code} {finished - started:.1f} s after its start "
+            quick.append((c, started, finished, code))
+        if not quick:
+            return {}
+        now, found = self._engine_now(), {}
+        for c, started, finished, code in quick:
+            if now - finished >= self.crash_backoff_s:
+                continue
+            wait, lived = self.crash_backoff_s - (now - finished), max(finished - started, 0.0)   # not "-0.0 s"
+            found[c.name] = (f"container {c.name} exited with code {code} {lived:.1f} s after its start "
                              f"(a crash loop? see `docker logs {c.name}`): no new one for {wait:.0f} s")
         return found
+
+    def _engine_now(self) -> float:
+        """The engine's clock (`docker info`'s SystemTime), the one that stamped FinishedAt: this
+        host's may differ (a remote engine, a skewed or stepped clock), and the crash back-off was
+        shifted by the difference: an engine 5 minutes behind relaunched a crash loop every
+        interval, one ahead held scale-out back for minutes. This host's clock when it cannot say."""
+        try:
+            stamp = parse_docker_time(_call("info", self._docker().info).get("SystemTime"))
+        except _CallFailed as exc:
+            log.warning("the engine's clock is unknown (%s); the crash back-off uses this host's", exc)
+            stamp = None
+        return stamp if stamp is not None else time.time()
 
     def _start_one(self, cfg: GroupConfig, request: ScaleRequest, taken: set[str], cores: float) -> str:
         labels = self._labels(cfg.name) | _parse_label(cfg.docker_label) | {LABEL_REQUEST: request.idempotency_key[:200]}
@@ -404,14 +439,17 @@ class DockerExecutor(Executor):
         """Changes a running container's CPU limit in place (no restart), and with `cpu_burst`
         its CFS burst. A burst that cannot be written (a remote engine, no root, an old kernel)
         leaves the limit set and says why in the detail's `cpu_burst_error`. More cores than the
-        engine has are clamped to its CPUs (`cores` is the limit set, `cores_asked` and `clamped`
-        say so)."""
+        engine has are clamped to its CPUs, fewer than the kernel's smallest quota (0.01) raised to
+        it (`cores` is the limit set, `cores_asked` and `clamped` say so). A container that is gone
+        (or renamed) fails with `may_have_acted` false: nothing was changed."""
         try:
             quota = cpu_quota_for(cores)
         except ValueError as exc:
             return refused({"container": container, "cores": cores}, str(exc))
+        cores = float(cores)   # an agent's np.float32 is recorded as a plain (JSON) number
         detail: dict[str, Any] = {"container": container, "cores": cores, "cpu_period": CPU_PERIOD_US,
                                   "cpu_quota": quota}
+        below_kernel_floor(cores, detail)
         try:
             c = _call("containers.get", self._docker().containers.get, container)
             if (limit := self.within_host(cores, detail)) != cores:
@@ -431,7 +469,9 @@ class DockerExecutor(Executor):
             if burst_after:
                 self._burst(c, quota, detail, before=False)
         except _CallFailed as exc:
-            return ActionResult("failed", detail | {"call": exc.call}, str(exc))
+            # a container gone or renamed since the caller looked (containers.get) got no limit
+            return ActionResult("failed", detail | {"call": exc.call}, str(exc),
+                                may_have_acted=exc.call not in _READ_ONLY_CALLS)
         return ActionResult("succeeded", detail)
 
     def _burst(self, c, quota: int, detail: dict, before: bool) -> bool:
