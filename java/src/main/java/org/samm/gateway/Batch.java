@@ -143,7 +143,8 @@ final class Batch implements AutoCloseable {
         }
         for (int i = 0; i < envs.length; i++) {
             if (!envs[i].isReset()) {
-                throw new IllegalStateException("env " + i + " of the batch was never reset");
+                throw new IllegalStateException("env " + i + " of the batch was never reset"
+                    + " (or its last reset or step failed): reset it first");
             }
         }
         if (pool == null) {
@@ -195,7 +196,8 @@ final class Batch implements AutoCloseable {
             throw new IllegalArgumentException("env index " + env + " out of range [0, " + envs.length + ")");
         }
         if (!envs[env].isReset()) {
-            throw new IllegalStateException("env " + env + " was never reset");
+            throw new IllegalStateException("env " + env + " was never reset"
+                + " (or its last reset or step failed): reset it first");
         }
         final double[] s = envs[env].jobStats();
         final byte[] out = new byte[s.length * 8];

@@ -5,8 +5,15 @@ import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 import com.google.gson.JsonPrimitive;
+import com.google.gson.Strictness;
+import com.google.gson.stream.JsonReader;
 
+import java.io.IOException;
+import java.io.StringReader;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
+import java.util.Deque;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -108,6 +115,7 @@ public final class Config {
         if (!root.isJsonObject()) {
             throw new IllegalArgumentException("config must be a JSON object");
         }
+        checkNoRepeatedKeys(json);
         final JsonObject o = root.getAsJsonObject();
         for (Map.Entry<String, JsonElement> e : o.entrySet()) {
             if (!TOP_KEYS.contains(e.getKey())) {
@@ -170,6 +178,44 @@ public final class Config {
         if (mips < 1) throw new IllegalArgumentException("host_mips must be >= 1, got " + mips);
         checkFleetSize(types);
         return new Config(types, mips, step, bmin, bmax, cool, threads);
+    }
+
+    /**
+     * Gson's tree keeps the last of two equal keys, so {@code "step_seconds": 60, "step_seconds": 6} ran
+     * with one of them and said nothing; only the token stream still shows both.
+     */
+    private static void checkNoRepeatedKeys(String json) {
+        final Deque<Set<String>> open = new ArrayDeque<>();
+        try (JsonReader r = new JsonReader(new StringReader(json))) {
+            r.setStrictness(Strictness.LENIENT); // as JsonParser read it
+            while (true) {
+                switch (r.peek()) {
+                    case BEGIN_OBJECT -> {
+                        r.beginObject();
+                        open.push(new HashSet<>());
+                    }
+                    case END_OBJECT -> {
+                        r.endObject();
+                        open.pop();
+                    }
+                    case BEGIN_ARRAY -> r.beginArray();
+                    case END_ARRAY -> r.endArray();
+                    case NAME -> {
+                        if (!open.peek().add(r.nextName())) {
+                            final String path = r.getPath(); // "$.vm_types[0].cores"
+                            throw new IllegalArgumentException("config key '"
+                                + (path.startsWith("$.") ? path.substring(2) : path) + "' is given twice");
+                        }
+                    }
+                    case END_DOCUMENT -> {
+                        return;
+                    }
+                    default -> r.skipValue();
+                }
+            }
+        } catch (IOException e) {
+            throw new IllegalArgumentException("config is not valid JSON: " + e.getMessage(), e);
+        }
     }
 
     private static void checkFleetSize(List<VmType> types) {

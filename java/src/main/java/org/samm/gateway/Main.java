@@ -20,6 +20,9 @@ import java.util.Optional;
  * or the parent process exits.</p>
  */
 public final class Main {
+    /** Environment variable holding the token a Py4J client must present (none: no check). */
+    static final String AUTH_TOKEN_ENV = "SAMM_GATEWAY_AUTH_TOKEN";
+
     private Main() {
     }
 
@@ -100,14 +103,25 @@ public final class Main {
         if (addr.isAnyLocalAddress()) {
             fail("refusing to bind to the wildcard address " + address + "; use a loopback address");
         }
+        // Py4J lets any client that reaches the port call into the JVM: an address other hosts can
+        // reach (a LAN interface) would hand them this process
+        if (!addr.isLoopbackAddress()) {
+            fail("refusing to bind to the non-loopback address " + address + "; use a loopback address");
+        }
 
         final Gateway entry = new Gateway();
         entry.setChannelAddress(addr.getHostAddress());
-        final GatewayServer server = new GatewayServer.GatewayServerBuilder(entry)
+        final GatewayServer.GatewayServerBuilder builder = new GatewayServer.GatewayServerBuilder(entry)
             .javaAddress(addr)
             .javaPort(port)
-            .serverSocketFactory(new NoDelayServerSocketFactory())
-            .build();
+            .serverSocketFactory(new NoDelayServerSocketFactory());
+        // Py4J runs whatever a client asks (its reflection reaches the whole JVM) and every local user can
+        // reach a loopback port; the token comes in the environment, which other users cannot read
+        final String authToken = System.getenv(AUTH_TOKEN_ENV);
+        if (authToken != null && !authToken.isEmpty()) {
+            builder.authToken(authToken);
+        }
+        final GatewayServer server = builder.build();
         try {
             server.start(true);
         } catch (RuntimeException e) {

@@ -287,6 +287,9 @@ final class SimEnv {
 
     // ================================================================== reset
     void reset(long seed) {
+        // a reset that fails half-way (an OutOfMemoryError building a large fleet) has already dropped the
+        // last episode's state: stepping on would report a fleet and jobs that no longer exist
+        isReset = false;
         rng = new SplittableRandom(seed);
         java.util.Arrays.fill(jState, NOT_ARRIVED);
         java.util.Arrays.fill(jStart, -1.0);
@@ -420,6 +423,15 @@ final class SimEnv {
         if (!isReset) {
             throw new IllegalStateException("env stepped before reset");
         }
+        try {
+            advance(actions, off);
+        } catch (RuntimeException | Error e) {
+            isReset = false; // half a step: our records and CloudSim's no longer agree
+            throw e;
+        }
+    }
+
+    private void advance(byte[] actions, int off) {
         t0 = t;
         t1 = (stepIndex + 1) * cfg.stepSeconds;
         if (!(t1 > t0)) {
