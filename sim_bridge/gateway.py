@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ from .errors import GatewayError, SimulatorError
 
 READY_PREFIX = "SAMM_GATEWAY_PORT="
 LOOPBACK = "127.0.0.1"
+AUTH_TOKEN_ENV = "SAMM_GATEWAY_AUTH_TOKEN"  # the Py4J token's variable, read by Main.java
 #: how long one batched step may take before the step channel gives up on the JVM
 STEP_TIMEOUT_S = 60.0
 
@@ -96,9 +98,13 @@ class Gateway:
             cmd.append("--quiet")
         self._stderr_tail: deque[str] = deque(maxlen=50)
         self._owner_pid = os.getpid()
+        # Py4J runs whatever a client asks and any local user can reach a loopback port: the JVM
+        # answers only the holder of this token, passed in its environment (a command line is public)
+        auth_token = secrets.token_hex(16)
         try:
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env={**os.environ, AUTH_TOKEN_ENV: auth_token},
                 # undecodable bytes must not kill the reader threads: an undrained stderr pipe blocks the JVM
                 encoding="utf-8", errors="replace", bufsize=1,
                 # out of the terminal's process group: a Ctrl-C meant for Python killed the JVM too, and
@@ -127,7 +133,7 @@ class Gateway:
                 # instead of hanging it for ever
                 gateway_parameters=GatewayParameters(address=LOOPBACK, port=self.port, auto_convert=False,
                                                      auto_field=False, eager_load=True,
-                                                     read_timeout=call_timeout_s),
+                                                     read_timeout=call_timeout_s, auth_token=auth_token),
             )
             self.entry = self._py4j.entry_point
             self.version = self.call("ping")

@@ -49,3 +49,24 @@ def test_vector_env_infos_carry_every_key_of_the_single_env_with_the_same_values
     finally:
         env.close()
         venv.close()
+
+
+@pytest.mark.jvm
+def test_the_bridge_starts_its_jvm_with_a_py4j_token_that_a_tokenless_client_lacks():
+    # the gateway took a token since this session, but sim_bridge started it without one
+    from py4j.java_gateway import GatewayParameters, JavaGateway
+    from py4j.protocol import Py4JError
+
+    from sim_bridge.gateway import Gateway
+
+    gw = Gateway()
+    try:
+        assert gw.call("ping").startswith("samm-gateway ")
+        intruder = JavaGateway(gateway_parameters=GatewayParameters(address="127.0.0.1", port=gw.port))
+        try:
+            with pytest.raises(Py4JError):
+                intruder.entry_point.ping()
+        finally:
+            intruder.close()
+    finally:
+        gw.close()
