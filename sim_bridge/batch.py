@@ -232,6 +232,9 @@ class SimBatch(BatchShape):
         self._closed = False
         self.fast = fast
         self.workloads = [workload] * n_envs
+        # envs a step may or may not have moved: a step the client gave up on (a time-out, a
+        # Ctrl-C) still runs in the JVM, so stepping on would leave them one interval ahead unseen
+        self._unsure: set[int] = set()
 
     def set_workload(self, env: int, workload: Workload) -> None:
         """Env `env` replays `workload` from its next reset on."""
@@ -255,17 +258,29 @@ class SimBatch(BatchShape):
         req["env"], req["seed"] = envs, seeds
         payload = struct.pack("<i", len(envs)) + req.tobytes()
         if self.fast:
-            return self.gateway.step_channel().reset(self._id, payload)
-        return base64.b64decode(self.gateway.call("reset", self._id, bytearray(payload)))
+            records = self.gateway.step_channel().reset(self._id, payload)
+        else:
+            records = base64.b64decode(self.gateway.call("reset", self._id, bytearray(payload)))
+        self._unsure.difference_update(envs.tolist())
+        return records
 
     def step_records(self, deltas: np.ndarray) -> bytes:
         """`step` as the simulator's packed records (one per env)."""
         self._check_open()
         deltas = self._step_request(deltas)
+        if self._unsure:
+            raise BridgeError(f"env(s) {sorted(self._unsure)} may have stepped in a step that did not answer "
+                              "(a time-out or an interrupt): reset them before the next step")
         payload = np.clip(deltas, -MAX_STEP_DELTA, MAX_STEP_DELTA).astype(np.int8).tobytes()
-        if self.fast:
-            return self.gateway.step_channel().step(self._id, payload)
-        return base64.b64decode(self.gateway.call("step", self._id, bytearray(payload)))
+        try:
+            if self.fast:
+                return self.gateway.step_channel().step(self._id, payload)
+            return base64.b64decode(self.gateway.call("step", self._id, bytearray(payload)))
+        except SimulatorError:
+            raise  # the JVM answered: it refused the step, or failed it and wants a reset itself
+        except BaseException:
+            self._unsure.update(range(self.n_envs))
+            raise
 
     def job_stats(self, env: int) -> np.ndarray:
         """(n_jobs, 5): arrival_s, start_s, finish_s, wait_s, restarts (-1 = not yet)."""

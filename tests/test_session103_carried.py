@@ -1,4 +1,7 @@
 """Session 103's own fixes of carried items (the helpers' fixes have their own files)."""
+import os
+import signal
+
 import numpy as np
 import pytest
 
@@ -70,3 +73,39 @@ def test_the_bridge_starts_its_jvm_with_a_py4j_token_that_a_tokenless_client_lac
             intruder.close()
     finally:
         gw.close()
+
+
+@pytest.mark.jvm
+def test_a_step_that_did_not_answer_must_be_followed_by_a_reset_of_every_env():
+    # the JVM finishes a step the client gave up on: stepping on left every env one interval
+    # ahead of what the caller believed, silently
+    from sim_bridge.batch import SimBatch
+    from sim_bridge.config import SimConfig
+    from sim_bridge.errors import BridgeError, GatewayError
+    from sim_bridge.workloads import seed_1551
+
+    cfg = SimConfig(max_steps=20)
+    workload = seed_1551()
+    batch, fresh = SimBatch(cfg, workload, 2), SimBatch(cfg, workload, 2)
+    zero = np.zeros((2, cfg.n_types), dtype=np.int64)
+    try:
+        batch.reset([0, 1], [3, 4])
+        batch.step(zero)
+        batch.gateway.step_channel().sock.settimeout(0.5)
+        os.kill(batch.gateway.pid, signal.SIGSTOP)  # the JVM takes the request but answers too late
+        try:
+            with pytest.raises(GatewayError, match="no reply"):
+                batch.step(zero)
+        finally:
+            os.kill(batch.gateway.pid, signal.SIGCONT)
+        with pytest.raises(BridgeError, match=r"env\(s\) \[0, 1\] may have stepped.*reset them"):
+            batch.step(zero)
+        batch.reset([0], [3])
+        with pytest.raises(BridgeError, match=r"env\(s\) \[1\]"):
+            batch.step(zero)
+        np.testing.assert_array_equal(batch.reset([1], [4]).header, fresh.reset([1], [4]).header)
+        fresh.reset([0], [3])
+        np.testing.assert_array_equal(batch.step(zero).header, fresh.step(zero).header)
+    finally:
+        batch.close()
+        fresh.close()
