@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents.problem_service import problem_sessions
 from samm.plan.schemas import validation_detail
+from samm.plan.service import SESSION_PATTERN
 from samm.plan.sessions import _policy_tag, _tagged_by
 
 from .episode import Episode
@@ -71,7 +72,10 @@ class ScheduleRequest(Strict):
     eligible: list[WaitingJob] = Field(default_factory=list, max_length=MAX_JOBS)
     running: list[RunningJob] = Field(default_factory=list, max_length=MAX_JOBS)
     future: list[WaitingJob] = Field(default_factory=list, max_length=MAX_JOBS)
-    session: str = Field(default="default", max_length=200, description="Keeps this caller's recent slots.")
+    # the reset route's pattern: a name it refuses (a space, a slash, 129 to 200 characters, or
+    # none) kept a history that no POST .../sessions/{session}/reset could reach
+    session: str = Field(default="default", pattern=SESSION_PATTERN,
+                         description="Keeps this caller's recent slots (letters, digits, . _ : -, at most 128).")
 
 
 class ScheduleResponse(BaseModel):

@@ -25,6 +25,8 @@ from anyio.lowlevel import RunVar
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
+from samm.plan.schemas import cut_name
+
 from .cluster import (MAX_TABULATED_COMPOSITIONS, Batch, Cluster, Constraints, Rule, check_plan, composition_count,
                       max_tabulated_slots, per_app_score, score)
 from .errors import Infeasible
@@ -93,7 +95,7 @@ def build_problem(req: PlanRequest, app_names: tuple[str, ...]) -> tuple[Cluster
     cluster = Cluster(len(req.nodes), req.slots, tuple(req.nodes))
     for app, n in req.batch.items():
         if app not in index:
-            raise HTTPException(422, f"batch.{app}: unknown app; apps are {list(app_names)}")
+            raise HTTPException(422, f"batch.{cut_name(app)}: unknown app; apps are {list(app_names)}")
         if n < 0:
             raise HTTPException(422, f"batch.{app}: must be >= 0, got {n}")
         if n > cluster.capacity:  # checked per app: a count past int64 would not fit `counts`
@@ -107,7 +109,7 @@ def build_problem(req: PlanRequest, app_names: tuple[str, ...]) -> tuple[Cluster
     for i, r in enumerate(req.constraints):
         for key in ("app_a", "app_b"):
             if getattr(r, key) not in index:
-                raise HTTPException(422, f"constraints[{i}].{key}: unknown app {getattr(r, key)!r}")
+                raise HTTPException(422, f"constraints[{i}].{key}: unknown app {cut_name(getattr(r, key))!r}")
         if r.rule == "cardinality" and r.limit < 1:
             raise HTTPException(422, f"constraints[{i}].limit: a cardinality limit must be >= 1")
         rules.append(Rule(index[r.app_a], index[r.app_b], r.rule, r.limit))

@@ -33,6 +33,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.problem_service import hosted_policy, problem_sessions
+from samm.plan.schemas import cut_name, first_names
 from samm.plan.service import SESSION_PATTERN
 from samm.plan.sessions import _policy_tag, _tagged_by
 
@@ -77,8 +78,10 @@ def add_routes(app: FastAPI, name: str, policy_or_registry: Any) -> None:
         policy = hosted_policy(policy_or_registry, name, "act")
         topo = policy.topo
         if tuple(req.services) != topo.service_names:
+            # the first names, each cut: 512 long names were echoed whole, a 422 of 700 KB
             raise HTTPException(422, detail=f"services: expected {list(topo.service_names)} (the policy's "
-                                            f"application {topo.name!r}), got {req.services}")
+                                            f"application {topo.name!r}), got "
+                                            f"{first_names([cut_name(s) for s in req.services])}")
         if len(req.per_service) != topo.n_services:
             raise HTTPException(422, detail=f"per_service: {len(req.per_service)} rows for {topo.n_services} services")
         if req.latency_ms is not None and len(req.latency_ms) != len(PERCENTILES):

@@ -18,6 +18,7 @@ import requests
 from agents.base import Agent
 from samm.config import url_without_password
 from samm.httpio import fetch_bounded, one_line_page
+from samm.plan.registry import broken_probabilities
 from sim_bridge.actions import to_deltas
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,12 @@ class InProcessPlanner:
             x = np.asarray(features, dtype=np.float32).reshape(1, -1)
             if not np.all(np.isfinite(x)):
                 return fallback(f"non-finite observation {x.tolist()}", started)
-            d, self.state = self.agent.act(x, self.state, deterministic=self.deterministic)
+            d, state = self.agent.act(x, self.state, deterministic=self.deterministic)
+            if broken_probabilities(d):
+                # as the service refuses it: a NaN policy's argmax is "remove" every type
+                return fallback(f"agent {self.agent.kind} failed: its action probabilities are not finite "
+                                "(a broken policy)", started)
+            self.state = state
             a = np.asarray(d.actions)[0]
             action = int(a) if self.agent.action_mode == "paper" else [int(v) for v in a]
             probs = None if d.probabilities is None else np.asarray(d.probabilities)[0].round(6).tolist()
@@ -139,12 +145,21 @@ class HttpPlanner:
             if self.spec is None:
                 self._spec_failed_at = time.monotonic()
 
-    def reset(self) -> None:
+    def reset(self) -> bool:
+        """Start the session's memory afresh; whether the service did (a refusal is logged, as a
+        failure to reach it is: a 404 or a 422 left the old memory in place without a word)."""
         try:
-            fetch_bounded(self.http.post, f"{self.url}/v1/agents/{self.agent_name}/sessions/{self.session_id}/reset",
-                           self.timeout_s)
+            status, reply, _ = fetch_bounded(
+                self.http.post, f"{self.url}/v1/agents/{self.agent_name}/sessions/{self.session_id}/reset",
+                self.timeout_s)
         except requests.RequestException as exc:
             log.warning("plan: session reset failed: %s", exc)
+            return False
+        if status != 200:
+            log.warning("plan: session reset failed: service %s answered HTTP %d: %s", self.shown_url, status,
+                        one_line_page(reply, 200))
+            return False
+        return True
 
     def decide(self, features: np.ndarray) -> PlanOutcome:
         started = time.perf_counter()
@@ -156,6 +171,8 @@ class HttpPlanner:
         x = np.asarray(features, dtype=np.float64).reshape(-1)
         if len(x) != len(names):
             return fallback(f"observation has {len(x)} values, agent expects {len(names)}", started)
+        if not np.all(np.isfinite(x)):  # as in process: requests refuses to send a NaN, which read "unreachable"
+            return fallback(f"non-finite observation {x.tolist()}", started)
         body = {"session_id": self.session_id, "observation": dict(zip(names, map(float, x))),
                 "deterministic": self.deterministic}
         try:

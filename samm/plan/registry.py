@@ -57,6 +57,12 @@ def spec_of(agent) -> dict:
     return spec
 
 
+def broken_probabilities(decision) -> bool:
+    """Whether a decision's action probabilities hold a NaN or an infinity: a policy with NaN
+    weights still answers an argmax (for an autoscaler, "remove" every type)."""
+    return decision.probabilities is not None and not np.isfinite(np.asarray(decision.probabilities, float)).all()
+
+
 def test_decision(policy) -> None:
     """A candidate must decide on a neutral observation without error."""
     if _is_autoscaler(policy):

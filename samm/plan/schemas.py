@@ -111,6 +111,15 @@ def _depth_over(value: Any, limit: int) -> bool:
     return True
 
 
+#: how much of a name the caller gave an error line shows (a 1-MB app name was echoed whole)
+MAX_NAME_SHOWN = 64
+
+
+def cut_name(name: str, limit: int = MAX_NAME_SHOWN) -> str:
+    """The start of a caller's `name` for an error line, marked when cut."""
+    return name if len(name) <= limit else f"{name[:limit]}..."
+
+
 def first_names(names: list[str], limit: int = MAX_ERRORS_NAMED) -> str:
     """At most `limit` of `names`, then how many more (as `validation_detail` names errors)."""
     shown = repr(list(names[:limit]))

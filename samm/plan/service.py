@@ -20,13 +20,13 @@ from fastapi import FastAPI, Header, HTTPException, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.routing import Match
 
 from samm import __version__
 
 from . import dataplane
-from .registry import PolicyRegistry, PolicyRejected, _is_autoscaler
+from .registry import PolicyRegistry, PolicyRejected, _is_autoscaler, broken_probabilities
 from .schemas import (AGENT_FAILED, Problem, add_problem_routes, decide_models, document_errors, first_names,
                       json_body_problem, validation_detail)
 from .sessions import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_TTL_S, SessionStore
@@ -320,6 +320,12 @@ def create_app(registry: PolicyRegistry, token: str | None = None,
         except Exception as exc:  # noqa: BLE001 - a failing policy is a 500 naming it, never a dropped connection
             log.exception("agent %s failed to decide", agent)
             raise HTTPException(500, f"agent {agent!r} failed: {type(exc).__name__}: {exc}") from None
+        if broken_probabilities(d):
+            # a broken policy (NaN weights) still answers an argmax: 200 with "remove" every type, in
+            # a body no strict JSON reader takes; a 500 is the daemon's do-nothing
+            log.error("agent %s answered non-finite probabilities", agent)
+            raise HTTPException(500, f"agent {agent!r} failed: its action probabilities are not finite "
+                                     "(a broken policy); nothing decided")
         sessions.store(agent, req.session_id, a, state)
         latency.labels(agent).observe(time.perf_counter() - started)
         act = np.asarray(d.actions)[0]
@@ -526,6 +532,14 @@ def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, session
         except Exception as exc:  # noqa: BLE001 - a failing policy is a 500 naming it, never a dropped connection
             log.exception("agent %s failed to decide", name)
             raise HTTPException(500, f"agent {name!r} failed: {type(exc).__name__}: {exc}") from None
+        try:  # before the session keeps the new memory: a failed answer leaves it as it was
+            answer = Response_(action=d.action, action_name=d.name, info=d.info, policy_version=p.version,
+                               session_id=req.session_id,
+                               memory="session" if kept else "not kept" if remembers else "none")
+        except ValidationError as exc:  # e.g. a NaN action from an extreme (in-bounds) input: a plain-text 500
+            log.error("agent %s answered outside its action space: %s", name, exc.errors()[:1])
+            raise HTTPException(500, f"agent {name!r} failed: its answer is not an element of its action space "
+                                     f"({validation_detail(exc.errors(), limit=1)})") from None
         if kept:
             sessions.store(name, req.session_id, p, state)
         latency.labels(name).observe(time.perf_counter() - started)
@@ -533,9 +547,7 @@ def _add_space_routes(app: FastAPI, name: str, registry: PolicyRegistry, session
             unkept.add(p.version)
             log.warning("agent %s keeps a memory per session, but a decide call named no session_id: it "
                         "decided from an empty memory", name)
-        return Response_(action=d.action, action_name=d.name, info=d.info, policy_version=p.version,
-                         session_id=req.session_id,
-                         memory="session" if kept else "not kept" if remembers else "none")
+        return answer
 
     # the module has postponed annotations: give FastAPI the generated classes themselves
     decide_any.__annotations__ = {"req": Request_, "return": Response_}
