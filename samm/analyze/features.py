@@ -112,7 +112,8 @@ def _largest_free_slot(snap: RawSnapshot, fleet: FleetSpec) -> np.ndarray:
     cpu = np.asarray(snap.vm_cpu_busy, dtype=np.float64)
     sampled = running & ~np.isnan(cpu)
     busy = np.clip(np.nan_to_num(cpu, nan=0.0), 0.0, 1.0)
-    idle = np.where(sampled, cores * (1.0 - busy), 0.0).max(axis=-1)
+    # initial: a snapshot with no VM slot at all (an empty fleet, unpadded) has no free slot, not an error
+    idle = np.where(sampled, cores * (1.0 - busy), 0.0).max(axis=-1, initial=0.0)
     unknown = running.any(axis=-1) & ~sampled.any(axis=-1)
     return np.where(unknown, np.nan, idle)
 

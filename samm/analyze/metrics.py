@@ -154,9 +154,9 @@ def compute_metrics(snap: RawSnapshot, fleet: FleetSpec, warmup_s: float = 0.0) 
     `OBSERVATION_NAMES`, clipped to [0, 1]. A NaN CPU or RAM sample is missing (left out of the
     CPU and RAM metrics; all of them missing: those metrics are NaN, and the daemon's feature
     check records "nothing (features unknown)" instead of acting); an inf is clipped; a NaN queue
-    counter gives a 0 ratio (the daemon's snapshot validation decides whether a snapshot is
-    usable at all). Compiled (numba): it runs once per environment step for the whole
-    batch, where two dozen NumPy calls on 8 x 30 slots cost a third of the simulator's step."""
+    counter makes its ratio NaN (unknown, never a 0 that reads as an empty queue). Compiled
+    (numba): it runs once per environment step for the whole batch, where two dozen NumPy calls
+    on 8 x 30 slots cost a third of the simulator's step."""
     vm_type = np.asarray(snap.vm_type)
     batch_shape, n_slots = vm_type.shape[:-1], vm_type.shape[-1]
     n_rows = 1

@@ -17,13 +17,15 @@ in a config file copied to two hosts must not make them one holder), and a daemo
 not lead yet never renews a lease found under its own name: it takes it only as another
 holder's (expired, or a dead local process's), with a new token (`fresh`).
 
-Fencing: while leading, the store carries the `Fence` (lease, holder, token). Recording a
-decision and claiming an action check it in the same transaction, so a deposed leader that
-still believes it leads (a long pause, a partition) writes nothing and acts on nothing; the
-new leader honours the cool-downs, decisions and idempotency keys already written, and
-`recover()` resolves actions the old leader left in flight. A leader that fails to renew for
-a whole ttl steps down: the process exits with `LOST_LEADERSHIP` (systemd restarts it as a
-standby).
+Fencing: from the first lease taken, the store carries the `Fence` (lease, holder, token), and
+keeps the last one once the lease is lost or released. Recording a decision and claiming an
+action check it in the same transaction, so a deposed leader, whether it still believes it
+leads (a long pause, a partition) or has just stepped down with an iteration under way, writes
+nothing and acts on nothing; the new leader honours the cool-downs, decisions and idempotency
+keys already written, and `recover()` resolves actions the old leader left in flight. A leader
+that fails to renew for a whole ttl steps down: the process exits with `LOST_LEADERSHIP`
+(systemd restarts it as a standby); a lease its renewal could only take anew (another daemon
+led meanwhile) is given back at once, not held a ttl against the standbys.
 
 Lease times are the daemons' own clocks (epoch seconds, like every time in the store), so the
 hosts must be NTP-synchronised: a skew of d seconds lets a standby take over d seconds early or
@@ -141,10 +143,15 @@ class Leadership:
                 if rec is not None:
                     self._release_in_store()
                 return False
-            if rec is not None and rec.token != self.current.token:
+            retaken = rec is not None and rec.token != self.current.token
+            if retaken:
                 rec = None  # our lease lapsed and we took a new one: another leader may have acted between
             self._set(rec)
-            return rec is not None
+        if retaken:
+            # the new lease is ours in the store but not led on: held until it expired, it kept a
+            # standby (and our own restart) from leading for a whole ttl
+            self._release_in_store()
+        return rec is not None
 
     def release(self) -> None:
         with self._lock:
@@ -169,9 +176,12 @@ class Leadership:
         return "nobody" if rec is None else f"{rec.holder} (token {rec.token})"
 
     def _set(self, rec: LeaseRecord | None) -> None:
-        if rec is None:
-            _HELD_HERE.discard(self.holder)
-        else:
-            _HELD_HERE.add(self.holder)
         self.current = rec
-        self.store.fence = None if rec is None else Fence(rec.name, rec.holder, rec.token)
+        if rec is None:
+            # the last fence stays: a store without one checks nothing, and an iteration still
+            # under way when the lease was lost or given up (the scheduler lets it finish) would
+            # record its decision and act beside the new leader; the old fence refuses it
+            _HELD_HERE.discard(self.holder)
+            return
+        _HELD_HERE.add(self.holder)
+        self.store.fence = Fence(rec.name, rec.holder, rec.token)

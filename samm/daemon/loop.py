@@ -242,8 +242,12 @@ class ControlLoop:
         if not changed[0]:
             return plan
         new = {g: plan.deltas.get(g, 0) if int(d) == was else int(d) for g, d, was in zip(order, guarded[0], seen)}
-        why = (f"liveness guard: a {int(raw.head_job_cores)}-core job heads the queue and no VM of the fleet can "
-               f"host it; deltas {plan.deltas} -> {new}")
+        # the guard either adds a host where none is, or cancels removing the last ones: the
+        # reason names which (operators read "no VM can host it" as a fleet unable to run the job)
+        did = ("no VM of the fleet can host it" if any(int(d) > max(was, 0) for d, was in zip(guarded[0], seen))
+               else "the guard keeps the last VM(s) able to host it")
+        why = (f"liveness guard: a {int(raw.head_job_cores)}-core job heads the queue and {did}; "
+               f"deltas {plan.deltas} -> {new}")
         log.warning(why)
         return dataclasses.replace(plan, deltas=new, reason="; ".join(r for r in (plan.reason, why) if r))
 
