@@ -109,3 +109,40 @@ def test_a_step_that_did_not_answer_must_be_followed_by_a_reset_of_every_env():
     finally:
         batch.close()
         fresh.close()
+
+
+def _slot_runner(tmp_path, max_iterations):
+    from samm.daemon.build import build_daemon
+    from samm.daemon.runner import DaemonRunner
+    from samm.testbed.jobqueue import JobQueue
+    from tests.test_runner_timing_audit import deferrable_config
+
+    with JobQueue(tmp_path / "q.sqlite") as q:
+        q.submit_deferrable([(1, 2, 1, 0, 10**9, 0, 1.0, 0.0)])
+    return DaemonRunner(build_daemon(deferrable_config(tmp_path, interval_s=1.0)), max_iterations=max_iterations)
+
+
+def _run_after_an_error(runner, stop) -> int:
+    import threading
+
+    rc: list = []
+    runner.errors = 1  # an iteration that raised earlier in the run (APScheduler's EVENT_JOB_ERROR)
+    first = threading.Event()
+    runner.on_iteration = lambda rep: first.set()
+    t = threading.Thread(target=lambda: rc.append(runner.run(install_signals=False)))
+    t.start()
+    assert first.wait(30)
+    if stop:
+        runner.request_stop()
+    t.join(30)
+    assert not t.is_alive()
+    return rc[0]
+
+
+def test_a_stop_asked_for_exits_0_even_after_an_iteration_raised(tmp_path):
+    # `systemctl stop` of a daemon whose iteration raised once, weeks before, left the unit failed
+    assert _run_after_an_error(_slot_runner(tmp_path, None), stop=True) == 0
+
+
+def test_a_bounded_run_that_met_an_error_still_exits_1(tmp_path):
+    assert _run_after_an_error(_slot_runner(tmp_path, 1), stop=False) == 1

@@ -61,6 +61,7 @@ class DaemonRunner:
         self.reports: deque[IterationReport] = deque(maxlen=REPORTS_KEPT)
         self.iterations: dict[str, int] = {lp.name: 0 for lp in self.loops}  # completed, per loop
         self.errors = 0
+        self.stop_requested = False  # SIGTERM/SIGINT: a stop asked for exits 0, whatever went before
         self.finished: set[str] = set()
         for loop in self.loops:
             loop.lock = threading.Lock()
@@ -264,12 +265,17 @@ class DaemonRunner:
         finally:
             self.stop_event.set()  # ends the watchdog thread on every way out (another leader, a store failing)
 
+    def request_stop(self) -> None:
+        """What SIGTERM and SIGINT do: finish the iteration under way, release, exit 0."""
+        self.stop_requested = True
+        self.stop_event.set()
+
     def _run(self, install_signals: bool) -> int:
         faulthandler.enable()
         self._started_up("taking the leader lease")
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, lambda *_: self.stop_event.set())
+                signal.signal(sig, lambda *_: self.request_stop())
             # SIGHUP's default action kills the process on the spot: mid-iteration, lease held,
             # and under systemd (a "clean" signal for Restart=on-failure) never restarted
             signal.signal(signal.SIGHUP, self._on_sighup)
@@ -343,7 +349,11 @@ class DaemonRunner:
         log.info("samm daemon stopped after %d iterations", sum(self.iterations.values()))
         if self.lost_leadership:
             return LOST_LEADERSHIP
-        return 0 if self.errors == 0 else 1
+        if self.errors:
+            log.warning("%d iteration(s) raised during this run (logged above)", self.errors)
+        # a stop asked for is 0 (exit 1 made `systemctl stop` mark the unit failed for an error
+        # weeks old); a bounded run (--max-iterations) that met errors still says so
+        return 0 if self.errors == 0 or self.stop_requested else 1
 
 
 def _stuck_after(interval_s: float) -> float:
