@@ -146,3 +146,22 @@ def test_a_stop_asked_for_exits_0_even_after_an_iteration_raised(tmp_path):
 
 def test_a_bounded_run_that_met_an_error_still_exits_1(tmp_path):
     assert _run_after_an_error(_slot_runner(tmp_path, 1), stop=False) == 1
+
+
+def test_closing_a_daemon_closes_its_graphite_reader_and_its_plan_service_session(tmp_path):
+    # their keep-alive pools outlived Daemon.close(): one per daemon a process built
+    from samm.config import load_config
+    from samm.daemon.build import build_daemon
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("groups:\n"
+                   "  - {name: S, cores: 2, ram_gb: 8, price_per_hour: 0.1, min: 1, max: 4, asg_name: a}\n"
+                   "executor: {kind: aws-asg, endpoint_url: 'http://127.0.0.1:9'}\n"
+                   "agent: {name: noop, mode: http, service_url: 'http://127.0.0.1:9'}\n"
+                   f"knowledge: {{url: 'sqlite:///{tmp_path}/k.db'}}\n")
+    daemon = build_daemon(load_config(cfg))
+    try:
+        render, http = daemon.loop.monitor.source.render, daemon.loop.planner.http
+        assert render.close in daemon.closers and http.close in daemon.closers
+    finally:
+        daemon.close()

@@ -203,7 +203,9 @@ def _build_loop(cfg: SammConfig, lp: LoopConfig, store: KnowledgeStore, closers:
         g = cfg.graphite
         from samm.monitor.graphite_source import GraphiteSource
 
-        source = GraphiteSource(RenderClient(g.render_url, g.timeout_s), g.prefix, [x.name for x in lp.groups],
+        render = RenderClient(g.render_url, g.timeout_s)
+        closers.append(render.close)  # its keep-alive pool outlived the daemon
+        source = GraphiteSource(render, g.prefix, [x.name for x in lp.groups],
                                 interval_s=lp.timing.interval_s, lateness_s=g.lateness_s,
                                 # a restarted daemon must see a VM older than the warm-up as such
                                 # (where the executor gives no launch time), not as at most 900 s old
@@ -217,7 +219,10 @@ def _build_loop(cfg: SammConfig, lp: LoopConfig, store: KnowledgeStore, closers:
         prefix = cfg.graphite.prefix if lp.name == "default" else f"{cfg.graphite.prefix}.loops.{lp.name}"
         publisher = GraphitePublisher(sender, cfg.graphite.render_url, prefix)
         closers.append(sender.close)
-    planner = planner or make_planner(lp, cfg.graphite.timeout_s)
+    if planner is None:
+        planner = make_planner(lp, cfg.graphite.timeout_s)
+        if isinstance(planner, HttpPlanner):
+            closers.append(planner.http.close)
     loop = ControlLoop(groups=lp.groups, fleet=fleet, monitor=monitor, planner=planner, executor=executor,
                        store=store, agent_name=lp.agent.name, warmup_s=lp.timing.warmup_s,
                        cooldown_s=lp.timing.cooldown_s, dry_run=lp.executor.dry_run,
