@@ -90,6 +90,9 @@ def _sim_config(config_path: str | None, preset: str, initial: str | None, actio
 #: the parameters of workload_options (a run that reads no workload refuses them)
 SWF_OPTIONS_PARAMS = ("workload", "window", "time_compression", "mips_per_core", "max_jobs")
 CONFIG_OPTIONS_PARAMS = ("config_path", "preset", "initial", "action_mode", "max_steps")
+NUMPY_MAX_SEED = 2**32 - 1  # the training plan seeds numpy's legacy generator with `samm train --seed`
+#: slots per node of `samm evaluate --problem lra-placement` (the placement evaluation's cluster)
+PLACEMENT_SLOTS = 8
 TUNABLE = ("threshold", "target-tracking", "queue")  # autoscaling's baselines with a grid (agents/tune.py)
 SWF_OPTIONS = {"window_start_s": "--window", "window_end_s": "--window", "time_compression": "--time-compression",
                "mips_per_core": "--mips-per-core", "max_jobs": "--max-jobs"}
@@ -691,6 +694,8 @@ def train_cmd(ctx, problem, agent_kind, episodes, predictor, workload, window, t
         _refuse_given(ctx, {"rollout_workers"}, "applies only with --ray")
     if n_validation < 1:  # fine-tuning picked its snapshot by the mean of no windows (NaN)
         _fail(f"--validation must be at least 1, got {n_validation}")
+    if not 0 <= seed <= NUMPY_MAX_SEED:  # was numpy's "Seed must be between ..." or "Overflow ...", naming no option
+        _fail(f"--seed must be an integer in 0..{NUMPY_MAX_SEED} (numpy's seeds), got {seed}")
     from agents.ppo.config import PPOConfig
     from agents.ppo.train import CHECKPOINT_FILE, refuse_existing_run
     from agents.train_log import TrainingDiverged
@@ -768,7 +773,8 @@ def _training_plan(cfg, workload, window, time_compression, mips_per_core, max_j
               help="autoscaling: noop, random, static:S,M,L, threshold, target-tracking, queue or lstm-ppo. "
                    "lra-placement: lra-reinforce, lra-reinforce-per-batch, optimum, greedy-ls, greedy, k8s-default, "
                    "least-loaded, round-robin or random. Another problem: an agent its `evaluate` accepts.")
-@click.option("--nodes", type=int, default=9, show_default=True, help="lra-placement: nodes (8 slots each).")
+@click.option("--nodes", type=int, default=9, show_default=True,
+              help=f"lra-placement: nodes ({PLACEMENT_SLOTS} slots each).")
 @click.option("--containers", default="15-48", show_default=True,
               help="lra-placement: batch size range LO-HI (1 <= LO <= HI), or one size N.")
 @click.option("--predictor", type=click.Choice(["forest", "synthetic"]), default="forest", show_default=True,
@@ -810,10 +816,14 @@ def evaluate_cmd(problem, suite, rules_path, retune, out_dir, agent_kind, nodes,
         from agents.lra_placement.evaluate import evaluate as evaluate_placement
 
         size_range = _containers_range(containers)
+        capacity = nodes * PLACEMENT_SLOTS
+        if nodes >= 1 and size_range[1] > capacity:  # the batches were cut to the slots silently: 100 placed 72
+            _fail(f"--containers {containers}: a batch of {size_range[1]} containers does not fit --nodes {nodes} "
+                  f"({capacity} slots)")
         try:
             with _simulating("evaluate", "nothing written"):
                 res = evaluate_placement(agent_kind, _seeds(seeds), policy_dir=policy_dir, n_nodes=nodes,
-                                         size_range=size_range, predictor=predictor)
+                                         slots=PLACEMENT_SLOTS, size_range=size_range, predictor=predictor)
         except (ValueError, FileNotFoundError) as exc:
             _fail(str(exc))
         if as_json:
@@ -1076,7 +1086,8 @@ def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
 @click.option("--quick", is_flag=True, help="The tiny setting, short training (a smoke run in about a minute).")
 @click.option("--cases", default=None, help="Comma-separated cases: azure-cold, internal-cold, internal-warm (default: all).")
-@click.option("--seeds", default="1-3", show_default=True, help="Training seeds per alpha (the paper: 3).")
+@click.option("--seeds", default=None,
+              help="Training seeds per alpha (default: 1-3, the paper's 3; with --quick: 1,2).")
 @click.option("--episodes", type=click.IntRange(min=1), default=None,
               help="Training episodes per run (default: 1800 cold, 1200 warm).")
 @click.option("--test-episodes", type=click.IntRange(min=1), default=None,
@@ -1146,7 +1157,8 @@ def experiment_c2marl(out, quick, cases, seeds, episodes, test_episodes, workers
     levels = _floats(alphas, "--alphas") if alphas is not None else None
     if levels == []:    # "," or "": not every level silently
         _fail(f"--alphas names no safety level, got {alphas!r}")
-    _run_problem_experiment("oversubscription", out, quick=quick, seeds=_seeds(seeds),
+    # None: the budget's own seeds (a default of 1-3 here ran --quick's smoke run on 3, not its 2)
+    _run_problem_experiment("oversubscription", out, quick=quick, seeds=_seeds(seeds) if seeds is not None else None,
                             cases=[c.strip() for c in cases.split(",")] if cases is not None else None,
                             episodes=episodes, test_episodes=test_episodes, workers=workers, policies=policies,
                             alphas=levels, threads=threads,

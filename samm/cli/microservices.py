@@ -132,8 +132,10 @@ def testbed_microservices(agent, agent_param, users, seconds, out, topology, fau
     except (ValueError, FileNotFoundError) as exc:
         click.echo(f"error: testbed-microservices: {exc}", err=True)
         sys.exit(2)
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit) as exc:
         click.echo(f"testbed-microservices: interrupted; the seconds run so far are in {out_dir}", err=True)
+        if isinstance(exc, KeyboardInterrupt):  # click's "Aborted!" exited 1, not Ctrl-C's 130 of the other verbs
+            sys.exit(130)
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. no root for dockerd, Locust missing
         click.echo(f"error: testbed-microservices: {type(exc).__name__}: {exc}", err=True)

@@ -87,8 +87,10 @@ def testbed_oversub(agent_spec, setting, pms, steps, seconds_per_step, seed, max
         res = run_oversub(opts)
     except (ValueError, OSError, KnowledgeError, CgroupError, GraphiteUnavailable) as exc:
         fail(f"testbed-oversub: {exc}")
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit) as exc:
         click.echo(f"testbed-oversub: interrupted; the steps run so far are in {out_dir}", err=True)
+        if isinstance(exc, KeyboardInterrupt):  # click's "Aborted!" exited 1, not Ctrl-C's 130 of the other verbs
+            sys.exit(130)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
