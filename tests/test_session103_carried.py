@@ -165,3 +165,31 @@ def test_closing_a_daemon_closes_its_graphite_reader_and_its_plan_service_sessio
         assert render.close in daemon.closers and http.close in daemon.closers
     finally:
         daemon.close()
+
+
+def test_a_quick_lra_experiment_runs_the_seeds_asked_for():
+    from agents.lra_placement.experiment import experiment_seeds
+
+    assert experiment_seeds([3, 4, 5, 6, 7], quick=True) == [3, 4, 5, 6, 7]  # was cut to [3, 4]
+    assert experiment_seeds(None, quick=True) == [1, 2]
+    assert experiment_seeds(None, quick=False) == [1, 2, 3, 4, 5]
+
+
+def test_experiment_lra_passes_no_seeds_when_none_are_typed(monkeypatch, tmp_path):
+    # the CLI's default "1-5" always replaced the quick budget's own seeds
+    from click.testing import CliRunner
+
+    import agents.lra_placement.experiment as ex
+    from samm.cli.main import cli
+
+    seen = {}
+
+    def fake_run(out, **kw):  # stands in for the minutes of work; only what the CLI passes matters
+        seen.update(kw)
+        return {"targets": []}
+
+    monkeypatch.setattr(ex, "run", fake_run)
+    for args, seeds in ((["--quick"], None), (["--quick", "--seeds", "3-5"], [3, 4, 5])):
+        out = CliRunner().invoke(cli, ["experiment", "lra", "--out", str(tmp_path / "o"), "--quiet", *args])
+        assert out.exit_code == 0, out.output
+        assert seen["seeds"] == seeds

@@ -1071,15 +1071,15 @@ def experiment_paper(out, policy_dir, timesteps, seeds, tune_seeds, ppo_json, no
 @experiment.command("lra")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Report directory.")
 @click.option("--quick", is_flag=True, help="Small cases, few seeds and short budgets (a smoke run in about a minute).")
-@click.option("--seeds", default="1-5", show_default=True, help="Batch seeds per case.")
+@click.option("--seeds", default=None, help="Batch seeds per case (default: 1-5; with --quick: 1,2).")
 @click.option("--predictor", type=click.Choice(["forest", "synthetic"]), default="forest", show_default=True,
               help="forest: the random forest on Metis's measurements (the default); synthetic: the data-free model.")
 @click.option("--quiet", is_flag=True)
 def experiment_lra(out, quick, seeds, predictor, quiet) -> None:
     """Long-running container placement (DRL-Scheduler): every planner on batches at the
     paper's scale and larger, against the exact optimum; writes report.md, summary.json, PNGs."""
-    _run_problem_experiment("lra-placement", out, quick=quick, seeds=_seeds(seeds), predictor=predictor,
-                            progress=not quiet)
+    _run_problem_experiment("lra-placement", out, quick=quick, seeds=None if seeds is None else _seeds(seeds),
+                            predictor=predictor, progress=not quiet)
 
 
 @experiment.command("c2marl")
