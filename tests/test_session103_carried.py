@@ -193,3 +193,18 @@ def test_experiment_lra_passes_no_seeds_when_none_are_typed(monkeypatch, tmp_pat
         out = CliRunner().invoke(cli, ["experiment", "lra", "--out", str(tmp_path / "o"), "--quiet", *args])
         assert out.exit_code == 0, out.output
         assert seen["seeds"] == seeds
+
+
+@pytest.mark.parametrize("length, ok", [(120, True), (121, False)])
+def test_a_deferrable_run_name_longer_than_its_sessions_allow_is_refused_up_front(tmp_path, length, ok):
+    # the run names the plan service's sessions "<run>-simg" (at most 128 characters): a longer
+    # name was refused mid-run, after the testbed had started
+    from click.testing import CliRunner
+
+    from samm.cli.deferrable import RUN_NAME, testbed_deferrable
+
+    assert bool(RUN_NAME.fullmatch("r" * length)) is ok
+    if not ok:
+        res = CliRunner().invoke(testbed_deferrable, ["--slots", "1", "--slot-seconds", "0.1", "--agent", "tetris",
+                                                      "--out", str(tmp_path / "run"), "--run-name", "r" * length])
+        assert res.exit_code == 2 and "--run-name" in res.output, res.output

@@ -15,8 +15,9 @@ from pathlib import Path
 import click
 
 #: the names testbed-microservices takes (samm/testbed/microservices/run.py): no space or "/" in a
-#: Graphite path or a worker's instance name
-RUN_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
+#: Graphite path or a worker's instance name; at most 120 characters, as the run's `<run>-simg`
+#: must still be a session name the plan service takes (128)
+RUN_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,119}")
 
 
 def _params(values: tuple[str, ...]) -> dict:
