@@ -49,7 +49,7 @@ from scipy.special import ndtr
 
 from .control import MIN_CORES
 from .observation import FIELD, PERCENTILES, SERVICE_FIELDS, StepMeasurement
-from .topology import CallNode, Topology
+from .topology import MAX_REQUESTS_PER_S, CallNode, Topology
 
 #: requests drawn per copy and second to estimate the latency percentiles
 DEFAULT_SAMPLES = 256
@@ -121,9 +121,11 @@ class MicroserviceSim:
             raise ValueError(f"n_envs must be a whole number of copies >= 1, not {n_envs!r}")
         self.E = int(n_envs)
         self.M = topology.n_services
+        if isinstance(samples, bool) or not isinstance(samples, (int, float, np.integer, np.floating)) \
+                or not 1 <= samples < 2**31 or samples != int(samples):
+            # as n_envs: 2.5 drew 2 requests in silence, None or NaN failed inside int()
+            raise ValueError(f"samples must be at least 1 request drawn per second, a whole number, not {samples!r}")
         self.K = int(samples)
-        if self.K < 1:
-            raise ValueError(f"samples must be at least 1 request drawn per second, not {samples!r}")
         self.rng = np.random.default_rng(seed)
         specs = list(topology.services.values())
         self.cpu_s = topology.cpu_seconds                                   # mean CPU seconds per call
@@ -197,6 +199,11 @@ class MicroserviceSim:
             out = np.array([np.nan])
         if not np.all(np.isfinite(out) & (out >= 0)):
             raise ValueError(f"users must be finite and >= 0 (one count, or one per copy), not {users!r}")
+        if np.any(out * self.topo.rate_per_user > MAX_REQUESTS_PER_S):
+            # the request rate is at most users x rate_per_user; past the topology's own bound the
+            # Poisson draw of the next step failed ("lam value too large")
+            raise ValueError(f"users must be at most {MAX_REQUESTS_PER_S / self.topo.rate_per_user:g} "
+                             f"({MAX_REQUESTS_PER_S:g} requests/s at {self.topo.rate_per_user:g} per user), not {users!r}")
         return out
 
     def _limits_of(self, cores) -> np.ndarray:

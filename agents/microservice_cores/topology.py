@@ -43,6 +43,9 @@ TOPOLOGY_DIR = Path(__file__).parent / "topologies"
 #: the most concurrent calls of one service: the simulator's Erlang C recursion runs to it
 #: in compiled 64-bit integers
 MAX_WORKERS = 1_000_000
+#: the most requests per second an application may be driven at (users x rate_per_user): far past any
+#: real load, far below where the simulator's Poisson draw fails ("lam value too large", ~9.2e18)
+MAX_REQUESTS_PER_S = 1e12
 
 
 class _Strict(BaseModel):
@@ -133,6 +136,14 @@ class Topology(_Strict):
         if not 0 < v[0] <= v[1]:
             raise ValueError("users must be [low, high] with 0 < low <= high")
         return v
+
+    @model_validator(mode="after")
+    def _load_drawable(self):
+        # a load past the Poisson draw's range loaded fine and failed at the first simulated step
+        if self.users[1] * self.rate_per_user > MAX_REQUESTS_PER_S:
+            raise ValueError(f"users x rate_per_user ({self.users[1]} x {self.rate_per_user:g} requests/s) must be "
+                             f"at most {MAX_REQUESTS_PER_S:g} requests/s")
+        return self
 
     @model_validator(mode="after")
     def _timeout_beyond_qos(self):

@@ -46,6 +46,9 @@ from .loop import ControlLoop, StepRecord
 log = logging.getLogger(__name__)
 
 FAULTS = ("kill-service", "restart-engine", "stall-load")
+#: the characters Docker allows in a container name, which the run's names are made of
+#: (ms<run>-<service>-1): a service named otherwise was refused by the engine mid-start
+CONTAINER_CHARS = "a-zA-Z0-9_.-"
 
 
 @dataclass
@@ -153,8 +156,8 @@ def check_options(o: MicroservicesRunOptions) -> None:
     _finite(o.stale_s, "stale_s", 0.0, strict=True)
     if o.base_port is not None and (not isinstance(o.base_port, int) or not 1 <= o.base_port <= 65535):
         raise ValueError(f"base_port must be a port number in 1..65535, not {o.base_port!r}")
-    if o.run_name is not None and not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", str(o.run_name)):
-        raise ValueError(f"run_name {o.run_name!r} must match [a-zA-Z0-9][a-zA-Z0-9_.-]* (it names containers)")
+    if o.run_name is not None and not re.fullmatch(f"[a-zA-Z0-9][{CONTAINER_CHARS}]*", str(o.run_name)):
+        raise ValueError(f"run_name {o.run_name!r} must match [a-zA-Z0-9][{CONTAINER_CHARS}]* (it names containers)")
     if o.cpu_burst is not None:
         from samm.execute.cfs_burst import burst_us
         burst_us(100_000, o.cpu_burst)   # ValueError naming it
@@ -195,6 +198,9 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
     if any("restart-engine" in v for v in fault_plan.values()) and o.docker_host:
         raise ValueError("restart-engine needs the private engine (leave --docker-host out)")
     topo = load_topology(o.topology)
+    for svc in topo.service_names:
+        if not re.fullmatch(f"[{CONTAINER_CHARS}]+", svc):   # before the engine starts
+            raise ValueError(f"{o.topology}: service name {svc!r} must match [{CONTAINER_CHARS}]+ (it names a container)")
     limits = AppLimits(services=topo.service_names, caps=topo.caps, qos_ms=topo.qos_ms)
     victim = o.fault_service or ("rate" if "rate" in topo.services else topo.service_names[min(1, topo.n_services - 1)])
     if victim not in topo.services:
