@@ -208,3 +208,43 @@ def test_a_deferrable_run_name_longer_than_its_sessions_allow_is_refused_up_fron
         res = CliRunner().invoke(testbed_deferrable, ["--slots", "1", "--slot-seconds", "0.1", "--agent", "tetris",
                                                       "--out", str(tmp_path / "run"), "--run-name", "r" * length])
         assert res.exit_code == 2 and "--run-name" in res.output, res.output
+
+
+@pytest.mark.docker
+def test_a_load_generator_that_will_not_stop_still_leaves_no_container_behind(tmp_path_factory, monkeypatch):
+    # load.stop() raising (a TimeoutExpired after kill) skipped app.close() and engine.stop()
+    import importlib.util
+
+    import docker
+
+    if importlib.util.find_spec("locust") is None:
+        pytest.skip("Locust is not installed (pip install -e .[testbed])")
+
+    from fixtures_docker import real_engine
+    from samm.testbed.microservices import load as load_mod
+    from samm.testbed.microservices.containers import find_base_port
+    from samm.testbed.microservices.run import MicroservicesRunOptions, run_microservices
+
+    original = load_mod.LoadGenerator.stop
+
+    def stop_then_fail(self, *a, **kw):
+        original(self, *a, **kw)
+        raise RuntimeError("the load generator would not stop")
+
+    monkeypatch.setattr(load_mod.LoadGenerator, "stop", stop_then_fail)
+    gen = real_engine(tmp_path_factory, "ms103")
+    engine = next(gen)
+    try:
+        out = tmp_path_factory.mktemp("ms103-run")
+        o = MicroservicesRunOptions(agent="autoscale", users=2, seconds=3, out_dir=str(out), docker_host=engine.base_url,
+                                    warmup_s=1.0, run_name="stuckload", plots=False, base_port=find_base_port(7, 18700))
+        res = run_microservices(o)
+        assert res.records  # the run's seconds were still written
+        client = docker.DockerClient(base_url=engine.base_url)
+        try:
+            left = [c.name for c in client.containers.list(all=True) if c.name.startswith("msstuckload")]
+        finally:
+            client.close()
+        assert left == []
+    finally:
+        next(gen, None)

@@ -319,12 +319,15 @@ def run_microservices(o: MicroservicesRunOptions, controller=None) -> Microservi
                 log.exception("closing controller %s failed", loop.agent_name)
         for th in threads:
             th.join(timeout=60)
-        if load is not None:
-            load.stop()
-        if app is not None:
-            app.close()
-        if engine is not None:
-            engine.stop()
+        # each on its own: a load generator that would not stop left the containers and the
+        # private engine running
+        for what, part, stop in (("load generator", load, "stop"), ("application", app, "close"),
+                                 ("Docker engine", engine, "stop")):
+            if part is not None:
+                try:
+                    getattr(part, stop)()
+                except Exception:  # noqa: BLE001 - the rest must still be torn down, the records written
+                    log.exception("stopping the %s failed", what)
     try:
         decisions = store.decisions(loop=loop_name)
     except Exception as exc:  # noqa: BLE001 - the store may be what failed: the records still go out
