@@ -126,6 +126,8 @@ def check_options(opts: TestbedOptions):
             raise TestbedOptionsError(f"initial instances of {name} must be an integer in [{lo}, {hi}], got {n!r}")
     if opts.daemons < 1:
         raise TestbedOptionsError(f"daemons must be >= 1, got {opts.daemons}")
+    if opts.workload_obj is not None:
+        check_workload(opts.workload_obj)
     if opts.daemons > 1 and not (opts.ha and opts.daemon_process):
         raise TestbedOptionsError("several daemons need daemon_process=True and ha=True")
 
@@ -145,6 +147,19 @@ def check_options(opts: TestbedOptions):
         return make_daemon_agent(cfg.control_loops()[0])
     except (ValueError, TypeError, KeyError, OSError) as exc:
         raise TestbedOptionsError(f"agent {opts.agent!r}: {exc}", "agent") from None
+
+
+def check_workload(workload) -> None:
+    """Refuse a workload with a job wider than the largest instance type: no worker can ever lease
+    it, and the queue is head of line, so every later job waited behind it until the run's timeout
+    (the simulator refuses such a workload too: `sim_bridge.batch.check_core_cap`)."""
+    widest = int(workload.cores.max()) if workload.n_jobs else 0
+    name, largest = max(((g[0], g[1]) for g in PAPER_GROUPS), key=lambda g: g[1])
+    if widest > largest:
+        raise TestbedOptionsError(
+            f"workload {getattr(workload, 'name', '?')!r} has a {widest}-core job but the largest instance type "
+            f"({name}) has {largest} cores: it could never run, and every later job would wait behind it "
+            "(cap it when loading: `core_cap`)", "workload")
 
 
 def daemon_config(opts: TestbedOptions, graphite, moto_url: str, knowledge_url: str) -> SammConfig:
@@ -195,6 +210,8 @@ class Testbed:
 
         o = self.opts
         agent = check_options(o)  # before anything starts
+        self.workload = o.workload_obj if o.workload_obj is not None else load_workload(o.workload)
+        check_workload(self.workload)  # one loaded by name here was not seen by check_options
         for k, v in {"AWS_ACCESS_KEY_ID": "testbed", "AWS_SECRET_ACCESS_KEY": "testbed",
                      "AWS_DEFAULT_REGION": "us-east-1"}.items():
             os.environ.setdefault(k, v)
@@ -225,7 +242,6 @@ class Testbed:
         for g, n in zip(PAPER_GROUPS, o.initial):
             asg.set_desired_capacity(AutoScalingGroupName=g[6], DesiredCapacity=int(n), HonorCooldown=False)
 
-        self.workload = o.workload_obj if o.workload_obj is not None else load_workload(o.workload)
         self.queue = JobQueue(self.out / "queue.db")
         self._stack.append(self.queue.close)
         self.sender = GraphiteSender(self.graphite.carbon_host, self.graphite.carbon_port)

@@ -158,6 +158,19 @@ class _Interrupt:
         self.old = {}
 
 
+def _check_worker_numbers(o: DeferrableRunOptions) -> None:
+    """The numbers every worker process is started with, checked before anything starts: a duty
+    outside [0, 1] made each worker exit at start-up (said only in workers.log) and the run replayed
+    every slot with no job ever running; a NaN warm-up failed on the queue's clock, naming t0."""
+    from samm.testbed.options import number_problem
+
+    problem = number_problem("warmup_s", o.warmup_s) or number_problem("duty", o.duty)
+    if problem is None and o.duty > 1:
+        problem = f"duty must be a share of a host core in [0, 1], got {o.duty!r}"
+    if problem:
+        raise ValueError(problem)
+
+
 def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     from samm.knowledge.engine import sqlite_url
     from samm.knowledge.store import KnowledgeStore
@@ -169,6 +182,7 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
                          f"{o.workers!r})")
     if o.worker_cores is not None and o.worker_cores < 1:
         raise ValueError(f"worker_cores must be >= 1 (got {o.worker_cores})")
+    _check_worker_numbers(o)
     setting = get_setting(o.setting)
     ep = make_episode(setting, o.seed, o.split)
     if o.slots is not None:
@@ -204,18 +218,26 @@ def run_deferrable(o: DeferrableRunOptions) -> DeferrableRunResult:
     qpath = out / "queue.db"
     for suffix in ("", "-wal", "-shm"):  # a fresh queue per run: the episode is replayed from slot 0
         Path(str(qpath) + suffix).unlink(missing_ok=True)
-    queue = JobQueue(qpath, busy_timeout_s=o.queue_busy_timeout_s)
-    sender = None
-    if o.graphite:
-        from samm.monitor.collector import parse_host_port
-        from samm.monitor.graphite_client import GraphiteSender
+    queue = sender = None
+    try:
+        queue = JobQueue(qpath, busy_timeout_s=o.queue_busy_timeout_s)
+        if o.graphite:
+            from samm.monitor.collector import parse_host_port
+            from samm.monitor.graphite_client import GraphiteSender
 
-        sender = GraphiteSender(*parse_host_port(o.graphite))
-    loop = DeferrableLoop(queue, agent, store, sender, LoopParams(loop=loop_name, session=f"{run}-live", guard=o.guard),
-                          clock_of_slot=lambda t: t * slot_workload_s)
-
-    t0 = time.time() + o.warmup_s
-    queue.set_clock(t0, compression)
+            sender = GraphiteSender(*parse_host_port(o.graphite))
+        loop = DeferrableLoop(queue, agent, store, sender,
+                              LoopParams(loop=loop_name, session=f"{run}-live", guard=o.guard),
+                              clock_of_slot=lambda t: t * slot_workload_s)
+        t0 = time.time() + o.warmup_s
+        queue.set_clock(t0, compression)
+    except BaseException:
+        # nothing started yet: a bad --graphite or queue option left the Knowledge store's and the
+        # queue's connections open for the rest of the caller's process
+        for part in (sender, queue, store):
+            if part is not None:
+                part.close()
+        raise
     wlog = open(out / "workers.log", "ab")
     procs: list[subprocess.Popen] = []
     late: list[float] = []
