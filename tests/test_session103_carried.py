@@ -248,3 +248,66 @@ def test_a_load_generator_that_will_not_stop_still_leaves_no_container_behind(tm
         assert left == []
     finally:
         next(gen, None)
+
+
+def _one_vm_summary(stopped_wall, shutdown_wall):
+    from samm.testbed.billing import GroupSpec, InstanceRecord, policy_stop, summarize
+    from samm.testbed.jobqueue import DONE, JobRecord
+
+    t0 = 1_000_000.0
+    # one 2-core VM for the whole run; the one job finishes at 95 s: the horizon is 120 s (2 steps)
+    vm = InstanceRecord("S", "i-1", t0 - 5, policy_stop(stopped_wall, shutdown_wall), None)
+    job = JobRecord(id=0, cores=1, runtime_s=90.0, ram_gb=1.0, submitted_at=5.0, state=DONE, attempts=1, requeues=0,
+                    wait_s=0.0, enqueued_at=5.0, first_started_at=5.0, started_at=5.0, finished_at=95.0,
+                    completed_by="i-1")
+    return summarize([vm], [job], [], {"S": GroupSpec(cores=2, price_per_hour=3.6, max=4)}, compression=1.0, t0=t0,
+                     step_s=60.0)
+
+
+def test_instances_the_testbeds_own_shutdown_stopped_are_billed_to_the_horizon():
+    # billed only to the shutdown (here 98 s, just after the last job), the cost lacked 22 s of
+    # the fleet and the last step's sample found no instance (mean allocated 1 core, not 2)
+    from samm.testbed.billing import policy_stop
+
+    t0 = 1_000_000.0
+    alive = _one_vm_summary(None, None)
+    at_shutdown = _one_vm_summary(t0 + 98, t0 + 98)
+    scaled_in = _one_vm_summary(t0 + 98, None)   # a policy's scale-in at 98 s is still one
+    assert at_shutdown["vm_cost"] == alive["vm_cost"] == pytest.approx(120 * 3.6 / 3600)
+    assert at_shutdown["mean_allocated_cores"] == alive["mean_allocated_cores"] == 2.0
+    assert scaled_in["vm_cost"] == pytest.approx(98 * 3.6 / 3600) and scaled_in["mean_allocated_cores"] == 1.0
+    assert policy_stop(t0 + 50, t0 + 98) == t0 + 50     # stopped before the shutdown: the policy's
+
+
+def test_the_reconcilers_stop_records_when_it_ended_the_fleet():
+    import subprocess
+    import sys
+    import time
+
+    from samm.execute.moto_server import MotoServer, create_paper_asgs
+    from samm.testbed.reconciler import Reconciler
+
+    procs = []
+
+    def spawn(group, iid, cores):
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        return procs[-1]
+
+    with MotoServer() as moto:
+        moto.reset()
+        create_paper_asgs(endpoint_url=moto.endpoint_url, names=("tb103-s",), instance_types=("m5a.large",),
+                          min=(1,), max=2, desired=1)
+        rec = Reconciler(moto.client("autoscaling"), {"tb103-s": ("S", 2)}, spawn, compression=1e4, poll_s=0.05)
+        rec.start()
+        try:
+            deadline = time.time() + 20
+            while time.time() < deadline and not any(v.proc is not None for v in rec.vms.values()):
+                time.sleep(0.05)
+            assert rec.stopped_at is None
+        finally:
+            rec.stop()
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait(10)
+        assert rec.vms and all(v.stopped_wall == rec.stopped_at for v in rec.vms.values())

@@ -77,7 +77,7 @@ def test_samm_testbed_refuses_a_job_wider_than_the_largest_instance_before_start
     out = tmp_path / "run"
     res = CliRunner().invoke(cli, ["testbed", "--agent", "noop", "--workload", str(swf), "--out", str(out)])
     assert res.exit_code == 2, res.output
-    assert "16-core job" in res.output and "8 cores" in res.output, res.output
+    assert "16-core job" in res.output and "8 cores" in res.output and "--workload:" in res.output, res.output
     assert isinstance(res.exception, SystemExit) and not out.exists()
 
 

@@ -497,7 +497,7 @@ def testbed_cmd(ctx, agent_kind, params_json, policy_dir, workload, compression,
         opts.agent_obj = check_options(opts)
     except TestbedOptionsError as exc:
         flag = {"compression": "--compression", "timeout_s": "--timeout", "cooldown_s": "--cooldown",
-                "seed": "--seed", "agent": "--agent/--params/--policy"}.get(exc.option or "")
+                "seed": "--seed", "agent": "--agent/--params/--policy", "workload": "--workload"}.get(exc.option or "")
         _fail(f"{flag}: {exc}" if flag else f"testbed: {exc}")
     out_dir = Path(out).resolve()
     try:

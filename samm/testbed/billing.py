@@ -8,7 +8,8 @@ converted to workload seconds, (wall - t0) x compression, and reported under the
 * horizon: from 0 to `steps x step_s`, `steps = ceil(makespan / step_s)`, as the simulator
   bills whole steps until the one in which the last job finished (or `end_s` when given);
   instances launched before t0 (the initial fleet) count from 0, instances still alive or
-  stopped later count until the horizon;
+  stopped later count until the horizon, and so do those the testbed's own shutdown stopped
+  (`policy_stop`: the run's end is no scale-in);
 * `vm_cost` = sum over instances of lifetime x price / 3600, booting time included (a cloud
   bills from the request, and so does the simulator);
 * `wait_penalty` = penalty_per_job_second x sum of job waits, where a job's wait is the time
@@ -50,6 +51,16 @@ class InstanceRecord:
     started_wall: float
     stopped_wall: float | None = None
     ready_wall: float | None = None
+
+
+def policy_stop(stopped_wall: float | None, shutdown_wall: float | None) -> float | None:
+    """An instance's stop as the policy made it: one the testbed's own shutdown stopped (at
+    `shutdown_wall`) was still running when the run ended, so it counts until the horizon as in
+    the simulator. Billed to the shutdown, a few seconds after the last job, the cost lacked up to
+    one step of the whole fleet and the last step's sample found no instance."""
+    if stopped_wall is not None and shutdown_wall is not None and stopped_wall >= shutdown_wall:
+        return None
+    return stopped_wall
 
 
 @dataclass(frozen=True)

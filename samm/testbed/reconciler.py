@@ -64,6 +64,7 @@ class Reconciler:
         self.boot_delay_s = boot_delay_s
         self.poll_s = poll_s
         self.clock = clock
+        self.stopped_at: float | None = None  # when stop() ended the fleet (billing: not a scale-in)
         self.restart_backoff_s = restart_backoff_s
         self.healthy_s = healthy_s
         self.vms: dict[str, Vm] = {}
@@ -210,6 +211,7 @@ class Reconciler:
         if self._thread is not None:
             self._thread.join(10)
         now = self.clock()
+        self.stopped_at = now
         with self._lock:
             for vm in self.vms.values():
                 if vm.stopped_wall is None:

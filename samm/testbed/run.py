@@ -449,11 +449,12 @@ class Testbed:
 
     def summary(self, end_s: float | None = None, jobs=None, runs=None) -> dict:
         """Billing of the run; `jobs`/`runs`: a snapshot of the queue's records (default: now)."""
-        from .billing import InstanceRecord, summarize
+        from .billing import InstanceRecord, policy_stop, summarize
 
         # an instance whose worker never started was billed but never ran: it is not "at once"
         # ready (None), it is never ready, so no step counts it as an idle running instance
-        records = [InstanceRecord(vm.group, vm.instance_id, vm.seen_wall, vm.stopped_wall,
+        shutdown = self.reconciler.stopped_at
+        records = [InstanceRecord(vm.group, vm.instance_id, vm.seen_wall, policy_stop(vm.stopped_wall, shutdown),
                                   vm.ready_wall if vm.spawns else float("inf"))
                    for vm in self.reconciler.vms.values()]
         specs = {g[0]: _Spec(g[1], g[3], g[5]) for g in PAPER_GROUPS}
