@@ -204,7 +204,7 @@ def test_an_instance_that_never_ran_is_billed_but_not_measured_as_idle(tmp_path)
         tb.t0 = t0
         tb.queue = q
         tb.workload = SimpleNamespace(name="audit")
-        tb.reconciler = SimpleNamespace(vms={
+        tb.reconciler = SimpleNamespace(stopped_at=None, vms={
             "i-ran": Vm("S", "i-ran", 2, t0 - 5, t0 - 5, proc=done, stopped_wall=t0 + 1.0, spawns=1),
             "i-never": Vm("M", "i-never", 4, t0, t0 + 0.5, proc=None, stopped_wall=t0 + 1.0, spawns=0),
         })
