@@ -143,15 +143,15 @@ class Leadership:
                 if rec is not None:
                     self._release_in_store()
                 return False
-            retaken = rec is not None and rec.token != self.current.token
-            if retaken:
-                rec = None  # our lease lapsed and we took a new one: another leader may have acted between
+            if rec is not None and rec.token != self.current.token:
+                # our lease lapsed and we took a new one: another leader may have acted between, so
+                # we do not lead on it; and it is given back (under the lock, as every release
+                # here), since held until it expired it kept a standby, and our own restart, out
+                # for a whole ttl
+                rec = None
+                self._release_in_store()
             self._set(rec)
-        if retaken:
-            # the new lease is ours in the store but not led on: held until it expired, it kept a
-            # standby (and our own restart) from leading for a whole ttl
-            self._release_in_store()
-        return rec is not None
+            return rec is not None
 
     def release(self) -> None:
         with self._lock:
