@@ -57,7 +57,10 @@ def test_a_masked_decision_keeps_the_state_and_the_masked_distribution():
     mask[first.action] = 0
     masked, masked_state = agent.decide(obs, mask=mask)
     probs = np.asarray(first.info["probabilities"])
-    assert masked.action == int(np.argmax(np.where(mask > 0, probs, -1)))
+    allowed = np.where(mask > 0, probs, -1)
+    # the best allowed action; the reported probabilities are rounded to 6 decimals, and an untrained
+    # network's are all near 1/7, so two of them can tie there (a flaky `== argmax` in session 103's CI)
+    assert mask[masked.action] == 1 and allowed[masked.action] >= allowed.max() - 1e-6
     for a, b in zip(state[:2], masked_state[:2]):  # the memory does not depend on the action taken
         np.testing.assert_array_equal(a, b)
     # sampling: the allowed actions in the proportions of their probabilities
