@@ -25,16 +25,20 @@ def _invoke(*args: str):
 
 # --- Ctrl-C on the microservice testbed ----------------------------------------------------------
 
+def _start_samm(*args: str) -> subprocess.Popen:
+    """`samm ARGS` in a process of its own, its output captured as text."""
+    return subprocess.Popen([sys.executable, "-m", "samm.cli.main", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
 def test_microservices_interrupted_exits_130_naming_what_it_kept(tmp_path):
     """The testbed re-raised KeyboardInterrupt: click printed "Aborted!" and exited 1, the status
     of a failed run, where `samm train`, `samm testbed` and `samm demo` exit 130."""
     sock = Path("/tmp") / f"samm-tenth-{os.getpid()}.sock"   # AF_UNIX paths are short; tmp_path may not be
     sock.unlink(missing_ok=True)
     engine = _SilentEngine(sock)
-    p = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "testbed-microservices", "--docker-host",
-                          f"unix://{sock}", "--seconds", "2", "--warmup", "0", "--out", str(tmp_path / "run")],
-                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    p = _start_samm("testbed-microservices", "--docker-host", f"unix://{sock}", "--seconds", "2", "--warmup", "0",
+                    "--out", str(tmp_path / "run"))
     try:
         assert engine.connected.wait(REFUSAL_TIMEOUT_S), "the run never called the engine"
         p.send_signal(signal.SIGINT)
@@ -56,10 +60,8 @@ def test_oversub_interrupted_exits_130_and_writes_the_steps_run(tmp_path):
     if unavailable_reason():
         pytest.skip(f"no writable cgroups: {unavailable_reason()}")
     out = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-m", "samm.cli.main", "testbed-oversub", "--steps", "20",
-                          "--seconds-per-step", "5", "--pms", "1", "--max-vms", "4", "--out", str(out)],
-                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    p = _start_samm("testbed-oversub", "--steps", "20", "--seconds-per-step", "5", "--pms", "1", "--max-vms", "4",
+                    "--out", str(out))
     try:
         deadline = time.monotonic() + REFUSAL_TIMEOUT_S
         while not (out / "vms.log").exists() and p.poll() is None and time.monotonic() < deadline:
